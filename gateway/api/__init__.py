@@ -1,0 +1,1 @@
+"""HTTP and WebSocket handlers: thin layers over the domain classes."""

@@ -1,0 +1,84 @@
+"""Assemble the Tornado application and run the gateway's lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import docker
+import docker.errors
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+
+from .api import health, sessions
+from .api.base import NotFoundHandler
+from .config import Settings
+from .errors import EngineUnavailable
+from .sessions import SessionManager
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def make_app(manager: SessionManager) -> tornado.web.Application:
+    """Build the application from each handler module's route list."""
+    return tornado.web.Application(
+        [*sessions.routes, *health.routes],
+        default_handler_class=NotFoundHandler,
+        sbx_manager=manager,
+    )
+
+
+class Gateway:
+    """The running server: store, session manager, HTTP listener."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = Store(Path(settings.data_dir) / "gateway.sqlite3")
+        self.manager: SessionManager | None = None
+        self.server: tornado.httpserver.HTTPServer | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        try:
+            client = await asyncio.to_thread(docker.from_env)
+            await asyncio.to_thread(client.ping)
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(
+                f"no Docker engine answers ({e}); run scripts/setup to install and start one"
+            ) from e
+        await self.store.open()
+        self.manager = SessionManager(self.settings, client, self.store)
+        await self.manager.start()
+        sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
+        self.port = sockets[0].getsockname()[1]
+        self.server = tornado.httpserver.HTTPServer(make_app(self.manager))
+        self.server.add_sockets(sockets)
+
+    async def stop(self) -> None:
+        """Stop accepting requests, end all sessions, close the store."""
+        if self.server is not None:
+            self.server.stop()
+        if self.manager is not None:
+            await self.manager.stop()
+        await self.store.close()
+
+    async def serve(self) -> None:
+        """Run until SIGINT/SIGTERM, then shut down cleanly."""
+        await self.start()
+        log.info(
+            "sandbox gateway listening on http://%s:%s (data in %s); sessions end when it stops",
+            self.settings.host,
+            self.port,
+            self.settings.data_dir,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping: ending %d session(s)", len(self.manager.sessions))
+        await self.stop()

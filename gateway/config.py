@@ -1,0 +1,165 @@
+"""The one settings object: defaults < config file < ``SBX_*`` env < CLI flags.
+
+Every option is a dataclass field whose ``help`` doubles as CLI help, so the
+flag list, env names and file keys can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import GatewayError
+from .limits import Limits, parse_size
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _opt(default: Any, help: str, **kw: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **kw})
+
+
+def _default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "sandbox-gateway")
+
+
+class ConfigError(GatewayError):
+    code = "config_error"
+
+
+@dataclasses.dataclass
+class Settings:
+    """Gateway configuration, validated at load time."""
+
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8765, "port to listen on (0 picks a free one)")
+    data_dir: str = _opt("", "where the SQLite store and session directories live")
+    kernels_dir: str = _opt(str(ROOT / "kernels"), "directory of kernelspecs offered")
+    images_dir: str = _opt(str(ROOT / "images"), "directory of kernel image Dockerfiles")
+    base_image: str = _opt(
+        "debian:bookworm-slim", "base image for kernel images (debootstrapped if not pullable)"
+    )
+    max_sessions: int = _opt(64, "live sessions allowed at once, server-wide")
+    default_ttl: float = _opt(3600.0, "session lifetime in seconds when none is asked for")
+    max_ttl: float = _opt(86400.0, "longest lifetime a session may ask for")
+    default_idle_timeout: float = _opt(600.0, "seconds without activity before a session ends")
+    max_idle_timeout: float = _opt(86400.0, "longest idle timeout a session may ask for")
+    default_memory: str = _opt("512m", "memory limit per session (swap is not allowed)")
+    max_memory: str = _opt("8g", "largest memory limit a session may ask for")
+    default_cpus: float = _opt(1.0, "CPU quota per session, in cores")
+    max_cpus: float = _opt(4.0, "largest CPU quota a session may ask for")
+    default_pids: int = _opt(256, "process/thread limit per session")
+    max_pids: int = _opt(4096, "largest pids limit a session may ask for")
+    default_disk: str = _opt("1g", "size of a session's writable workspace")
+    max_disk: str = _opt("20g", "largest workspace a session may ask for")
+    default_timeout: float = _opt(60.0, "execution timeout in seconds")
+    max_timeout: float = _opt(3600.0, "longest execution timeout a client may ask for")
+    default_output_bytes: str = _opt("1m", "output kept per execution; the rest is cut")
+    max_output_bytes: str = _opt("64m", "largest output cap a session may ask for")
+    tmp_size: str = _opt("64m", "size of the in-memory /tmp of each kernel container")
+    kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
+    interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
+    cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
+    log_level: str = _opt("info", "debug, info, warning or error")
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            self.data_dir = _default_data_dir()
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug/info/warning/error, not {self.log_level}")
+        # Parsing both limit sets here makes a bad size fail at start, not on first use.
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be at least 1")
+        self.default_limits.resolve({}, self.max_limits)
+
+    @property
+    def default_limits(self) -> Limits:
+        return self._limits("default")
+
+    @property
+    def max_limits(self) -> Limits:
+        return self._limits("max")
+
+    def _limits(self, prefix: str) -> Limits:
+        get = lambda name: getattr(self, f"{prefix}_{name}")  # noqa: E731
+        return Limits(
+            memory=parse_size(get("memory"), f"{prefix}_memory"),
+            cpus=float(get("cpus")),
+            pids=int(get("pids")),
+            disk=parse_size(get("disk"), f"{prefix}_disk"),
+            timeout=float(get("timeout")),
+            output_bytes=parse_size(get("output_bytes"), f"{prefix}_output_bytes"),
+        )
+
+    @property
+    def tmp_bytes(self) -> int:
+        return parse_size(self.tmp_size, "tmp_size")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--flag`` per field; unset flags stay ``None`` so lower layers win."""
+        parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
+        for f in dataclasses.fields(cls):
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                dest=f.name,
+                default=None,
+                type=_parser_type(f),
+                help=f"{f.metadata['help']} (env SBX_{f.name.upper()}, default {f.default!r})",
+            )
+
+    @classmethod
+    def load(
+        cls,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Settings:
+        """Merge the layers; raise ConfigError naming the bad option."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        config_file = (args and getattr(args, "config", None)) or environ.get("SBX_CONFIG")
+        if config_file:
+            values.update(_read_file(Path(config_file)))
+        for f in dataclasses.fields(cls):
+            env_value = environ.get(f"SBX_{f.name.upper()}")
+            if env_value is not None:
+                values[f.name] = env_value
+            if args is not None and getattr(args, f.name, None) is not None:
+                values[f.name] = getattr(args, f.name)
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Settings:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown}")
+        typed = {}
+        for name, raw in values.items():
+            try:
+                typed[name] = _parser_type(fields[name])(raw)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"setting {name}={raw!r} is invalid: {e}") from e
+        return cls(**typed)
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _parser_type(f: dataclasses.Field) -> Any:
+    kind = type(f.default)
+    return {int: int, float: float}.get(kind, str)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    return {k.replace("-", "_"): v for k, v in data.items()}

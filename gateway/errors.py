@@ -1,0 +1,102 @@
+"""Errors a user can cause or meet, each with a stable code and HTTP status.
+
+Domain code raises these; one place (``gateway.api.base``) turns them into
+``{"error": {"code", "message"}}`` responses, so handlers never pick status
+codes themselves. The tree::
+
+    GatewayError                      500 internal_error
+    ├── BadRequest                    400 bad_request
+    │   └── LimitExceeded             422 limit_exceeded
+    ├── NotFound                      404
+    │   ├── SessionNotFound               session_not_found
+    │   └── KernelNotFound                kernel_not_found
+    ├── Conflict                      409
+    │   ├── KernelDied                    kernel_died
+    │   └── SessionEnded                  session_ended
+    ├── TooManySessions               429 too_many_sessions
+    └── Unavailable                   503
+        ├── EngineUnavailable             engine_unavailable
+        ├── ImageNotBuilt                 image_not_built
+        └── KernelStartFailed             kernel_start_failed
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error the API reports; the message is shown to users."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(GatewayError):
+    status = 400
+    code = "bad_request"
+
+
+class LimitExceeded(BadRequest):
+    """A requested limit is invalid or above the server's maximum."""
+
+    status = 422
+    code = "limit_exceeded"
+
+
+class NotFound(GatewayError):
+    status = 404
+    code = "not_found"
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"no session {session_id!r}: it never existed or was deleted; "
+            "create one with POST /v1/sessions"
+        )
+
+
+class KernelNotFound(NotFound):
+    code = "kernel_not_found"
+
+
+class Conflict(GatewayError):
+    status = 409
+    code = "conflict"
+
+
+class KernelDied(Conflict):
+    """The session's kernel is dead; it must be restarted before use."""
+
+    code = "kernel_died"
+
+
+class SessionEnded(Conflict):
+    code = "session_ended"
+
+
+class TooManySessions(GatewayError):
+    status = 429
+    code = "too_many_sessions"
+
+
+class Unavailable(GatewayError):
+    status = 503
+    code = "unavailable"
+
+
+class EngineUnavailable(Unavailable):
+    code = "engine_unavailable"
+
+
+class ImageNotBuilt(Unavailable):
+    code = "image_not_built"
+
+
+class KernelStartFailed(Unavailable):
+    code = "kernel_start_failed"

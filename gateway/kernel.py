@@ -1,0 +1,226 @@
+"""One running kernel: start it, run code on it, interrupt, restart, stop.
+
+Wraps jupyter_client's async kernel manager and client. Knows nothing of
+sessions, HTTP or storage; ``Session`` decides when to call what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker.errors
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from .errors import KernelStartFailed
+from .outputs import OutputCollector
+from .provisioners.docker import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ExecutionResult:
+    """What one execute produced, in the API's reply shape."""
+
+    status: str  # ok | error | timeout | interrupted | dead
+    execution_count: int | None
+    outputs: list[dict[str, Any]]
+    error: dict[str, Any] | None
+    duration_ms: float
+    truncated: bool = False
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "execution_count": self.execution_count,
+            "outputs": self.outputs,
+            "error": self.error,
+            "duration_ms": round(self.duration_ms, 3),
+            "truncated": self.truncated,
+            "artifacts": self.artifacts,
+        }
+
+
+class Kernel:
+    """A kernel process in its sandbox, and the client that talks to it."""
+
+    def __init__(
+        self,
+        kernel_name: str,
+        spec_manager: KernelSpecManager,
+        sandbox: SandboxSpec,
+        start_timeout: float,
+    ) -> None:
+        run_dir = sandbox.run_dir
+        self.sandbox = sandbox
+        self.start_timeout = start_timeout
+        self.manager = AsyncKernelManager(
+            kernel_name=kernel_name,
+            kernel_spec_manager=spec_manager,
+            transport="ipc",
+            ip=str(run_dir / "k"),
+            connection_file=str(run_dir / "connection.json"),
+            # The gateway watches container deaths itself; no auto-restarts behind its back.
+            autorestart=False,
+        )
+        self.manager.kernel_id = sandbox.session_id
+        self.client = None
+        self.died = asyncio.Event()
+        self.restarting = False  # its old container's death is expected, not news
+        self._interrupting = False
+
+    @property
+    def container_id(self) -> str | None:
+        provisioner = self.manager.provisioner
+        return getattr(provisioner, "container_id", None)
+
+    async def start(self) -> None:
+        """Start the container and wait until the kernel answers."""
+        self.died.clear()
+        await self.manager.start_kernel(sandbox=self.sandbox)
+        await self._connect()
+
+    async def _connect(self) -> None:
+        if self.client is None:
+            self.client = self.manager.client()
+            self.client.start_channels()
+        try:
+            await self.client.wait_for_ready(timeout=self.start_timeout)
+        except RuntimeError as e:
+            output = await self._container_output()
+            raise KernelStartFailed(
+                f"the kernel did not start ({e}); its last output: {output or '(none)'}"
+            ) from e
+
+    async def _container_output(self, lines: int = 20) -> str:
+        """The kernel container's last output lines, to say why a start failed."""
+        if self.container_id is None:
+            return ""
+        api = self.sandbox.docker.api
+        try:
+            raw = await asyncio.to_thread(api.logs, self.container_id, tail=lines)
+        except docker.errors.DockerException:
+            return ""
+        return raw.decode(errors="replace").strip()
+
+    async def restart(self) -> None:
+        """Replace the kernel process with a fresh one (state is lost)."""
+        self.restarting = True
+        try:
+            await self.manager.restart_kernel(now=True)
+            self.died.clear()
+            await self._connect()
+        finally:
+            self.restarting = False
+
+    async def interrupt(self) -> None:
+        self._interrupting = True
+        await self.manager.interrupt_kernel()
+
+    async def shutdown(self) -> None:
+        """Stop the kernel now and remove its container."""
+        if self.client is not None:
+            self.client.stop_channels()
+        await self.manager.shutdown_kernel(now=True)
+
+    async def execute(
+        self,
+        code: str,
+        timeout: float,
+        cap_bytes: int,
+        grace: float,
+        on_output: OutputCallback | None = None,
+    ) -> ExecutionResult:
+        """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``."""
+        assert self.client is not None
+        collector = OutputCollector(cap_bytes)
+        started = time.monotonic()
+        deadline = started + timeout
+        self._interrupting = False
+        msg_id = self.client.execute(code, allow_stdin=False)
+        timed_out = restarted = False
+        while True:
+            if self.died.is_set():
+                return self._result("dead", collector, started)
+            now = time.monotonic()
+            if now >= deadline:
+                if timed_out:  # the interrupt did not stop it within the grace period
+                    await self.restart()
+                    restarted = True
+                    break
+                timed_out = True
+                deadline = now + grace
+                await self.manager.interrupt_kernel()
+            try:
+                msg = await self.client.get_iopub_msg(timeout=min(0.25, deadline - now))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            output = collector.add_message(msg)
+            if output is not None and on_output is not None:
+                on_output(output)
+        if timed_out:
+            return self._timeout_result(collector, started, timeout, restarted)
+        reply = await self._reply(msg_id)
+        if reply is not None and collector.execution_count is None:
+            collector.execution_count = reply.get("execution_count")
+        status = "ok" if collector.error is None else "error"
+        if (
+            status == "error"
+            and self._interrupting
+            and collector.error["ename"] == "KeyboardInterrupt"
+        ):
+            status = "interrupted"
+        return self._result(status, collector, started)
+
+    async def _reply(self, msg_id: str) -> dict[str, Any] | None:
+        """Fetch the execute_reply (it may trail the idle status slightly)."""
+        assert self.client is not None
+        try:
+            while True:
+                msg = await self.client.get_shell_msg(timeout=5)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return msg["content"]
+        except queue.Empty:
+            log.warning("no execute_reply for %s", msg_id)
+            return None
+
+    def _timeout_result(
+        self, collector: OutputCollector, started: float, timeout: float, restarted: bool
+    ) -> ExecutionResult:
+        action = (
+            "it did not stop when interrupted, so the kernel was restarted and its state is lost"
+            if restarted
+            else "it was interrupted; the session's state is kept"
+        )
+        result = self._result("timeout", collector, started)
+        result.error = {
+            "ename": "ExecutionTimeout",
+            "evalue": f"execution exceeded its {timeout:g} s timeout: {action}",
+            "traceback": [],
+            "kernel_restarted": restarted,
+        }
+        return result
+
+    def _result(self, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
+        return ExecutionResult(
+            status=status,
+            execution_count=collector.execution_count,
+            outputs=collector.finish(),
+            error=collector.error,
+            duration_ms=(time.monotonic() - started) * 1000,
+            truncated=collector.truncated,
+        )

@@ -1,0 +1,93 @@
+"""Per-session resource limits: parsing, defaults and server maximums."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from .errors import BadRequest, LimitExceeded
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any, what: str = "size") -> int:
+    """Turn ``512m``/``1GiB``/``1048576`` into bytes, as docker's CLI reads sizes."""
+    if isinstance(value, bool):
+        raise LimitExceeded(f"{what} must be a size like '512m' or a number of bytes")
+    if isinstance(value, int | float):
+        return int(value)
+    match = _SIZE.match(str(value))
+    if not match:
+        raise LimitExceeded(f"{what} {value!r} is not a size; use e.g. '512m', '1g' or bytes")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit.lower()])
+
+
+def format_size(n: int) -> str:
+    """Render bytes the way people read limits (``256 MiB``)."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one session may consume; sizes in bytes, times in seconds."""
+
+    memory: int
+    cpus: float
+    pids: int
+    disk: int
+    timeout: float
+    output_bytes: int
+
+    _SIZES = ("memory", "disk", "output_bytes")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Limits:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+    def resolve(self, requested: Any, maximum: Limits) -> Limits:
+        """Apply a client's request over these defaults, refusing anything above ``maximum``."""
+        if requested is None:
+            requested = {}
+        if not isinstance(requested, dict):
+            raise BadRequest('limits must be an object, e.g. {"memory": "512m"}')
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(requested) - known)
+        if unknown:
+            raise BadRequest(f"unknown limit(s) {unknown}; known limits: {sorted(known)}")
+        values = dataclasses.asdict(self)
+        for name, raw in requested.items():
+            if raw is None:
+                continue
+            values[name] = _coerce(name, raw)
+        for name, value in values.items():
+            ceiling = getattr(maximum, name)
+            if value <= 0:
+                raise LimitExceeded(f"limit {name} must be positive, got {value}")
+            if value > ceiling:
+                shown = format_size if name in self._SIZES else str
+                raise LimitExceeded(
+                    f"limit {name} = {shown(value)} is above the server maximum "
+                    f"{shown(ceiling)}; ask for at most that"
+                )
+        return Limits(**values)
+
+
+def _coerce(name: str, raw: Any) -> int | float:
+    if name in Limits._SIZES:
+        return parse_size(raw, name)
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        try:
+            raw = float(raw)
+        except (TypeError, ValueError):
+            raise LimitExceeded(f"limit {name} must be a number, got {raw!r}") from None
+    return int(raw) if name == "pids" else float(raw)

@@ -1,0 +1,134 @@
+"""Kernel iopub messages -> nbformat v4 outputs, under a per-execution byte cap.
+
+Outputs are kept in notebook shape from the start so an export is a copy.
+Whatever exceeds the cap is counted and dropped as it arrives, never held,
+and a visible marker says how much was cut; errors are always kept because
+they are what a caller most needs to see.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nbformat.v4 import output_from_msg
+
+from .limits import format_size
+
+OUTPUT_MSG_TYPES = {"stream", "display_data", "execute_result", "error", "update_display_data"}
+
+# An error's traceback is kept even past the cap, but not without bound.
+_ERROR_BUDGET = 64 * 1024
+
+
+def output_size(output: dict[str, Any]) -> int:
+    """Characters an output costs against the cap; cheap even for huge streams."""
+    if output["output_type"] == "stream":
+        return len(output["text"])
+    return len(json.dumps(output, ensure_ascii=False))
+
+
+class OutputCollector:
+    """Accumulates one execution's outputs as notebook outputs."""
+
+    def __init__(self, cap_bytes: int) -> None:
+        self.cap = cap_bytes
+        self.outputs: list[dict[str, Any]] = []
+        self.used = 0
+        self.dropped = 0
+        self.execution_count: int | None = None
+        self.error: dict[str, Any] | None = None
+        self._clear_pending = False
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped > 0
+
+    def add_message(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Fold one iopub message in; return the output it produced (for streaming)."""
+        kind = msg["header"]["msg_type"]
+        content = msg["content"]
+        if kind == "clear_output":
+            if content.get("wait"):
+                self._clear_pending = True
+            else:
+                self._clear()
+            return None
+        if kind == "execute_input":
+            self.execution_count = content.get("execution_count")
+            return None
+        if kind not in OUTPUT_MSG_TYPES:
+            return None
+        if kind == "update_display_data":
+            self._update_display(content)
+            return None
+        if self._clear_pending:
+            self._clear()
+        output = output_from_msg(msg)
+        display_id = content.get("transient", {}).get("display_id")
+        if display_id:
+            output["metadata"]["sbx_display_id"] = display_id
+        if kind == "error":
+            self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
+            return self._append(output, budget=self.used + _ERROR_BUDGET)
+        return self._append(output, budget=self.cap)
+
+    def _append(self, output: dict[str, Any], budget: int) -> dict[str, Any] | None:
+        size = output_size(output)
+        room = budget - self.used
+        if size <= room:
+            self._store(output, size)
+            return output
+        if output["output_type"] == "stream" and room > 0:
+            # Keep what fits of a stream so the cut lands at a visible spot.
+            kept = {**output, "text": output["text"][:room]}
+            self._store(kept, output_size(kept))
+            self.dropped += size - output_size(kept)
+            return kept
+        if output["output_type"] == "error":
+            output = {**output, "traceback": output["traceback"][-20:]}
+            self._store(output, output_size(output))
+            return output
+        self.dropped += size
+        return None
+
+    def _store(self, output: dict[str, Any], size: int) -> None:
+        last = self.outputs[-1] if self.outputs else None
+        if (
+            output["output_type"] == "stream"
+            and last is not None
+            and last["output_type"] == "stream"
+            and last["name"] == output["name"]
+        ):
+            last["text"] += output["text"]
+        else:
+            self.outputs.append(output)
+        self.used += size
+
+    def _clear(self) -> None:
+        self.outputs.clear()
+        self.used = 0
+        self._clear_pending = False
+
+    def _update_display(self, content: dict[str, Any]) -> None:
+        display_id = content.get("transient", {}).get("display_id")
+        for output in self.outputs:
+            if output.get("metadata", {}).get("sbx_display_id") == display_id:
+                output["data"] = content.get("data", {})
+                output["metadata"] = {**content.get("metadata", {}), "sbx_display_id": display_id}
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Return the final outputs, with the truncation marker when anything was cut."""
+        if self.truncated:
+            self.outputs.append(
+                {
+                    "output_type": "stream",
+                    "name": "stderr",
+                    "text": (
+                        f"\n[sbx: output truncated: {format_size(self.dropped)} dropped, "
+                        f"over this execution's limit of {format_size(self.cap)} "
+                        "(raise limits.output_bytes, or write large results to a file)]\n"
+                    ),
+                }
+            )
+        return self.outputs

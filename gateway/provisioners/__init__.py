@@ -1,0 +1,1 @@
+"""Where kernels run. ``docker``: one locked-down container per kernel."""

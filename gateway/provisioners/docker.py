@@ -1,0 +1,193 @@
+"""Run a kernel in a locked-down Docker container (jupyter_client provisioner).
+
+The container has no network. The kernel binds ZeroMQ ``ipc`` sockets in the
+session's run directory, which is bind-mounted at the same path inside the
+container, so one connection file serves both sides and no port is opened.
+The jupyter_client kernel manager drives this class through the standard
+provisioner hooks; per-session parameters arrive as ``sandbox=`` keyword
+argument of ``start_kernel`` (kept by the manager for restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import Mount
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning import KernelProvisionerBase
+
+from ..errors import EngineUnavailable, ImageNotBuilt
+from ..limits import Limits
+
+LABEL_GATEWAY = "sbx.gateway"
+LABEL_SESSION = "sbx.session"
+
+
+@dataclasses.dataclass
+class SandboxSpec:
+    """Everything that makes one session's container what it is."""
+
+    docker: docker.DockerClient
+    image: str
+    session_id: str
+    gateway_id: str
+    limits: Limits
+    env: dict[str, str]
+    run_dir: Path
+    workspace: Path | None  # host directory for /workspace; None = in-memory tmpfs
+    tmp_bytes: int
+    user: str = "1000:1000"
+    workdir: str = "/workspace"
+
+    @property
+    def uid_gid(self) -> tuple[int, int]:
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid or uid)
+
+    def run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Arguments for ``containers.run``: the hardening lives here, in one place."""
+        limits = self.limits
+        mounts = [Mount(str(self.run_dir), str(self.run_dir), type="bind")]
+        tmpfs = {"/tmp": f"size={self.tmp_bytes},mode=1777,nosuid,nodev"}
+        if self.workspace is not None:
+            mounts.append(Mount(self.workdir, str(self.workspace), type="bind"))
+        else:
+            # An in-memory workspace counts against the memory limit; keep it below.
+            size = min(limits.disk, limits.memory // 2)
+            tmpfs[self.workdir] = f"size={size},uid={self.uid_gid[0]},nosuid,nodev"
+        return {
+            "image": self.image,
+            "command": cmd,
+            "name": f"sbx-{self.session_id}",
+            "detach": True,
+            "user": self.user,
+            "working_dir": self.workdir,
+            "environment": env,
+            "network_mode": "none",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "init": True,
+            "mem_limit": limits.memory,
+            "memswap_limit": limits.memory,
+            "nano_cpus": int(limits.cpus * 1e9),
+            "pids_limit": limits.pids,
+            "ipc_mode": "private",
+            "mounts": mounts,
+            "tmpfs": tmpfs,
+            "labels": {LABEL_GATEWAY: self.gateway_id, LABEL_SESSION: self.session_id},
+        }
+
+
+class DockerProvisioner(KernelProvisionerBase):
+    """Kernel lifecycle hooks mapped onto one Docker container."""
+
+    container_id: str | None = None
+    _client: docker.DockerClient | None = None
+
+    @property
+    def has_process(self) -> bool:
+        return self.container_id is not None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Write the connection file where the container can read it; build cmd and env.
+
+        Called by the kernel manager before every (re)start. The gateway's own
+        environment is deliberately not passed on: only the kernelspec's env and
+        the session's env reach the kernel.
+        """
+        spec: SandboxSpec = kwargs.pop("sandbox")
+        self._client = spec.docker
+        km = self.parent
+        km.write_connection_file()
+        uid, gid = spec.uid_gid
+        for path in (spec.run_dir, Path(km.connection_file)):
+            os.chown(path, uid, gid)
+        self.connection_info = km.get_connection_info()
+        cmd = km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
+        env = {**self.kernel_spec.env, **spec.env}
+        return {"cmd": cmd, "env": env, "sandbox": spec}
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        """Start the container; the kernel inside binds the ipc sockets."""
+        spec: SandboxSpec = kwargs["sandbox"]
+        run_kwargs = spec.run_kwargs(cmd, kwargs["env"])
+        try:
+            container = await asyncio.to_thread(spec.docker.containers.run, **run_kwargs)
+        except docker.errors.ImageNotFound as e:
+            raise ImageNotBuilt(
+                f"kernel image {spec.image} is not built; run `sbx images build`"
+            ) from e
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine refused the kernel: {e}") from e
+        self.container_id = container.id
+        return self.connection_info
+
+    async def _inspect(self) -> dict[str, Any] | None:
+        assert self._client is not None and self.container_id is not None
+        try:
+            return await asyncio.to_thread(self._client.api.inspect_container, self.container_id)
+        except docker.errors.NotFound:
+            return None
+
+    async def poll(self) -> int | None:
+        """Return None while the container runs, else its exit code."""
+        if self.container_id is None:
+            return 0
+        info = await self._inspect()
+        if info is None:
+            return -1
+        return None if info["State"]["Running"] else int(info["State"]["ExitCode"])
+
+    async def wait(self) -> int | None:
+        while (status := await self.poll()) is None:  # noqa: ASYNC110 (engine is the truth)
+            await asyncio.sleep(0.1)
+        return status
+
+    async def send_signal(self, signum: int) -> None:
+        """Signal the kernel; the container's init forwards it to the kernel process."""
+        if self.container_id is None or signum == 0:
+            return
+        assert self._client is not None
+        try:
+            await asyncio.to_thread(self._client.api.kill, self.container_id, signum)
+        except docker.errors.APIError:
+            pass  # already stopped: nothing left to signal
+
+    async def kill(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGKILL)
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Remove the container, so a stopped kernel leaves nothing behind."""
+        if self.container_id is None:
+            return
+        assert self._client is not None
+        try:
+            await asyncio.to_thread(
+                self._client.api.remove_container, self.container_id, force=True
+            )
+        except docker.errors.NotFound:
+            pass
+        self.container_id = None
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info["container_id"] = self.container_id
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.container_id = provisioner_info.get("container_id")
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return min(recommended, 2.0)

@@ -1,0 +1,48 @@
+"""A session's workspace: a size-limited, disk-backed filesystem on the host.
+
+A tmpfs workspace would count against the container's memory, turning a full
+disk into an out-of-memory kill. A loop-mounted ext4 image gives the sandbox a
+real ENOSPC at exactly its disk limit, costs no memory, and stays readable on
+the host after the kernel dies. It needs root; elsewhere the provisioner
+falls back to a tmpfs sized below the memory limit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def loop_mounts_available() -> bool:
+    """Tell whether this process can make loop-mounted workspaces."""
+    return os.geteuid() == 0 and all(shutil.which(t) for t in ("mkfs.ext4", "mount", "umount"))
+
+
+def create(session_dir: Path, size: int, uid: int, gid: int) -> Path:
+    """Make and mount ``session_dir/workspace`` holding at most ``size`` bytes."""
+    image = session_dir / "workspace.img"
+    mountpoint = session_dir / "workspace"
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size)  # sparse: only written blocks use host disk
+    _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
+    _run("mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
+    # ext4 makes lost+found; the sandbox user has no use for it.
+    shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
+    return mountpoint
+
+
+def destroy(session_dir: Path) -> None:
+    """Unmount and delete a workspace made by ``create`` (safe to call twice)."""
+    mountpoint = session_dir / "workspace"
+    if os.path.ismount(mountpoint):
+        _run("umount", "-l", str(mountpoint))
+    shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def _run(*cmd: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")

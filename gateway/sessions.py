@@ -1,0 +1,528 @@
+"""Sessions: the registry, their state machine, and TTL / idle culling.
+
+A session owns one kernel in one container. States::
+
+    starting -> idle <-> busy
+        \\         \\       /
+         +-------> dead (reason) --restart--> starting
+    any state --delete / ttl / idle timeout--> deleted (reason)
+
+``SessionManager`` is what the HTTP handlers call; it talks to Docker only
+through the kernel/provisioner layer and to SQLite only through ``Store``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from .config import ConfigError, Settings
+from .errors import (
+    BadRequest,
+    EngineUnavailable,
+    KernelDied,
+    LimitExceeded,
+    SessionEnded,
+    SessionNotFound,
+    TooManySessions,
+)
+from .images import ImageBuilder
+from .kernel import ExecutionResult, Kernel, OutputCallback
+from .kernelspecs import KernelSpecs
+from .limits import Limits, format_size
+from .provisioners import workspace
+from .provisioners.docker import LABEL_GATEWAY, SandboxSpec
+from .provisioners.events import ContainerWatcher
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+LIVE_STATES = ("starting", "idle", "busy", "dead")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Unix socket paths are capped at 107 bytes; the run dir must leave room.
+_MAX_SOCKET_PATH = 100
+
+
+def iso(ts: float | None) -> str | None:
+    """Render an epoch time as the API's UTC ISO 8601 form."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Session:
+    """One sandboxed kernel and what the gateway knows about it."""
+
+    def __init__(
+        self,
+        kernel_name: str,
+        image: str,
+        limits: Limits,
+        ttl: float,
+        idle_timeout: float,
+        env: dict[str, str],
+        metadata: dict[str, Any],
+    ) -> None:
+        self.id = str(uuid.uuid4())
+        self.kernel_name = kernel_name
+        self.image = image
+        self.limits = limits
+        self.ttl = ttl
+        self.idle_timeout = idle_timeout
+        self.env = env
+        self.metadata = metadata
+        self.created_at = time.time()
+        self.last_activity = self.created_at
+        self.ended_at: float | None = None
+        self.state = "starting"
+        self.reason: str | None = None
+        self.kernel: Kernel | None = None
+        self.lock = asyncio.Lock()
+        self.connections = 0  # open streams; while any is open the session is not idle
+        self.executions = 0
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + self.ttl
+
+    @property
+    def idle_deadline(self) -> float:
+        return self.last_activity + self.idle_timeout
+
+    def touch(self) -> None:
+        self.last_activity = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kernel": self.kernel_name,
+            "image": self.image,
+            "state": self.state,
+            "reason": self.reason,
+            "limits": self.limits.to_json(),
+            "ttl": self.ttl,
+            "idle_timeout": self.idle_timeout,
+            "network": "none",
+            "env": self.env,
+            "metadata": self.metadata,
+            "created_at": iso(self.created_at),
+            "expires_at": iso(self.expires_at),
+            "last_activity": iso(self.last_activity),
+            "idle_expires_at": iso(self.idle_deadline),
+            "ended_at": iso(self.ended_at),
+            "executions": self.executions,
+            "container_id": self.kernel.container_id if self.kernel else None,
+        }
+
+
+class SessionManager:
+    """Creates, finds, runs code in, and ends sessions."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient, store: Store) -> None:
+        self.settings = settings
+        self.docker = client
+        self.store = store
+        self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
+        self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
+        self.sessions: dict[str, Session] = {}
+        self.sessions_dir = Path(settings.data_dir) / "sessions"
+        self.gateway_id = ""
+        self._watcher: ContainerWatcher | None = None
+        self._culler: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_workspaces = workspace.loop_mounts_available()
+
+    # -- lifecycle of the manager itself -------------------------------------------------
+
+    async def start(self) -> None:
+        """Reap what a previous run left, then start watching and culling."""
+        socket_path = self.sessions_dir / str(uuid.uuid4()) / "run" / "k-10"
+        if len(str(socket_path)) > _MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"data_dir {self.settings.data_dir} is too long for kernel sockets; "
+                "choose a shorter path"
+            )
+        self.gateway_id = await self.store.gateway_id()
+        await self._reap_leftovers()
+        self._watcher = ContainerWatcher(self.docker, self.gateway_id, self._on_container_death)
+        self._watcher.start()
+        self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
+
+    async def stop(self) -> None:
+        """End every session and remove its container; called on gateway exit."""
+        if self._culler is not None:
+            self._culler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._culler
+        await asyncio.gather(
+            *(self._end(s, "gateway stopped") for s in list(self.sessions.values())),
+            return_exceptions=True,
+        )
+        for task in list(self._tasks):
+            task.cancel()
+        if self._watcher is not None:
+            await asyncio.to_thread(self._watcher.stop)
+
+    async def _reap_leftovers(self) -> None:
+        """Remove containers and workspaces of sessions this process does not track."""
+        containers = await asyncio.to_thread(
+            self.docker.containers.list,
+            all=True,
+            filters={"label": f"{LABEL_GATEWAY}={self.gateway_id}"},
+        )
+        for container in containers:
+            log.info("removing leftover container %s", container.name)
+            await asyncio.to_thread(container.remove, force=True)
+        now = time.time()
+        for doc in await self.store.open_sessions():
+            doc.update(state="deleted", reason="gateway restarted", ended_at=iso(now))
+            await self.store.save_session(doc)
+        if self.sessions_dir.exists():
+            for leftover in self.sessions_dir.iterdir():
+                await asyncio.to_thread(workspace.destroy, leftover)
+
+    # -- queries ------------------------------------------------------------------------
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        """A live session's view, or an ended one's last record from the store."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.to_json()
+        doc = await self.store.get_session(session_id)
+        if doc is None:
+            raise SessionNotFound(session_id)
+        return doc
+
+    def list(
+        self, state: str | None = None, metadata: dict[str, str] | None = None
+    ) -> list[Session]:
+        found = []
+        for session in self.sessions.values():
+            if state is not None and session.state != state:
+                continue
+            if metadata and any(str(session.metadata.get(k)) != v for k, v in metadata.items()):
+                continue
+            found.append(session)
+        return sorted(found, key=lambda s: s.created_at)
+
+    async def history(self, session_id: str) -> list[dict[str, Any]]:
+        await self.describe(session_id)  # 404 for unknown ids
+        return await self.store.history(session_id)
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def create(self, request: dict[str, Any]) -> Session:
+        """Validate a create request and start its kernel; the session is idle on return."""
+        session = self._new_session(request)
+        if len(self.sessions) >= self.settings.max_sessions:
+            raise TooManySessions(
+                f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
+                "delete one you no longer need or try again later"
+            )
+        self.sessions[session.id] = session
+        await self._save(session)
+        try:
+            await self._launch(session)
+        except BaseException as e:
+            await self._end(session, f"kernel failed to start: {e}")
+            raise
+        session.state = "idle"
+        await self._save(session)
+        log.info("session %s started (%s)", session.id, session.image)
+        return session
+
+    def _new_session(self, request: dict[str, Any]) -> Session:
+        s = self.settings
+        kernel_name = request.get("kernel") or "python3"
+        if not isinstance(kernel_name, str):
+            raise BadRequest("kernel must be a kernelspec name such as 'python3'")
+        sandbox = self.kernelspecs.sandbox(kernel_name)
+        image = request.get("image") or self.images.tag_for(sandbox.get("image", kernel_name))
+        if not isinstance(image, str) or not image.startswith("sbx/"):
+            raise BadRequest("image must be an image the gateway built (sbx/...), or null")
+        network = request.get("network", "none")
+        if network not in (None, "none"):
+            raise BadRequest(f"network policy {network!r} is not supported; use 'none'")
+        return Session(
+            kernel_name=kernel_name,
+            image=image,
+            limits=s.default_limits.resolve(request.get("limits"), s.max_limits),
+            ttl=_seconds(request.get("ttl"), "ttl", s.default_ttl, s.max_ttl),
+            idle_timeout=_seconds(
+                request.get("idle_timeout"),
+                "idle_timeout",
+                s.default_idle_timeout,
+                s.max_idle_timeout,
+            ),
+            env=_env(request.get("env")),
+            metadata=_metadata(request.get("metadata")),
+        )
+
+    async def _launch(self, session: Session) -> None:
+        session_dir = self.sessions_dir / session.id
+        run_dir = session_dir / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
+        spec = SandboxSpec(
+            docker=self.docker,
+            image=session.image,
+            session_id=session.id,
+            gateway_id=self.gateway_id,
+            limits=session.limits,
+            env=session.env,
+            run_dir=run_dir,
+            workspace=None,
+            tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
+            user=sandbox_cfg.get("user", "1000:1000"),
+        )
+        if self._loop_workspaces:
+            uid, gid = spec.uid_gid
+            spec.workspace = await asyncio.to_thread(
+                workspace.create, session_dir, session.limits.disk, uid, gid
+            )
+        session.kernel = Kernel(
+            session.kernel_name,
+            self.kernelspecs.manager,
+            spec,
+            self.settings.kernel_start_timeout,
+        )
+        try:
+            await session.kernel.start()
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine failed: {e}") from e
+
+    async def execute(
+        self,
+        session_id: str,
+        code: Any,
+        timeout: Any = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecutionResult:
+        """Run code in the session's kernel, one execution at a time per session."""
+        session = self.get(session_id)
+        if not isinstance(code, str):
+            raise BadRequest("code must be a string of source code")
+        limit = _seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
+        async with session.lock:
+            self._check_usable(session)
+            session.state = "busy"
+            session.touch()
+            started = time.time()
+            assert session.kernel is not None
+            result = await session.kernel.execute(
+                code,
+                timeout=limit,
+                cap_bytes=session.limits.output_bytes,
+                grace=self.settings.interrupt_grace,
+                on_output=on_output,
+            )
+            if result.status == "dead":
+                advice = "; restart the session to continue" if session.state == "dead" else ""
+                result.error = {
+                    "ename": "KernelDied",
+                    "evalue": f"{session.reason}{advice}",
+                    "traceback": [],
+                }
+            elif session.state == "busy":
+                session.state = "idle"
+            session.touch()
+            session.executions += 1
+            await self.store.add_execution(
+                session.id,
+                {
+                    "code": code,
+                    **result.to_json(),
+                    "started_at": iso(started),
+                    "ended_at": iso(time.time()),
+                },
+            )
+            await self._save(session)
+        return result
+
+    def _check_usable(self, session: Session) -> None:
+        if session.state == "dead":
+            raise KernelDied(
+                f"the session's kernel died ({session.reason}); "
+                f"POST /v1/sessions/{session.id}/restart to get a fresh kernel"
+            )
+        if session.state == "deleted":
+            raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+
+    async def interrupt(self, session_id: str) -> Session:
+        session = self.get(session_id)
+        self._check_usable(session)
+        assert session.kernel is not None
+        await session.kernel.interrupt()
+        session.touch()
+        return session
+
+    async def restart(self, session_id: str) -> Session:
+        """Give the session a fresh kernel; works on a dead session too."""
+        session = self.get(session_id)
+        if session.state == "deleted":
+            raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+        assert session.kernel is not None
+        session.state = "starting"
+        session.reason = None
+        await session.kernel.restart()
+        session.state = "idle"
+        session.touch()
+        await self._save(session)
+        return session
+
+    async def update(self, session_id: str, request: dict[str, Any]) -> Session:
+        """Change ttl / idle_timeout (seconds, from creation / last activity)."""
+        session = self.get(session_id)
+        unknown = set(request) - {"ttl", "idle_timeout"}
+        if unknown:
+            raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
+        s = self.settings
+        if "ttl" in request:
+            session.ttl = _seconds(request["ttl"], "ttl", session.ttl, s.max_ttl)
+        if "idle_timeout" in request:
+            session.idle_timeout = _seconds(
+                request["idle_timeout"], "idle_timeout", session.idle_timeout, s.max_idle_timeout
+            )
+        session.touch()
+        await self._save(session)
+        return session
+
+    async def delete(self, session_id: str) -> None:
+        await self._end(self.get(session_id), "deleted by client")
+
+    # -- endings ------------------------------------------------------------------------
+
+    async def _end(self, session: Session, reason: str) -> None:
+        """Stop the kernel, free the sandbox, and record why the session ended."""
+        if session.state == "deleted":
+            return
+        session.state = "deleted"
+        session.reason = reason
+        session.ended_at = time.time()
+        self.sessions.pop(session.id, None)
+        kernel = session.kernel
+        if kernel is not None:
+            kernel.died.set()  # lets an in-flight execute return instead of hanging
+            # Give that execute a moment to finish and record itself.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    async with session.lock:
+                        pass
+            try:
+                await kernel.shutdown()
+            except Exception:
+                log.exception("session %s: kernel shutdown failed", session.id)
+                await self._force_remove(session.id)
+        await asyncio.to_thread(workspace.destroy, self.sessions_dir / session.id)
+        await self._save(session)
+        log.info("session %s ended: %s", session.id, reason)
+
+    async def _force_remove(self, session_id: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            container = await asyncio.to_thread(self.docker.containers.get, f"sbx-{session_id}")
+            await asyncio.to_thread(container.remove, force=True)
+
+    def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
+        """Called on the loop by the watcher when one of our containers stops."""
+        session = self.sessions.get(session_id)
+        if session is None or session.kernel is None or session.state in ("starting", "deleted"):
+            return  # expected: a delete or a restart stopped it
+        if session.kernel.restarting or session.kernel.container_id != container_id:
+            return
+        task = asyncio.create_task(self._mark_dead(session, container_id, exit_code))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
+        try:
+            info = await asyncio.to_thread(self.docker.api.inspect_container, container_id)
+            oom = bool(info["State"].get("OOMKilled"))
+        except docker.errors.NotFound:
+            oom = False
+        if oom:
+            reason = f"out of memory: limit {format_size(session.limits.memory)}"
+        else:
+            reason = f"kernel process exited with code {exit_code}"
+            if exit_code > 128:
+                reason += f" (killed by signal {exit_code - 128})"
+        kernel = session.kernel
+        if session.state == "deleted" or kernel is None or kernel.container_id != container_id:
+            return  # ended or restarted meanwhile
+        session.state = "dead"
+        session.reason = reason
+        kernel.died.set()
+        log.warning("session %s died: %s", session.id, reason)
+        await self._save(session)
+
+    async def _cull_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.cull_interval)
+            try:
+                await self.cull()
+            except Exception:
+                log.exception("culling failed; will retry")
+
+    async def cull(self) -> None:
+        """End sessions past their TTL, and idle ones past their idle timeout."""
+        now = time.time()
+        for session in list(self.sessions.values()):
+            if now >= session.expires_at:
+                await self._end(session, f"ttl expired after {session.ttl:g} s")
+            elif (
+                session.state in ("idle", "dead")
+                and session.connections == 0
+                and now >= session.idle_deadline
+            ):
+                await self._end(session, f"idle for {session.idle_timeout:g} s")
+
+    async def _save(self, session: Session) -> None:
+        await self.store.save_session(session.to_json())
+
+
+def _seconds(value: Any, name: str, default: float, maximum: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{name} must be a number of seconds")
+    if value <= 0:
+        raise LimitExceeded(f"{name} must be positive, got {value}")
+    if value > maximum:
+        raise LimitExceeded(f"{name} = {value:g} s is above the server maximum {maximum:g} s")
+    return float(value)
+
+
+def _env(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise BadRequest('env must be an object of string values, e.g. {"MODE": "fast"}')
+    bad = [k for k in value if not _ENV_NAME.match(k)]
+    if bad:
+        raise BadRequest(f"invalid environment variable name(s): {bad}")
+    return dict(value)
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in value.values()
+    ):
+        raise BadRequest("metadata must be an object of strings, numbers or booleans")
+    return dict(value)

@@ -1,0 +1,73 @@
+"""Shared fixtures: a real gateway process on a real port, against a real engine.
+
+One gateway serves most tests (starting kernels is what costs time); tests
+that need other server settings start their own with ``start_gateway``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+from helpers import GatewayProcess, short_tmpdir
+
+
+@pytest.fixture(scope="session")
+def engine() -> docker.DockerClient:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.fail(f"these tests need a running Docker engine (scripts/setup starts one): {e}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def start_gateway(engine: docker.DockerClient) -> Iterator:
+    """Factory for gateways with custom flags; all are stopped at the end."""
+    started: list[GatewayProcess] = []
+
+    def start(*args: str, data_dir: Path | None = None) -> GatewayProcess:
+        gw = GatewayProcess(data_dir or short_tmpdir(), *args)
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()
+        shutil.rmtree(gw.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gateway(start_gateway) -> GatewayProcess:
+    return start_gateway("--interrupt-grace", "2", "--cull-interval", "0.5")
+
+
+@pytest.fixture
+def api(gateway: GatewayProcess) -> httpx.Client:
+    return gateway.client
+
+
+@pytest.fixture
+def new_session(api: httpx.Client) -> Iterator:
+    """Factory creating sessions that are deleted after the test."""
+    created: list[str] = []
+
+    def create(**body) -> dict:
+        r = api.post("/v1/sessions", json=body)
+        assert r.status_code == 201, f"creating a session failed: {r.status_code} {r.text}"
+        created.append(r.json()["id"])
+        return r.json()
+
+    yield create
+    for sid in created:
+        api.delete(f"/v1/sessions/{sid}")
+
+
+@pytest.fixture
+def session(new_session) -> dict:
+    return new_session()

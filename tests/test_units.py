@@ -1,0 +1,125 @@
+"""Domain logic that needs no engine: limits, settings, output capping, the store."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.config import ConfigError, Settings
+from gateway.errors import BadRequest, LimitExceeded
+from gateway.limits import Limits, format_size, parse_size
+from gateway.outputs import OutputCollector
+from gateway.store import Store
+
+
+def msg(kind: str, **content) -> dict:
+    return {"header": {"msg_type": kind}, "parent_header": {}, "metadata": {}, "content": content}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("512m", 512 * 2**20), ("1g", 2**30), ("1GiB", 2**30), ("64 MB", 64 * 2**20), (100, 100)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_format_size():
+    assert format_size(256 * 2**20) == "256 MiB" and format_size(1536 * 2**20) == "1.5 GiB"
+
+
+def test_limits_resolve_against_defaults_and_maximum():
+    defaults = Limits(memory=2**29, cpus=1, pids=256, disk=2**30, timeout=60, output_bytes=2**20)
+    maximum = Limits(memory=2**32, cpus=4, pids=4096, disk=2**34, timeout=3600, output_bytes=2**26)
+    got = defaults.resolve({"memory": "1g", "pids": 10}, maximum)
+    assert got.memory == 2**30 and got.pids == 10 and got.cpus == 1
+    with pytest.raises(LimitExceeded, match="memory = 8 GiB is above the server maximum 4 GiB"):
+        defaults.resolve({"memory": "8g"}, maximum)
+    with pytest.raises(LimitExceeded, match="not a size"):
+        defaults.resolve({"disk": "lots"}, maximum)
+    with pytest.raises(BadRequest, match="unknown limit"):
+        defaults.resolve({"gpu": 1}, maximum)
+    with pytest.raises(LimitExceeded, match="positive"):
+        defaults.resolve({"cpus": 0}, maximum)
+
+
+def test_settings_layers_env_over_file_and_flags_over_env(tmp_path):
+    config = tmp_path / "sbx.toml"
+    config.write_text('port = 9000\nmax-sessions = 5\ndefault_memory = "256m"\n')
+    env = {"SBX_CONFIG": str(config), "SBX_MAX_SESSIONS": "7"}
+    settings = Settings.load(None, env)
+    assert settings.port == 9000 and settings.max_sessions == 7
+    assert settings.default_limits.memory == 256 * 2**20
+    with pytest.raises(ConfigError, match="max_sessions"):
+        Settings.load(None, {"SBX_MAX_SESSIONS": "many"})
+    with pytest.raises(LimitExceeded):
+        Settings.load(None, {"SBX_DEFAULT_MEMORY": "64g"})
+
+
+def test_collector_merges_streams_and_keeps_rich_outputs():
+    c = OutputCollector(cap_bytes=10_000)
+    c.add_message(msg("execute_input", code="x", execution_count=3))
+    c.add_message(msg("stream", name="stdout", text="a"))
+    c.add_message(msg("stream", name="stdout", text="b"))
+    c.add_message(msg("display_data", data={"text/plain": "fig"}, metadata={}))
+    c.add_message(msg("execute_result", data={"text/plain": "1"}, metadata={}, execution_count=3))
+    outputs = c.finish()
+    assert outputs[0] == {"output_type": "stream", "name": "stdout", "text": "ab"}
+    assert [o["output_type"] for o in outputs] == ["stream", "display_data", "execute_result"]
+    assert c.execution_count == 3 and not c.truncated
+
+
+def test_collector_cuts_at_the_cap_with_a_marker_but_keeps_errors():
+    c = OutputCollector(cap_bytes=100)
+    for _ in range(50):
+        c.add_message(msg("stream", name="stdout", text="x" * 10))
+    c.add_message(msg("display_data", data={"text/plain": "y" * 500}, metadata={}))
+    c.add_message(msg("error", ename="ValueError", evalue="bad", traceback=["tb"]))
+    outputs = c.finish()
+    assert outputs[0]["text"] == "x" * 100
+    assert outputs[1]["output_type"] == "error" and c.error["ename"] == "ValueError"
+    assert "output truncated" in outputs[-1]["text"] and c.truncated
+
+
+def test_collector_honours_clear_output_and_display_updates():
+    c = OutputCollector(cap_bytes=10_000)
+    c.add_message(msg("stream", name="stdout", text="old"))
+    c.add_message(msg("clear_output", wait=True))
+    c.add_message(
+        msg("display_data", data={"text/plain": "1"}, metadata={}, transient={"display_id": "d"})
+    )
+    c.add_message(
+        msg(
+            "update_display_data",
+            data={"text/plain": "2"},
+            metadata={},
+            transient={"display_id": "d"},
+        )
+    )
+    outputs = c.finish()
+    assert len(outputs) == 1 and outputs[0]["data"] == {"text/plain": "2"}
+
+
+def test_store_round_trip(tmp_path):
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        gid = await store.gateway_id()
+        assert gid == await store.gateway_id()
+        doc = {"id": "s1", "state": "idle", "created_at": "t0", "ended_at": None}
+        await store.save_session(doc)
+        assert [d["id"] for d in await store.open_sessions()] == ["s1"]
+        record = {
+            "code": "1", "status": "ok", "execution_count": 1, "outputs": [], "error": None,
+            "started_at": "t1", "ended_at": "t2", "duration_ms": 1.5,
+        }  # fmt: skip
+        await store.add_execution("s1", record)
+        await store.save_session({**doc, "state": "deleted", "ended_at": "t3"})
+        assert await store.open_sessions() == []
+        history = await store.history("s1")
+        await store.close()
+        return history
+
+    history = asyncio.run(scenario())
+    assert history[0]["code"] == "1" and history[0]["duration_ms"] == 1.5
