@@ -1,0 +1,66 @@
+"""Kernel images: content-hashed tags, no needless rebuilds, a runnable sandbox image."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ROOT
+from gateway.images import ImageBuilder, host_debian_mirror
+
+
+def test_tag_changes_with_content_and_base_only(tmp_path, engine):
+    image_dir = tmp_path / "demo"
+    image_dir.mkdir()
+    (image_dir / "Dockerfile").write_text("FROM scratch\n")
+    builder = ImageBuilder(engine, tmp_path, base="debian:bookworm-slim")
+    first = builder.tag_for("demo")
+    assert first.startswith("sbx/demo:") and first == builder.tag_for("demo")
+    (image_dir / "extra.txt").write_text("x")
+    assert builder.tag_for("demo") != first
+    (image_dir / "extra.txt").unlink()
+    assert builder.tag_for("demo") == first
+    other_base = ImageBuilder(engine, tmp_path, base="debian:trixie-slim")
+    assert other_base.tag_for("demo") != first
+
+
+def test_host_mirror_is_read_from_apt_sources():
+    assert host_debian_mirror().startswith(("http://", "https://"))
+
+
+@pytest.mark.docker
+def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
+    lines: list[str] = []
+    builder = ImageBuilder(engine, ROOT / "images", progress=lines.append)
+    tag = builder.build("python")  # built by scripts/setup already
+    lines.clear()
+    assert builder.build("python") == tag
+    assert lines == [f"python: up to date ({tag})"], "an unchanged image was rebuilt"
+    assert next(row for row in builder.list() if row["name"] == "python")["built"]
+
+
+@pytest.mark.docker
+def test_python_image_runs_locked_down(engine):
+    tag = ImageBuilder(engine, ROOT / "images").tag_for("python")
+    out = engine.containers.run(
+        tag,
+        [
+            "sh",
+            "-c",
+            "id -u && python -W error -c 'import ipykernel, numpy, pandas, "
+            'matplotlib.pyplot; print("imports ok")\'',
+        ],
+        read_only=True,
+        user="1000:1000",
+        network_mode="none",
+        tmpfs={"/tmp": ""},
+        remove=True,
+        stderr=True,
+    ).decode()
+    assert out.split() == ["1000", "imports", "ok"], out
+
+
+def test_missing_image_directory_is_a_clear_error(engine, tmp_path):
+    from gateway.images import ImageBuildError
+
+    with pytest.raises(ImageBuildError, match="Dockerfile is missing"):
+        ImageBuilder(engine, tmp_path).tag_for("nope")
