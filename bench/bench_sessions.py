@@ -1,0 +1,127 @@
+"""Session start and execute latency through a real gateway.
+
+Usage: .venv/bin/python bench/bench_sessions.py [--sessions 10] [--executes 200]
+
+Starts ``sbx serve`` on a free port, then measures:
+- cold start: POST /v1/sessions until the first execute's result is back;
+- round trip of a trivial execute (``1 + 1``) on a warm session;
+- the gateway's RSS before/after 200 MB of printed output (output cap 1 MiB).
+Prints a table and rewrites docs/PERFORMANCE.md with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_gateway(data_dir: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "listening on http://" in line:
+            return proc, line.split("listening on ")[1].split()[0]
+    raise SystemExit("gateway did not start")
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=10)
+    parser.add_argument("--executes", type=int, default=200)
+    args = parser.parse_args()
+
+    data_dir = tempfile.mkdtemp(prefix="sbx-bench-")
+    proc, url = start_gateway(data_dir)
+    client = httpx.Client(base_url=url, timeout=120)
+    try:
+        starts, creates = [], []
+        for _ in range(args.sessions):
+            t0 = time.perf_counter()
+            sid = client.post("/v1/sessions", json={}).json()["id"]
+            creates.append((time.perf_counter() - t0) * 1000)
+            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
+            starts.append((time.perf_counter() - t0) * 1000)
+            client.delete(f"/v1/sessions/{sid}")
+
+        sid = client.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
+        for _ in range(10):  # warm up
+            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"})
+        trips = []
+        for _ in range(args.executes):
+            t0 = time.perf_counter()
+            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
+            trips.append((time.perf_counter() - t0) * 1000)
+
+        before = rss_mib(proc.pid)
+        code = "for _ in range(2_000_000):\n    print('x' * 99)"
+        client.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 300})
+        after = rss_mib(proc.pid)
+        client.delete(f"/v1/sessions/{sid}")
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+
+    rows = [
+        ("POST /v1/sessions -> 201 (kernel ready)", creates, "ms"),
+        ("POST /v1/sessions -> first execute result", starts, "ms"),
+        ("execute `1 + 1` round trip (warm)", trips, "ms"),
+    ]
+    table = ["| measure | n | p50 | p95 | max |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, values, unit in rows:
+        table.append(
+            f"| {name} | {len(values)} | {statistics.median(values):.1f} {unit} "
+            f"| {pct(values, 0.95):.1f} {unit} | {max(values):.1f} {unit} |"
+        )
+    table.append(
+        f"| gateway RSS around 200 MB of output (cap 1 MiB) | 1 | {before:.0f} -> "
+        f"{after:.0f} MiB | | |"
+    )
+    print("\n".join(table))
+
+    machine = (
+        f"{platform.node()}: {os.cpu_count()} cores, "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+        f"{platform.platform()}, Python {platform.python_version()}"
+    )
+    doc = ROOT / "docs" / "PERFORMANCE.md"
+    doc.write_text(
+        "# Performance\n\n"
+        f"Measured by `bench/bench_sessions.py` on {datetime.now(UTC):%Y-%m-%d}, "
+        f"on {machine}; runc runtime, kernel image `python`, default limits. "
+        "A real gateway process over HTTP on loopback.\n\n" + "\n".join(table) + "\n"
+    )
+    print(f"\nwritten to {doc.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
