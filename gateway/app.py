@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import health, sessions
+from .api import health, notebooks, sessions
 from .api.base import NotFoundHandler
 from .config import Settings
 from .errors import EngineUnavailable
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def make_app(manager: SessionManager) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
-        [*sessions.routes, *health.routes],
+        [*sessions.routes, *notebooks.routes, *health.routes],
         default_handler_class=NotFoundHandler,
         sbx_manager=manager,
     )

@@ -67,6 +67,7 @@ class Settings:
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
     cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
     log_level: str = _opt("info", "debug, info, warning or error")
+    url: str = _opt("http://127.0.0.1:8765", "gateway URL used by client commands (export, replay)")
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -102,10 +103,14 @@ class Settings:
         return parse_size(self.tmp_size, "tmp_size")
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one ``--flag`` per field; unset flags stay ``None`` so lower layers win."""
+    def add_arguments(
+        cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None
+    ) -> None:
+        """Add one ``--flag`` per field (or per ``only`` field); unset flags stay ``None``."""
         parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
         for f in dataclasses.fields(cls):
+            if only is not None and f.name not in only:
+                continue
             parser.add_argument(
                 "--" + f.name.replace("_", "-"),
                 dest=f.name,

@@ -28,6 +28,7 @@ from .errors import GatewayError
 
 REPO = "sbx"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+PACKAGES_FILE = "/opt/sbx/packages.txt"  # written by each image's Dockerfile
 _APT_SOURCES = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
 
 
@@ -91,7 +92,7 @@ class ImageBuilder:
             parts += [str(path.relative_to(directory)).encode(), path.read_bytes()]
         return f"{REPO}/{name}:{_digest(*parts)}"
 
-    def _exists(self, ref: str) -> bool:
+    def exists(self, ref: str) -> bool:
         try:
             self.client.images.get(ref)
             return True
@@ -99,12 +100,12 @@ class ImageBuilder:
             return False
 
     def is_built(self, name: str) -> bool:
-        return self._exists(self.tag_for(name))
+        return self.exists(self.tag_for(name))
 
     def build(self, name: str, force: bool = False) -> str:
         """Build one image unless an identical one exists; return its tag."""
         tag = self.tag_for(name)
-        if not force and self._exists(tag):
+        if not force and self.exists(tag):
             self.progress(f"{name}: up to date ({tag})")
             return tag
         base = self.ensure_base()
@@ -142,7 +143,7 @@ class ImageBuilder:
 
     def ensure_base(self) -> str:
         """The configured base if it is here or pullable, else a debootstrapped one."""
-        if self._exists(self.base):
+        if self.exists(self.base):
             return self.base
         try:
             self.progress(f"base: pulling {self.base}")
@@ -152,7 +153,7 @@ class ImageBuilder:
             self.progress(f"base: cannot pull {self.base} ({str(e).splitlines()[0][:120]})")
         mirror = host_debian_mirror()
         tag = f"{REPO}/base:{self.suite}-{_digest(self.suite.encode(), mirror.encode())}"
-        if self._exists(tag):
+        if self.exists(tag):
             return tag
         self._debootstrap(tag, mirror)
         return tag
@@ -188,6 +189,25 @@ class ImageBuilder:
             with open(tarball, "rb") as f:
                 self.client.api.import_image_from_data(f, repository=repo, tag=version)
         self.progress(f"base: imported {tag}")
+
+    def facts(self, ref: str) -> dict[str, Any]:
+        """Digest and installed packages of an image, for notebooks to record.
+
+        The package list is written into the image at build time; reading it
+        from a created (never started) container costs no kernel start.
+        """
+        image = self.client.images.get(ref)
+        container = self.client.containers.create(image.id, command=["true"])
+        try:
+            chunks, _ = container.get_archive(PACKAGES_FILE)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = tar.extractfile(tar.getmembers()[0])
+                packages = member.read().decode().split() if member else []
+        except docker.errors.NotFound:
+            packages = []
+        finally:
+            container.remove(force=True)
+        return {"digest": image.id, "packages": packages}
 
     def list(self) -> list[dict[str, Any]]:
         """Each image: name, tag, whether it is built, size and creation time."""

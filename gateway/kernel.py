@@ -113,6 +113,12 @@ class Kernel:
             return ""
         return raw.decode(errors="replace").strip()
 
+    async def kernel_info(self) -> dict[str, Any]:
+        """The kernel's kernel_info_reply content (language_info, implementation)."""
+        assert self.client is not None
+        reply = await self.client.kernel_info(reply=True, timeout=self.start_timeout)
+        return reply["content"]
+
     async def restart(self) -> None:
         """Replace the kernel process with a fresh one (state is lost)."""
         self.restarting = True

@@ -86,6 +86,11 @@ class Session:
         self.ended_at: float | None = None
         self.state = "starting"
         self.reason: str | None = None
+        # What a notebook export records so a replay can check its environment.
+        self.image_digest: str | None = None
+        self.packages: list[str] = []
+        self.language_info: dict[str, Any] = {}
+        self.display_name = kernel_name
         self.kernel: Kernel | None = None
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
@@ -107,6 +112,9 @@ class Session:
             "id": self.id,
             "kernel": self.kernel_name,
             "image": self.image,
+            "image_digest": self.image_digest,
+            "display_name": self.display_name,
+            "language_info": self.language_info,
             "state": self.state,
             "reason": self.reason,
             "limits": self.limits.to_json(),
@@ -123,6 +131,10 @@ class Session:
             "executions": self.executions,
             "container_id": self.kernel.container_id if self.kernel else None,
         }
+
+    def record(self) -> dict[str, Any]:
+        """What the store keeps: the API view plus the image's package list."""
+        return {**self.to_json(), "packages": self.packages}
 
 
 class SessionManager:
@@ -141,6 +153,7 @@ class SessionManager:
         self._culler: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._loop_workspaces = workspace.loop_mounts_available()
+        self._image_facts: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle of the manager itself -------------------------------------------------
 
@@ -199,14 +212,20 @@ class SessionManager:
             raise SessionNotFound(session_id)
         return session
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
-        """A live session's view, or an ended one's last record from the store."""
+    async def record(self, session_id: str) -> dict[str, Any]:
+        """Everything known about a session, live or ended (then from the store)."""
         session = self.sessions.get(session_id)
         if session is not None:
-            return session.to_json()
+            return session.record()
         doc = await self.store.get_session(session_id)
         if doc is None:
             raise SessionNotFound(session_id)
+        return doc
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        """The API view of a session, live or ended."""
+        doc = await self.record(session_id)
+        doc.pop("packages", None)
         return doc
 
     def list(
@@ -220,6 +239,9 @@ class SessionManager:
                 continue
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
+
+    async def image_available(self, ref: str) -> bool:
+        return await asyncio.to_thread(self.images.exists, ref)
 
     async def history(self, session_id: str) -> list[dict[str, Any]]:
         await self.describe(session_id)  # 404 for unknown ids
@@ -304,8 +326,16 @@ class SessionManager:
         )
         try:
             await session.kernel.start()
+            facts = self._image_facts.get(session.image)
+            if facts is None:
+                facts = await asyncio.to_thread(self.images.facts, session.image)
+                self._image_facts[session.image] = facts
         except docker.errors.DockerException as e:
             raise EngineUnavailable(f"the container engine failed: {e}") from e
+        session.image_digest = facts["digest"]
+        session.packages = facts["packages"]
+        session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
+        session.display_name = self.kernelspecs.get(session.kernel_name).display_name
 
     async def execute(
         self,
@@ -313,11 +343,18 @@ class SessionManager:
         code: Any,
         timeout: Any = None,
         on_output: OutputCallback | None = None,
+        description: Any = None,
     ) -> ExecutionResult:
-        """Run code in the session's kernel, one execution at a time per session."""
+        """Run code in the session's kernel, one execution at a time per session.
+
+        ``description`` is the caller's markdown narrative for this step; it is
+        recorded and becomes a markdown cell in the notebook export.
+        """
         session = self.get(session_id)
         if not isinstance(code, str):
             raise BadRequest("code must be a string of source code")
+        if description is not None and not isinstance(description, str):
+            raise BadRequest("description must be a markdown string")
         limit = _seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
         async with session.lock:
             self._check_usable(session)
@@ -347,6 +384,7 @@ class SessionManager:
                 session.id,
                 {
                     "code": code,
+                    "description": description,
                     **result.to_json(),
                     "started_at": iso(started),
                     "ended_at": iso(time.time()),
@@ -492,7 +530,7 @@ class SessionManager:
                 await self._end(session, f"idle for {session.idle_timeout:g} s")
 
     async def _save(self, session: Session) -> None:
-        await self.store.save_session(session.to_json())
+        await self.store.save_session(session.record())
 
 
 def _seconds(value: Any, name: str, default: float, maximum: float) -> float:

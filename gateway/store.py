@@ -34,7 +34,9 @@ CREATE TABLE IF NOT EXISTS executions (
     execution_count INTEGER,
     status TEXT NOT NULL,
     code TEXT NOT NULL,
+    description TEXT,
     outputs TEXT NOT NULL,
+    truncated INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     started_at TEXT NOT NULL,
     ended_at TEXT NOT NULL,
@@ -113,14 +115,17 @@ class Store:
     async def add_execution(self, session_id: str, record: dict[str, Any]) -> None:
         await self._run(
             self._exec,
-            "INSERT INTO executions (session_id, execution_count, status, code, outputs, error,"
-            " started_at, ended_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO executions (session_id, execution_count, status, code, description,"
+            " outputs, truncated, error, started_at, ended_at, duration_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 record["execution_count"],
                 record["status"],
                 record["code"],
+                record.get("description"),
                 json.dumps(record["outputs"]),
+                bool(record.get("truncated")),
                 json.dumps(record["error"]) if record["error"] else None,
                 record["started_at"],
                 record["ended_at"],
@@ -137,9 +142,12 @@ class Store:
         )
         return [
             {
+                "id": r["id"],
                 "execution_count": r["execution_count"],
                 "status": r["status"],
                 "code": r["code"],
+                "description": r["description"],
+                "truncated": bool(r["truncated"]),
                 "outputs": json.loads(r["outputs"]),
                 "error": json.loads(r["error"]) if r["error"] else None,
                 "started_at": r["started_at"],

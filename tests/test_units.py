@@ -123,3 +123,39 @@ def test_store_round_trip(tmp_path):
 
     history = asyncio.run(scenario())
     assert history[0]["code"] == "1" and history[0]["duration_ms"] == 1.5
+
+
+def png(color: tuple[int, int, int], size=(20, 10)) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_compare_normalises_volatile_text():
+    from gateway.compare import diff_outputs, normalize_text
+
+    assert normalize_text("<object at 0x7f3a1b2c3d4e>") == "<object at 0x…>"
+    assert normalize_text("Cell In[12], line 1") == "Cell In[N], line 1"
+    assert normalize_text("\x1b[31mError\x1b[0m") == "Error"
+    a = [{"output_type": "stream", "name": "stdout", "text": "at 0x7fffaaaa1111\n"}]
+    b = [{"output_type": "stream", "name": "stdout", "text": "at 0x7fffbbbb2222\n"}]
+    assert diff_outputs(a, b) == ""
+    c = [{"output_type": "stream", "name": "stderr", "text": "at 0x7fffbbbb2222\n"}]
+    assert "[stderr]" in diff_outputs(a, c)
+
+
+def test_compare_images_exactly_or_within_tolerance():
+    from gateway.compare import diff_outputs
+
+    out = lambda data: [{"output_type": "display_data", "data": {"image/png": data}}]  # noqa: E731
+    grey, near, far = png((100, 100, 100)), png((102, 100, 100)), png((250, 0, 0))
+    assert diff_outputs(out(grey), out(grey)) == ""
+    assert "sha256" in diff_outputs(out(grey), out(near)), "exact mode must see any change"
+    assert diff_outputs(out(grey), out(near), image_tolerance=0.01) == ""
+    assert diff_outputs(out(grey), out(far), image_tolerance=0.01) != ""
+    assert diff_outputs(out(grey), out(png((100, 100, 100), (21, 10))), image_tolerance=1) != ""

@@ -41,7 +41,9 @@ class SessionHandler(JSONHandler):
 class ExecuteHandler(JSONHandler):
     async def post(self, session_id: str) -> None:
         body = self.json_body()
-        result = await self.manager.execute(session_id, body.get("code"), body.get("timeout"))
+        result = await self.manager.execute(
+            session_id, body.get("code"), body.get("timeout"), description=body.get("description")
+        )
         self.send(result.to_json())
 
 
