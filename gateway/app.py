@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import health, notebooks, sessions
+from .api import files, health, notebooks, sessions
 from .api.base import NotFoundHandler
 from .config import Settings
 from .errors import EngineUnavailable
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def make_app(manager: SessionManager) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
-        [*sessions.routes, *notebooks.routes, *health.routes],
+        [*sessions.routes, *files.routes, *notebooks.routes, *health.routes],
         default_handler_class=NotFoundHandler,
         sbx_manager=manager,
     )
@@ -55,7 +55,10 @@ class Gateway:
         await self.manager.start()
         sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
-        self.server = tornado.httpserver.HTTPServer(make_app(self.manager))
+        # Uploads stream to disk and set their own limit; buffered bodies stay small.
+        self.server = tornado.httpserver.HTTPServer(
+            make_app(self.manager), max_body_size=64 * 2**20, max_buffer_size=64 * 2**20
+        )
         self.server.add_sockets(sockets)
 
     async def stop(self) -> None:

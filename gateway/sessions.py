@@ -36,6 +36,7 @@ from .errors import (
     SessionNotFound,
     TooManySessions,
 )
+from .files import Workspace
 from .images import ImageBuilder
 from .kernel import ExecutionResult, Kernel, OutputCallback
 from .kernelspecs import KernelSpecs
@@ -92,6 +93,7 @@ class Session:
         self.language_info: dict[str, Any] = {}
         self.display_name = kernel_name
         self.kernel: Kernel | None = None
+        self.workspace: Workspace | None = None
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
@@ -152,7 +154,6 @@ class SessionManager:
         self._watcher: ContainerWatcher | None = None
         self._culler: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._loop_workspaces = workspace.loop_mounts_available()
         self._image_facts: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle of the manager itself -------------------------------------------------
@@ -166,6 +167,10 @@ class SessionManager:
                 "choose a shorter path"
             )
         self.gateway_id = await self.store.gateway_id()
+        if not workspace.loop_mounts_available():
+            log.warning(
+                "not root: workspaces are plain directories and disk limits are not enforced"
+            )
         await self._reap_leftovers()
         self._watcher = ContainerWatcher(self.docker, self.gateway_id, self._on_container_death)
         self._watcher.start()
@@ -309,15 +314,13 @@ class SessionManager:
             limits=session.limits,
             env=session.env,
             run_dir=run_dir,
-            workspace=None,
+            workspace=session_dir / "workspace",
             tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
             user=sandbox_cfg.get("user", "1000:1000"),
         )
-        if self._loop_workspaces:
-            uid, gid = spec.uid_gid
-            spec.workspace = await asyncio.to_thread(
-                workspace.create, session_dir, session.limits.disk, uid, gid
-            )
+        uid, gid = spec.uid_gid
+        await asyncio.to_thread(workspace.create, session_dir, session.limits.disk, uid, gid)
+        session.workspace = Workspace(str(spec.workspace), uid, gid)
         session.kernel = Kernel(
             session.kernel_name,
             self.kernelspecs.manager,
@@ -361,7 +364,8 @@ class SessionManager:
             session.state = "busy"
             session.touch()
             started = time.time()
-            assert session.kernel is not None
+            assert session.kernel is not None and session.workspace is not None
+            before = await asyncio.to_thread(session.workspace.snapshot)
             result = await session.kernel.execute(
                 code,
                 timeout=limit,
@@ -378,6 +382,7 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
+            result.artifacts = await asyncio.to_thread(session.workspace.changes, before)
             session.touch()
             session.executions += 1
             await self.store.add_execution(
@@ -440,6 +445,13 @@ class SessionManager:
         session.touch()
         await self._save(session)
         return session
+
+    def files(self, session_id: str) -> Workspace:
+        """The session's files; usable while its kernel is busy or dead."""
+        session = self.get(session_id)
+        if session.workspace is None:
+            raise SessionEnded(f"session {session_id} has no workspace yet; it is starting")
+        return session.workspace
 
     async def delete(self, session_id: str) -> None:
         await self._end(self.get(session_id), "deleted by client")

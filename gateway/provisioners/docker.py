@@ -41,7 +41,7 @@ class SandboxSpec:
     limits: Limits
     env: dict[str, str]
     run_dir: Path
-    workspace: Path | None  # host directory for /workspace; None = in-memory tmpfs
+    workspace: Path  # host directory mounted at /workspace
     tmp_bytes: int
     user: str = "1000:1000"
     workdir: str = "/workspace"
@@ -54,14 +54,10 @@ class SandboxSpec:
     def run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
         """Arguments for ``containers.run``: the hardening lives here, in one place."""
         limits = self.limits
-        mounts = [Mount(str(self.run_dir), str(self.run_dir), type="bind")]
-        tmpfs = {"/tmp": f"size={self.tmp_bytes},mode=1777,nosuid,nodev"}
-        if self.workspace is not None:
-            mounts.append(Mount(self.workdir, str(self.workspace), type="bind"))
-        else:
-            # An in-memory workspace counts against the memory limit; keep it below.
-            size = min(limits.disk, limits.memory // 2)
-            tmpfs[self.workdir] = f"size={size},uid={self.uid_gid[0]},nosuid,nodev"
+        mounts = [
+            Mount(str(self.run_dir), str(self.run_dir), type="bind"),
+            Mount(self.workdir, str(self.workspace), type="bind"),
+        ]
         return {
             "image": self.image,
             "command": cmd,
@@ -81,7 +77,7 @@ class SandboxSpec:
             "pids_limit": limits.pids,
             "ipc_mode": "private",
             "mounts": mounts,
-            "tmpfs": tmpfs,
+            "tmpfs": {"/tmp": f"size={self.tmp_bytes},mode=1777,nosuid,nodev"},
             "labels": {LABEL_GATEWAY: self.gateway_id, LABEL_SESSION: self.session_id},
         }
 

@@ -2,9 +2,10 @@
 
 A tmpfs workspace would count against the container's memory, turning a full
 disk into an out-of-memory kill. A loop-mounted ext4 image gives the sandbox a
-real ENOSPC at exactly its disk limit, costs no memory, and stays readable on
-the host after the kernel dies. It needs root; elsewhere the provisioner
-falls back to a tmpfs sized below the memory limit.
+real ENOSPC at exactly its disk limit, costs no memory, stays readable on the
+host after the kernel dies, and, being its own filesystem, cannot hold a hard
+link to any host file. It needs root; elsewhere the workspace is a plain
+directory and the disk limit is not enforced (the gateway warns at start).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ def loop_mounts_available() -> bool:
 
 
 def create(session_dir: Path, size: int, uid: int, gid: int) -> Path:
-    """Make and mount ``session_dir/workspace`` holding at most ``size`` bytes."""
+    """Make ``session_dir/workspace``, holding at most ``size`` bytes where possible."""
     image = session_dir / "workspace.img"
     mountpoint = session_dir / "workspace"
     mountpoint.mkdir(parents=True, exist_ok=True)
+    if not loop_mounts_available():
+        mountpoint.chmod(0o1777)  # without root the sandbox user cannot be given it
+        return mountpoint
     with open(image, "wb") as f:
         f.truncate(size)  # sparse: only written blocks use host disk
     _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))

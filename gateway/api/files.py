@@ -1,0 +1,152 @@
+"""Files in and out of a session's workspace, streamed both ways."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import tornado.web
+
+from ..errors import BadRequest
+from ..files import CHUNK, FileTooLarge, Upload, Workspace
+from .base import JSONHandler
+
+_SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"
+
+
+class FilesHandler(JSONHandler):
+    """``GET ?path=dir`` lists a directory; ``POST ?path=dir`` takes a multipart batch.
+
+    Multipart bodies are parsed in memory by Tornado (capped by the server's
+    64 MiB buffer); large files should use the streamed ``PUT``.
+    """
+
+    async def get(self, session_id: str) -> None:
+        workspace = self.manager.files(session_id)
+        path = self.get_argument("path", "")
+        fmt = self.get_argument("format", None)
+        if fmt is not None:
+            await _send_archive(self, workspace, path, fmt)
+            return
+        self.send({"path": path, "entries": await asyncio.to_thread(workspace.list, path)})
+
+    async def post(self, session_id: str) -> None:
+        workspace = self.manager.files(session_id)
+        directory = self.get_argument("path", "").strip("/")
+        files = [f for batch in self.request.files.values() for f in batch]
+        if not files:
+            raise BadRequest("send the files as multipart/form-data parts with a filename")
+        if sum(len(f.body) for f in files) > workspace.free_bytes():
+            raise FileTooLarge("the files do not fit in the workspace's remaining space")
+        saved = []
+        for part in files:
+            path = f"{directory}/{part.filename}" if directory else part.filename
+            upload = await asyncio.to_thread(workspace.open_write, path)
+            await _finish(upload, part.body)
+            saved.append({"path": path, "size": upload.size})
+        self.send({"files": saved}, status=201)
+
+
+async def _send_archive(handler: JSONHandler, workspace: Workspace, path: str, fmt: str) -> None:
+    source = await asyncio.to_thread(workspace.archive, path, fmt)
+    name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
+    name += ".tar.gz" if fmt == "tar" else ".zip"
+    handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
+    _attachment(handler, name)
+    await _stream(handler, source)
+
+
+def _attachment(handler: JSONHandler, name: str) -> None:
+    safe = "".join(c if c.isprintable() and c not in '"\\' else "_" for c in name)
+    handler.set_header("Content-Disposition", f'attachment; filename="{safe}"')
+
+
+async def _stream(handler: JSONHandler, source: Any) -> None:
+    """Copy a file to the response a chunk at a time, waiting for the client."""
+    with source:
+        while chunk := await asyncio.to_thread(source.read, CHUNK):
+            handler.write(chunk)
+            await handler.flush()
+    handler.finish()
+
+
+async def _finish(upload: Upload, body: bytes) -> None:
+    ok = False
+    try:
+        await asyncio.to_thread(upload.write, body)
+        ok = True
+    finally:
+        await asyncio.to_thread(upload.finish, ok)
+
+
+@tornado.web.stream_request_body
+class FileHandler(JSONHandler):
+    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``."""
+
+    upload: Upload | None = None
+    failure: BaseException | None = None
+
+    async def prepare(self) -> None:
+        if self.request.method != "PUT":
+            return  # any stray body is ignored by data_received
+        workspace = self.manager.files(self.path_kwargs["session_id"])
+        free = await asyncio.to_thread(workspace.free_bytes)
+        declared = int(self.request.headers.get("Content-Length", 0) or 0)
+        if declared > free:
+            raise FileTooLarge(
+                f"{declared} bytes do not fit: the workspace has {free} bytes free "
+                "(its size is the session's disk limit)"
+            )
+        self.request.connection.set_max_body_size(max(free, 1))
+        self.upload = await asyncio.to_thread(workspace.open_write, self.path_kwargs["path"])
+
+    async def data_received(self, chunk: bytes) -> None:
+        if self.upload is None or self.failure is not None:
+            return
+        try:
+            await asyncio.to_thread(self.upload.write, chunk)
+        except OSError as e:  # ENOSPC: remember it, answer once the body is in
+            self.failure = e
+
+    async def put(self, session_id: str, path: str) -> None:
+        upload, self.upload = self.upload, None
+        assert upload is not None
+        await asyncio.to_thread(upload.finish, self.failure is None)
+        if self.failure is not None:
+            raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
+        self.send({"path": path, "size": upload.size}, status=201)
+
+    def on_finish(self) -> None:
+        self._discard()
+
+    def on_connection_close(self) -> None:
+        self._discard()
+
+    def _discard(self) -> None:
+        if self.upload is not None:
+            upload, self.upload = self.upload, None
+            upload.finish(False)
+
+    async def get(self, session_id: str, path: str) -> None:
+        workspace = self.manager.files(session_id)
+        fmt = self.get_argument("format", None)
+        if fmt is not None:
+            await _send_archive(self, workspace, path, fmt)
+            return
+        source, info = await asyncio.to_thread(workspace.open_read, path)
+        self.set_header("Content-Length", str(info.st_size))
+        self.set_header("Content-Type", "application/octet-stream")
+        _attachment(self, path.rsplit("/", 1)[-1])
+        await _stream(self, source)
+
+    async def delete(self, session_id: str, path: str) -> None:
+        workspace = self.manager.files(session_id)
+        await asyncio.to_thread(workspace.remove, path)
+        self.set_status(204)
+        self.finish()
+
+
+routes = [
+    (_SESSION, FilesHandler),
+    (_SESSION + r"/(?P<path>.+)", FileHandler),
+]
