@@ -7,12 +7,16 @@ codes themselves. The tree::
     GatewayError                      500 internal_error
     ├── BadRequest                    400 bad_request
     │   └── LimitExceeded             422 limit_exceeded
+    ├── PathForbidden                 403 path_forbidden
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
-    │   └── KernelNotFound                kernel_not_found
+    │   ├── KernelNotFound                kernel_not_found
+    │   └── FileNotFound                  file_not_found
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
-    │   └── SessionEnded                  session_ended
+    │   ├── SessionEnded                  session_ended
+    │   └── NotAFile                      not_a_file
+    ├── FileTooLarge                  413 file_too_large
     ├── TooManySessions               429 too_many_sessions
     └── Unavailable                   503
         ├── EngineUnavailable             engine_unavailable
@@ -65,6 +69,17 @@ class KernelNotFound(NotFound):
     code = "kernel_not_found"
 
 
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class PathForbidden(GatewayError):
+    """A path the gateway will not touch: a link, a FIFO, a device."""
+
+    status = 403
+    code = "path_forbidden"
+
+
 class Conflict(GatewayError):
     status = 409
     code = "conflict"
@@ -78,6 +93,15 @@ class KernelDied(Conflict):
 
 class SessionEnded(Conflict):
     code = "session_ended"
+
+
+class NotAFile(Conflict):
+    code = "not_a_file"
+
+
+class FileTooLarge(GatewayError):
+    status = 413
+    code = "file_too_large"
 
 
 class TooManySessions(GatewayError):

@@ -26,30 +26,12 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from .errors import BadRequest, Conflict, GatewayError, NotFound
+from .errors import BadRequest, FileNotFound, GatewayError, NotAFile, PathForbidden
 
 CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
 # Artifact scans stop here so a workspace of millions of files cannot stall executes.
 MAX_SCAN_ENTRIES = 10_000
-
-
-class PathForbidden(GatewayError):
-    status = 403
-    code = "path_forbidden"
-
-
-class FileNotFound(NotFound):
-    code = "file_not_found"
-
-
-class FileTooLarge(GatewayError):
-    status = 413
-    code = "file_too_large"
-
-
-class NotAFile(Conflict):
-    code = "not_a_file"
 
 
 def clean_path(path: str, allow_root: bool = False) -> list[str]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import tornado.web
 
-from ..errors import BadRequest
-from ..files import CHUNK, FileTooLarge, Upload, Workspace
+from ..errors import BadRequest, FileTooLarge
+from ..files import CHUNK, Upload, Workspace
 from .base import JSONHandler
 
 _SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"
