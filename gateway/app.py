@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import files, health, notebooks, sessions
+from .api import files, health, notebooks, sessions, stream
 from .api.base import NotFoundHandler
 from .config import Settings
 from .errors import EngineUnavailable
@@ -23,12 +23,20 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
-def make_app(manager: SessionManager) -> tornado.web.Application:
+def make_app(manager: SessionManager, settings: Settings) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
-        [*sessions.routes, *files.routes, *notebooks.routes, *health.routes],
+        [
+            *sessions.routes,
+            *stream.routes,
+            *files.routes,
+            *notebooks.routes,
+            *health.routes,
+        ],
         default_handler_class=NotFoundHandler,
         sbx_manager=manager,
+        websocket_ping_interval=settings.ws_ping_interval,
+        websocket_ping_timeout=settings.ws_ping_interval * 2,
     )
 
 
@@ -57,7 +65,9 @@ class Gateway:
         self.port = sockets[0].getsockname()[1]
         # Uploads stream to disk and set their own limit; buffered bodies stay small.
         self.server = tornado.httpserver.HTTPServer(
-            make_app(self.manager), max_body_size=64 * 2**20, max_buffer_size=64 * 2**20
+            make_app(self.manager, self.settings),
+            max_body_size=64 * 2**20,
+            max_buffer_size=64 * 2**20,
         )
         self.server.add_sockets(sockets)
 

@@ -65,6 +65,7 @@ class Settings:
     tmp_size: str = _opt("64m", "size of the in-memory /tmp of each kernel container")
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
+    ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
     cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
     log_level: str = _opt("info", "debug, info, warning or error")
     url: str = _opt("http://127.0.0.1:8765", "gateway URL used by client commands (export, replay)")

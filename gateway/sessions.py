@@ -19,6 +19,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -347,11 +348,13 @@ class SessionManager:
         timeout: Any = None,
         on_output: OutputCallback | None = None,
         description: Any = None,
+        on_start: Callable[[], None] | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
         ``description`` is the caller's markdown narrative for this step; it is
-        recorded and becomes a markdown cell in the notebook export.
+        recorded and becomes a markdown cell in the notebook export. ``on_start``
+        is called when this execution's turn comes (others may be queued ahead).
         """
         session = self.get(session_id)
         if not isinstance(code, str):
@@ -363,6 +366,8 @@ class SessionManager:
             self._check_usable(session)
             session.state = "busy"
             session.touch()
+            if on_start is not None:
+                on_start()
             started = time.time()
             assert session.kernel is not None and session.workspace is not None
             before = await asyncio.to_thread(session.workspace.snapshot)
@@ -495,9 +500,14 @@ class SessionManager:
             return  # expected: a delete or a restart stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:
             return
-        task = asyncio.create_task(self._mark_dead(session, container_id, exit_code))
+        self.spawn(self._mark_dead(session, container_id, exit_code))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run a background task that shutdown cancels instead of leaking."""
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
         try:
