@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import files, health, notebooks, sessions, stream
+from .api import files, health, jupyter, notebooks, sessions, stream
 from .api.base import NotFoundHandler
 from .config import Settings
 from .errors import EngineUnavailable
@@ -32,6 +32,7 @@ def make_app(manager: SessionManager, settings: Settings) -> tornado.web.Applica
             *files.routes,
             *notebooks.routes,
             *health.routes,
+            *jupyter.routes,
         ],
         default_handler_class=NotFoundHandler,
         sbx_manager=manager,

@@ -39,6 +39,18 @@ class ExecutionResult:
     truncated: bool = False
     artifacts: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
+        """The result of a finished collection; ``started`` is a monotonic time."""
+        return cls(
+            status=status,
+            execution_count=collector.execution_count,
+            outputs=collector.finish(),
+            error=collector.error,
+            duration_ms=(time.monotonic() - started) * 1000,
+            truncated=collector.truncated,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
@@ -222,11 +234,4 @@ class Kernel:
         return result
 
     def _result(self, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
-        return ExecutionResult(
-            status=status,
-            execution_count=collector.execution_count,
-            outputs=collector.finish(),
-            error=collector.error,
-            duration_ms=(time.monotonic() - started) * 1000,
-            truncated=collector.truncated,
-        )
+        return ExecutionResult.collected(status, collector, started)

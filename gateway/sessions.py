@@ -30,6 +30,7 @@ import docker.errors
 from .config import ConfigError, Settings
 from .errors import (
     BadRequest,
+    Conflict,
     EngineUnavailable,
     KernelDied,
     LimitExceeded,
@@ -74,8 +75,11 @@ class Session:
         idle_timeout: float,
         env: dict[str, str],
         metadata: dict[str, Any],
+        session_id: str | None = None,
+        start_timeout: float | None = None,
     ) -> None:
-        self.id = str(uuid.uuid4())
+        self.id = session_id or str(uuid.uuid4())
+        self.start_timeout = start_timeout
         self.kernel_name = kernel_name
         self.image = image
         self.limits = limits
@@ -284,6 +288,14 @@ class SessionManager:
         image = request.get("image") or self.images.tag_for(sandbox.get("image", kernel_name))
         if not isinstance(image, str) or not image.startswith("sbx/"):
             raise BadRequest("image must be an image the gateway built (sbx/...), or null")
+        session_id = request.get("id")
+        if session_id is not None:
+            try:
+                session_id = str(uuid.UUID(str(session_id)))
+            except ValueError:
+                raise BadRequest("id must be a UUID") from None
+            if session_id in self.sessions:
+                raise Conflict(f"a session with id {session_id} already exists")
         network = request.get("network", "none")
         if network not in (None, "none"):
             raise BadRequest(f"network policy {network!r} is not supported; use 'none'")
@@ -300,6 +312,13 @@ class SessionManager:
             ),
             env=_env(request.get("env")),
             metadata=_metadata(request.get("metadata")),
+            session_id=session_id,
+            start_timeout=_seconds(
+                request.get("start_timeout"),
+                "start_timeout",
+                s.kernel_start_timeout,
+                max(s.kernel_start_timeout, 600.0),
+            ),
         )
 
     async def _launch(self, session: Session) -> None:
@@ -326,7 +345,7 @@ class SessionManager:
             session.kernel_name,
             self.kernelspecs.manager,
             spec,
-            self.settings.kernel_start_timeout,
+            session.start_timeout or self.settings.kernel_start_timeout,
         )
         try:
             await session.kernel.start()
@@ -388,20 +407,24 @@ class SessionManager:
             elif session.state == "busy":
                 session.state = "idle"
             result.artifacts = await asyncio.to_thread(session.workspace.changes, before)
-            session.touch()
-            session.executions += 1
-            await self.store.add_execution(
-                session.id,
-                {
-                    "code": code,
-                    "description": description,
-                    **result.to_json(),
-                    "started_at": iso(started),
-                    "ended_at": iso(time.time()),
-                },
-            )
-            await self._save(session)
+            await self.record_execution(session, code, result, started, description)
         return result
+
+    async def record_execution(
+        self,
+        session: Session,
+        code: str,
+        result: ExecutionResult,
+        started: float,
+        description: str | None = None,
+    ) -> None:
+        """Store one finished execution, however it was run (v1 API or Jupyter client)."""
+        session.touch()
+        session.executions += 1
+        record = {"code": code, "description": description, **result.to_json()}
+        record.update(started_at=iso(started), ended_at=iso(time.time()))
+        await self.store.add_execution(session.id, record)
+        await self._save(session)
 
     def _check_usable(self, session: Session) -> None:
         if session.state == "dead":

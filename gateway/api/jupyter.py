@@ -1,0 +1,183 @@
+"""The Jupyter kernels API, so stock Jupyter Server / JupyterLab can use the gateway.
+
+Shapes and status codes follow Jupyter Server's own ``/api/kernels`` and
+``/api/kernelspecs`` (what its ``--gateway-url`` client expects). A kernel is
+a session: same sandbox, limits, TTL, history and export.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.jsonutil import json_default
+
+from .. import __version__
+from ..channels import KernelChannels
+from ..errors import BadRequest, NotFound
+from ..sessions import Session
+from .base import JSONHandler
+from .stream import JSONWebSocketHandler
+
+# The Jupyter Server REST API version whose shapes this follows.
+API_VERSION = "2.14.0"
+
+
+def kernel_model(session: Session) -> dict[str, Any]:
+    state = {"deleted": "dead"}.get(session.state, session.state)
+    last = datetime.fromtimestamp(session.last_activity, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "id": session.id,
+        "name": session.kernel_name,
+        "last_activity": last,
+        "execution_state": state,
+        "connections": session.connections,
+    }
+
+
+class ApiHandler(JSONHandler):
+    async def get(self) -> None:
+        self.send({"version": API_VERSION, "gateway": f"sandbox-gateway {__version__}"})
+
+
+class KernelSpecsHandler(JSONHandler):
+    async def get(self) -> None:
+        specs = self.manager.kernelspecs
+        names = specs.names()
+        default = "python3" if "python3" in names else (names[0] if names else "")
+        self.send({"default": default, "kernelspecs": {name: self._spec(name) for name in names}})
+
+    def _spec(self, name: str) -> dict[str, Any]:
+        spec = self.manager.kernelspecs.get(name)
+        resources = {
+            path.stem: f"/kernelspecs/{name}/{path.name}"
+            for path in sorted(Path(spec.resource_dir).iterdir())
+            if path.name != "kernel.json"
+        }
+        return {"name": name, "spec": spec.to_dict(), "resources": resources}
+
+
+class KernelSpecHandler(KernelSpecsHandler):
+    async def get(self, name: str) -> None:  # type: ignore[override]
+        self.send(self._spec(name))
+
+
+class KernelSpecResourceHandler(JSONHandler):
+    """Logos and other files of a kernelspec's directory."""
+
+    async def get(self, name: str, filename: str) -> None:
+        directory = Path(self.manager.kernelspecs.get(name).resource_dir)
+        path = directory / filename
+        if "/" in filename or filename == "kernel.json" or not path.is_file():
+            raise NotFound(f"kernelspec {name!r} has no resource {filename!r}")
+        self.set_header(
+            "Content-Type", mimetypes.guess_type(filename)[0] or "application/octet-stream"
+        )
+        self.finish(path.read_bytes())
+
+
+class KernelsHandler(JSONHandler):
+    async def get(self) -> None:
+        self.send([kernel_model(s) for s in self.manager.list()])
+
+    async def post(self) -> None:
+        body = self.json_body()
+        env = body.get("env") or {}
+        if not isinstance(env, dict):
+            raise BadRequest("env must be an object")
+        request: dict[str, Any] = {
+            "kernel": body.get("name") or None,
+            "env": {k: str(v) for k, v in env.items() if not k.startswith("KERNEL_")},
+            "metadata": {"client": "jupyter"},
+        }
+        if env.get("KERNEL_USERNAME"):
+            request["metadata"]["username"] = str(env["KERNEL_USERNAME"])
+        if _is_uuid(env.get("KERNEL_ID")):
+            request["id"] = str(env["KERNEL_ID"])
+        if env.get("KERNEL_LAUNCH_TIMEOUT"):
+            try:  # clients send it as a string of seconds
+                request["start_timeout"] = float(env["KERNEL_LAUNCH_TIMEOUT"])
+            except ValueError:
+                raise BadRequest("KERNEL_LAUNCH_TIMEOUT must be a number of seconds") from None
+        session = await self.manager.create(request)
+        self.set_header("Location", f"/api/kernels/{session.id}")
+        self.send(kernel_model(session), status=201)
+
+
+class KernelHandler(JSONHandler):
+    async def get(self, kernel_id: str) -> None:
+        self.send(kernel_model(self.manager.get(kernel_id)))
+
+    async def delete(self, kernel_id: str) -> None:
+        await self.manager.delete(kernel_id)
+        self.set_status(204)
+        self.finish()
+
+
+class KernelActionHandler(JSONHandler):
+    async def post(self, kernel_id: str, action: str) -> None:
+        if action == "interrupt":
+            await self.manager.interrupt(kernel_id)
+            self.set_status(204)
+            self.finish()
+        else:
+            session = await self.manager.restart(kernel_id)
+            self.send(kernel_model(session))
+
+
+class ChannelsHandler(JSONWebSocketHandler):
+    """``/api/kernels/{id}/channels``: Jupyter's JSON message protocol over text frames."""
+
+    def prepare_socket(self, kernel_id: str) -> None:
+        session = self.manager.get(kernel_id)
+        self.relay = KernelChannels(self.manager, session, self._deliver)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return None  # the legacy JSON protocol; clients fall back to it
+
+    def open(self, kernel_id: str) -> None:
+        self.relay.open()
+
+    def _deliver(self, msg: dict[str, Any]) -> None:
+        self.send_raw(json.dumps(msg, default=json_default))
+
+    def send_raw(self, text: str) -> None:
+        if self.ws_connection is not None and not self.ws_connection.is_closing():
+            self.write_message(text)
+
+    def on_message(self, message: str | bytes) -> None:
+        try:
+            msg = json.loads(message)
+            if not isinstance(msg, dict) or not isinstance(msg.get("header"), dict):
+                raise ValueError("a Jupyter message needs a header")
+            self.relay.send(msg)
+        except (ValueError, TypeError) as e:
+            self.send_raw(json.dumps({"channel": "error", "error": f"message refused: {e}"}))
+
+    def on_close(self) -> None:
+        self.relay.close()
+
+
+def _is_uuid(value: Any) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return value is not None
+
+
+_KERNEL = r"/api/kernels/(?P<kernel_id>[^/]+)"
+routes = [
+    (r"/api/?", ApiHandler),
+    (r"/api/kernelspecs/?", KernelSpecsHandler),
+    (r"/api/kernelspecs/(?P<name>[^/]+)/?", KernelSpecHandler),
+    (r"/kernelspecs/(?P<name>[^/]+)/(?P<filename>[^/]+)", KernelSpecResourceHandler),
+    (r"/api/kernels/?", KernelsHandler),
+    (_KERNEL + r"/?", KernelHandler),
+    (_KERNEL + r"/(?P<action>interrupt|restart)/?", KernelActionHandler),
+    (_KERNEL + r"/channels", ChannelsHandler),
+]

@@ -1,0 +1,194 @@
+"""The Jupyter kernels API, spoken to stock Jupyter clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+from helpers import short_tmpdir, wait_for
+from tornado.websocket import websocket_connect
+
+pytestmark = pytest.mark.docker
+
+
+def execute_request(code: str) -> dict:
+    # No "date" and an empty "session", as some clients send.
+    return {
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "",
+                   "session": "", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": True},
+    }  # fmt: skip
+
+
+async def run_over_channels(url: str, code: str, headers: dict | None = None) -> list[dict]:
+    """Send one execute_request and collect messages until its reply and idle."""
+    from tornado.httpclient import HTTPRequest
+
+    ws = await websocket_connect(HTTPRequest(url, headers=headers or {}))
+    request = execute_request(code)
+    ws.write_message(json.dumps(request))
+    seen: list[dict] = []
+    replied = idle = False
+    while not (replied and idle):
+        msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+        if msg.get("parent_header", {}).get("msg_id") != request["header"]["msg_id"]:
+            continue
+        seen.append(msg)
+        replied |= msg["msg_type"] == "execute_reply"
+        idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+    ws.close()
+    return seen
+
+
+def test_rest_shapes(api):
+    assert "version" in api.get("/api").json()
+    specs = api.get("/api/kernelspecs").json()
+    assert specs["default"] == "python3"
+    python = specs["kernelspecs"]["python3"]
+    assert python["spec"]["language"] == "python" and python["spec"]["display_name"]
+    assert python["resources"]["logo-64x64"] == "/kernelspecs/python3/logo-64x64.png"
+    logo = api.get(python["resources"]["logo-64x64"])
+    assert logo.status_code == 200 and logo.content.startswith(b"\x89PNG")
+    assert api.get("/api/kernelspecs/python3").json()["name"] == "python3"
+    assert api.get("/api/kernelspecs/cobol").status_code == 404
+    assert api.get("/kernelspecs/python3/kernel.json").status_code == 404
+
+
+def test_kernel_lifecycle_with_jupyter_status_codes(api):
+    kernel_id = str(uuid.uuid4())
+    env = {
+        "KERNEL_ID": kernel_id,
+        "KERNEL_USERNAME": "ada",
+        "KERNEL_WHATEVER": "ignored",
+        "KERNEL_LAUNCH_TIMEOUT": "40",
+    }
+    r = api.post("/api/kernels", json={"name": "python3", "env": env})
+    assert r.status_code == 201, r.text
+    model = r.json()
+    assert model["id"] == kernel_id and model["name"] == "python3"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", model["last_activity"])
+    assert isinstance(model["connections"], int) and model["execution_state"] == "idle"
+    assert kernel_id in [k["id"] for k in api.get("/api/kernels").json()]
+    session = api.get(f"/v1/sessions/{kernel_id}").json()
+    assert session["metadata"]["username"] == "ada", "a Jupyter kernel is a session like any other"
+    assert api.post(f"/api/kernels/{kernel_id}/interrupt").status_code == 204
+    restarted = api.post(f"/api/kernels/{kernel_id}/restart")
+    assert restarted.status_code == 200 and restarted.json()["id"] == kernel_id
+    assert api.delete(f"/api/kernels/{kernel_id}").status_code == 204
+    assert api.get(f"/api/kernels/{kernel_id}").status_code == 404
+
+
+def test_channels_relay_and_history(gateway, api):
+    kernel_id = api.post("/api/kernels", json={}).json()["id"]
+    url = gateway.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+    seen = asyncio.run(run_over_channels(url, "print('relayed'); 6 * 7"))
+    kinds = [(m["channel"], m["msg_type"]) for m in seen]
+    assert ("iopub", "stream") in kinds and ("shell", "execute_reply") in kinds
+    assert all("parent_header" in m for m in seen)
+    result = next(m for m in seen if m["msg_type"] == "execute_result")
+    assert result["content"]["data"]["text/plain"] == "42"
+
+    def recorded():
+        return api.get(f"/v1/sessions/{kernel_id}/history").json()["executions"]
+
+    assert wait_for(recorded), "executions from Jupyter clients must be recorded"
+    assert recorded()[0]["outputs"][0]["text"] == "relayed\n"
+    nb = api.get(f"/v1/sessions/{kernel_id}/notebook").json()
+    assert nb["cells"][0]["source"] == "print('relayed'); 6 * 7"
+    api.delete(f"/api/kernels/{kernel_id}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jupyter_server(gateway):
+    """Stock Jupyter Server whose kernels live in the gateway."""
+    port, token = free_port(), uuid.uuid4().hex
+    root = short_tmpdir()
+    log = open(root / "server.log", "w")  # closed at teardown
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
+            f"--port={port}", f"--IdentityProvider.token={token}", "--no-browser",
+            f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False", "--allow-root",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, headers={"Authorization": f"token {token}"}, timeout=120)
+
+    def up():
+        try:
+            return client.get("/api").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    assert wait_for(up, timeout=60), (
+        "jupyter_server did not start: " + (root / "server.log").read_text()
+    )
+    yield url, token, client
+    client.close()
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+def test_stock_jupyter_server_runs_code_through_the_gateway(jupyter_server, api):
+    url, token, client = jupyter_server
+    specs = client.get("/api/kernelspecs").json()
+    assert specs["kernelspecs"]["python3"]["spec"]["display_name"] == "Python 3 (sandboxed)"
+    kernel = client.post("/api/kernels", json={"name": "python3"})
+    assert kernel.status_code == 201, kernel.text
+    kernel_id = kernel.json()["id"]
+    assert kernel_id in [s["id"] for s in api.get("/v1/sessions").json()["sessions"]]
+    ws_url = url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+    seen = asyncio.run(
+        run_over_channels(
+            ws_url, "import os; print(os.getuid())", {"Authorization": f"token {token}"}
+        )
+    )
+    text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+    assert text == "1000\n", f"expected output from the sandboxed kernel, got {seen}"
+    assert client.delete(f"/api/kernels/{kernel_id}").status_code == 204
+    assert wait_for(lambda: api.get(f"/v1/sessions/{kernel_id}").json()["state"] == "deleted")
+
+
+def test_nbclient_executes_a_notebook_on_a_gateway_kernel(gateway):
+    import nbformat
+    from jupyter_server.gateway.gateway_client import GatewayClient
+    from jupyter_server.gateway.managers import GatewayKernelManager
+    from nbclient import NotebookClient
+
+    GatewayClient.instance().url = gateway.url
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("import platform\nx = 21"),
+            nbformat.v4.new_code_cell("print(x * 2)"),
+        ],
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+    )
+
+    class Manager(GatewayKernelManager):
+        # jupyter_server's gateway client asks the base class's liveness check,
+        # which assumes a local provisioner; route it to the gateway's own.
+        async def _async_is_alive(self) -> bool:
+            return await self.is_alive()
+
+    km = Manager(kernel_name="python3")
+    NotebookClient(nb, km=km, timeout=60).execute()
+    assert nb.cells[1].outputs[0]["text"] == "42\n"
