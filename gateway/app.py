@@ -37,7 +37,7 @@ def make_app(manager: SessionManager, settings: Settings) -> tornado.web.Applica
         default_handler_class=NotFoundHandler,
         sbx_manager=manager,
         websocket_ping_interval=settings.ws_ping_interval,
-        websocket_ping_timeout=settings.ws_ping_interval * 2,
+        websocket_ping_timeout=settings.ws_ping_interval,
     )
 
 

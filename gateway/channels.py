@@ -11,6 +11,8 @@ kernel goes idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -19,6 +21,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.eventloop.zmqstream import ZMQStream
 
 from .kernel import ExecutionResult
 from .outputs import OutputCollector
@@ -48,27 +51,54 @@ class KernelChannels:
         self.session = session
         self.deliver = deliver
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
-        self.readers: list[asyncio.Task] = []
+        self.streams: dict[str, ZMQStream] = {}
         self.pending: dict[str, _Pending] = {}
+        self.nudges: set[str] = set()
+        self.iopub_ready = asyncio.Event()
 
-    def open(self) -> None:
-        """Connect this client's sockets and start relaying kernel messages."""
+    async def open(self, timeout: float = 10.0) -> None:
+        """Connect this client's sockets and relay kernel messages once iopub flows."""
         assert self.session.kernel is not None
         km = self.session.kernel.manager
+        # Our own signer: a Session remembers every signature it has verified and
+        # refuses repeats, and each connection receives its own copy of iopub.
+        self.signer = km.session.clone()
         identity = uuid.uuid4().bytes
         for channel in CHANNELS:
             connect = getattr(km, f"connect_{channel}")
             sock = connect() if channel == "iopub" else connect(identity=identity)
+            # A ZMQStream, not an awaited recv: with a recv pending on an asyncio
+            # socket, a send on it can swallow the edge-triggered wake-up and
+            # the reply then sits unread (seen here as lost execute_replies).
+            stream = ZMQStream(zmq.Socket.shadow(sock.underlying))
+            stream.on_recv(functools.partial(self._on_recv, channel))
             self.sockets[channel] = sock
-            self.readers.append(self.manager.spawn(self._read(channel, sock)))
+            self.streams[channel] = stream
         self.session.connections += 1
         self.session.touch()
+        await self._nudge(timeout)
+
+    async def _nudge(self, timeout: float) -> None:
+        """Ask for kernel_info until iopub answers, as Jupyter Server does.
+
+        A new SUB socket misses whatever the kernel publishes before its
+        subscription arrives; without this a client's first outputs can vanish.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.iopub_ready.is_set() and time.monotonic() < deadline:
+            msg = self.signer.msg("kernel_info_request")
+            self.nudges.add(msg["header"]["msg_id"])
+            self.signer.send(self.streams["shell"], msg)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.iopub_ready.wait(), 0.5)
 
     def close(self) -> None:
-        for task in self.readers:
-            task.cancel()
+        for stream in self.streams.values():
+            stream.on_recv(None)
+            stream.close(linger=0)
         for sock in self.sockets.values():
             sock.close(linger=0)
+        self.streams.clear()
         self.sockets.clear()
         self.session.connections -= 1
         self.session.touch()
@@ -76,7 +106,7 @@ class KernelChannels:
     def send(self, msg: dict[str, Any]) -> None:
         """Sign and forward one client message to its channel."""
         channel = msg.pop("channel", None) or "shell"
-        if channel not in self.sockets or channel == "iopub":
+        if channel not in self.streams or channel == "iopub":
             raise ValueError(f"cannot send on channel {channel!r}")
         for key in ("header", "parent_header", "metadata", "content"):
             msg.setdefault(key, {})
@@ -88,24 +118,23 @@ class KernelChannels:
                 code, self.session.limits.output_bytes
             )
         self.session.touch()
-        assert self.session.kernel is not None
-        self.session.kernel.manager.session.send(self.sockets[channel], msg)
+        self.signer.send(self.streams[channel], msg)
 
-    async def _read(self, channel: str, sock: zmq.asyncio.Socket) -> None:
-        assert self.session.kernel is not None
-        km_session = self.session.kernel.manager.session
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                _, parts = km_session.feed_identities(frames)
-                msg = km_session.deserialize(parts)
-            except Exception:
-                log.warning("dropping a kernel message that failed to verify on %s", channel)
-                continue
-            msg.pop("buffers", None)
-            msg["channel"] = channel
-            self._observe(channel, msg)
-            self.deliver(msg)
+    def _on_recv(self, channel: str, frames: list[bytes]) -> None:
+        try:
+            _, parts = self.signer.feed_identities(frames)
+            msg = self.signer.deserialize(parts)
+        except Exception:
+            log.warning("dropping a kernel message that failed to verify on %s", channel)
+            return
+        if channel == "iopub":
+            self.iopub_ready.set()
+        if msg.get("parent_header", {}).get("msg_id") in self.nudges:
+            return  # answers to our own nudges are not the client's
+        msg.pop("buffers", None)
+        msg["channel"] = channel
+        self._observe(channel, msg)
+        self.deliver(msg)
 
     def _observe(self, channel: str, msg: dict[str, Any]) -> None:
         """Follow executions this client started, and the kernel's busy/idle state."""

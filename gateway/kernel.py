@@ -90,6 +90,10 @@ class Kernel:
         self.died = asyncio.Event()
         self.restarting = False  # its old container's death is expected, not news
         self._interrupting = False
+        # An interrupt asked for before the kernel began the cell would be lost
+        # (SIGINT to an idle kernel does nothing); it is held until it begins.
+        self._awaiting_start = False
+        self._deferred_interrupt = False
 
     @property
     def container_id(self) -> str | None:
@@ -104,7 +108,9 @@ class Kernel:
 
     async def _connect(self) -> None:
         if self.client is None:
-            self.client = self.manager.client()
+            # Its own Session: verified signatures are remembered per Session, and
+            # relays of Jupyter clients see the same iopub messages.
+            self.client = self.manager.client(session=self.manager.session.clone())
             self.client.start_channels()
         try:
             await self.client.wait_for_ready(timeout=self.start_timeout)
@@ -143,6 +149,9 @@ class Kernel:
 
     async def interrupt(self) -> None:
         self._interrupting = True
+        if self._awaiting_start:
+            self._deferred_interrupt = True
+            return
         await self.manager.interrupt_kernel()
 
     async def shutdown(self) -> None:
@@ -158,13 +167,32 @@ class Kernel:
         cap_bytes: int,
         grace: float,
         on_output: OutputCallback | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> ExecutionResult:
-        """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``."""
+        """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
+
+        ``on_start`` runs once an interrupt would be honoured for this cell.
+        """
+        self._interrupting = self._deferred_interrupt = False
+        self._awaiting_start = True
+        if on_start is not None:
+            on_start()
+        try:
+            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes), on_output)
+        finally:
+            self._awaiting_start = False
+
+    async def _execute(
+        self,
+        code: str,
+        timeout: float,
+        grace: float,
+        collector: OutputCollector,
+        on_output: OutputCallback | None,
+    ) -> ExecutionResult:
         assert self.client is not None
-        collector = OutputCollector(cap_bytes)
         started = time.monotonic()
         deadline = started + timeout
-        self._interrupting = False
         msg_id = self.client.execute(code, allow_stdin=False)
         timed_out = restarted = False
         while True:
@@ -185,6 +213,10 @@ class Kernel:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
+            if self._awaiting_start:
+                self._awaiting_start = False  # the kernel has begun this cell
+                if self._deferred_interrupt:
+                    await self.manager.interrupt_kernel()
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
             output = collector.add_message(msg)

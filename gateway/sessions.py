@@ -385,8 +385,6 @@ class SessionManager:
             self._check_usable(session)
             session.state = "busy"
             session.touch()
-            if on_start is not None:
-                on_start()
             started = time.time()
             assert session.kernel is not None and session.workspace is not None
             before = await asyncio.to_thread(session.workspace.snapshot)
@@ -396,6 +394,7 @@ class SessionManager:
                 cap_bytes=session.limits.output_bytes,
                 grace=self.settings.interrupt_grace,
                 on_output=on_output,
+                on_start=on_start,
             )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""

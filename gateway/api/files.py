@@ -7,7 +7,7 @@ from typing import Any
 
 import tornado.web
 
-from ..errors import BadRequest, FileTooLarge
+from ..errors import BadRequest, FileTooLarge, GatewayError
 from ..files import CHUNK, Upload, Workspace
 from .base import JSONHandler
 
@@ -85,10 +85,19 @@ class FileHandler(JSONHandler):
 
     upload: Upload | None = None
     failure: BaseException | None = None
+    refusal: GatewayError | None = None
 
     async def prepare(self) -> None:
         if self.request.method != "PUT":
             return  # any stray body is ignored by data_received
+        try:
+            await self._start_upload()
+        except GatewayError as e:
+            # Answer once the body is read: closing on a client mid-send resets
+            # the connection and it never sees the error.
+            self.refusal = e
+
+    async def _start_upload(self) -> None:
         workspace = self.manager.files(self.path_kwargs["session_id"])
         free = await asyncio.to_thread(workspace.free_bytes)
         declared = int(self.request.headers.get("Content-Length", 0) or 0)
@@ -109,6 +118,8 @@ class FileHandler(JSONHandler):
             self.failure = e
 
     async def put(self, session_id: str, path: str) -> None:
+        if self.refusal is not None:
+            raise self.refusal
         upload, self.upload = self.upload, None
         assert upload is not None
         await asyncio.to_thread(upload.finish, self.failure is None)

@@ -8,6 +8,7 @@ a session: same sandbox, limits, TTL, history and export.
 from __future__ import annotations
 
 import json
+import logging
 import mimetypes
 import uuid
 from datetime import UTC, datetime
@@ -22,6 +23,8 @@ from ..errors import BadRequest, NotFound
 from ..sessions import Session
 from .base import JSONHandler
 from .stream import JSONWebSocketHandler
+
+log = logging.getLogger(__name__)
 
 # The Jupyter Server REST API version whose shapes this follows.
 API_VERSION = "2.14.0"
@@ -139,10 +142,13 @@ class ChannelsHandler(JSONWebSocketHandler):
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         return None  # the legacy JSON protocol; clients fall back to it
 
-    def open(self, kernel_id: str) -> None:
-        self.relay.open()
+    async def open(self, kernel_id: str) -> None:
+        await self.relay.open()
 
     def _deliver(self, msg: dict[str, Any]) -> None:
+        log.debug(
+            "kernel -> client %s: %s %s", self.relay.session.id, msg["channel"], msg["msg_type"]
+        )
         self.send_raw(json.dumps(msg, default=json_default))
 
     def send_raw(self, text: str) -> None:
@@ -150,6 +156,7 @@ class ChannelsHandler(JSONWebSocketHandler):
             self.write_message(text)
 
     def on_message(self, message: str | bytes) -> None:
+        log.debug("client -> kernel %s: %.300s", self.relay.session.id, message)
         try:
             msg = json.loads(message)
             if not isinstance(msg, dict) or not isinstance(msg.get("header"), dict):

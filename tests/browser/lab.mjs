@@ -1,0 +1,37 @@
+// Open a notebook in JupyterLab, run its first cell, and report what the page shows.
+// Usage: node lab.mjs NOTEBOOK_URL SCREENSHOT_PATH
+import { chromium } from "playwright-core";
+
+const [url, screenshot] = process.argv.slice(2);
+let page;
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  ],
+});
+try {
+  page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  page.on("console", (m) => { if (m.type() !== "debug") console.error(`[page] ${m.text()}`); });
+  await page.goto(url);
+  const cell = page.locator(".jp-Notebook .jp-CodeCell").first();
+  await cell.waitFor({ timeout: 120_000 });
+  // Run only once the kernel (in the gateway's sandbox) shows as idle in the status bar.
+  await page.getByText(/\| Idle$/).first().waitFor({ timeout: 120_000 });
+  await cell.locator(".jp-InputArea-editor").click();
+  await page.keyboard.press("Shift+Enter");
+  const image = cell.locator(".jp-OutputArea-output img");
+  await image.waitFor({ timeout: 120_000 });
+  await page.waitForTimeout(500);
+  const text = await cell.locator(".jp-OutputArea").innerText();
+  const size = await image.evaluate((img) => [img.naturalWidth, img.naturalHeight]);
+  await page.screenshot({ path: screenshot });
+  console.log(JSON.stringify({ text, image: size }));
+} catch (error) {
+  // Keep what the page showed: it says more than a timeout does.
+  if (page) await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png") });
+  throw error;
+} finally {
+  await browser.close();
+}
