@@ -12,6 +12,8 @@ Prints a table and rewrites docs/PERFORMANCE.md with the machine it ran on.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import platform
 import statistics
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from tornado.websocket import websocket_connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +49,22 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+async def stream_lags(url: str, sid: str) -> list[float]:
+    """How long after each print its stream event reaches a WebSocket client."""
+    ws = await websocket_connect(url.replace("http", "ws") + f"/v1/sessions/{sid}/stream")
+    code = "import time\nfor _ in range(10):\n    print(time.time(), flush=True)\n    time.sleep(1)"
+    ws.write_message(json.dumps({"type": "execute", "id": "lag", "code": code}))
+    lags = []
+    while True:
+        event = json.loads(await ws.read_message())
+        if event["type"] == "stream":
+            received = time.time()
+            lags += [(received - float(t)) * 1000 for t in event["text"].split()]
+        if event["type"] == "done":
+            ws.close()
+            return lags
 
 
 def pct(values: list[float], q: float) -> float:
@@ -81,6 +100,8 @@ def main() -> None:
             client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
             trips.append((time.perf_counter() - t0) * 1000)
 
+        lags = asyncio.run(stream_lags(url, sid))
+
         before = rss_mib(proc.pid)
         code = "for _ in range(2_000_000):\n    print('x' * 99)"
         client.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 300})
@@ -95,6 +116,7 @@ def main() -> None:
         ("POST /v1/sessions -> 201 (kernel ready)", creates, "ms"),
         ("POST /v1/sessions -> first execute result", starts, "ms"),
         ("execute `1 + 1` round trip (warm)", trips, "ms"),
+        ("stream: print -> event at the client (10 prints, 1/s)", lags, "ms"),
     ]
     table = ["| measure | n | p50 | p95 | max |", "| --- | ---: | ---: | ---: | ---: |"]
     for name, values, unit in rows:
