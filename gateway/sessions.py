@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -33,7 +32,6 @@ from .errors import (
     Conflict,
     EngineUnavailable,
     KernelDied,
-    LimitExceeded,
     SessionEnded,
     SessionNotFound,
     TooManySessions,
@@ -47,11 +45,11 @@ from .provisioners import workspace
 from .provisioners.docker import LABEL_GATEWAY, SandboxSpec
 from .provisioners.events import ContainerWatcher
 from .store import Store
+from .validation import env_vars, metadata_dict, seconds
 
 log = logging.getLogger(__name__)
 
 LIVE_STATES = ("starting", "idle", "busy", "dead")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -303,17 +301,17 @@ class SessionManager:
             kernel_name=kernel_name,
             image=image,
             limits=s.default_limits.resolve(request.get("limits"), s.max_limits),
-            ttl=_seconds(request.get("ttl"), "ttl", s.default_ttl, s.max_ttl),
-            idle_timeout=_seconds(
+            ttl=seconds(request.get("ttl"), "ttl", s.default_ttl, s.max_ttl),
+            idle_timeout=seconds(
                 request.get("idle_timeout"),
                 "idle_timeout",
                 s.default_idle_timeout,
                 s.max_idle_timeout,
             ),
-            env=_env(request.get("env")),
-            metadata=_metadata(request.get("metadata")),
+            env=env_vars(request.get("env")),
+            metadata=metadata_dict(request.get("metadata")),
             session_id=session_id,
-            start_timeout=_seconds(
+            start_timeout=seconds(
                 request.get("start_timeout"),
                 "start_timeout",
                 s.kernel_start_timeout,
@@ -380,7 +378,7 @@ class SessionManager:
             raise BadRequest("code must be a string of source code")
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
-        limit = _seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
+        limit = seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
         async with session.lock:
             self._check_usable(session)
             session.state = "busy"
@@ -464,9 +462,9 @@ class SessionManager:
             raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
         s = self.settings
         if "ttl" in request:
-            session.ttl = _seconds(request["ttl"], "ttl", session.ttl, s.max_ttl)
+            session.ttl = seconds(request["ttl"], "ttl", session.ttl, s.max_ttl)
         if "idle_timeout" in request:
-            session.idle_timeout = _seconds(
+            session.idle_timeout = seconds(
                 request["idle_timeout"], "idle_timeout", session.idle_timeout, s.max_idle_timeout
             )
         session.touch()
@@ -575,36 +573,3 @@ class SessionManager:
 
     async def _save(self, session: Session) -> None:
         await self.store.save_session(session.record())
-
-
-def _seconds(value: Any, name: str, default: float, maximum: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"{name} must be a number of seconds")
-    if value <= 0:
-        raise LimitExceeded(f"{name} must be positive, got {value}")
-    if value > maximum:
-        raise LimitExceeded(f"{name} = {value:g} s is above the server maximum {maximum:g} s")
-    return float(value)
-
-
-def _env(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise BadRequest('env must be an object of string values, e.g. {"MODE": "fast"}')
-    bad = [k for k in value if not _ENV_NAME.match(k)]
-    if bad:
-        raise BadRequest(f"invalid environment variable name(s): {bad}")
-    return dict(value)
-
-
-def _metadata(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(v, str | int | float | bool) for v in value.values()
-    ):
-        raise BadRequest("metadata must be an object of strings, numbers or booleans")
-    return dict(value)
