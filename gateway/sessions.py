@@ -475,7 +475,7 @@ class SessionManager:
         """The session's files; usable while its kernel is busy or dead."""
         session = self.get(session_id)
         if session.workspace is None:
-            raise SessionEnded(f"session {session_id} has no workspace yet; it is starting")
+            raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
 
     async def delete(self, session_id: str) -> None:
