@@ -26,10 +26,24 @@ def engine() -> docker.DockerClient:
     return client
 
 
+_started: list[GatewayProcess] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the gateways' logs to a failure: what the server saw explains most of them."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for gw in _started:
+            if gw.log and not gw.stopped:
+                report.sections.append((f"gateway log ({gw.data_dir})", gw.tail(80)))
+
+
 @pytest.fixture(scope="session")
 def start_gateway(engine: docker.DockerClient) -> Iterator:
     """Factory for gateways with custom flags; all are stopped at the end."""
-    started: list[GatewayProcess] = []
+    started = _started
 
     def start(*args: str, data_dir: Path | None = None) -> GatewayProcess:
         gw = GatewayProcess(data_dir or short_tmpdir(), *args)

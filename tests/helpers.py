@@ -28,6 +28,7 @@ class GatewayProcess:
         self.log: list[str] = []
         self.client = httpx.Client(timeout=120)
         self.url = ""
+        self.stopped = False  # stopped on purpose, as opposed to crashed
         ready = threading.Event()
 
         def read() -> None:
@@ -54,6 +55,7 @@ class GatewayProcess:
         return "".join(self.log[-n:])
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.stopped = True
         self.client.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -77,6 +79,25 @@ def run(api: httpx.Client, sid: str, code: str, **kw) -> dict:
     r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, **kw})
     assert r.status_code == 200, f"execute answered {r.status_code}: {r.text}"
     return r.json()
+
+
+def execute_in_background(
+    api: httpx.Client, sid: str, code: str, **kw
+) -> tuple[threading.Thread, dict]:
+    """Start an execute on its own connection; the box gets the reply when it ends.
+
+    A client of its own keeps this long request from sharing a connection
+    pool with the test's other calls across threads.
+    """
+    box: dict = {}
+
+    def go() -> None:
+        with httpx.Client(base_url=api.base_url, timeout=api.timeout) as own:
+            box["reply"] = run(own, sid, code, **kw)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread, box
 
 
 def text_of(reply: dict, name: str = "stdout") -> str:

@@ -11,7 +11,7 @@ import tarfile
 import zipfile
 
 import pytest
-from helpers import run, text_of
+from helpers import execute_in_background, run, text_of, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -185,17 +185,12 @@ def test_upload_larger_than_the_workspace_is_refused(api, new_session):
 
 
 def test_files_work_while_busy_and_after_the_kernel_died(api, session, engine):
-    import threading
-
     sid = session["id"]
     api.put(f"/v1/sessions/{sid}/files/keep.txt", content=b"keep")
-    worker = threading.Thread(target=run, args=(api, sid, "import time; time.sleep(3)"))
-    worker.start()
+    worker, _ = execute_in_background(api, sid, "import time; time.sleep(3)")
     assert api.get(f"/v1/sessions/{sid}/files/keep.txt").content == b"keep"
     worker.join()
     engine.containers.get(f"sbx-{sid}").kill()
-    from helpers import wait_for
-
     assert wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "dead")
     assert api.get(f"/v1/sessions/{sid}/files/keep.txt").content == b"keep"
     api.delete(f"/v1/sessions/{sid}")

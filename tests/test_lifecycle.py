@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
-from helpers import run, text_of, wait_for
+from helpers import execute_in_background, run, text_of, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -55,17 +54,6 @@ def test_list_filters_by_metadata_and_state(api, new_session):
     assert ids(**{"metadata.agent": "alpha", "metadata.run": "7"}) == [a]
     assert ids(**{"metadata.agent": "gamma"}) == []
     assert a in ids(state="idle") and a not in ids(state="busy")
-
-
-def execute_in_background(api, sid: str, code: str, **kw) -> tuple[threading.Thread, dict]:
-    box: dict = {}
-
-    def go() -> None:
-        box["reply"] = run(api, sid, code, **kw)
-
-    thread = threading.Thread(target=go)
-    thread.start()
-    return thread, box
 
 
 def test_interrupt_stops_a_running_cell_and_keeps_state(api, session):
