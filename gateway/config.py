@@ -68,7 +68,8 @@ class Settings:
     ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
     cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
     log_level: str = _opt("info", "debug, info, warning or error")
-    url: str = _opt("http://127.0.0.1:8765", "gateway URL used by client commands (export, replay)")
+    url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use")
+    token: str = _opt("", "bearer token the SDK, client commands and `sbx mcp` send, if any")
 
     def __post_init__(self) -> None:
         if not self.data_dir:
