@@ -1,0 +1,78 @@
+"""Python SDK for the gateway, in a blocking and an asyncio half with the same methods.
+
+::
+
+    from gateway.client import Session
+
+    with Session.create("http://127.0.0.1:8765", token, memory="1g", ttl=600) as session:
+        session.files.write("data.csv", "x,y\\n1,2\\n")
+        execution = session.run("import pandas as pd; pd.read_csv('data.csv')", on_stdout=print)
+        print(execution.text, execution.error)
+
+``AsyncSession`` / ``AsyncClient`` are the asyncio twins (``await``,
+``async with``, ``aclose``). Gateway errors raise the classes of
+``gateway.errors`` (re-exported here), matched by their error code.
+"""
+
+from ..errors import (
+    BadRequest,
+    Conflict,
+    EngineUnavailable,
+    FileNotFound,
+    FileTooLarge,
+    GatewayError,
+    ImageNotBuilt,
+    KernelDied,
+    KernelNotFound,
+    KernelStartFailed,
+    LimitExceeded,
+    NotAFile,
+    NotFound,
+    PathForbidden,
+    SessionEnded,
+    SessionNotFound,
+    TooManySessions,
+    Unavailable,
+)
+from .aio import AsyncClient, AsyncFiles, AsyncSession
+from .base import Retry, RunCallbacks, SessionOptions
+from .errors import GatewayUnreachable
+from .models import Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
+from .sync import Client, Files, Session
+
+__all__ = [
+    "Artifact",
+    "AsyncClient",
+    "AsyncFiles",
+    "AsyncSession",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "EngineUnavailable",
+    "Execution",
+    "ExecutionError",
+    "FileInfo",
+    "FileNotFound",
+    "FileTooLarge",
+    "Files",
+    "GatewayError",
+    "GatewayUnreachable",
+    "ImageNotBuilt",
+    "KernelDied",
+    "KernelNotFound",
+    "KernelStartFailed",
+    "LimitExceeded",
+    "NotAFile",
+    "NotFound",
+    "PathForbidden",
+    "Result",
+    "Retry",
+    "RunCallbacks",
+    "Session",
+    "SessionEnded",
+    "SessionInfo",
+    "SessionNotFound",
+    "SessionOptions",
+    "TooManySessions",
+    "Unavailable",
+]

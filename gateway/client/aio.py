@@ -1,0 +1,335 @@
+"""The asyncio half of the SDK: ``AsyncClient``, ``AsyncSession`` and ``AsyncFiles``.
+
+The same methods as the blocking half, awaited; only the I/O differs. Stream
+callbacks may be plain or coroutine functions. ``create``/``connect`` return
+an awaitable that is also an async context manager::
+
+    async with AsyncSession.create(url) as session:
+        execution = await session.run("1 + 1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping
+from pathlib import Path
+from typing import IO, Any, Generic, TypeVar, Unpack
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from ..errors import GatewayError
+from .base import (
+    CHUNK,
+    BaseClient,
+    BaseFiles,
+    BaseSession,
+    Call,
+    Progress,
+    Retry,
+    RunCallbacks,
+    SessionOptions,
+)
+from .models import Execution, FileInfo, SessionInfo
+from .stream import Run
+
+T = TypeVar("T")
+S = TypeVar("S", bound="AsyncSession")
+
+
+class Opening(Generic[S]):
+    """A session being made: ``await`` it, or ``async with`` it to delete it at the end."""
+
+    def __init__(self, coro: Coroutine[Any, Any, S]) -> None:
+        self._coro = coro
+        self._session: S | None = None
+
+    def __await__(self) -> Generator[Any, None, S]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> S:
+        self._session = await self._coro
+        return self._session
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._session is not None
+        await self._session.__aexit__(*exc)
+
+
+class AsyncClient(BaseClient):
+    """A connection to one gateway. ``url``/``token`` default to ``SBX_URL``/``SBX_TOKEN``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retry: Retry | int = 3,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, retry=retry)
+        self._http = httpx.AsyncClient(**self._http_options())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def send(self, call: Call[Any], *, stream: bool = False) -> httpx.Response:
+        """Send a call, retrying as the policy allows; raise the gateway's error as an exception."""
+        attempt = 0
+        while True:
+            try:
+                request = self._http.build_request(**call.request_args())
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as e:
+                await asyncio.sleep(self._http_retry(call, e, attempt))
+                attempt += 1
+                continue
+            if response.is_error:
+                body = await response.aread()
+                await response.aclose()
+                raise self._error(response, body)
+            return response
+
+    async def call(self, call: Call[T]) -> T:
+        return call.parse(await self.send(call))
+
+    async def open_stream(self, url: str) -> ClientConnection:
+        """Open a WebSocket to the gateway, retrying failures to connect."""
+        attempt = 0
+        while True:
+            try:
+                return await connect(url, **self._ws_options())
+            except Exception as e:
+                await asyncio.sleep(self._stream_retry(url, e, attempt))
+                attempt += 1
+
+    def create_session(
+        self, *, keep: bool = False, **options: Unpack[SessionOptions]
+    ) -> Opening[AsyncSession]:
+        """Start a session (its kernel is ready on return); see ``SessionOptions``."""
+        return Opening(self._session(self._create_call(options), keep))
+
+    def connect(self, session_id: str, *, keep: bool = True) -> Opening[AsyncSession]:
+        """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
+        return Opening(self._session(self._describe_call(session_id), keep))
+
+    async def _session(self, call: Call[SessionInfo], keep: bool) -> AsyncSession:
+        return AsyncSession(self, await self.call(call), keep=keep)
+
+    async def list_sessions(
+        self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> list[SessionInfo]:
+        return await self.call(self._list_call(state, metadata))
+
+    async def replay(
+        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
+    ) -> dict[str, Any]:
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
+        return await self.call(self._replay_call(notebook, image_tolerance))
+
+    async def health(self) -> dict[str, Any]:
+        return await self.call(self._health_call())
+
+
+class AsyncSession(BaseSession[AsyncClient]):
+    """One sandboxed kernel. ``async with AsyncSession.create() as s:`` deletes it at the end."""
+
+    def __init__(self, client: AsyncClient, info: SessionInfo, *, keep: bool = False) -> None:
+        super().__init__(client, info, keep=keep)
+        self.files = AsyncFiles(self)
+
+    @classmethod
+    def create(
+        cls,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        keep: bool = False,
+        **options: Unpack[SessionOptions],
+    ) -> Opening[AsyncSession]:
+        """Start a session on a client of its own, closed with the session."""
+        client = AsyncClient(url, token)
+        return Opening(_owning(client, client.create_session(keep=keep, **options)))
+
+    @classmethod
+    def connect(
+        cls, session_id: str, url: str | None = None, token: str | None = None, *, keep: bool = True
+    ) -> Opening[AsyncSession]:
+        client = AsyncClient(url, token)
+        return Opening(_owning(client, client.connect(session_id, keep=keep)))
+
+    @classmethod
+    async def list(
+        cls,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        state: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[SessionInfo]:
+        async with AsyncClient(url, token) as client:
+            return await client.list_sessions(state=state, metadata=metadata)
+
+    async def refresh(self) -> SessionInfo:
+        return await self.client.call(self._refresh_call())
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        description: str | None = None,
+        **callbacks: Unpack[RunCallbacks],
+    ) -> Execution:
+        """Execute code, streaming outputs to the callbacks; return the finished execution.
+
+        Leaving early (an exception in a callback, cancellation) interrupts the cell.
+        """
+        run = Run(code, timeout, description, **callbacks)
+        async with await self.client.open_stream(self._stream_url()) as ws:
+            await ws.send(run.request)
+            try:
+                while run.execution is None:
+                    try:
+                        frame = await ws.recv()
+                    except ConnectionClosed as e:
+                        raise self._closed_early() from e
+                    for returned in run.feed(frame):
+                        if inspect.isawaitable(returned):
+                            await returned
+            except BaseException:
+                if stop := run.interrupt_request:
+                    with contextlib.suppress(Exception):
+                        await ws.send(stop)
+                raise
+        return run.execution
+
+    async def interrupt(self) -> SessionInfo:
+        return await self.client.call(self._action_call("interrupt"))
+
+    async def restart(self) -> SessionInfo:
+        """Replace the kernel with a fresh one (state is lost; files stay)."""
+        return await self.client.call(self._action_call("restart"))
+
+    async def set_timeout(
+        self, ttl: float | None = None, *, idle_timeout: float | None = None
+    ) -> SessionInfo:
+        """Change the lifetime (seconds from creation) and/or the idle timeout."""
+        return await self.client.call(self._update_call(ttl, idle_timeout))
+
+    async def history(self) -> list[dict[str, Any]]:
+        return await self.client.call(self._history_call())
+
+    async def export(
+        self, path: str | Path | None = None, *, descriptions: bool = True
+    ) -> dict[str, Any]:
+        """The session as an nbformat v4 notebook; also written to ``path`` if given."""
+        notebook = await self.client.call(self._notebook_call(descriptions))
+        return await asyncio.to_thread(self._write_notebook, notebook, path)
+
+    async def delete(self) -> None:
+        await self.client.call(self._delete_call())
+
+    async def aclose(self) -> None:
+        """Release the connection this session owns, if any; the session lives on."""
+        if self._owns_client:
+            await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if not self.keep:
+                try:
+                    await self.delete()
+                except GatewayError as e:
+                    if not self._gone(e):
+                        raise
+        finally:
+            await self.aclose()
+
+
+async def _owning(client: AsyncClient, making: Awaitable[AsyncSession]) -> AsyncSession:
+    try:
+        session = await making
+    except BaseException:
+        await client.aclose()
+        raise
+    session._owns_client = True
+    return session
+
+
+class AsyncFiles(BaseFiles):
+    """The session's workspace: ``await session.files.write/read/list/remove/...``."""
+
+    session: AsyncSession
+
+    async def write(
+        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
+        return await self.session.client.call(self._write_call(path, data, on_progress))
+
+    async def upload(
+        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Stream a local file into the workspace (default: its own name, at the top)."""
+        file = await asyncio.to_thread(open, source, "rb")
+        try:
+            return await self.write(path or Path(source).name, file, on_progress=on_progress)
+        finally:
+            file.close()
+
+    async def read(self, path: str) -> bytes:
+        return await self.session.client.call(self._read_call(path))
+
+    async def download(
+        self, path: str, dest: str | Path, *, on_progress: Progress | None = None
+    ) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete."""
+        dest, part = self._partial(dest)
+        client = self.session.client
+        response = await client.send(self._read_call(path), stream=True)
+        try:
+            total = int(response.headers.get("Content-Length", 0)) or None
+            out = await asyncio.to_thread(open, part, "wb")
+            with out:
+                async for chunk in response.aiter_bytes(CHUNK):
+                    await asyncio.to_thread(out.write, chunk)
+                    if on_progress is not None:
+                        on_progress(response.num_bytes_downloaded, total)
+            await asyncio.to_thread(os.replace, part, dest)
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            await response.aclose()
+            part.unlink(missing_ok=True)
+        return dest
+
+    async def list(self, path: str = "") -> list[FileInfo]:
+        return await self.session.client.call(self._list_call(path))
+
+    async def remove(self, path: str) -> None:
+        """Delete a file or a whole directory."""
+        await self.session.client.call(self._remove_call(path))
+
+    async def _chunks(
+        self, file: IO[bytes], size: int | None, on_progress: Progress | None
+    ) -> AsyncIterator[bytes]:
+        done = 0
+        while chunk := await asyncio.to_thread(file.read, CHUNK):
+            done += len(chunk)
+            yield chunk
+            if on_progress is not None:
+                on_progress(done, size)

@@ -1,0 +1,412 @@
+"""What both halves of the SDK share: settings, URLs, payloads, parsing, errors, retries.
+
+A method of the API is written once here as a ``Call`` (the request, whether
+it is idempotent, and how to read the answer); ``Client`` and ``AsyncClient``
+only send calls, so the sync and async halves cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any, Generic, TypedDict, TypeVar
+from urllib.parse import quote
+
+import httpx
+from websockets.exceptions import InvalidMessage, InvalidStatus
+
+from .. import __version__
+from ..config import Settings
+from ..errors import GatewayError, NotFound, SessionEnded
+from .errors import GatewayUnreachable, error_from_body
+from .models import FileInfo, SessionInfo
+from .stream import Callback
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CHUNK = 1 << 16
+# Failures of the connection itself: the request may not have been handled.
+_CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+Progress = Callable[[int, int | None], Any]  # (bytes done, total bytes or None)
+
+
+class RunCallbacks(TypedDict, total=False):
+    """Called as a streamed execution's outputs arrive (coroutine functions too, when async)."""
+
+    on_stdout: Callback  # text written to stdout
+    on_stderr: Callback  # text written to stderr
+    on_result: Callback  # a Result: display() output or the cell's value
+    on_error: Callback  # an ExecutionError: what the code raised
+
+
+class SessionOptions(TypedDict, total=False):
+    """What a new session may ask for; anything left out gets the server's default."""
+
+    kernel: str  # kernelspec name, e.g. "python3"
+    image: str  # an image the gateway built (sbx/...), instead of the kernel's own
+    memory: str | int  # "512m", or bytes
+    cpus: float
+    pids: int
+    disk: str | int  # size of the writable workspace
+    timeout: float  # default execution timeout, seconds
+    output_bytes: str | int  # output kept per execution
+    limits: dict[str, Any]  # the same limits as a dict (the keyword forms win)
+    ttl: float  # lifetime in seconds from creation
+    idle_timeout: float  # seconds without activity before the session ends
+    env: dict[str, str]
+    metadata: dict[str, str | int | float | bool]
+
+
+_LIMITS = ("memory", "cpus", "pids", "disk", "timeout", "output_bytes")
+
+
+def session_request(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``POST /v1/sessions`` body for SessionOptions."""
+    unknown = set(options) - set(SessionOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unknown session option(s) {sorted(unknown)}")
+    limits = dict(options.get("limits") or {})
+    limits.update({k: options[k] for k in _LIMITS if options.get(k) is not None})
+    body = {k: v for k, v in options.items() if k not in (*_LIMITS, "limits") and v is not None}
+    if limits:
+        body["limits"] = limits
+    return body
+
+
+def _nothing(response: httpx.Response) -> None:
+    return None
+
+
+def _json(response: httpx.Response) -> Any:
+    return response.json()
+
+
+@dataclasses.dataclass
+class Call(Generic[T]):
+    """One request to the gateway and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T] = _nothing  # type: ignore[assignment]
+    params: dict[str, Any] | None = None
+    json: Any = None
+    content: Any = None
+    headers: dict[str, str] | None = None
+    timeout: Any = httpx.USE_CLIENT_DEFAULT
+    # Safe to send twice; only such calls are retried. Streamed bodies cannot be resent.
+    idempotent: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.idempotent is None:
+            self.idempotent = self.method in ("GET", "PUT", "DELETE")
+
+    def request_args(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "url": self.path,
+            "params": self.params,
+            "json": self.json,
+            "content": self.content,
+            "headers": self.headers,
+            "timeout": self.timeout,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Retry policy: idempotent calls are retried on connection errors only, with backoff."""
+
+    retries: int = 3
+    backoff: float = 0.25
+    max_backoff: float = 4.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff, self.backoff * 2**attempt)
+
+
+def resolve(url: str | None, token: str | None) -> tuple[str, str]:
+    """Fill what the caller left out from the settings (``SBX_URL``, ``SBX_TOKEN``, config)."""
+    if url is None or token is None:
+        settings = Settings.load()
+        url = settings.url if url is None else url
+        token = settings.token if token is None else token
+    return url.rstrip("/"), token
+
+
+def _segment(value: str) -> str:
+    return quote(str(value), safe="")
+
+
+def file_path(path: str) -> str:
+    """A workspace path as a URL path, each segment quoted."""
+    return quote(str(path).strip("/"), safe="/")
+
+
+class BaseClient:
+    """Settings, request building and error/retry policy for ``Client`` and ``AsyncClient``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retry: Retry | int = 3,
+    ) -> None:
+        self.url, self.token = resolve(url, token)
+        self.retry = retry if isinstance(retry, Retry) else Retry(retries=retry)
+        self.timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"User-Agent": f"sandbox-gateway-sdk/{__version__}"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _http_options(self) -> dict[str, Any]:
+        return {"base_url": self.url, "headers": self.headers, "timeout": self.timeout}
+
+    def ws_url(self, path: str) -> str:
+        return "ws" + self.url.removeprefix("http") + path
+
+    def _ws_options(self) -> dict[str, Any]:
+        # Events carry whole outputs (images, the done summary): no frame size cap.
+        return {"additional_headers": self.headers, "max_size": None, "open_timeout": 30}
+
+    def _retry_delay(self, what: str, retryable: bool, error: Exception, attempt: int) -> float:
+        """Seconds to wait before trying again; raise when the failure is final."""
+        if retryable and attempt < self.retry.retries:
+            delay = self.retry.delay(attempt)
+            log.info("%s failed (%s); retrying in %.2f s", what, error, delay)
+            return delay
+        raise self.unreachable(error) from error
+
+    def _http_retry(self, call: Call[Any], error: Exception, attempt: int) -> float:
+        retryable = bool(call.idempotent) and isinstance(error, _CONNECTION_ERRORS)
+        return self._retry_delay(f"{call.method} {call.path}", retryable, error, attempt)
+
+    def _stream_retry(self, url: str, error: Exception, attempt: int) -> float:
+        """Opening a stream sends nothing yet, so any failure to connect may be retried."""
+        if isinstance(error, InvalidStatus):
+            response = error.response
+            raise error_from_body(
+                response.status_code, response.body or b"", response.reason_phrase
+            )
+        retryable = isinstance(error, OSError | TimeoutError | InvalidMessage)
+        return self._retry_delay(f"opening {url}", retryable, error, attempt)
+
+    def unreachable(self, error: BaseException) -> GatewayUnreachable:
+        detail = str(error) or type(error).__name__
+        if isinstance(error, httpx.TimeoutException | TimeoutError):
+            detail = f"no answer in time ({detail})"
+        return GatewayUnreachable(
+            f"cannot reach the gateway at {self.url}: {detail}; "
+            "check that it runs (sbx serve) and the URL (--url / SBX_URL)"
+        )
+
+    @staticmethod
+    def _error(response: httpx.Response, body: bytes) -> GatewayError:
+        return error_from_body(response.status_code, body, response.reason_phrase)
+
+    # -- calls --------------------------------------------------------------------------
+
+    def _create_call(self, options: Mapping[str, Any]) -> Call[SessionInfo]:
+        return Call("POST", "/v1/sessions", _session_info, json=session_request(options))
+
+    def _describe_call(
+        self, session_id: str, parse: Callable[[httpx.Response], SessionInfo] | None = None
+    ) -> Call[SessionInfo]:
+        return Call("GET", f"/v1/sessions/{_segment(session_id)}", parse or _session_info)
+
+    def _list_call(
+        self, state: str | None, metadata: Mapping[str, Any] | None
+    ) -> Call[list[SessionInfo]]:
+        params = {f"metadata.{k}": str(v) for k, v in (metadata or {}).items()}
+        if state is not None:
+            params["state"] = state
+        return Call("GET", "/v1/sessions", _session_list, params=params)
+
+    def _replay_call(
+        self, notebook: dict[str, Any] | str | bytes | Path, image_tolerance: float | None
+    ) -> Call[dict[str, Any]]:
+        if isinstance(notebook, Path):
+            content = notebook.read_bytes()
+        elif isinstance(notebook, dict):
+            content = json.dumps(notebook).encode()
+        else:
+            content = notebook.encode() if isinstance(notebook, str) else notebook
+        params = {} if image_tolerance is None else {"image_tolerance": image_tolerance}
+        # A replay runs a whole notebook: no read timeout.
+        return Call(
+            "POST", "/v1/notebooks/replay", _json, params=params, content=content, timeout=None
+        )
+
+    def _health_call(self) -> Call[dict[str, Any]]:
+        return Call("GET", "/healthz", _json)
+
+
+def _session_info(response: httpx.Response) -> SessionInfo:
+    return SessionInfo.from_json(response.json())
+
+
+def _session_list(response: httpx.Response) -> list[SessionInfo]:
+    return [SessionInfo.from_json(doc) for doc in response.json()["sessions"]]
+
+
+C = TypeVar("C", bound=BaseClient)
+
+
+class BaseSession(Generic[C]):
+    """A session's calls; ``Session`` and ``AsyncSession`` only send them.
+
+    Used as a context manager a session is deleted on exit unless ``keep`` is
+    true (the default for sessions you connect to rather than create).
+    """
+
+    def __init__(self, client: C, info: SessionInfo, *, keep: bool = False) -> None:
+        self.client = client
+        self.info = info
+        self.keep = keep
+        self._owns_client = False  # made by Session.create/connect: closed with the session
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.info.state}>"
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sessions/{_segment(self.id)}{suffix}"
+
+    def _remember(self, response: httpx.Response) -> SessionInfo:
+        self.info = SessionInfo.from_json(response.json())
+        return self.info
+
+    def _refresh_call(self) -> Call[SessionInfo]:
+        return self.client._describe_call(self.id, self._remember)
+
+    def _action_call(self, action: str) -> Call[SessionInfo]:
+        return Call("POST", self._path(f"/{action}"), self._remember)
+
+    def _update_call(self, ttl: float | None, idle_timeout: float | None) -> Call[SessionInfo]:
+        body = {k: v for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout)) if v is not None}
+        if not body:
+            raise TypeError("set_timeout() needs ttl, idle_timeout or both")
+        # Absolute values: sending it twice changes nothing, so it may be retried.
+        return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
+
+    def _history_call(self) -> Call[list[dict[str, Any]]]:
+        return Call("GET", self._path("/history"), lambda r: r.json()["executions"])
+
+    def _notebook_call(self, descriptions: bool) -> Call[dict[str, Any]]:
+        params = {} if descriptions else {"descriptions": "false"}
+        return Call("GET", self._path("/notebook"), _json, params=params)
+
+    def _delete_call(self) -> Call[None]:
+        return Call("DELETE", self._path())
+
+    def _stream_url(self) -> str:
+        return self.client.ws_url(self._path("/stream"))
+
+    def _closed_early(self) -> GatewayUnreachable:
+        return GatewayUnreachable(
+            f"the gateway closed the stream of session {self.id} before the execution finished; "
+            "see session.history() for what ran"
+        )
+
+    @staticmethod
+    def _gone(error: GatewayError) -> bool:
+        """Whether a delete failed only because the session is already gone."""
+        return isinstance(error, NotFound | SessionEnded)
+
+    @staticmethod
+    def _write_notebook(notebook: dict[str, Any], path: str | Path | None) -> dict[str, Any]:
+        if path is not None:
+            Path(path).write_text(json.dumps(notebook, indent=1))
+        return notebook
+
+
+class BaseFiles:
+    """A session's workspace calls; ``Files`` and ``AsyncFiles`` only send them."""
+
+    def __init__(self, session: BaseSession[Any]) -> None:
+        self.session = session
+
+    def _path(self, path: str) -> str:
+        return self.session._path(f"/files/{file_path(path)}")
+
+    def _write_call(
+        self, path: str, data: bytes | str | IO[bytes], on_progress: Progress | None
+    ) -> Call[FileInfo]:
+        """Bytes are sent whole (and may be retried); a file object is streamed."""
+        streamed = not isinstance(data, bytes | bytearray | memoryview | str)
+        if streamed:
+            size = self._remaining(data)  # type: ignore[arg-type]
+            content = self._chunks(data, size, on_progress)
+        else:
+            content = data.encode() if isinstance(data, str) else bytes(data)  # type: ignore[arg-type]
+            size = len(content)
+
+        def parse(response: httpx.Response) -> FileInfo:
+            info = FileInfo.from_json({**response.json(), "type": "file"})
+            if on_progress is not None and not streamed:
+                on_progress(info.size or 0, size)
+            return info
+
+        headers = None if size is None else {"Content-Length": str(size)}
+        return Call(
+            "PUT",
+            self._path(path),
+            parse,
+            content=content,
+            headers=headers,
+            idempotent=not streamed,
+        )
+
+    def _chunks(self, file: Any, size: int | None, on_progress: Progress | None) -> Any:
+        """The file's content as the half's (sync or async) iterator of chunks."""
+        raise NotImplementedError
+
+    def _read_call(self, path: str) -> Call[bytes]:
+        return Call("GET", self._path(path), lambda r: r.content)
+
+    def _list_call(self, path: str) -> Call[list[FileInfo]]:
+        return Call(
+            "GET",
+            self.session._path("/files"),
+            lambda r: [FileInfo.from_json(row) for row in r.json()["entries"]],
+            params={"path": path},
+        )
+
+    def _remove_call(self, path: str) -> Call[None]:
+        return Call("DELETE", self._path(path))
+
+    @staticmethod
+    def _remaining(file: IO[bytes]) -> int | None:
+        """Bytes left to read in a file object, when it can tell."""
+        try:
+            return os.fstat(file.fileno()).st_size - file.tell()
+        except (AttributeError, OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _partial(dest: str | Path) -> tuple[Path, Path]:
+        """The destination and the temporary name a download is written under first."""
+        dest = Path(dest)
+        return dest, dest.with_name(f".{dest.name}.sbx-part")

@@ -1,0 +1,264 @@
+"""What the SDK hands back: executions, their results and errors, files, session views.
+
+Each is built from the gateway's JSON and keeps it (``raw``), so fields the
+server adds later are never lost; parsing ignores what it does not know.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """Drop terminal colour codes, as kernels put in tracebacks."""
+    return _ANSI.sub("", text)
+
+
+def _text(value: Any) -> str:
+    """A MIME bundle value as text: nbformat allows a string or a list of lines."""
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+@dataclasses.dataclass
+class Result:
+    """One rich output (``display_data`` or ``execute_result``) and its MIME bundle."""
+
+    data: dict[str, Any]
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    is_main: bool = False  # the cell's value (execute_result), not a display() call
+
+    @classmethod
+    def from_output(cls, output: dict[str, Any]) -> Result:
+        kind = output.get("output_type") or output.get("type")
+        return cls(
+            data=dict(output.get("data") or {}),
+            metadata=dict(output.get("metadata") or {}),
+            is_main=kind == "execute_result",
+        )
+
+    @property
+    def formats(self) -> list[str]:
+        return list(self.data)
+
+    def get(self, mime: str) -> str | None:
+        """The bundle's value for ``mime`` as text, or None."""
+        value = self.data.get(mime)
+        return None if value is None else _text(value)
+
+    def _binary(self, mime: str) -> bytes | None:
+        value = self.get(mime)
+        return None if value is None else base64.b64decode(value)
+
+    @property
+    def text(self) -> str | None:
+        return self.get("text/plain")
+
+    @property
+    def html(self) -> str | None:
+        return self.get("text/html")
+
+    @property
+    def markdown(self) -> str | None:
+        return self.get("text/markdown")
+
+    @property
+    def svg(self) -> str | None:
+        return self.get("image/svg+xml")
+
+    @property
+    def png(self) -> bytes | None:
+        return self._binary("image/png")
+
+    @property
+    def jpeg(self) -> bytes | None:
+        return self._binary("image/jpeg")
+
+    @property
+    def json(self) -> Any:
+        """The ``application/json`` value, decoded (kernels send it as an object)."""
+        value = self.data.get("application/json")
+        return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def images(self) -> dict[str, bytes]:
+        """Every raster image in the bundle, by MIME type."""
+        return {
+            mime: base64.b64decode(_text(value))
+            for mime, value in self.data.items()
+            if mime.startswith("image/") and mime != "image/svg+xml"
+        }
+
+
+@dataclasses.dataclass
+class ExecutionError:
+    """What the code raised (or why it stopped: timeout, interrupt, dead kernel)."""
+
+    name: str
+    value: str
+    traceback: list[str]  # as the kernel sent it, with colour codes
+
+    @classmethod
+    def from_json(cls, error: dict[str, Any]) -> ExecutionError:
+        return cls(
+            name=str(error.get("ename", "")),
+            value=str(error.get("evalue", "")),
+            traceback=[str(line) for line in error.get("traceback") or []],
+        )
+
+    @property
+    def text(self) -> str:
+        """The traceback as plain text, to show or to feed back to a model."""
+        body = strip_ansi("\n".join(self.traceback))
+        return body or f"{self.name}: {self.value}"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+
+@dataclasses.dataclass
+class Artifact:
+    """A file an execution created or modified in the workspace."""
+
+    path: str
+    size: int
+    mime_type: str
+    change: str  # "created" | "modified"
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Artifact:
+        return cls(
+            path=str(row["path"]),
+            size=int(row.get("size") or 0),
+            mime_type=str(row.get("mime_type") or "application/octet-stream"),
+            change=str(row.get("change") or "created"),
+        )
+
+
+@dataclasses.dataclass
+class Execution:
+    """One finished execution: outputs in nbformat shape plus helpers to read them."""
+
+    status: str  # ok | error | timeout | interrupted | dead
+    execution_count: int | None
+    outputs: list[dict[str, Any]] = dataclasses.field(repr=False)
+    error: ExecutionError | None
+    duration_ms: float
+    truncated: bool
+    artifacts: list[Artifact]
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_json(cls, reply: dict[str, Any]) -> Execution:
+        error = reply.get("error")
+        return cls(
+            status=str(reply.get("status", "")),
+            execution_count=reply.get("execution_count"),
+            outputs=list(reply.get("outputs") or []),
+            error=ExecutionError.from_json(error) if isinstance(error, dict) else None,
+            duration_ms=float(reply.get("duration_ms") or 0.0),
+            truncated=bool(reply.get("truncated")),
+            artifacts=[Artifact.from_json(a) for a in reply.get("artifacts") or []],
+            raw=reply,
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def _stream(self, name: str) -> str:
+        return "".join(
+            _text(o.get("text", ""))
+            for o in self.outputs
+            if o.get("output_type") == "stream" and o.get("name") == name
+        )
+
+    @property
+    def stdout(self) -> str:
+        return self._stream("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self._stream("stderr")
+
+    @property
+    def results(self) -> list[Result]:
+        return [
+            Result.from_output(o)
+            for o in self.outputs
+            if o.get("output_type") in ("display_data", "execute_result")
+        ]
+
+    @property
+    def result(self) -> Result | None:
+        """The cell's value (its last expression), if it had one."""
+        return next((r for r in self.results if r.is_main), None)
+
+    @property
+    def text(self) -> str | None:
+        """The cell's value as text (``text/plain`` of the main result), if it had one."""
+        return self.result.text if self.result else None
+
+
+@dataclasses.dataclass
+class FileInfo:
+    """An entry of the session's workspace."""
+
+    name: str
+    path: str
+    type: str  # file | directory | symlink | other
+    size: int | None
+    modified: str | None
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> FileInfo:
+        path = str(row["path"])
+        return cls(
+            name=str(row.get("name") or path.rsplit("/", 1)[-1]),
+            path=path,
+            type=str(row.get("type") or "file"),
+            size=row.get("size"),
+            modified=row.get("modified"),
+        )
+
+
+@dataclasses.dataclass
+class SessionInfo:
+    """The gateway's view of a session when it was last fetched."""
+
+    id: str
+    state: str
+    kernel: str
+    reason: str | None
+    limits: dict[str, Any]
+    ttl: float | None
+    idle_timeout: float | None
+    metadata: dict[str, Any]
+    created_at: str | None
+    expires_at: str | None
+    last_activity: str | None
+    executions: int
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SessionInfo:
+        return cls(
+            id=str(doc["id"]),
+            state=str(doc.get("state", "")),
+            kernel=str(doc.get("kernel", "")),
+            reason=doc.get("reason"),
+            limits=dict(doc.get("limits") or {}),
+            ttl=doc.get("ttl"),
+            idle_timeout=doc.get("idle_timeout"),
+            metadata=dict(doc.get("metadata") or {}),
+            created_at=doc.get("created_at"),
+            expires_at=doc.get("expires_at"),
+            last_activity=doc.get("last_activity"),
+            executions=int(doc.get("executions") or 0),
+            raw=doc,
+        )

@@ -1,0 +1,96 @@
+"""One execute over the agent stream, without I/O: the request to send, events folded in.
+
+Both halves of the SDK drive a ``Run``: they send ``run.request`` on the
+session's ``/stream`` WebSocket and hand every frame to ``run.feed`` until
+``run.execution`` is set. Parsing is tolerant by design: frames for other
+requests, unknown event types and unknown fields (such as resumable sequence
+numbers) are ignored, so a newer gateway never breaks an older SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .errors import error_from_event
+from .models import Execution, ExecutionError, Result
+
+Callback = Callable[[Any], Any]
+
+
+class Run:
+    """The request and the state of one streamed execution."""
+
+    def __init__(
+        self,
+        code: str,
+        timeout: float | None = None,
+        description: str | None = None,
+        *,
+        on_stdout: Callback | None = None,
+        on_stderr: Callback | None = None,
+        on_result: Callback | None = None,
+        on_error: Callback | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        message: dict[str, Any] = {"type": "execute", "id": self.id, "code": code}
+        if timeout is not None:
+            message["timeout"] = timeout
+        if description is not None:
+            message["description"] = description
+        self.request = json.dumps(message)
+        self.callbacks = {
+            "stdout": on_stdout,
+            "stderr": on_stderr,
+            "result": on_result,
+            "error": on_error,
+        }
+        self.execution: Execution | None = None
+        self.started = False  # the gateway said this cell is running (not just queued)
+
+    @property
+    def interrupt_request(self) -> str | None:
+        """What to send to stop this cell when leaving early, if it is the one running."""
+        if not self.started or self.execution is not None:
+            return None
+        return json.dumps({"type": "interrupt", "id": self.id})
+
+    def feed(self, frame: str | bytes) -> list[Any]:
+        """Fold one server frame in; return what the callbacks it fired returned.
+
+        The async half awaits the returned values that are awaitable, so its
+        callbacks may be coroutine functions. A ``rejected`` event raises the
+        gateway error it carries.
+        """
+        try:
+            event = json.loads(frame)
+        except ValueError:
+            return []
+        if not isinstance(event, dict) or event.get("id") != self.id:
+            return []
+        kind = event.get("type")
+        if kind == "status":
+            self.started = event.get("state") == "busy"
+        elif kind == "stream":
+            return self._fire("stdout" if event.get("name") == "stdout" else "stderr", event)
+        elif kind in ("display_data", "execute_result"):
+            return self._fire("result", Result.from_output(event))
+        elif kind == "error":
+            return self._fire("error", ExecutionError.from_json(event))
+        elif kind == "done":
+            self.execution = Execution.from_json(
+                {k: v for k, v in event.items() if k not in ("type", "id")}
+            )
+        elif kind == "rejected":
+            raise error_from_event(event.get("error"))
+        return []
+
+    def _fire(self, name: str, value: Any) -> list[Any]:
+        callback = self.callbacks[name]
+        if callback is None:
+            return []
+        if name in ("stdout", "stderr"):
+            value = str(value.get("text", ""))
+        return [callback(value)]

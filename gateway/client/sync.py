@@ -1,0 +1,294 @@
+"""The blocking half of the SDK: ``Client``, ``Session`` and ``Files``.
+
+Only the I/O lives here; requests, parsing, errors and retry policy are in
+``base`` and shared with the async half, whose method names are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any, TypeVar, Unpack
+
+import httpx
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from ..errors import GatewayError
+from .base import (
+    CHUNK,
+    BaseClient,
+    BaseFiles,
+    BaseSession,
+    Call,
+    Progress,
+    Retry,
+    RunCallbacks,
+    SessionOptions,
+)
+from .models import Execution, FileInfo, SessionInfo
+from .stream import Run
+
+T = TypeVar("T")
+
+
+class Client(BaseClient):
+    """A connection to one gateway. ``url``/``token`` default to ``SBX_URL``/``SBX_TOKEN``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retry: Retry | int = 3,
+    ) -> None:
+        super().__init__(url, token, timeout=timeout, retry=retry)
+        self._http = httpx.Client(**self._http_options())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, call: Call[Any], *, stream: bool = False) -> httpx.Response:
+        """Send a call, retrying as the policy allows; raise the gateway's error as an exception."""
+        attempt = 0
+        while True:
+            try:
+                request = self._http.build_request(**call.request_args())
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as e:
+                time.sleep(self._http_retry(call, e, attempt))
+                attempt += 1
+                continue
+            if response.is_error:
+                body = response.read()
+                response.close()
+                raise self._error(response, body)
+            return response
+
+    def call(self, call: Call[T]) -> T:
+        return call.parse(self.send(call))
+
+    def open_stream(self, url: str) -> ClientConnection:
+        """Open a WebSocket to the gateway, retrying failures to connect."""
+        attempt = 0
+        while True:
+            try:
+                return connect(url, **self._ws_options())
+            except Exception as e:
+                time.sleep(self._stream_retry(url, e, attempt))
+                attempt += 1
+
+    def create_session(self, *, keep: bool = False, **options: Unpack[SessionOptions]) -> Session:
+        """Start a session (its kernel is ready on return); see ``SessionOptions``."""
+        return Session(self, self.call(self._create_call(options)), keep=keep)
+
+    def connect(self, session_id: str, *, keep: bool = True) -> Session:
+        """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
+        return Session(self, self.call(self._describe_call(session_id)), keep=keep)
+
+    def list_sessions(
+        self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> list[SessionInfo]:
+        return self.call(self._list_call(state, metadata))
+
+    def replay(
+        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
+    ) -> dict[str, Any]:
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
+        return self.call(self._replay_call(notebook, image_tolerance))
+
+    def health(self) -> dict[str, Any]:
+        return self.call(self._health_call())
+
+
+class Session(BaseSession[Client]):
+    """One sandboxed kernel. ``with Session.create() as s:`` deletes it at the end."""
+
+    def __init__(self, client: Client, info: SessionInfo, *, keep: bool = False) -> None:
+        super().__init__(client, info, keep=keep)
+        self.files = Files(self)
+
+    @classmethod
+    def create(
+        cls,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        keep: bool = False,
+        **options: Unpack[SessionOptions],
+    ) -> Session:
+        """Start a session on a client of its own, closed with the session."""
+        return _owning(Client(url, token), lambda c: c.create_session(keep=keep, **options))
+
+    @classmethod
+    def connect(
+        cls, session_id: str, url: str | None = None, token: str | None = None, *, keep: bool = True
+    ) -> Session:
+        return _owning(Client(url, token), lambda c: c.connect(session_id, keep=keep))
+
+    @classmethod
+    def list(
+        cls,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        state: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[SessionInfo]:
+        with Client(url, token) as client:
+            return client.list_sessions(state=state, metadata=metadata)
+
+    def refresh(self) -> SessionInfo:
+        return self.client.call(self._refresh_call())
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        description: str | None = None,
+        **callbacks: Unpack[RunCallbacks],
+    ) -> Execution:
+        """Execute code, streaming outputs to the callbacks; return the finished execution.
+
+        Leaving early (an exception in a callback, Ctrl-C) interrupts the cell.
+        """
+        run = Run(code, timeout, description, **callbacks)
+        with self.client.open_stream(self._stream_url()) as ws:
+            ws.send(run.request)
+            try:
+                while run.execution is None:
+                    try:
+                        frame = ws.recv()
+                    except ConnectionClosed as e:
+                        raise self._closed_early() from e
+                    run.feed(frame)
+            except BaseException:
+                if stop := run.interrupt_request:
+                    with contextlib.suppress(Exception):
+                        ws.send(stop)
+                raise
+        return run.execution
+
+    def interrupt(self) -> SessionInfo:
+        return self.client.call(self._action_call("interrupt"))
+
+    def restart(self) -> SessionInfo:
+        """Replace the kernel with a fresh one (state is lost; files stay)."""
+        return self.client.call(self._action_call("restart"))
+
+    def set_timeout(
+        self, ttl: float | None = None, *, idle_timeout: float | None = None
+    ) -> SessionInfo:
+        """Change the lifetime (seconds from creation) and/or the idle timeout."""
+        return self.client.call(self._update_call(ttl, idle_timeout))
+
+    def history(self) -> list[dict[str, Any]]:
+        return self.client.call(self._history_call())
+
+    def export(
+        self, path: str | Path | None = None, *, descriptions: bool = True
+    ) -> dict[str, Any]:
+        """The session as an nbformat v4 notebook; also written to ``path`` if given."""
+        return self._write_notebook(self.client.call(self._notebook_call(descriptions)), path)
+
+    def delete(self) -> None:
+        self.client.call(self._delete_call())
+
+    def close(self) -> None:
+        """Release the connection this session owns, if any; the session lives on."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if not self.keep:
+                try:
+                    self.delete()
+                except GatewayError as e:
+                    if not self._gone(e):
+                        raise
+        finally:
+            self.close()
+
+
+def _owning(client: Client, make: Callable[[Client], Session]) -> Session:
+    try:
+        session = make(client)
+    except BaseException:
+        client.close()
+        raise
+    session._owns_client = True
+    return session
+
+
+class Files(BaseFiles):
+    """The session's workspace: ``session.files.write/read/list/remove/upload/download``."""
+
+    session: Session
+
+    def write(
+        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
+        return self.session.client.call(self._write_call(path, data, on_progress))
+
+    def upload(
+        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Stream a local file into the workspace (default: its own name, at the top)."""
+        with open(source, "rb") as file:
+            return self.write(path or Path(source).name, file, on_progress=on_progress)
+
+    def read(self, path: str) -> bytes:
+        return self.session.client.call(self._read_call(path))
+
+    def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete."""
+        dest, part = self._partial(dest)
+        client = self.session.client
+        response = client.send(self._read_call(path), stream=True)
+        try:
+            total = int(response.headers.get("Content-Length", 0)) or None
+            with open(part, "wb") as out:
+                for chunk in response.iter_bytes(CHUNK):
+                    out.write(chunk)
+                    if on_progress is not None:
+                        on_progress(response.num_bytes_downloaded, total)
+            os.replace(part, dest)
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            response.close()
+            part.unlink(missing_ok=True)
+        return dest
+
+    def list(self, path: str = "") -> list[FileInfo]:
+        return self.session.client.call(self._list_call(path))
+
+    def remove(self, path: str) -> None:
+        """Delete a file or a whole directory."""
+        self.session.client.call(self._remove_call(path))
+
+    def _chunks(
+        self, file: IO[bytes], size: int | None, on_progress: Progress | None
+    ) -> Iterator[bytes]:
+        done = 0
+        while chunk := file.read(CHUNK):
+            done += len(chunk)
+            yield chunk
+            if on_progress is not None:
+                on_progress(done, size)
