@@ -64,6 +64,7 @@ class Gateway:
         await self.manager.start()
         sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
+        self.manager.isolation.egress.protect_port(self.port)
         # Uploads stream to disk and set their own limit; buffered bodies stay small.
         self.server = tornado.httpserver.HTTPServer(
             make_app(self.manager, self.settings),

@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import GatewayError
+from .egress.policy import IPNetwork, Rule, parse_ranges
+from .errors import BadRequest, GatewayError
 from .limits import Limits, parse_size
+from .runtimes import RUNTIMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +66,34 @@ class Settings:
     default_output_bytes: str = _opt("1m", "output kept per execution; the rest is cut")
     max_output_bytes: str = _opt("64m", "largest output cap a session may ask for")
     tmp_size: str = _opt("64m", "size of the in-memory /tmp of each kernel container")
+    runtimes: str = _opt(
+        "runc,gvisor",
+        "container runtimes sessions may ask for (runc, gvisor), comma-separated; a "
+        "kernelspec's metadata.sandbox.runtimes narrows it per kernel",
+    )
+    default_runtime: str = _opt("runc", "runtime of sessions that ask for none")
+    network_policies: str = _opt(
+        "none,allowlist", "network policies sessions may ask for (none, allowlist)"
+    )
+    egress_network: str = _opt(
+        "sbx-egress",
+        "internal Docker network (and bridge device) of allowlist sessions, shared by "
+        "this host's gateways",
+    )
+    egress_proxy_ports: str = _opt(
+        "47000-47099",
+        "host ports the egress proxy may listen on; the firewall lets sandboxes reach only these",
+    )
+    egress_allow_ranges: str = _opt(
+        "",
+        "CIDRs allowlists may reach although private, loopback, link-local or this host "
+        "(comma-separated; the gateway's own ports stay unreachable); empty: none",
+    )
+    egress_always_allow: str = _opt(
+        "",
+        "allowlist entries every allowlist session gets, e.g. your package index host "
+        "(comma-separated)",
+    )
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
     ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
@@ -80,6 +111,7 @@ class Settings:
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
         self.default_limits.resolve({}, self.max_limits)
+        self._check_isolation()
 
     @property
     def default_limits(self) -> Limits:
@@ -103,6 +135,56 @@ class Settings:
     @property
     def tmp_bytes(self) -> int:
         return parse_size(self.tmp_size, "tmp_size")
+
+    @property
+    def runtime_names(self) -> list[str]:
+        return _csv(self.runtimes)
+
+    @property
+    def network_policy_names(self) -> list[str]:
+        return _csv(self.network_policies)
+
+    @property
+    def egress_proxy_port_range(self) -> range:
+        low, _, high = self.egress_proxy_ports.partition("-")
+        try:
+            ports = range(int(low), int(high or low) + 1)
+        except ValueError:
+            raise ConfigError(
+                "egress_proxy_ports must be a port or a range like 47000-47099"
+            ) from None
+        if not ports or ports.start < 1 or ports.stop > 65536:
+            raise ConfigError(f"egress_proxy_ports {self.egress_proxy_ports!r} is not a range")
+        return ports
+
+    @property
+    def egress_ranges(self) -> list[IPNetwork]:
+        try:
+            return parse_ranges(self.egress_allow_ranges, "egress_allow_ranges")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def egress_always_allow_rules(self) -> list[Rule]:
+        try:
+            return [Rule.parse(entry) for entry in _csv(self.egress_always_allow)]
+        except BadRequest as e:
+            raise ConfigError(f"egress_always_allow: {e.message}") from None
+
+    def _check_isolation(self) -> None:
+        unknown = set(self.runtime_names) - set(RUNTIMES)
+        if unknown or not self.runtime_names:
+            raise ConfigError(f"runtimes must name some of {', '.join(RUNTIMES)}")
+        if self.default_runtime not in self.runtime_names:
+            raise ConfigError(f"default_runtime {self.default_runtime!r} is not in runtimes")
+        policies = set(self.network_policy_names)
+        if not policies or policies - {"none", "allowlist"}:
+            raise ConfigError("network_policies must name some of none, allowlist")
+        if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,14}", self.egress_network):
+            raise ConfigError("egress_network must be a network name of at most 15 characters")
+        self.egress_proxy_port_range  # noqa: B018 (each fails now on a bad value)
+        self.egress_ranges  # noqa: B018
+        self.egress_always_allow_rules  # noqa: B018
 
     @classmethod
     def add_arguments(
@@ -157,6 +239,10 @@ class Settings:
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _parser_type(f: dataclasses.Field) -> Any:

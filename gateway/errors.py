@@ -6,7 +6,8 @@ codes themselves. The tree::
 
     GatewayError                      500 internal_error
     ├── BadRequest                    400 bad_request
-    │   └── LimitExceeded             422 limit_exceeded
+    │   ├── LimitExceeded             422 limit_exceeded
+    │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
     ├── PathForbidden                 403 path_forbidden
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
@@ -21,7 +22,9 @@ codes themselves. The tree::
     └── Unavailable                   503
         ├── EngineUnavailable             engine_unavailable
         ├── ImageNotBuilt                 image_not_built
-        └── KernelStartFailed             kernel_start_failed
+        ├── KernelStartFailed             kernel_start_failed
+        ├── RuntimeUnavailable            runtime_unavailable
+        └── EgressUnavailable             egress_unavailable
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class LimitExceeded(BadRequest):
 
     status = 422
     code = "limit_exceeded"
+
+
+class NotAllowed(BadRequest):
+    """A valid request for something this server's configuration does not offer."""
+
+    status = 403
+    code = "not_allowed"
 
 
 class NotFound(GatewayError):
@@ -124,3 +134,15 @@ class ImageNotBuilt(Unavailable):
 
 class KernelStartFailed(Unavailable):
     code = "kernel_start_failed"
+
+
+class RuntimeUnavailable(Unavailable):
+    """An allowed runtime the container engine does not have (gVisor not set up)."""
+
+    code = "runtime_unavailable"
+
+
+class EgressUnavailable(Unavailable):
+    """Allowlist networking cannot be set up on this host (no root, no iptables)."""
+
+    code = "egress_unavailable"

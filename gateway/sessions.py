@@ -38,6 +38,7 @@ from .errors import (
 )
 from .files import Workspace
 from .images import ImageBuilder
+from .isolation import IsolationManager, NetworkPolicy, baseline_isolation
 from .kernel import ExecutionResult, Kernel, OutputCallback
 from .kernelspecs import KernelSpecs
 from .limits import Limits, format_size
@@ -75,9 +76,14 @@ class Session:
         metadata: dict[str, Any],
         session_id: str | None = None,
         start_timeout: float | None = None,
+        runtime: str = "runc",
+        network: NetworkPolicy | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.start_timeout = start_timeout
+        self.runtime = runtime
+        self.network = network or NetworkPolicy()
+        self.isolation = baseline_isolation(runtime)  # until the manager prepares it
         self.kernel_name = kernel_name
         self.image = image
         self.limits = limits
@@ -125,7 +131,8 @@ class Session:
             "limits": self.limits.to_json(),
             "ttl": self.ttl,
             "idle_timeout": self.idle_timeout,
-            "network": "none",
+            "runtime": self.runtime,
+            "network": self.network.to_json(),
             "env": self.env,
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
@@ -151,6 +158,7 @@ class SessionManager:
         self.store = store
         self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
         self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
+        self.isolation = IsolationManager(settings, client)
         self.sessions: dict[str, Session] = {}
         self.sessions_dir = Path(settings.data_dir) / "sessions"
         self.gateway_id = ""
@@ -193,6 +201,7 @@ class SessionManager:
             task.cancel()
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
+        await self.isolation.stop()
 
     async def _reap_leftovers(self) -> None:
         """Remove containers and workspaces of sessions this process does not track."""
@@ -294,9 +303,7 @@ class SessionManager:
                 raise BadRequest("id must be a UUID") from None
             if session_id in self.sessions:
                 raise Conflict(f"a session with id {session_id} already exists")
-        network = request.get("network", "none")
-        if network not in (None, "none"):
-            raise BadRequest(f"network policy {network!r} is not supported; use 'none'")
+        runtime, network = self.isolation.choose(request, sandbox)
         return Session(
             kernel_name=kernel_name,
             image=image,
@@ -317,9 +324,14 @@ class SessionManager:
                 s.kernel_start_timeout,
                 max(s.kernel_start_timeout, 600.0),
             ),
+            runtime=runtime,
+            network=network,
         )
 
     async def _launch(self, session: Session) -> None:
+        session.isolation = await self.isolation.prepare(
+            session.id, session.runtime, session.network
+        )
         session_dir = self.sessions_dir / session.id
         run_dir = session_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -335,6 +347,7 @@ class SessionManager:
             workspace=session_dir / "workspace",
             tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
             user=sandbox_cfg.get("user", "1000:1000"),
+            isolation=session.isolation,
         )
         uid, gid = spec.uid_gid
         await asyncio.to_thread(workspace.create, session_dir, session.limits.disk, uid, gid)
@@ -491,6 +504,7 @@ class SessionManager:
         session.reason = reason
         session.ended_at = time.time()
         self.sessions.pop(session.id, None)
+        self.isolation.release(session.id)
         kernel = session.kernel
         if kernel is not None:
             kernel.died.set()  # lets an in-flight execute return instead of hanging

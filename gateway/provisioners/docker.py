@@ -1,7 +1,9 @@
 """Run a kernel in a locked-down Docker container (jupyter_client provisioner).
 
-The container has no network. The kernel binds ZeroMQ ``ipc`` sockets in the
-session's run directory, which is bind-mounted at the same path inside the
+The container has no network (with an egress allowlist, only the gateway's
+egress network: see gateway.egress), and runs under runc or gVisor
+(gateway.runtimes). The kernel binds ZeroMQ ``ipc`` sockets in the session's
+run directory, which is bind-mounted at the same path inside the
 container, so one connection file serves both sides and no port is opened.
 The jupyter_client kernel manager drives this class through the standard
 provisioner hooks; per-session parameters arrive as ``sandbox=`` keyword
@@ -30,6 +32,16 @@ LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
 
 
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """The engine runtime and network a kernel container gets (see gateway.isolation)."""
+
+    runtime: str = "runc"  # the engine's name: runc, runsc, runsc-net
+    network: str = "none"  # "none", or the egress network's name
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
+    resolv_conf: Path | None = None  # replaces the engine's resolver config
+
+
 @dataclasses.dataclass
 class SandboxSpec:
     """Everything that makes one session's container what it is."""
@@ -45,6 +57,7 @@ class SandboxSpec:
     tmp_bytes: int
     user: str = "1000:1000"
     workdir: str = "/workspace"
+    isolation: Isolation = dataclasses.field(default_factory=Isolation)
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -54,10 +67,15 @@ class SandboxSpec:
     def run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
         """Arguments for ``containers.run``: the hardening lives here, in one place."""
         limits = self.limits
+        isolation = self.isolation
         mounts = [
             Mount(str(self.run_dir), str(self.run_dir), type="bind"),
             Mount(self.workdir, str(self.workspace), type="bind"),
         ]
+        if isolation.resolv_conf is not None:
+            mounts.append(
+                Mount("/etc/resolv.conf", str(isolation.resolv_conf), type="bind", read_only=True)
+            )
         return {
             "image": self.image,
             "command": cmd,
@@ -65,8 +83,9 @@ class SandboxSpec:
             "detach": True,
             "user": self.user,
             "working_dir": self.workdir,
-            "environment": env,
-            "network_mode": "none",
+            "environment": {**env, **isolation.env},
+            "runtime": isolation.runtime,
+            "network_mode": isolation.network,
             "read_only": True,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],

@@ -1,0 +1,365 @@
+"""The filtering proxy: the only way out of the network allowlist sessions live on.
+
+It speaks just the HTTP/1.1 that clients send proxies: ``CONNECT host:port``
+(HTTPS, or any TCP, tunnelled byte for byte) and absolute-form requests
+(``GET http://host/path``) for plain HTTP. Each session authenticates with its
+own token (Basic ``Proxy-Authorization``, from the proxy URL in its
+environment; derived from a key, so a restarted gateway accepts the tokens
+of the kernels it reattaches to), which selects its allowlist. A target off the list, or one
+resolving only to addresses ``AddressGuard`` refuses, gets 403 and is reported
+as an ``EgressDenial``. It runs on the gateway's event loop: name lookups go
+to the loop's resolver thread, all else is non-blocking sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import logging
+import socket
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from .policy import AddressGuard, IPAddress, NetworkPolicy, parse_address
+
+log = logging.getLogger(__name__)
+
+HEAD_LIMIT = 64 * 1024
+CHUNK = 64 * 1024
+# Proxy-specific headers end at the proxy; the upstream connection is one-shot.
+_HOP_BY_HOP = {"proxy-authorization", "proxy-connection", "connection", "keep-alive"}
+_REASONS = {403: "Forbidden", 407: "Proxy Authentication Required", 400: "Bad Request"}
+_REASONS |= {429: "Too Many Requests", 502: "Bad Gateway", 504: "Gateway Timeout"}
+
+
+@dataclasses.dataclass(frozen=True)
+class EgressDenial:
+    """One refused request, for logs and (later) the audit store."""
+
+    session_id: str | None
+    method: str
+    target: str
+    reason: str
+    at: float
+    suppressed: int = 0  # denials of this session not reported since the last one
+
+
+DenialHook = Callable[[EgressDenial], None]
+
+
+class _Refused(Exception):
+    """Ends a request with an error response; ``denied`` marks a policy decision."""
+
+    def __init__(self, status: int, reason: str, denied: bool = False) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.denied = denied
+
+
+@dataclasses.dataclass
+class _Tenant:
+    session_id: str
+    policy: NetworkPolicy
+    tasks: set[asyncio.Task] = dataclasses.field(default_factory=set)  # its open connections
+    window: float = 0.0  # start of the current one-second reporting window
+    reported: int = 0
+    suppressed: int = 0
+
+
+class EgressProxy:
+    """An HTTP/CONNECT proxy that lets each session reach only its allowlist."""
+
+    def __init__(
+        self,
+        guard: AddressGuard,
+        key: bytes,
+        on_denied: DenialHook | None = None,
+        max_connections: int = 64,
+        connect_timeout: float = 10.0,
+        head_timeout: float = 30.0,
+        reports_per_second: int = 20,
+    ) -> None:
+        self.guard = guard
+        self.key = key
+        self.on_denied = on_denied  # the hook an audit log plugs into
+        self.max_connections = max_connections
+        self.connect_timeout = connect_timeout
+        self.head_timeout = head_timeout
+        self.reports_per_second = reports_per_second
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+        self._tenants: dict[str, _Tenant] = {}  # by session id
+        self._handlers: set[asyncio.Task] = set()
+
+    async def start(self, host: str, ports: range, preferred: int | None = None) -> int:
+        """Listen on ``preferred`` or else the first free port of ``ports``; return it."""
+        candidates = [preferred] if preferred in ports else []
+        for port in [*candidates, *ports]:
+            try:
+                self._server = await asyncio.start_server(
+                    self._serve, host, port, limit=HEAD_LIMIT, reuse_address=True
+                )
+            except OSError:
+                continue
+            self.port = port
+            self.guard.own_ports.add(port)
+            return port
+        raise OSError(f"no free port for the egress proxy in {ports.start}-{ports.stop - 1}")
+
+    async def stop(self) -> None:
+        """Stop listening and cut every open connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def token_for(self, session_id: str) -> str:
+        """The secret a session's kernel presents as its proxy password."""
+        digest = hmac.new(self.key, session_id.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def admit(self, session_id: str, policy: NetworkPolicy) -> str:
+        """Let ``session_id`` use the proxy under ``policy``; return its token."""
+        self._tenants[session_id] = _Tenant(session_id, policy)
+        return self.token_for(session_id)
+
+    def release(self, session_id: str) -> None:
+        """Forget a session and cut its open connections (called when it ends)."""
+        tenant = self._tenants.pop(session_id, None)
+        if tenant is not None:
+            for task in tenant.tasks:
+                task.cancel()
+
+    # -- one client connection ------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        tenant = None
+        method, target = "?", "?"
+        try:
+            try:
+                async with asyncio.timeout(self.head_timeout):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                raise _Refused(400, "incomplete or oversized request head") from None
+            method, target, version, headers = _parse_head(head)
+            tenant = self._authenticate(headers)
+            if len(tenant.tasks) >= self.max_connections:
+                raise _Refused(429, f"at most {self.max_connections} open connections per session")
+            tenant.tasks.add(task)
+            await self._relay(tenant, reader, writer, method, target, version, headers)
+        except _Refused as refused:
+            if refused.denied:
+                self._report(tenant, method, target, refused.reason)
+            else:
+                log.info("egress %s %s failed: %s", method, target, refused.reason)
+            await _answer(writer, refused.status, refused.reason)
+        except (ConnectionError, OSError):
+            pass  # the client or the upstream went away
+        finally:
+            if tenant is not None:
+                tenant.tasks.discard(task)
+            writer.close()
+            self._handlers.discard(task)
+
+    def _authenticate(self, headers: dict[str, str]) -> _Tenant:
+        scheme, _, credentials = headers.get("proxy-authorization", "").partition(" ")
+        tenant = None
+        if scheme.lower() == "basic":
+            with contextlib.suppress(binascii.Error, UnicodeDecodeError):
+                decoded = base64.b64decode(credentials, validate=True).decode()
+                session_id, _, token = decoded.partition(":")
+                expected = self.token_for(session_id).encode()
+                if hmac.compare_digest(token.encode(), expected):
+                    tenant = self._tenants.get(session_id)
+        if tenant is None:
+            raise _Refused(407, "no valid session credentials; use the proxy URL in the "
+                           "session's HTTPS_PROXY / HTTP_PROXY", denied=True)  # fmt: skip
+        return tenant
+
+    async def _relay(
+        self,
+        tenant: _Tenant,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        target: str,
+        version: str,
+        headers: dict[str, str],
+    ) -> None:
+        if method == "CONNECT":
+            host, port = _authority(target, default_port=None)
+            up_reader, up_writer = await self._open(tenant, host, port)
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            url = urlsplit(target)
+            if url.scheme != "http" or not url.hostname:
+                raise _Refused(400, "send http://host/path, or CONNECT host:port for HTTPS")
+            host, port = url.hostname, url.port or 80
+            up_reader, up_writer = await self._open(tenant, host, port)
+            path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            up_writer.write(_origin_head(method, path, version, headers, url.netloc))
+        await _splice(reader, writer, up_reader, up_writer)
+
+    async def _open(
+        self, tenant: _Tenant, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to ``host:port`` if the policy and the guard allow it."""
+        if not tenant.policy.permits(host, port):
+            raise _Refused(403, f"{host}:{port} is not on this session's allowlist", denied=True)
+        refusals, failure = [], None
+        for address in await self._addresses(host, port):
+            refusal = self.guard.refusal(address, port)
+            if refusal is not None:
+                refusals.append(refusal)
+                continue
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    return await asyncio.open_connection(str(address), port, limit=CHUNK)
+            except (OSError, TimeoutError) as e:
+                failure = e
+        if failure is not None:
+            raise _Refused(502, f"cannot connect to {host}:{port}: {failure or 'timed out'}")
+        raise _Refused(403, f"{host}:{port} refused: " + "; ".join(refusals), denied=True)
+
+    async def _addresses(self, host: str, port: int) -> list[IPAddress]:
+        address = parse_address(host)
+        if address is not None:
+            return [address]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise _Refused(502, f"cannot resolve {host}: {e.strerror}") from None
+        found = [parse_address(str(info[4][0])) for info in infos]
+        return list(dict.fromkeys(a for a in found if a is not None))
+
+    def _report(self, tenant: _Tenant | None, method: str, target: str, reason: str) -> None:
+        """Log a denial and pass it to the hook, at most ``reports_per_second`` per session.
+
+        A sandbox can be denied in a tight loop; the excess is counted, not logged.
+        """
+        suppressed = 0
+        if tenant is not None:
+            now = time.monotonic()
+            if now - tenant.window >= 1.0:
+                tenant.window, tenant.reported = now, 0
+            if tenant.reported >= self.reports_per_second:
+                tenant.suppressed += 1
+                return
+            tenant.reported += 1
+            suppressed, tenant.suppressed = tenant.suppressed, 0
+        denial = EgressDenial(
+            session_id=tenant.session_id if tenant else None,
+            method=method,
+            target=target,
+            reason=reason,
+            at=time.time(),
+            suppressed=suppressed,
+        )
+        log.warning(
+            "egress denied: session=%s method=%s target=%s reason=%r suppressed=%d",
+            denial.session_id or "-",
+            method,
+            target,
+            reason,
+            suppressed,
+            extra={"sbx_event": "egress_denied", "egress_denial": denial},
+        )
+        if self.on_denied is not None:
+            try:
+                self.on_denied(denial)
+            except Exception:
+                log.exception("the egress denial hook failed")
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _Refused(400, "not an HTTP/1.x request")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return parts[0].upper(), parts[1], parts[2], headers
+
+
+def _authority(target: str, default_port: int | None) -> tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port``; the port is required unless defaulted."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "]" in port:
+        if default_port is None:
+            raise _Refused(400, f"CONNECT needs host:port, not {target!r}")
+        host, port = target, str(default_port)
+    host = host.strip("[]")
+    if not host or not 0 < int(port) < 65536:
+        raise _Refused(400, f"bad target {target!r}")
+    return host, int(port)
+
+
+def _origin_head(
+    method: str, path: str, version: str, headers: dict[str, str], netloc: str
+) -> bytes:
+    """The request as the origin server expects it, without the proxy's headers."""
+    listed = {h.strip().lower() for h in headers.get("connection", "").split(",")}
+    lines = [f"{method} {path} {version}"]
+    kept = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP | listed}
+    kept.setdefault("host", netloc)
+    lines += [f"{name}: {value}" for name, value in kept.items()]
+    lines += ["connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+
+async def _splice(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
+    """Copy both ways until the upstream is done; the client's EOF only half-closes."""
+    upload = asyncio.create_task(_pipe(reader, up_writer))
+    try:
+        await _pipe(up_reader, writer)
+    finally:
+        upload.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await upload
+        up_writer.close()
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    body = f"sbx egress proxy: {reason}\n".encode()
+    head = [
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if status == 407:
+        head.append('Proxy-Authenticate: Basic realm="sbx"')
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write("\r\n".join([*head, "", ""]).encode() + body)
+        await writer.drain()
