@@ -1,0 +1,204 @@
+"""The ``sbx`` client commands, run as a user runs them: the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tcp_proxy import TCPProxy
+
+from gateway.client import Client
+
+pytestmark = pytest.mark.docker
+
+SBX = str(Path(sys.executable).with_name("sbx"))
+PLOT = (
+    "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
+    "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n"
+)
+
+
+def sbx(*args: str, url: str | None = None, cwd: Path | None = None, stdin: str | None = None):
+    """Run ``sbx`` with a clean environment (no SBX_* from the caller) and return the result."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    if url is not None:
+        env["SBX_URL"] = url
+    return subprocess.run(
+        [SBX, *args], capture_output=True, text=True, env=env, cwd=cwd, input=stdin, timeout=180
+    )
+
+
+@pytest.fixture
+def sdk(gateway):
+    with Client(gateway.url, "") as client:
+        yield client
+
+
+@pytest.fixture
+def cli_session(sdk):
+    with sdk.create_session(metadata={"test": "cli"}) as session:
+        yield session
+
+
+def test_every_command_has_help():
+    commands = [
+        [], ["run"], ["exec"], ["sessions"], ["sessions", "ls"], ["sessions", "new"],
+        ["sessions", "show"], ["sessions", "rm"], ["files"], ["files", "put"], ["files", "get"],
+        ["files", "ls"], ["files", "rm"], ["export"], ["replay"], ["mcp"], ["serve"],
+        ["images"], ["images", "build"], ["images", "ls"],
+    ]  # fmt: skip
+    for command in commands:
+        result = sbx(*command, "--help")
+        assert result.returncode == 0, f"sbx {' '.join(command)} --help failed: {result.stderr}"
+        assert result.stdout.startswith("usage: sbx"), result.stdout
+    for command in (["run"], ["exec"], ["files", "put"], ["export"]):
+        assert (
+            "--url" in sbx(*command, "--help").stdout
+            and "--token" in sbx(*command, "--help").stdout
+        )
+
+
+def test_run_uploads_streams_saves_images_and_downloads(gateway, sdk, tmp_path):
+    (tmp_path / "data.csv").write_text("x,y\n1,2\n3,4\n")
+    (tmp_path / "job.py").write_text(
+        "import pandas as pd\n"
+        "df = pd.read_csv('data.csv')\n"
+        "print('rows', len(df))\n"
+        "df.assign(z=df.x * df.y).to_csv('out.csv', index=False)\n" + PLOT + "int(df.y.sum())\n"
+    )
+    result = sbx(
+        "run", "job.py", "--file", "data.csv", "--get", "out.csv", "--out", "results",
+        "--metadata", "test=cli-run", url=gateway.url, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["rows 2", "6"]
+    assert (tmp_path / "results" / "job-1.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "results" / "out.csv").read_text() == "x,y,z\n1,2,2\n3,4,12\n"
+    assert "saved image/png to results/job-1.png" in result.stderr
+    assert "ok · execution 1" in result.stderr and "out.csv" in result.stderr
+    assert sdk.list_sessions(metadata={"test": "cli-run"}) == [], "sbx run left its session"
+
+
+def test_run_exits_1_on_error_and_reads_stdin(gateway, sdk, tmp_path):
+    result = sbx(
+        "run", "-", "--metadata", "test=cli-err", url=gateway.url, stdin="print('before')\n1/0"
+    )
+    assert result.returncode == 1
+    assert result.stdout == "before\n"
+    assert "ZeroDivisionError" in result.stderr and "\x1b[" not in result.stderr
+    assert sdk.list_sessions(metadata={"test": "cli-err"}) == []
+
+    kept = sbx("run", "-", "--keep", "-q", url=gateway.url, stdin="x = 1")
+    assert kept.returncode == 0 and "kept" in kept.stderr
+    session_id = kept.stderr.split("session ")[1].split()[0]
+    with sdk.connect(session_id, keep=False) as session:
+        assert session.run("x").text == "1"
+
+
+def test_sessions_new_ls_show_rm(gateway, sdk):
+    new = sbx("sessions", "new", "--memory", "300m", "--ttl", "600", "--metadata", "test=cli-ls",
+              "--env", "A=b", url=gateway.url)  # fmt: skip
+    assert new.returncode == 0, new.stderr
+    session_id = new.stdout.strip()
+    try:
+        table = sbx("sessions", "ls", "--metadata", "test=cli-ls", url=gateway.url)
+        header, row = table.stdout.splitlines()
+        assert header.split()[:3] == ["ID", "STATE", "KERNEL"]
+        assert row.split()[:3] == [session_id, "idle", "python3"] and "test=cli-ls" in row
+        listed = json.loads(
+            sbx("sessions", "ls", "--json", "--state", "idle", url=gateway.url).stdout
+        )
+        assert session_id in [s["id"] for s in listed]
+
+        show = sbx("sessions", "show", session_id, url=gateway.url)
+        assert (
+            "memory 300 MiB" in show.stdout
+            and "600 s" in show.stdout
+            and "test=cli-ls" in show.stdout
+        )
+        shown = json.loads(sbx("sessions", "show", session_id, "--json", url=gateway.url).stdout)
+        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600
+    finally:
+        rm = sbx("sessions", "rm", session_id, url=gateway.url)
+    assert rm.returncode == 0 and f"deleted {session_id}" in rm.stderr
+    assert (
+        sbx("sessions", "ls", "--metadata", "test=cli-ls", url=gateway.url).stderr
+        == "no sessions\n"
+    )
+
+
+def test_exec_keeps_state_between_calls(gateway, cli_session, tmp_path):
+    first = sbx("exec", cli_session.id, "total = 40", url=gateway.url)
+    assert first.returncode == 0 and first.stdout == ""
+    second = sbx("exec", cli_session.id, "total + 2", url=gateway.url)
+    assert second.stdout == "42\n" and "execution 2" in second.stderr
+    (tmp_path / "step.py").write_text("print(total * 2)\n" + PLOT)
+    third = sbx("exec", cli_session.id, "--file", "step.py", "-q", url=gateway.url, cwd=tmp_path)
+    assert third.stdout == "80\n" and third.stderr.startswith("saved image/png to output-1.png")
+    assert (tmp_path / "output-1.png").exists()
+    failed = sbx("exec", cli_session.id, "undefined_name", url=gateway.url)
+    assert failed.returncode == 1 and "NameError" in failed.stderr
+
+
+def test_files_put_ls_get_rm(gateway, cli_session, tmp_path):
+    (tmp_path / "in.bin").write_bytes(bytes(range(256)) * 4000)
+    put = sbx(
+        "files", "put", cli_session.id, "in.bin", "data/in.bin", url=gateway.url, cwd=tmp_path
+    )
+    assert put.returncode == 0 and "uploaded in.bin -> data/in.bin (1024000 bytes)" in put.stderr
+    listing = sbx("files", "ls", cli_session.id, url=gateway.url).stdout.splitlines()
+    assert listing[0].split() == ["PATH", "TYPE", "SIZE", "MODIFIED", "(UTC)"]
+    assert listing[1].split()[:2] == ["data/", "directory"]
+    entries = json.loads(
+        sbx("files", "ls", cli_session.id, "data", "--json", url=gateway.url).stdout
+    )
+    assert [(e["path"], e["size"]) for e in entries] == [("data/in.bin", 1024000)]
+
+    get = sbx(
+        "files", "get", cli_session.id, "data/in.bin", "back.bin", url=gateway.url, cwd=tmp_path
+    )
+    assert (
+        get.returncode == 0
+        and (tmp_path / "back.bin").read_bytes() == (tmp_path / "in.bin").read_bytes()
+    )
+    cli_session.files.write("note.txt", "to stdout")
+    assert (
+        sbx("files", "get", cli_session.id, "note.txt", "-", url=gateway.url).stdout == "to stdout"
+    )
+
+    assert sbx("files", "rm", cli_session.id, "data", url=gateway.url).returncode == 0
+    assert [e.path for e in cli_session.files.list()] == ["note.txt"]
+    missing = sbx("files", "get", cli_session.id, "data/in.bin", url=gateway.url, cwd=tmp_path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_export_writes_the_notebook(gateway, cli_session, tmp_path):
+    cli_session.run("print('hello')")
+    result = sbx("export", cli_session.id, "-o", "s.ipynb", url=gateway.url, cwd=tmp_path)
+    assert result.returncode == 0 and "wrote s.ipynb" in result.stdout
+    notebook = json.loads((tmp_path / "s.ipynb").read_text())
+    assert [c["source"] for c in notebook["cells"] if c["cell_type"] == "code"] == [
+        "print('hello')"
+    ]
+
+
+def test_errors_exit_2_with_the_gateways_message(gateway, tmp_path):
+    missing = sbx("exec", "no-such-session", "1", url=gateway.url)
+    assert missing.returncode == 2 and "sbx: no session 'no-such-session'" in missing.stderr
+    too_big = sbx("run", "-", "--memory", "900g", url=gateway.url, stdin="1")
+    assert too_big.returncode == 2 and "memory" in too_big.stderr
+    no_file = sbx("run", "nope.py", url=gateway.url, cwd=tmp_path)
+    assert no_file.returncode == 2 and "cannot read nope.py" in no_file.stderr
+    down = sbx("sessions", "ls", "--url", "http://127.0.0.1:9")
+    assert down.returncode == 2 and "cannot reach the gateway at http://127.0.0.1:9" in down.stderr
+
+
+def test_token_flag_is_sent(gateway):
+    with TCPProxy(gateway.url) as proxy:
+        result = sbx("sessions", "ls", "--url", proxy.url, "--token", "t0ken")
+    assert result.returncode == 0, result.stderr
+    assert b"authorization: bearer t0ken" in bytes(proxy.received).lower()
