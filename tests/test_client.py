@@ -7,6 +7,7 @@ import io
 import socket
 import threading
 import time
+from datetime import datetime
 
 import nbformat
 import pytest
@@ -39,6 +40,11 @@ PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
     "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
 )
+
+
+def _seconds_between(start: str | None, end: str | None) -> float:
+    parse = lambda ts: datetime.fromisoformat(str(ts).replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
 
 
 def _finished(history: list[dict]) -> str | None:
@@ -132,6 +138,9 @@ def test_interrupt_restart_timeouts_history_export(sdk_session, tmp_path):
     assert (info.ttl, info.idle_timeout) == (900, 300) and s.info.ttl == 900
     with pytest.raises(TypeError):
         s.set_timeout()
+    info = s.extend(120)
+    left = _seconds_between(info.last_activity, info.expires_at)
+    assert 119 < left <= 121, f"extend(120) left the session {left} s to live"
 
     assert [h["status"] for h in s.history()] == ["interrupted", "ok", "error"]
     notebook = s.export(tmp_path / "s.ipynb", descriptions=False)
@@ -351,7 +360,8 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
             back = await s.files.download("up.bin", tmp_path / "down.bin")
             with pytest.raises(FileNotFound):
                 await s.files.read("missing")
-            info = await s.set_timeout(600)
+            await s.set_timeout(600)
+            info = await s.extend(300)
             listed = await AsyncSession.list(gateway.url, "", metadata={"test": "async"})
             notebook = await s.export()
             await s.files.remove("d")
@@ -362,7 +372,8 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
     assert second.text == "40" and second.results[0].png.startswith(b"\x89PNG")
     assert [e.path for e in listing] == ["d/in.txt"]
     assert back.read_bytes() == b"z" * 100_000
-    assert info.ttl == 600 and [x.id for x in listed] == [s.id]
+    assert 299 < _seconds_between(info.last_activity, info.expires_at) <= 301
+    assert [x.id for x in listed] == [s.id]
     assert len([c for c in notebook["cells"] if c["cell_type"] == "code"]) == 2
     assert api.get(f"/v1/sessions/{s.id}").json()["state"] == "deleted"
 

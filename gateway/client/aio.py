@@ -227,6 +227,11 @@ class AsyncSession(BaseSession[AsyncClient]):
         """Change the lifetime (seconds from creation) and/or the idle timeout."""
         return await self.client.call(self._update_call(ttl, idle_timeout))
 
+    async def extend(self, seconds: float) -> SessionInfo:
+        """Let the session live ``seconds`` from now (by the gateway's clock)."""
+        await self.refresh()
+        return await self.set_timeout(self._ttl_from_now(seconds))
+
     async def history(self) -> list[dict[str, Any]]:
         return await self.client.call(self._history_call())
 

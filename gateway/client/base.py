@@ -12,6 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Generic, TypedDict, TypeVar
 from urllib.parse import quote
@@ -310,6 +311,15 @@ class BaseSession(Generic[C]):
             raise TypeError("set_timeout() needs ttl, idle_timeout or both")
         # Absolute values: sending it twice changes nothing, so it may be retried.
         return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
+
+    def _ttl_from_now(self, seconds: float) -> float:
+        """The ttl (counted from creation) that ends the session ``seconds`` from now.
+
+        Uses the gateway's own clock: ``last_activity`` of a fresh refresh is its "now".
+        """
+        created = datetime.fromisoformat(str(self.info.created_at).replace("Z", "+00:00"))
+        now = datetime.fromisoformat(str(self.info.last_activity).replace("Z", "+00:00"))
+        return (now - created).total_seconds() + seconds
 
     def _history_call(self) -> Call[list[dict[str, Any]]]:
         return Call("GET", self._path("/history"), lambda r: r.json()["executions"])

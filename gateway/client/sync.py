@@ -193,6 +193,11 @@ class Session(BaseSession[Client]):
         """Change the lifetime (seconds from creation) and/or the idle timeout."""
         return self.client.call(self._update_call(ttl, idle_timeout))
 
+    def extend(self, seconds: float) -> SessionInfo:
+        """Let the session live ``seconds`` from now (by the gateway's clock)."""
+        self.refresh()
+        return self.set_timeout(self._ttl_from_now(seconds))
+
     def history(self) -> list[dict[str, Any]]:
         return self.client.call(self._history_call())
 
