@@ -74,26 +74,37 @@ class Gateway:
         self.server.add_sockets(sockets)
 
     async def stop(self) -> None:
-        """Stop accepting requests, end all sessions, close the store."""
+        """Stop accepting requests, keep (or end) the sessions, close the store."""
         if self.server is not None:
             self.server.stop()
         if self.manager is not None:
-            await self.manager.stop()
+            await self.manager.stop(
+                end_sessions=self.settings.end_sessions_on_stop,
+                drain_timeout=self.settings.drain_timeout,
+            )
         await self.store.close()
 
     async def serve(self) -> None:
         """Run until SIGINT/SIGTERM, then shut down cleanly."""
         await self.start()
+        on_stop = (
+            "sessions end when it stops (--end-sessions-on-stop)"
+            if self.settings.end_sessions_on_stop
+            else "sessions keep running when it stops, for the next start to reattach "
+            "(--end-sessions-on-stop ends them instead)"
+        )
         log.info(
-            "sandbox gateway listening on http://%s:%s (data in %s); sessions end when it stops",
+            "sandbox gateway listening on http://%s:%s (data in %s); %s",
             self.settings.host,
             self.port,
             self.settings.data_dir,
+            on_stop,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        log.info("stopping: ending %d session(s)", len(self.manager.sessions))
+        verb = "ending" if self.settings.end_sessions_on_stop else "keeping"
+        log.info("stopping: %s %d session(s)", verb, len(self.manager.sessions))
         await self.stop()

@@ -3,9 +3,11 @@
 Each connected client gets its own ZeroMQ sockets (as Jupyter Server does),
 so its traffic never mixes with the gateway's own execute path. Messages are
 re-signed with the session's key on the way in and verified on the way out.
-Executions a Jupyter client runs are recorded like any other: the relay
-folds their iopub outputs into notebook outputs and stores them when the
-kernel goes idle.
+Executions a Jupyter client runs are recorded like any other, outputs stored
+as they arrive. When a client's WebSocket drops, its relay is parked under
+the client's session id and keeps buffering (bounded) for the reconnect
+grace; a reconnect with the same session id gets the missed messages first,
+as with Jupyter Server.
 """
 
 from __future__ import annotations
@@ -13,34 +15,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
 from .kernel import ExecutionResult
 from .outputs import OutputCollector
+from .recorder import ExecutionRecorder
 from .sessions import Session, SessionManager
 
 log = logging.getLogger(__name__)
 
 CHANNELS = ("shell", "control", "stdin", "iopub")
-Deliver = Callable[[dict[str, Any]], None]
+Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 
 
 class _Pending:
-    """An execute_request from a client, until its kernel goes idle."""
+    """An execute_request from a client, recorded from the moment it is relayed.
 
-    def __init__(self, code: str, cap: int) -> None:
-        self.code = code
-        self.started_wall = time.time()
+    Relaying does not wait for the store: outputs that arrive before the
+    running record exists are held, then written in order once it does.
+    """
+
+    def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
         self.started = time.monotonic()
-        self.collector = OutputCollector(cap)
+        self.collector = OutputCollector(session.limits.output_bytes, self._hear)
+        self.early: list[dict[str, Any] | None] = []
+        self.listener: Callable[[dict[str, Any] | None], None] | None = None
+        self.recorder = manager.spawn(manager.begin_execution(session, code))
+        self.recorder.add_done_callback(self._recording)
+
+    def _hear(self, output: dict[str, Any] | None) -> None:
+        if self.listener is None:
+            self.early.append(output)
+        else:
+            self.listener(output)
+
+    def _recording(self, task: asyncio.Task[ExecutionRecorder]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        self.listener = task.result().listener()
+        for output in self.early:
+            self.listener(output)
+        self.early.clear()
 
 
 class KernelChannels:
@@ -55,6 +81,11 @@ class KernelChannels:
         self.pending: dict[str, _Pending] = {}
         self.nudges: set[str] = set()
         self.iopub_ready = asyncio.Event()
+        self.connected = False
+        self.parked_as: str | None = None
+        self.buffer: deque[str] = deque()
+        self.buffered_bytes = 0
+        self._expiry: asyncio.TimerHandle | None = None
 
     async def open(self, timeout: float = 10.0) -> None:
         """Connect this client's sockets and relay kernel messages once iopub flows."""
@@ -74,9 +105,35 @@ class KernelChannels:
             stream.on_recv(functools.partial(self._on_recv, channel))
             self.sockets[channel] = sock
             self.streams[channel] = stream
+        self._connect_client()
+        await self._nudge(timeout)
+
+    def _connect_client(self) -> None:
+        self.connected = True
         self.session.connections += 1
         self.session.touch()
-        await self._nudge(timeout)
+
+    def park(self, client_session: str) -> None:
+        """The client's WebSocket dropped: buffer for it until it comes back or the grace ends."""
+        self.connected = False
+        self.session.connections -= 1
+        self.session.touch()
+        self.parked_as = client_session
+        self.session.parked[client_session] = self
+        grace = self.manager.settings.reconnect_grace
+        self._expiry = asyncio.get_running_loop().call_later(grace, self.close)
+
+    def resume(self, deliver: Deliver) -> None:
+        """A parked client came back: replay what it missed, then relay live."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self.session.parked.pop(self.parked_as or "", None)
+        self.parked_as = None
+        self._connect_client()
+        while self.buffer:
+            deliver(self.buffer.popleft())
+        self.buffered_bytes = 0
+        self.deliver = deliver
 
     async def _nudge(self, timeout: float) -> None:
         """Ask for kernel_info until iopub answers, as Jupyter Server does.
@@ -93,6 +150,12 @@ class KernelChannels:
                 await asyncio.wait_for(self.iopub_ready.wait(), 0.5)
 
     def close(self) -> None:
+        """Close the sockets; safe to call twice."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self.parked_as is not None:
+            self.session.parked.pop(self.parked_as, None)
+            self.parked_as = None
         for stream in self.streams.values():
             stream.on_recv(None)
             stream.close(linger=0)
@@ -100,8 +163,10 @@ class KernelChannels:
             sock.close(linger=0)
         self.streams.clear()
         self.sockets.clear()
-        self.session.connections -= 1
-        self.session.touch()
+        if self.connected:
+            self.connected = False
+            self.session.connections -= 1
+            self.session.touch()
 
     def send(self, msg: dict[str, Any]) -> None:
         """Sign and forward one client message to its channel."""
@@ -113,10 +178,8 @@ class KernelChannels:
         msg.pop("buffers", None)
         header = msg["header"]
         if header.get("msg_type") == "execute_request" and not msg["content"].get("silent"):
-            code = msg["content"].get("code", "")
-            self.pending[header.get("msg_id", "")] = _Pending(
-                code, self.session.limits.output_bytes
-            )
+            code = str(msg["content"].get("code", ""))
+            self.pending[header.get("msg_id", "")] = _Pending(self.manager, self.session, code)
         self.session.touch()
         self.signer.send(self.streams[channel], msg)
 
@@ -134,7 +197,22 @@ class KernelChannels:
         msg.pop("buffers", None)
         msg["channel"] = channel
         self._observe(channel, msg)
-        self.deliver(msg)
+        text = json.dumps(msg, default=json_default)
+        if self.connected:
+            self.deliver(text)
+        else:
+            self._keep(text)
+
+    def _keep(self, text: str) -> None:
+        """Buffer a message for a parked client, dropping the oldest past the bounds."""
+        settings = self.manager.settings
+        self.buffer.append(text)
+        self.buffered_bytes += len(text)
+        while self.buffer and (
+            len(self.buffer) > settings.replay_buffer_events
+            or self.buffered_bytes > settings.replay_buffer_size_bytes
+        ):
+            self.buffered_bytes -= len(self.buffer.popleft())
 
     def _observe(self, channel: str, msg: dict[str, Any]) -> None:
         """Follow executions this client started, and the kernel's busy/idle state."""
@@ -163,8 +241,7 @@ class KernelChannels:
             status = "interrupted"
         result = ExecutionResult.collected(status, pending.collector, pending.started)
         try:
-            await self.manager.record_execution(
-                self.session, pending.code, result, pending.started_wall
-            )
+            recorder = await pending.recorder
+            await self.manager.finish_execution(self.session, recorder, result)
         except Exception:
             log.exception("session %s: could not record an execution", self.session.id)

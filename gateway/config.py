@@ -100,6 +100,23 @@ class Settings:
     cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
     log_level: str = _opt("info", "debug, info, warning or error")
     url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use")
+    reconnect_grace: float = _opt(
+        10.0,
+        "seconds a dropped stream or Jupyter client may take to reconnect and resume; "
+        "then its buffer is dropped and, on the agent stream, its running cell interrupted",
+    )
+    replay_buffer_events: int = _opt(
+        1000, "events kept per session stream (and per parked Jupyter client) for reconnects"
+    )
+    replay_buffer_size: str = _opt("8m", "bytes of events kept for reconnects, per buffer")
+    end_sessions_on_stop: bool = _opt(
+        False,
+        "end every session when the gateway stops; by default they keep running and the "
+        "next start on the same data dir reattaches to them",
+    )
+    drain_timeout: float = _opt(
+        10.0, "seconds a stopping gateway lets running cells finish before cutting them"
+    )
     token: str = _opt("", "bearer token the SDK, client commands and `sbx mcp` send, if any")
 
     def __post_init__(self) -> None:
@@ -115,6 +132,7 @@ class Settings:
 
     @property
     def default_limits(self) -> Limits:
+        self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
         return self._limits("default")
 
     @property
@@ -193,6 +211,10 @@ class Settings:
         """Add one ``--flag`` per field (or per ``only`` field); unset flags stay ``None``."""
         parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
         for f in dataclasses.fields(cls):
+    @property
+    def replay_buffer_size_bytes(self) -> int:
+        return parse_size(self.replay_buffer_size, "replay_buffer_size")
+
             if only is not None and f.name not in only:
                 continue
             parser.add_argument(
@@ -202,12 +224,14 @@ class Settings:
                 type=_parser_type(f),
                 help=f"{f.metadata['help']} (env SBX_{f.name.upper()}, default {f.default!r})",
             )
+            switch = {"nargs": "?", "const": "true"} if isinstance(f.default, bool) else {}
 
     @classmethod
     def load(
         cls,
         args: argparse.Namespace | None = None,
         environ: Mapping[str, str] | None = None,
+                **switch,
     ) -> Settings:
         """Merge the layers; raise ConfigError naming the bad option."""
         environ = os.environ if environ is None else environ
@@ -247,7 +271,19 @@ def _csv(text: str) -> list[str]:
 
 def _parser_type(f: dataclasses.Field) -> Any:
     kind = type(f.default)
-    return {int: int, float: float}.get(kind, str)
+    return {bool: _boolean, int: int, float: float}.get(kind, str)
+
+
+def _boolean(value: Any) -> bool:
+    """Read a switch from a flag, env var or file: true/false, yes/no, on/off, 1/0."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean; use true or false")
 
 
 def _read_file(path: Path) -> dict[str, Any]:

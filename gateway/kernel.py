@@ -17,14 +17,13 @@ from typing import Any
 import docker.errors
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import KernelProvisionerFactory
 
 from .errors import KernelStartFailed
-from .outputs import OutputCollector
-from .provisioners.docker import SandboxSpec
+from .outputs import OutputCollector, OutputListener
+from .provisioners.docker import DockerProvisioner, SandboxSpec
 
 log = logging.getLogger(__name__)
-
-OutputCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -102,11 +101,49 @@ class Kernel:
 
     async def start(self) -> None:
         """Start the container and wait until the kernel answers."""
-        self.died.clear()
         await self.manager.start_kernel(sandbox=self.sandbox)
-        await self._connect()
+        await self.connect()
 
-    async def _connect(self) -> None:
+    def runtime_info(self) -> dict[str, Any]:
+        """What a restarted gateway needs to reattach: connection info (with key), container."""
+        info = dict(self.manager.get_connection_info())
+        info["key"] = self.manager.session.key.decode()
+        # The shape of the provisioner's get/load_provisioner_info, JSON-safe.
+        return {
+            "kernel_id": self.sandbox.session_id,
+            "connection_info": info,
+            "container_id": self.container_id,
+        }
+
+    async def adopt(self, runtime: dict[str, Any]) -> None:
+        """Take over a kernel a previous gateway process started (its ``runtime_info``).
+
+        The kernel keeps running across the gateway's restart; only this side
+        is rebuilt, so the kernel's state survives. ``connect`` then talks to it;
+        an adopted kernel whose container is gone can still be restarted.
+        """
+        km = self.manager
+        km.load_connection_info(runtime["connection_info"])
+        provisioner = KernelProvisionerFactory.instance(
+            parent=km.parent
+        ).create_provisioner_instance(self.sandbox.session_id, km.kernel_spec, parent=km)
+        assert isinstance(provisioner, DockerProvisioner)
+        provisioner.use_sandbox(self.sandbox)
+        await provisioner.load_provisioner_info(runtime)
+        km.provisioner = provisioner
+        # The kernel was started, by another process. jupyter_client keeps this
+        # flag privately; left False, the first restart reuses a settled
+        # readiness future and fails with InvalidStateError.
+        km._attempted_start = True
+
+    def detach(self) -> None:
+        """Let go of the kernel without stopping it, for the next gateway process."""
+        if self.client is not None:
+            self.client.stop_channels()
+
+    async def connect(self) -> None:
+        """Open the client's channels (once) and wait until the kernel answers."""
+        self.died.clear()
         if self.client is None:
             # Its own Session: verified signatures are remembered per Session, and
             # relays of Jupyter clients see the same iopub messages.
@@ -138,12 +175,16 @@ class Kernel:
         return reply["content"]
 
     async def restart(self) -> None:
-        """Replace the kernel process with a fresh one (state is lost)."""
+        """Replace the kernel process with a fresh one (state is lost).
+
+        Shutdown plus start rather than ``restart_kernel``: that one needs the
+        launch arguments of a start in this process, which a reattached kernel
+        never had.
+        """
         self.restarting = True
         try:
-            await self.manager.restart_kernel(now=True)
-            self.died.clear()
-            await self._connect()
+            await self.manager.shutdown_kernel(now=True, restart=True)
+            await self.start()
         finally:
             self.restarting = False
 
@@ -166,11 +207,12 @@ class Kernel:
         timeout: float,
         cap_bytes: int,
         grace: float,
-        on_output: OutputCallback | None = None,
+        on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> ExecutionResult:
         """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
 
+        ``on_output`` hears of each output kept and each clear as they happen;
         ``on_start`` runs once an interrupt would be honoured for this cell.
         """
         self._interrupting = self._deferred_interrupt = False
@@ -178,7 +220,7 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes), on_output)
+            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes, on_output))
         finally:
             self._awaiting_start = False
 
@@ -188,7 +230,6 @@ class Kernel:
         timeout: float,
         grace: float,
         collector: OutputCollector,
-        on_output: OutputCallback | None,
     ) -> ExecutionResult:
         assert self.client is not None
         started = time.monotonic()
@@ -219,9 +260,7 @@ class Kernel:
                     await self.manager.interrupt_kernel()
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
-            output = collector.add_message(msg)
-            if output is not None and on_output is not None:
-                on_output(output)
+            collector.add_message(msg)
         if timed_out:
             return self._timeout_result(collector, started, timeout, restarted)
         reply = await self._reply(msg_id)

@@ -18,12 +18,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from . import __version__
 from .compare import diff_outputs
 from .errors import BadRequest
+from .recorder import CUT_BY_RESTART
 from .sessions import SessionManager
 
 log = logging.getLogger(__name__)
 
-# Statuses whose cells a notebook runner must not stop at.
-_FAILED = ("error", "timeout", "interrupted", "dead")
+# Statuses whose cells a notebook runner must not stop at ("running": exported mid-run).
+_FAILED = ("error", "timeout", "interrupted", "dead", CUT_BY_RESTART, "running")
 
 
 def export_notebook(
@@ -73,12 +74,13 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     )
     started, ended = execution["started_at"], execution["ended_at"]
     # The keys JupyterLab's "record timing" writes, so its tooling reads ours.
-    cell.metadata["execution"] = {
+    timing = {
         "iopub.status.busy": started,
         "iopub.execute_input": started,
         "shell.execute_reply": ended,
         "iopub.status.idle": ended,
     }
+    cell.metadata["execution"] = {k: v for k, v in timing.items() if v is not None}
     sbx: dict[str, Any] = {"status": status, "duration_ms": execution["duration_ms"]}
     if execution.get("truncated"):
         sbx["truncated"] = True

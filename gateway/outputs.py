@@ -9,6 +9,8 @@ they are what a caller most needs to see.
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from nbformat.v4 import output_from_msg
@@ -28,11 +30,16 @@ def output_size(output: dict[str, Any]) -> int:
     return len(json.dumps(output, ensure_ascii=False))
 
 
+# Told of every output kept (a copy, safe to hold) and, as None, of every clear.
+OutputListener = Callable[[dict[str, Any] | None], None]
+
+
 class OutputCollector:
     """Accumulates one execution's outputs as notebook outputs."""
 
-    def __init__(self, cap_bytes: int) -> None:
+    def __init__(self, cap_bytes: int, listener: OutputListener | None = None) -> None:
         self.cap = cap_bytes
+        self.listener = listener
         self.outputs: list[dict[str, Any]] = []
         self.used = 0
         self.dropped = 0
@@ -44,8 +51,8 @@ class OutputCollector:
     def truncated(self) -> bool:
         return self.dropped > 0
 
-    def add_message(self, msg: dict[str, Any]) -> dict[str, Any] | None:
-        """Fold one iopub message in; return the output it produced (for streaming)."""
+    def add_message(self, msg: dict[str, Any]) -> None:
+        """Fold one iopub message in; the listener hears of what it changed."""
         kind = msg["header"]["msg_type"]
         content = msg["content"]
         if kind == "clear_output":
@@ -53,15 +60,15 @@ class OutputCollector:
                 self._clear_pending = True
             else:
                 self._clear()
-            return None
+            return
         if kind == "execute_input":
             self.execution_count = content.get("execution_count")
-            return None
+            return
         if kind not in OUTPUT_MSG_TYPES:
-            return None
+            return
         if kind == "update_display_data":
             self._update_display(content)
-            return None
+            return
         if self._clear_pending:
             self._clear()
         output = output_from_msg(msg)
@@ -70,27 +77,27 @@ class OutputCollector:
             output["metadata"]["sbx_display_id"] = display_id
         if kind == "error":
             self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
-            return self._append(output, budget=self.used + _ERROR_BUDGET)
-        return self._append(output, budget=self.cap)
+            self._append(output, budget=self.used + _ERROR_BUDGET)
+        else:
+            self._append(output, budget=self.cap)
 
-    def _append(self, output: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    def _append(self, output: dict[str, Any], budget: int) -> None:
         size = output_size(output)
         room = budget - self.used
-        if size <= room:
-            self._store(output, size)
-            return output
-        if output["output_type"] == "stream" and room > 0:
-            # Keep what fits of a stream so the cut lands at a visible spot.
-            kept = {**output, "text": output["text"][:room]}
-            self._store(kept, output_size(kept))
-            self.dropped += size - output_size(kept)
-            return kept
-        if output["output_type"] == "error":
-            output = {**output, "traceback": output["traceback"][-20:]}
-            self._store(output, output_size(output))
-            return output
-        self.dropped += size
-        return None
+        if size > room:
+            if output["output_type"] == "stream" and room > 0:
+                # Keep what fits of a stream so the cut lands at a visible spot.
+                kept = {**output, "text": output["text"][:room]}
+                self.dropped += size - output_size(kept)
+            elif output["output_type"] == "error":
+                kept = {**output, "traceback": output["traceback"][-20:]}
+            else:
+                self.dropped += size
+                return
+            output, size = kept, output_size(kept)
+        if self.listener is not None:
+            self.listener(dict(output))  # a copy: the stored one may grow by merging
+        self._store(output, size)
 
     def _store(self, output: dict[str, Any], size: int) -> None:
         last = self.outputs[-1] if self.outputs else None
@@ -109,6 +116,8 @@ class OutputCollector:
         self.outputs.clear()
         self.used = 0
         self._clear_pending = False
+        if self.listener is not None:
+            self.listener(None)
 
     def _update_display(self, content: dict[str, Any]) -> None:
         display_id = content.get("transient", {}).get("display_id")
@@ -132,3 +141,18 @@ class OutputCollector:
                 }
             )
         return self.outputs
+
+
+def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Rebuild the outputs of an execution cut short from what was recorded as it ran.
+
+    ``recorded`` holds each output as it was released (already capped), and
+    ``None`` where the kernel cleared the outputs.
+    """
+    collector = OutputCollector(cap_bytes=sys.maxsize)
+    for output in recorded:
+        if output is None:
+            collector._clear()
+        else:
+            collector._store(dict(output), output_size(output))
+    return collector.outputs

@@ -19,9 +19,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -39,27 +38,26 @@ from .errors import (
 from .files import Workspace
 from .images import ImageBuilder
 from .isolation import IsolationManager, NetworkPolicy, baseline_isolation
-from .kernel import ExecutionResult, Kernel, OutputCallback
+from .kernel import ExecutionResult, Kernel
 from .kernelspecs import KernelSpecs
 from .limits import Limits, format_size
+from .outputs import OutputListener
 from .provisioners import workspace
-from .provisioners.docker import LABEL_GATEWAY, SandboxSpec
+from .provisioners.docker import SandboxSpec
 from .provisioners.events import ContainerWatcher
+from .recorder import ExecutionRecorder, iso, parse_iso
 from .store import Store
 from .validation import env_vars, metadata_dict, seconds
+
+if TYPE_CHECKING:
+    from .channels import KernelChannels
+    from .streams import StreamHub
 
 log = logging.getLogger(__name__)
 
 LIVE_STATES = ("starting", "idle", "busy", "dead")
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
-
-
-def iso(ts: float | None) -> str | None:
-    """Render an epoch time as the API's UTC ISO 8601 form."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Session:
@@ -106,6 +104,35 @@ class Session:
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
+        self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.stream: StreamHub | None = None  # the agent stream, made on first use
+        # Jupyter clients gone for a moment, by client session id: their relays
+        # keep buffering so a reconnect replays what it missed.
+        self.parked: dict[str, KernelChannels] = {}
+
+    @classmethod
+    def from_record(cls, doc: dict[str, Any]) -> Session:
+        """A session as the store last saw it, for a restarted gateway to take over."""
+        session = cls(
+            kernel_name=doc["kernel"],
+            image=doc["image"],
+            limits=Limits.from_json(doc["limits"]),
+            ttl=doc["ttl"],
+            idle_timeout=doc["idle_timeout"],
+            env=doc["env"],
+            metadata=doc["metadata"],
+            session_id=doc["id"],
+        )
+        session.created_at = parse_iso(doc["created_at"])
+        session.last_activity = parse_iso(doc["last_activity"])
+        session.state = doc["state"]
+        session.reason = doc.get("reason")
+        session.image_digest = doc.get("image_digest")
+        session.packages = doc.get("packages", [])
+        session.language_info = doc.get("language_info") or {}
+        session.display_name = doc.get("display_name") or session.kernel_name
+        session.executions = doc.get("executions", 0)
+        return session
 
     @property
     def expires_at(self) -> float:
@@ -170,7 +197,9 @@ class SessionManager:
     # -- lifecycle of the manager itself -------------------------------------------------
 
     async def start(self) -> None:
-        """Reap what a previous run left, then start watching and culling."""
+        """Take over what a previous run left (reattach or reap), then watch and cull."""
+        from .recovery import recover
+
         socket_path = self.sessions_dir / str(uuid.uuid4()) / "run" / "k-10"
         if len(str(socket_path)) > _MAX_SOCKET_PATH:
             raise ConfigError(
@@ -182,44 +211,54 @@ class SessionManager:
             log.warning(
                 "not root: workspaces are plain directories and disk limits are not enforced"
             )
-        await self._reap_leftovers()
+        # Watch before recovering, so a container dying meanwhile is not missed.
         self._watcher = ContainerWatcher(self.docker, self.gateway_id, self._on_container_death)
         self._watcher.start()
+        await recover(self)
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
 
-    async def stop(self) -> None:
-        """End every session and remove its container; called on gateway exit."""
+    async def stop(self, end_sessions: bool = False, drain_timeout: float = 0.0) -> None:
+        """Stop managing sessions: end them all, or leave them running for the next start.
+
+        Kept sessions first get ``drain_timeout`` seconds to finish running
+        cells; a cell still running then is interrupted and recorded as cut
+        by the restart, with its outputs so far.
+        """
         if self._culler is not None:
             self._culler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._culler
-        await asyncio.gather(
-            *(self._end(s, "gateway stopped") for s in list(self.sessions.values())),
-            return_exceptions=True,
-        )
+        sessions = list(self.sessions.values())
+        if end_sessions:
+            await asyncio.gather(
+                *(self.end(s, "gateway stopped") for s in sessions), return_exceptions=True
+            )
+        else:
+            await self._drain(drain_timeout)
+            await asyncio.gather(*(self._detach(s) for s in sessions), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
         await self.isolation.stop()
 
-    async def _reap_leftovers(self) -> None:
-        """Remove containers and workspaces of sessions this process does not track."""
-        containers = await asyncio.to_thread(
-            self.docker.containers.list,
-            all=True,
-            filters={"label": f"{LABEL_GATEWAY}={self.gateway_id}"},
-        )
-        for container in containers:
-            log.info("removing leftover container %s", container.name)
-            await asyncio.to_thread(container.remove, force=True)
-        now = time.time()
-        for doc in await self.store.open_sessions():
-            doc.update(state="deleted", reason="gateway restarted", ended_at=iso(now))
-            await self.store.save_session(doc)
-        if self.sessions_dir.exists():
-            for leftover in self.sessions_dir.iterdir():
-                await asyncio.to_thread(workspace.destroy, leftover)
+    async def _drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(s.running for s in self.sessions.values()):  # noqa: ASYNC110 (many sessions, no one event)
+            await asyncio.sleep(0.1)
+
+    async def _detach(self, session: Session) -> None:
+        """Leave a session's kernel running and its store record ready for reattaching."""
+        kernel = session.kernel
+        if kernel is None:
+            return
+        if session.running:
+            with contextlib.suppress(Exception):
+                await kernel.interrupt()
+        for relay in list(session.parked.values()):
+            relay.close()
+        kernel.detach()
+        await self.save(session)
 
     # -- queries ------------------------------------------------------------------------
 
@@ -257,6 +296,15 @@ class SessionManager:
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
 
+    def stream_hub(self, session_id: str) -> StreamHub:
+        """The session's agent stream, made on first use."""
+        from .streams import StreamHub
+
+        session = self.get(session_id)
+        if session.stream is None:
+            session.stream = StreamHub(self, session)
+        return session.stream
+
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.images.exists, ref)
 
@@ -275,14 +323,14 @@ class SessionManager:
                 "delete one you no longer need or try again later"
             )
         self.sessions[session.id] = session
-        await self._save(session)
+        await self.save(session)
         try:
             await self._launch(session)
         except BaseException as e:
-            await self._end(session, f"kernel failed to start: {e}")
+            await self.end(session, f"kernel failed to start: {e}")
             raise
         session.state = "idle"
-        await self._save(session)
+        await self.save(session)
         log.info("session %s started (%s)", session.id, session.image)
         return session
 
@@ -328,13 +376,12 @@ class SessionManager:
             network=network,
         )
 
-    async def _launch(self, session: Session) -> None:
-        session.isolation = await self.isolation.prepare(
-            session.id, session.runtime, session.network
-        )
-        session_dir = self.sessions_dir / session.id
-        run_dir = session_dir / "run"
-        run_dir.mkdir(parents=True, exist_ok=True)
+    def session_dir(self, session_id: str) -> Path:
+        return self.sessions_dir / session_id
+
+    def equip(self, session: Session) -> None:
+        """Give a session its Kernel and Workspace objects (no container is started)."""
+        session_dir = self.session_dir(session.id)
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
         spec = SandboxSpec(
             docker=self.docker,
@@ -343,20 +390,32 @@ class SessionManager:
             gateway_id=self.gateway_id,
             limits=session.limits,
             env=session.env,
-            run_dir=run_dir,
+            run_dir=session_dir / "run",
             workspace=session_dir / "workspace",
             tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
             user=sandbox_cfg.get("user", "1000:1000"),
             isolation=session.isolation,
         )
         uid, gid = spec.uid_gid
-        await asyncio.to_thread(workspace.create, session_dir, session.limits.disk, uid, gid)
         session.workspace = Workspace(str(spec.workspace), uid, gid)
         session.kernel = Kernel(
             session.kernel_name,
             self.kernelspecs.manager,
             spec,
             session.start_timeout or self.settings.kernel_start_timeout,
+        )
+
+    async def _launch(self, session: Session) -> None:
+        session.isolation = await self.isolation.prepare(
+            session.id, session.runtime, session.network
+        )
+        self.equip(session)
+        assert session.kernel is not None
+        spec = session.kernel.sandbox
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        uid, gid = spec.uid_gid
+        await asyncio.to_thread(
+            workspace.create, self.session_dir(session.id), session.limits.disk, uid, gid
         )
         try:
             await session.kernel.start()
@@ -376,7 +435,7 @@ class SessionManager:
         session_id: str,
         code: Any,
         timeout: Any = None,
-        on_output: OutputCallback | None = None,
+        on_output: OutputListener | None = None,
         description: Any = None,
         on_start: Callable[[], None] | None = None,
     ) -> ExecutionResult:
@@ -385,6 +444,7 @@ class SessionManager:
         ``description`` is the caller's markdown narrative for this step; it is
         recorded and becomes a markdown cell in the notebook export. ``on_start``
         is called when this execution's turn comes (others may be queued ahead).
+        ``on_output`` hears of each output once it is stored.
         """
         session = self.get(session_id)
         if not isinstance(code, str):
@@ -396,15 +456,15 @@ class SessionManager:
             self._check_usable(session)
             session.state = "busy"
             session.touch()
-            started = time.time()
             assert session.kernel is not None and session.workspace is not None
+            recorder = await self.begin_execution(session, code, description)
             before = await asyncio.to_thread(session.workspace.snapshot)
             result = await session.kernel.execute(
                 code,
                 timeout=limit,
                 cap_bytes=session.limits.output_bytes,
                 grace=self.settings.interrupt_grace,
-                on_output=on_output,
+                on_output=recorder.listener(on_output),
                 on_start=on_start,
             )
             if result.status == "dead":
@@ -417,24 +477,26 @@ class SessionManager:
             elif session.state == "busy":
                 session.state = "idle"
             result.artifacts = await asyncio.to_thread(session.workspace.changes, before)
-            await self.record_execution(session, code, result, started, description)
+            await self.finish_execution(session, recorder, result)
         return result
 
-    async def record_execution(
-        self,
-        session: Session,
-        code: str,
-        result: ExecutionResult,
-        started: float,
-        description: str | None = None,
+    async def begin_execution(
+        self, session: Session, code: str, description: str | None = None
+    ) -> ExecutionRecorder:
+        """Record an execution as running, however it is run (v1 API or Jupyter client)."""
+        recorder = await ExecutionRecorder.begin(self.store, session.id, code, description)
+        session.running.add(recorder)
+        return recorder
+
+    async def finish_execution(
+        self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
     ) -> None:
-        """Store one finished execution, however it was run (v1 API or Jupyter client)."""
+        """Store an execution's outcome in place of its running record."""
+        session.running.discard(recorder)
         session.touch()
         session.executions += 1
-        record = {"code": code, "description": description, **result.to_json()}
-        record.update(started_at=iso(started), ended_at=iso(time.time()))
-        await self.store.add_execution(session.id, record)
-        await self._save(session)
+        await recorder.finish(result)
+        await self.save(session)
 
     def _check_usable(self, session: Session) -> None:
         if session.state == "dead":
@@ -464,7 +526,7 @@ class SessionManager:
         await session.kernel.restart()
         session.state = "idle"
         session.touch()
-        await self._save(session)
+        await self.save(session)
         return session
 
     async def update(self, session_id: str, request: dict[str, Any]) -> Session:
@@ -481,7 +543,7 @@ class SessionManager:
                 request["idle_timeout"], "idle_timeout", session.idle_timeout, s.max_idle_timeout
             )
         session.touch()
-        await self._save(session)
+        await self.save(session)
         return session
 
     def files(self, session_id: str) -> Workspace:
@@ -492,11 +554,11 @@ class SessionManager:
         return session.workspace
 
     async def delete(self, session_id: str) -> None:
-        await self._end(self.get(session_id), "deleted by client")
+        await self.end(self.get(session_id), "deleted by client")
 
     # -- endings ------------------------------------------------------------------------
 
-    async def _end(self, session: Session, reason: str) -> None:
+    async def end(self, session: Session, reason: str) -> None:
         """Stop the kernel, free the sandbox, and record why the session ended."""
         if session.state == "deleted":
             return
@@ -505,6 +567,10 @@ class SessionManager:
         session.ended_at = time.time()
         self.sessions.pop(session.id, None)
         self.isolation.release(session.id)
+        if session.stream is not None:
+            session.stream.close()
+        for relay in list(session.parked.values()):
+            relay.close()
         kernel = session.kernel
         if kernel is not None:
             kernel.died.set()  # lets an in-flight execute return instead of hanging
@@ -517,12 +583,12 @@ class SessionManager:
                 await kernel.shutdown()
             except Exception:
                 log.exception("session %s: kernel shutdown failed", session.id)
-                await self._force_remove(session.id)
-        await asyncio.to_thread(workspace.destroy, self.sessions_dir / session.id)
-        await self._save(session)
+                await self.remove_container(session.id)
+        await asyncio.to_thread(workspace.destroy, self.session_dir(session.id))
+        await self.save(session)
         log.info("session %s ended: %s", session.id, reason)
 
-    async def _force_remove(self, session_id: str) -> None:
+    async def remove_container(self, session_id: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             container = await asyncio.to_thread(self.docker.containers.get, f"sbx-{session_id}")
             await asyncio.to_thread(container.remove, force=True)
@@ -543,26 +609,35 @@ class SessionManager:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
+    async def death_reason(self, session: Session, container_id: str, exit_code: int) -> str:
+        """Why a container stopped, in words a user understands."""
         try:
             info = await asyncio.to_thread(self.docker.api.inspect_container, container_id)
             oom = bool(info["State"].get("OOMKilled"))
         except docker.errors.NotFound:
             oom = False
         if oom:
-            reason = f"out of memory: limit {format_size(session.limits.memory)}"
-        else:
-            reason = f"kernel process exited with code {exit_code}"
-            if exit_code > 128:
-                reason += f" (killed by signal {exit_code - 128})"
+            return f"out of memory: limit {format_size(session.limits.memory)}"
+        reason = f"kernel process exited with code {exit_code}"
+        if exit_code > 128:
+            reason += f" (killed by signal {exit_code - 128})"
+        return reason
+
+    async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
+        reason = await self.death_reason(session, container_id, exit_code)
         kernel = session.kernel
         if session.state == "deleted" or kernel is None or kernel.container_id != container_id:
             return  # ended or restarted meanwhile
+        await self.mark_dead(session, reason)
+
+    async def mark_dead(self, session: Session, reason: str) -> None:
+        """Record that the session's kernel is gone; a restart brings it back."""
         session.state = "dead"
         session.reason = reason
-        kernel.died.set()
+        if session.kernel is not None:
+            session.kernel.died.set()
         log.warning("session %s died: %s", session.id, reason)
-        await self._save(session)
+        await self.save(session)
 
     async def _cull_forever(self) -> None:
         while True:
@@ -577,13 +652,15 @@ class SessionManager:
         now = time.time()
         for session in list(self.sessions.values()):
             if now >= session.expires_at:
-                await self._end(session, f"ttl expired after {session.ttl:g} s")
+                await self.end(session, f"ttl expired after {session.ttl:g} s")
             elif (
                 session.state in ("idle", "dead")
                 and session.connections == 0
                 and now >= session.idle_deadline
             ):
-                await self._end(session, f"idle for {session.idle_timeout:g} s")
+                await self.end(session, f"idle for {session.idle_timeout:g} s")
 
-    async def _save(self, session: Session) -> None:
-        await self.store.save_session(session.record())
+    async def save(self, session: Session) -> None:
+        """Store the session's record, and its kernel's runtime info while it is open."""
+        runtime = session.kernel.runtime_info() if session.kernel is not None else None
+        await self.store.save_session(session.record(), runtime)

@@ -16,34 +16,56 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .outputs import replay_outputs
+
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    ended_at TEXT,
-    doc TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_open ON sessions (ended_at);
-CREATE TABLE IF NOT EXISTS executions (
-    id INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL REFERENCES sessions (id),
-    execution_count INTEGER,
-    status TEXT NOT NULL,
-    code TEXT NOT NULL,
-    description TEXT,
-    outputs TEXT NOT NULL,
-    truncated INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    started_at TEXT NOT NULL,
-    ended_at TEXT NOT NULL,
-    duration_ms REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS executions_by_session ON executions (session_id, id);
-"""
+# Each entry moves the schema one version up (PRAGMA user_version); never edit
+# a shipped entry, append a new one.
+MIGRATIONS = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        ended_at TEXT,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX sessions_open ON sessions (ended_at);
+    CREATE TABLE executions (
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (id),
+        execution_count INTEGER,
+        status TEXT NOT NULL,
+        code TEXT NOT NULL,
+        description TEXT,
+        outputs TEXT NOT NULL,
+        truncated INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT NOT NULL,
+        duration_ms REAL NOT NULL
+    );
+    CREATE INDEX executions_by_session ON executions (session_id, id);
+    """,
+    # What a restarted gateway needs to reattach to a live kernel, and the
+    # outputs of executions still running, so a crash loses none of them.
+    """
+    ALTER TABLE sessions ADD COLUMN runtime TEXT;
+    CREATE TABLE running_outputs (
+        id INTEGER PRIMARY KEY,
+        execution_id INTEGER NOT NULL REFERENCES executions (id) ON DELETE CASCADE,
+        output TEXT
+    );
+    CREATE INDEX running_outputs_by_execution ON running_outputs (execution_id, id);
+    CREATE INDEX executions_running ON executions (status) WHERE status = 'running';
+    """,
+]
+
+_EXECUTION_COLUMNS = (
+    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms"
+)  # fmt: skip
 
 
 class Store:
@@ -58,13 +80,19 @@ class Store:
         await self._run(self._open)
 
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Kernel keys are stored here: the directory is the gateway's alone.
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.parent.chmod(0o700)
         db = sqlite3.connect(self.path, isolation_level=None)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA foreign_keys=ON")
-        db.executescript(SCHEMA)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0 and db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
+            version = 1  # made before versioning, by the first schema
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
         self._db = db
 
     async def close(self) -> None:
@@ -93,66 +121,151 @@ class Store:
 
         return await self._run(get_or_create)
 
-    async def save_session(self, doc: dict[str, Any]) -> None:
-        """Insert or replace a session's record."""
+    async def save_session(
+        self, doc: dict[str, Any], runtime: dict[str, Any] | None = None
+    ) -> None:
+        """Insert or replace a session's record, and what reattaching to it needs.
+
+        ``runtime`` (connection info, key, container) is kept only while the
+        session is open: an ended session has nothing to reattach to.
+        """
+        kept = json.dumps(runtime) if runtime is not None and not doc["ended_at"] else None
         await self._run(
             self._exec,
-            "INSERT INTO sessions (id, state, created_at, ended_at, doc) VALUES (?, ?, ?, ?, ?)"
+            "INSERT INTO sessions (id, state, created_at, ended_at, doc, runtime)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
-            " ended_at = excluded.ended_at, doc = excluded.doc",
-            (doc["id"], doc["state"], doc["created_at"], doc.get("ended_at"), json.dumps(doc)),
+            " ended_at = excluded.ended_at, doc = excluded.doc, runtime = excluded.runtime",
+            (doc["id"], doc["state"], doc["created_at"], doc["ended_at"], json.dumps(doc), kept),
         )
 
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
         rows = await self._run(self._exec, "SELECT doc FROM sessions WHERE id = ?", (session_id,))
         return json.loads(rows[0]["doc"]) if rows else None
 
-    async def open_sessions(self) -> list[dict[str, Any]]:
-        """Sessions not marked ended: what a restarted gateway must account for."""
-        rows = await self._run(self._exec, "SELECT doc FROM sessions WHERE ended_at IS NULL")
-        return [json.loads(r["doc"]) for r in rows]
-
-    async def add_execution(self, session_id: str, record: dict[str, Any]) -> None:
-        await self._run(
-            self._exec,
-            "INSERT INTO executions (session_id, execution_count, status, code, description,"
-            " outputs, truncated, error, started_at, ended_at, duration_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                session_id,
-                record["execution_count"],
-                record["status"],
-                record["code"],
-                record.get("description"),
-                json.dumps(record["outputs"]),
-                bool(record.get("truncated")),
-                json.dumps(record["error"]) if record["error"] else None,
-                record["started_at"],
-                record["ended_at"],
-                record["duration_ms"],
-            ),
-        )
-
-    async def history(self, session_id: str) -> list[dict[str, Any]]:
-        """Every recorded execution of a session, oldest first."""
+    async def open_sessions(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Sessions not marked ended, with their runtime info: what a restart must account for."""
         rows = await self._run(
-            self._exec,
-            "SELECT * FROM executions WHERE session_id = ? ORDER BY id",
-            (session_id,),
+            self._exec, "SELECT doc, runtime FROM sessions WHERE ended_at IS NULL ORDER BY rowid"
         )
         return [
-            {
-                "id": r["id"],
-                "execution_count": r["execution_count"],
-                "status": r["status"],
-                "code": r["code"],
-                "description": r["description"],
-                "truncated": bool(r["truncated"]),
-                "outputs": json.loads(r["outputs"]),
-                "error": json.loads(r["error"]) if r["error"] else None,
-                "started_at": r["started_at"],
-                "ended_at": r["ended_at"],
-                "duration_ms": r["duration_ms"],
-            }
-            for r in rows
+            (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
+
+    async def start_execution(self, session_id: str, record: dict[str, Any]) -> int:
+        """Record an execution as ``running`` before it starts; return its id."""
+
+        def insert() -> int:
+            assert self._db is not None, "store is not open"
+            cursor = self._db.execute(
+                "INSERT INTO executions (session_id, status, code, description, outputs,"
+                " started_at, ended_at, duration_ms) VALUES (?, 'running', ?, ?, '[]', ?, ?, 0)",
+                (
+                    session_id,
+                    record["code"],
+                    record.get("description"),
+                    record["started_at"],
+                    record["started_at"],
+                ),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+        return await self._run(insert)
+
+    def add_output(self, execution_id: int, output: dict[str, Any] | None) -> asyncio.Future:
+        """Append one output of a running execution (``None`` records a clear_output).
+
+        Returns the write's future without awaiting it: writes complete in the
+        order they were asked for, so a caller can release each output to its
+        client once the output is on disk, without holding up the kernel.
+        """
+        return asyncio.ensure_future(
+            self._run(
+                self._exec,
+                "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
+                (execution_id, None if output is None else json.dumps(output)),
+            )
+        )
+
+    async def finish_execution(self, execution_id: int, record: dict[str, Any]) -> None:
+        """Replace a running execution's row with its final outcome."""
+
+        def update() -> None:
+            assert self._db is not None, "store is not open"
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.execute(
+                    "UPDATE executions SET "
+                    + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
+                    + " WHERE id = ?",
+                    (*_execution_values(record), execution_id),
+                )
+                self._db.execute(
+                    "DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,)
+                )
+
+        await self._run(update)
+
+    async def running_executions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Executions still marked running, each with the outputs recorded so far."""
+
+        def select() -> list[dict[str, Any]]:
+            where = "status = 'running'" + (" AND session_id = ?" if session_id else "")
+            rows = self._exec(
+                f"SELECT id, session_id, started_at FROM executions WHERE {where} ORDER BY id",
+                (session_id,) if session_id else (),
+            )
+            return [{**dict(row), "outputs": self._running_outputs(row["id"])} for row in rows]
+
+        return await self._run(select)
+
+    def _running_outputs(self, execution_id: int) -> list[dict[str, Any] | None]:
+        rows = self._exec(
+            "SELECT output FROM running_outputs WHERE execution_id = ? ORDER BY id",
+            (execution_id,),
+        )
+        return [json.loads(r["output"]) if r["output"] else None for r in rows]
+
+    async def history(self, session_id: str) -> list[dict[str, Any]]:
+        """Every recorded execution of a session, oldest first (running ones so far)."""
+
+        def select() -> list[dict[str, Any]]:
+            rows = self._exec(
+                "SELECT * FROM executions WHERE session_id = ? ORDER BY id", (session_id,)
+            )
+            return [self._execution(row) for row in rows]
+
+        return await self._run(select)
+
+    def _execution(self, r: sqlite3.Row) -> dict[str, Any]:
+        running = r["status"] == "running"
+        return {
+            "id": r["id"],
+            "execution_count": r["execution_count"],
+            "status": r["status"],
+            "code": r["code"],
+            "description": r["description"],
+            "truncated": bool(r["truncated"]),
+            "outputs": (
+                replay_outputs(self._running_outputs(r["id"]))
+                if running
+                else json.loads(r["outputs"])
+            ),
+            "error": json.loads(r["error"]) if r["error"] else None,
+            "started_at": r["started_at"],
+            "ended_at": None if running else r["ended_at"],
+            "duration_ms": r["duration_ms"],
+        }
+
+
+def _execution_values(record: dict[str, Any]) -> tuple:
+    return (
+        record["execution_count"],
+        record["status"],
+        json.dumps(record["outputs"]),
+        bool(record.get("truncated")),
+        json.dumps(record["error"]) if record["error"] else None,
+        record["ended_at"],
+        record["duration_ms"],
+    )

@@ -6,14 +6,13 @@ that need other server settings start their own with ``start_gateway``.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import httpx
 import pytest
-from helpers import GatewayProcess, short_tmpdir
+from helpers import GatewayProcess, remove_leftovers, short_tmpdir
 
 
 @pytest.fixture(scope="session")
@@ -45,20 +44,27 @@ def start_gateway(engine: docker.DockerClient) -> Iterator:
     """Factory for gateways with custom flags; all are stopped at the end."""
     started = _started
 
-    def start(*args: str, data_dir: Path | None = None) -> GatewayProcess:
-        gw = GatewayProcess(data_dir or short_tmpdir(), *args)
+    def start(
+        *args: str, data_dir: Path | None = None, keep_sessions: bool = False
+    ) -> GatewayProcess:
+        """A gateway that ends its sessions when stopped, unless ``keep_sessions``."""
+        flags = args if keep_sessions else ("--end-sessions-on-stop", *args)
+        gw = GatewayProcess(data_dir or short_tmpdir(), *flags)
         started.append(gw)
         return gw
 
     yield start
     for gw in started:
         gw.stop()
-        shutil.rmtree(gw.data_dir, ignore_errors=True)
+    for data_dir in {gw.data_dir for gw in started}:
+        remove_leftovers(engine, data_dir)
 
 
 @pytest.fixture(scope="session")
 def gateway(start_gateway) -> GatewayProcess:
-    return start_gateway("--interrupt-grace", "2", "--cull-interval", "0.5")
+    return start_gateway(
+        "--interrupt-grace", "2", "--cull-interval", "0.5", "--reconnect-grace", "1"
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
+from tornado.websocket import websocket_connect
+
+from gateway.provisioners import workspace
 
 
 class GatewayProcess:
@@ -69,6 +78,29 @@ class GatewayProcess:
         self.proc.stderr.close()
 
 
+def gateway_id(data_dir: Path) -> str | None:
+    """The id a gateway labels its containers with, read from its store."""
+    path = data_dir / "gateway.sqlite3"
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        row = db.execute("SELECT value FROM meta WHERE key = 'gateway_id'").fetchone()
+    return row[0] if row else None
+
+
+def remove_leftovers(engine, data_dir: Path) -> None:
+    """Remove what gateways on ``data_dir`` left (tests that kill them leave kernels)."""
+    gid = gateway_id(data_dir)
+    if gid:
+        for container in engine.containers.list(all=True, filters={"label": f"sbx.gateway={gid}"}):
+            container.remove(force=True)
+    sessions = data_dir / "sessions"
+    if sessions.exists():
+        for session_dir in sessions.iterdir():
+            workspace.destroy(session_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def short_tmpdir() -> Path:
     """A short data dir: kernel socket paths must fit in 107 bytes."""
     return Path(tempfile.mkdtemp(prefix="sbx-"))
@@ -115,3 +147,33 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1):
             return value
         time.sleep(interval)
     return None
+
+
+def execute_request(code: str) -> dict:
+    # No "date" and an empty "session", as some clients send.
+    return {
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "",
+                   "session": "", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": True},
+    }  # fmt: skip
+
+
+async def run_over_channels(url: str, code: str, headers: dict | None = None) -> list[dict]:
+    """Send one execute_request and collect messages until its reply and idle."""
+    from tornado.httpclient import HTTPRequest
+
+    ws = await websocket_connect(HTTPRequest(url, headers=headers or {}))
+    request = execute_request(code)
+    ws.write_message(json.dumps(request))
+    seen: list[dict] = []
+    replied = idle = False
+    while not (replied and idle):
+        msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+        if msg.get("parent_header", {}).get("msg_id") != request["header"]["msg_id"]:
+            continue
+        seen.append(msg)
+        replied |= msg["msg_type"] == "execute_reply"
+        idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+    ws.close()
+    return seen

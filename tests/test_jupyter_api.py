@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import socket
 import subprocess
@@ -12,40 +11,9 @@ import uuid
 
 import httpx
 import pytest
-from helpers import short_tmpdir, wait_for
-from tornado.websocket import websocket_connect
+from helpers import run_over_channels, short_tmpdir, wait_for
 
 pytestmark = pytest.mark.docker
-
-
-def execute_request(code: str) -> dict:
-    # No "date" and an empty "session", as some clients send.
-    return {
-        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "",
-                   "session": "", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": code, "silent": False, "store_history": True},
-    }  # fmt: skip
-
-
-async def run_over_channels(url: str, code: str, headers: dict | None = None) -> list[dict]:
-    """Send one execute_request and collect messages until its reply and idle."""
-    from tornado.httpclient import HTTPRequest
-
-    ws = await websocket_connect(HTTPRequest(url, headers=headers or {}))
-    request = execute_request(code)
-    ws.write_message(json.dumps(request))
-    seen: list[dict] = []
-    replied = idle = False
-    while not (replied and idle):
-        msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
-        if msg.get("parent_header", {}).get("msg_id") != request["header"]["msg_id"]:
-            continue
-        seen.append(msg)
-        replied |= msg["msg_type"] == "execute_reply"
-        idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
-    ws.close()
-    return seen
 
 
 def test_rest_shapes(api):

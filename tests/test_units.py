@@ -101,28 +101,72 @@ def test_collector_honours_clear_output_and_display_updates():
     assert len(outputs) == 1 and outputs[0]["data"] == {"text/plain": "2"}
 
 
-def test_store_round_trip(tmp_path):
+def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
+    from gateway.recorder import CUT_BY_RESTART, close_cut_executions
+
     async def scenario():
         store = Store(tmp_path / "db.sqlite3")
         await store.open()
         gid = await store.gateway_id()
         assert gid == await store.gateway_id()
         doc = {"id": "s1", "state": "idle", "created_at": "t0", "ended_at": None}
-        await store.save_session(doc)
-        assert [d["id"] for d in await store.open_sessions()] == ["s1"]
+        await store.save_session(doc, {"container_id": "c1"})
+        assert await store.open_sessions() == [(doc, {"container_id": "c1"})]
+        started = {"code": "print(1)", "started_at": "2026-01-01T00:00:00.000Z"}
+        done_id = await store.start_execution("s1", started)
+        cut_id = await store.start_execution("s1", {**started, "code": "loop()"})
+        await store.add_output(cut_id, {"output_type": "stream", "name": "stdout", "text": "a"})
+        await store.add_output(cut_id, None)  # clear_output
+        for text in ("b", "c"):
+            out = {"output_type": "stream", "name": "stdout", "text": text}
+            await store.add_output(cut_id, out)
+        running = (await store.history("s1"))[1]
+        assert running["status"] == "running" and running["ended_at"] is None
+        assert running["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
         record = {
-            "code": "1", "status": "ok", "execution_count": 1, "outputs": [], "error": None,
-            "started_at": "t1", "ended_at": "t2", "duration_ms": 1.5,
+            "status": "ok", "execution_count": 1, "outputs": [], "error": None,
+            "ended_at": "t2", "duration_ms": 1.5,
         }  # fmt: skip
-        await store.add_execution("s1", record)
-        await store.save_session({**doc, "state": "deleted", "ended_at": "t3"})
+        await store.finish_execution(done_id, record)
+        await store.close()
+        # A new process on the same file: the cut execution is closed with its outputs.
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        assert await close_cut_executions(store) == {"s1"}
+        await store.save_session({**doc, "state": "deleted", "ended_at": "t3"}, {"x": 1})
         assert await store.open_sessions() == []
         history = await store.history("s1")
         await store.close()
         return history
 
-    history = asyncio.run(scenario())
-    assert history[0]["code"] == "1" and history[0]["duration_ms"] == 1.5
+    done, cut = asyncio.run(scenario())
+    assert done["code"] == "print(1)" and done["status"] == "ok" and done["duration_ms"] == 1.5
+    assert cut["status"] == CUT_BY_RESTART and cut["error"]["ename"] == "GatewayRestarted"
+    assert cut["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
+
+
+def test_store_migrates_a_database_made_before_schema_versions(tmp_path):
+    import sqlite3
+
+    from gateway.store import MIGRATIONS
+
+    db = sqlite3.connect(tmp_path / "db.sqlite3")
+    db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
+    db.execute("INSERT INTO sessions VALUES ('old', 'deleted', 't0', 't1', '{}')")
+    db.commit()
+    db.close()
+
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        await store.save_session(
+            {"id": "new", "state": "idle", "created_at": "t", "ended_at": None}, {"k": 1}
+        )
+        sessions = await store.open_sessions()
+        await store.close()
+        return sessions
+
+    assert [(d["id"], r) for d, r in asyncio.run(scenario())] == [("new", {"k": 1})]
 
 
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:

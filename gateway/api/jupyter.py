@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.jsonutil import json_default
-
 from .. import __version__
 from ..channels import KernelChannels
 from ..errors import BadRequest, NotFound
@@ -133,27 +131,36 @@ class KernelActionHandler(JSONHandler):
 
 
 class ChannelsHandler(JSONWebSocketHandler):
-    """``/api/kernels/{id}/channels``: Jupyter's JSON message protocol over text frames."""
+    """``/api/kernels/{id}/channels``: Jupyter's JSON message protocol over text frames.
+
+    A client that reconnects with the same ``?session_id=`` within the
+    reconnect grace gets the messages it missed first, as Jupyter Server does.
+    """
+
+    relay: KernelChannels
+    resuming = False
 
     def prepare_socket(self, kernel_id: str) -> None:
         session = self.manager.get(kernel_id)
-        self.relay = KernelChannels(self.manager, session, self._deliver)
+        self.client_session = self.get_argument("session_id", None)
+        parked = session.parked.get(self.client_session or "")
+        if parked is not None:
+            self.relay, self.resuming = parked, True
+        else:
+            self.relay = KernelChannels(self.manager, session, self._deliver)
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         return None  # the legacy JSON protocol; clients fall back to it
 
     async def open(self, kernel_id: str) -> None:
-        await self.relay.open()
+        if self.resuming:
+            self.relay.resume(self._deliver)
+        else:
+            await self.relay.open()
 
-    def _deliver(self, msg: dict[str, Any]) -> None:
-        log.debug(
-            "kernel -> client %s: %s %s", self.relay.session.id, msg["channel"], msg["msg_type"]
-        )
-        self.send_raw(json.dumps(msg, default=json_default))
-
-    def send_raw(self, text: str) -> None:
-        if self.ws_connection is not None and not self.ws_connection.is_closing():
-            self.write_message(text)
+    def _deliver(self, text: str) -> None:
+        log.debug("kernel -> client %s: %.200s", self.relay.session.id, text)
+        self.send_text(text)
 
     def on_message(self, message: str | bytes) -> None:
         log.debug("client -> kernel %s: %.300s", self.relay.session.id, message)
@@ -163,10 +170,14 @@ class ChannelsHandler(JSONWebSocketHandler):
                 raise ValueError("a Jupyter message needs a header")
             self.relay.send(msg)
         except (ValueError, TypeError) as e:
-            self.send_raw(json.dumps({"channel": "error", "error": f"message refused: {e}"}))
+            self.send({"channel": "error", "error": f"message refused: {e}"})
 
     def on_close(self) -> None:
-        self.relay.close()
+        session = self.relay.session
+        if self.client_session and session.state != "deleted" and self.relay.sockets:
+            self.relay.park(self.client_session)
+        else:
+            self.relay.close()
 
 
 def _is_uuid(value: Any) -> bool:

@@ -111,6 +111,10 @@ class DockerProvisioner(KernelProvisionerBase):
     def has_process(self) -> bool:
         return self.container_id is not None
 
+    def use_sandbox(self, spec: SandboxSpec) -> None:
+        """Bind to a session's sandbox: on every launch, and when reattaching."""
+        self._client = spec.docker
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Write the connection file where the container can read it; build cmd and env.
 
@@ -119,7 +123,7 @@ class DockerProvisioner(KernelProvisionerBase):
         the session's env reach the kernel.
         """
         spec: SandboxSpec = kwargs.pop("sandbox")
-        self._client = spec.docker
+        self.use_sandbox(spec)
         km = self.parent
         km.write_connection_file()
         uid, gid = spec.uid_gid

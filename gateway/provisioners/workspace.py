@@ -32,10 +32,22 @@ def create(session_dir: Path, size: int, uid: int, gid: int) -> Path:
     with open(image, "wb") as f:
         f.truncate(size)  # sparse: only written blocks use host disk
     _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
-    _run("mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
+    _mount(image, mountpoint)
     # ext4 makes lost+found; the sandbox user has no use for it.
     shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
     return mountpoint
+
+
+def mount_again(session_dir: Path) -> None:
+    """Remount a workspace that a host reboot left unmounted; its files are in the image."""
+    image = session_dir / "workspace.img"
+    mountpoint = session_dir / "workspace"
+    if loop_mounts_available() and image.is_file() and not os.path.ismount(mountpoint):
+        _mount(image, mountpoint)
+
+
+def _mount(image: Path, mountpoint: Path) -> None:
+    _run("mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
 
 
 def destroy(session_dir: Path) -> None:

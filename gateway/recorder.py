@@ -1,0 +1,116 @@
+"""Executions recorded while they run, so a crash or restart loses no output.
+
+A row is written as ``running`` before the kernel sees the code, each output
+is appended the moment it is kept, and the outcome replaces the row at the
+end. Outputs reach a streaming client only once they are stored, so nothing
+a client was shown can be missing from the history. A gateway that dies
+mid-execution leaves a running row with its outputs, which the next start
+closes as ``interrupted_by_gateway_restart`` (``close_cut_executions``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from .kernel import ExecutionResult
+from .outputs import OutputListener, replay_outputs
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+CUT_BY_RESTART = "interrupted_by_gateway_restart"
+
+
+def iso(ts: float | None) -> str | None:
+    """Render an epoch time as the API's UTC ISO 8601 form."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    """The epoch time of an ``iso()`` string."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+class ExecutionRecorder:
+    """One execution's row in the store, kept current while it runs."""
+
+    def __init__(self, store: Store, execution_id: int, code: str, started: float) -> None:
+        self.store = store
+        self.id = execution_id
+        self.code = code
+        self.started = started
+
+    @classmethod
+    async def begin(
+        cls, store: Store, session_id: str, code: str, description: str | None = None
+    ) -> ExecutionRecorder:
+        """Write the ``running`` row; call before the kernel gets the code."""
+        started = time.time()
+        record = {"code": code, "description": description, "started_at": iso(started)}
+        execution_id = await store.start_execution(session_id, record)
+        return cls(store, execution_id, code, started)
+
+    def listener(self, forward: OutputListener | None = None) -> OutputListener:
+        """An output listener that stores each change, then passes it on once stored."""
+
+        def hear(output: dict[str, Any] | None) -> None:
+            written = self.store.add_output(self.id, output)
+            written.add_done_callback(lambda done: self._written(done, output, forward))
+
+        return hear
+
+    def _written(
+        self,
+        done: asyncio.Future,
+        output: dict[str, Any] | None,
+        forward: OutputListener | None,
+    ) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.error("execution %s: an output could not be stored: %s", self.id, done.exception())
+        if forward is not None:
+            forward(output)
+
+    async def finish(self, result: ExecutionResult) -> dict[str, Any]:
+        """Replace the running row with the outcome; return the stored record."""
+        record = {
+            "code": self.code,
+            **result.to_json(),
+            "started_at": iso(self.started),
+            "ended_at": iso(time.time()),
+        }
+        await self.store.finish_execution(self.id, record)
+        return record
+
+
+async def close_cut_executions(store: Store) -> set[str]:
+    """Close executions a previous gateway process left running; return their sessions."""
+    now = time.time()
+    sessions = set()
+    for row in await store.running_executions():
+        sessions.add(row["session_id"])
+        await store.finish_execution(
+            row["id"],
+            {
+                "execution_count": None,
+                "status": CUT_BY_RESTART,
+                "outputs": replay_outputs(row["outputs"]),
+                "truncated": False,
+                "error": {
+                    "ename": "GatewayRestarted",
+                    "evalue": (
+                        "the gateway stopped while this cell ran; the outputs recorded up to "
+                        "then are kept, and the cell was interrupted when the gateway came back"
+                    ),
+                    "traceback": [],
+                },
+                "ended_at": iso(now),
+                "duration_ms": max(0.0, (now - parse_iso(row["started_at"])) * 1000),
+            },
+        )
+    return sessions
