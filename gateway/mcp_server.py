@@ -63,6 +63,7 @@ def _tool(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
         except GatewayError as e:
             raise ToolError(f"{e.code}: {e.message}") from e
 
+    call.is_tool = True  # type: ignore[attr-defined]
     return call
 
 
@@ -252,25 +253,15 @@ def file_content(session_id: str, path: str, data: bytes) -> ContentBlock:
         )
 
 
-TOOLS = (
-    "create_session",
-    "run_code",
-    "upload_file",
-    "download_file",
-    "list_files",
-    "export_notebook",
-    "delete_session",
-)
-
-
 def build_server(client: AsyncClient) -> MCPServer:
     """An MCP server whose tools act on the gateway through ``client``."""
     server = MCPServer(
         "sandbox-gateway", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
     )
     tools = SandboxTools(client)
-    for name in TOOLS:
-        server.add_tool(getattr(tools, name), name=name)
+    for name, member in vars(SandboxTools).items():
+        if getattr(member, "is_tool", False):
+            server.add_tool(getattr(tools, name), name=name)
     return server
 
 

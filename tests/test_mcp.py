@@ -200,6 +200,8 @@ class MCPHTTPProcess:
             self.proc.kill()
             self.proc.wait()
         self.reader.join(5)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
 
 
 def test_streamable_http_server(gateway):

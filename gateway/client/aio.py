@@ -30,7 +30,6 @@ from .base import (
     BaseSession,
     Call,
     Progress,
-    Retry,
     RunCallbacks,
     SessionOptions,
 )
@@ -63,16 +62,7 @@ class Opening(Generic[S]):
 class AsyncClient(BaseClient):
     """A connection to one gateway. ``url``/``token`` default to ``SBX_URL``/``SBX_TOKEN``."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        timeout: float = 120.0,
-        retry: Retry | int = 3,
-    ) -> None:
-        super().__init__(url, token, timeout=timeout, retry=retry)
-        self._http = httpx.AsyncClient(**self._http_options())
+    http_class = httpx.AsyncClient
 
     async def aclose(self) -> None:
         await self._http.aclose()

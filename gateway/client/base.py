@@ -155,7 +155,14 @@ def file_path(path: str) -> str:
 
 
 class BaseClient:
-    """Settings, request building and error/retry policy for ``Client`` and ``AsyncClient``."""
+    """Settings, request building and error/retry policy for ``Client`` and ``AsyncClient``.
+
+    ``url``/``token`` default to the settings (``SBX_URL``/``SBX_TOKEN``, config file);
+    ``timeout`` bounds each HTTP request (streamed runs are bounded by the gateway);
+    ``retry`` is a ``Retry`` policy or a number of retries.
+    """
+
+    http_class: Any = None  # httpx.Client or httpx.AsyncClient, set by each half
 
     def __init__(
         self,
@@ -168,6 +175,7 @@ class BaseClient:
         self.url, self.token = resolve(url, token)
         self.retry = retry if isinstance(retry, Retry) else Retry(retries=retry)
         self.timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._http = self.http_class(base_url=self.url, headers=self.headers, timeout=self.timeout)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -178,9 +186,6 @@ class BaseClient:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
-
-    def _http_options(self) -> dict[str, Any]:
-        return {"base_url": self.url, "headers": self.headers, "timeout": self.timeout}
 
     def ws_url(self, path: str) -> str:
         return "ws" + self.url.removeprefix("http") + path

@@ -25,7 +25,6 @@ from .base import (
     BaseSession,
     Call,
     Progress,
-    Retry,
     RunCallbacks,
     SessionOptions,
 )
@@ -38,16 +37,7 @@ T = TypeVar("T")
 class Client(BaseClient):
     """A connection to one gateway. ``url``/``token`` default to ``SBX_URL``/``SBX_TOKEN``."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        timeout: float = 120.0,
-        retry: Retry | int = 3,
-    ) -> None:
-        super().__init__(url, token, timeout=timeout, retry=retry)
-        self._http = httpx.Client(**self._http_options())
+    http_class = httpx.Client
 
     def close(self) -> None:
         self._http.close()
