@@ -1,8 +1,8 @@
 """A real TCP proxy in front of a gateway, for faults a client must survive.
 
 It can hang up on the first connections (as a restarting gateway or a flaky
-network does) and records what clients sent, so tests can see headers on the
-wire. Bytes are relayed untouched: the gateway behind it is the real one.
+network does), cut the open ones, and records what clients sent, so tests can
+see headers on the wire. Bytes are relayed untouched: the gateway behind it is the real one.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class TCPProxy:
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._closed = False
+        self._open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def __enter__(self) -> TCPProxy:
@@ -35,6 +36,15 @@ class TCPProxy:
     def close(self) -> None:
         self._closed = True
         self._server.close()
+
+    def cut(self, refuse_next: int = 0) -> None:
+        """Break every open connection (and hang up on the next ``refuse_next`` ones)."""
+        with self._lock:
+            self.drop += refuse_next
+            victims, self._open = self._open, []
+        for sock in victims:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -60,6 +70,8 @@ class TCPProxy:
 
     def _relay(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.target)
+        with self._lock:
+            self._open += [client, upstream]
 
         def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
             with contextlib.suppress(OSError):

@@ -326,6 +326,56 @@ def test_streams_reconnect_when_opening_fails(gateway, sdk_session):
             assert session.run("'again'").text == "'again'"
 
 
+TICKS = "import time\nfor i in range(6):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"
+ALL_TICKS = "".join(f"tick {i}\n" for i in range(6))
+
+
+def test_a_dropped_stream_resumes_without_losing_or_repeating_events(gateway, sdk_session):
+    seen: list[str] = []
+    with TCPProxy(gateway.url) as proxy:
+        with Client(proxy.url, "", retry=Retry(backoff=0.2)) as flaky:
+            session = flaky.connect(sdk_session.id)
+
+            def on_stdout(text: str) -> None:
+                seen.append(text)
+                if len(seen) == 1:
+                    proxy.cut(refuse_next=1)  # and the first reconnect fails too
+
+            execution = session.run(TICKS, on_stdout=on_stdout)
+    assert proxy.connections >= 4, "the connection was never cut"
+    assert execution.ok and execution.stdout == ALL_TICKS
+    assert "".join(seen) == ALL_TICKS, f"events were lost or repeated on resume: {seen}"
+
+
+def test_async_stream_resumes_too(gateway, sdk_session):
+    async def scenario(proxy: TCPProxy) -> tuple[Execution, list[str]]:
+        seen: list[str] = []
+
+        def on_stdout(text: str) -> None:
+            seen.append(text)
+            if len(seen) == 2:
+                proxy.cut()
+
+        async with AsyncClient(proxy.url, "", retry=Retry(backoff=0.2)) as flaky:
+            session = await flaky.connect(sdk_session.id)
+            return await session.run(TICKS, on_stdout=on_stdout), seen
+
+    with TCPProxy(gateway.url) as proxy:
+        execution, seen = asyncio.run(scenario(proxy))
+    assert execution.ok and "".join(seen) == ALL_TICKS
+
+
+def test_a_stream_that_lost_events_fails_instead_of_hanging(start_gateway):
+    small = start_gateway("--replay-buffer-events", "3")
+    code = "import time\nfor i in range(30):\n    print(i, flush=True)\n    time.sleep(0.05)"
+    with TCPProxy(small.url) as proxy, Client(proxy.url, "", retry=Retry(5, backoff=0.3)) as c:
+        with c.create_session() as session:
+            cut = lambda _: proxy.drop or proxy.cut(refuse_next=3)  # noqa: E731
+            with pytest.raises(GatewayUnreachable, match="lost events"):
+                session.run(code, on_stdout=cut)
+            assert session.history()[-1]["code"] == code, "the run did not reach the gateway"
+
+
 def test_unreachable_gateway_gives_up_after_the_retries():
     with socket.create_server(("127.0.0.1", 0)) as probe:
         url = f"http://127.0.0.1:{probe.getsockname()[1]}"  # nothing listens once closed

@@ -183,25 +183,27 @@ class AsyncSession(BaseSession[AsyncClient]):
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
-        Leaving early (an exception in a callback, cancellation) interrupts the cell.
+        A dropped connection is resumed where it left off. Leaving early (an
+        exception in a callback, cancellation) interrupts the cell.
         """
         run = Run(code, timeout, description, **callbacks)
-        async with await self.client.open_stream(self._stream_url()) as ws:
-            await ws.send(run.request)
-            try:
-                while run.execution is None:
-                    try:
-                        frame = await ws.recv()
-                    except ConnectionClosed as e:
-                        raise self._closed_early() from e
-                    for returned in run.feed(frame):
-                        if inspect.isawaitable(returned):
-                            await returned
-            except BaseException:
-                if stop := run.interrupt_request:
-                    with contextlib.suppress(Exception):
-                        await ws.send(stop)
-                raise
+        url = self._stream_url()
+        while run.execution is None:
+            async with await self.client.open_stream(url) as ws:
+                try:
+                    if request := run.take_request():
+                        await ws.send(request)
+                    while run.execution is None:
+                        for returned in run.feed(await ws.recv()):
+                            if inspect.isawaitable(returned):
+                                await returned
+                except ConnectionClosed as e:
+                    url = self._resume_url(run, e)
+                except BaseException:
+                    if stop := run.interrupt_request:
+                        with contextlib.suppress(Exception):
+                            await ws.send(stop)
+                    raise
         return run.execution
 
     async def interrupt(self) -> SessionInfo:

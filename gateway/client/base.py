@@ -25,7 +25,7 @@ from ..config import Settings
 from ..errors import GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
 from .models import FileInfo, SessionInfo
-from .stream import Callback
+from .stream import Callback, Run
 
 log = logging.getLogger(__name__)
 
@@ -339,11 +339,16 @@ class BaseSession(Generic[C]):
     def _stream_url(self) -> str:
         return self.client.ws_url(self._path("/stream"))
 
-    def _closed_early(self) -> GatewayUnreachable:
-        return GatewayUnreachable(
-            f"the gateway closed the stream of session {self.id} before the execution finished; "
-            "see session.history() for what ran"
-        )
+    def _resume_url(self, run: Run, error: Exception) -> str:
+        """Where to pick a dropped stream up again; raise when it cannot be resumed."""
+        if run.last_event_id is None or run.resumes >= self.client.retry.retries:
+            raise GatewayUnreachable(
+                f"the stream of session {self.id} closed before the execution finished "
+                f"({error}); see session.history() for what ran"
+            ) from error
+        run.resumes += 1
+        log.info("stream of %s dropped (%s); resuming", self.id, error)
+        return f"{self._stream_url()}?last_event_id={quote(run.last_event_id)}"
 
     @staticmethod
     def _gone(error: GatewayError) -> bool:

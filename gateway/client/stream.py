@@ -1,10 +1,13 @@
 """One execute over the agent stream, without I/O: the request to send, events folded in.
 
-Both halves of the SDK drive a ``Run``: they send ``run.request`` on the
+Both halves of the SDK drive a ``Run``: they send its request on the
 session's ``/stream`` WebSocket and hand every frame to ``run.feed`` until
 ``run.execution`` is set. Parsing is tolerant by design: frames for other
-requests, unknown event types and unknown fields (such as resumable sequence
-numbers) are ignored, so a newer gateway never breaks an older SDK.
+requests, unknown event types and unknown fields are ignored, so a newer
+gateway never breaks an older SDK. The last ``event_id`` seen lets a half
+resume a dropped stream where it left off; a ``gap`` (events lost meanwhile,
+e.g. the gateway restarted) ends the run with an error, since its outcome
+may be among them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .errors import error_from_event
+from .errors import GatewayUnreachable, error_from_event
 from .models import Execution, ExecutionError, Result
 
 Callback = Callable[[Any], Any]
@@ -40,7 +43,7 @@ class Run:
             message["timeout"] = timeout
         if description is not None:
             message["description"] = description
-        self.request = json.dumps(message)
+        self._request: str | None = json.dumps(message)
         self.callbacks = {
             "stdout": on_stdout,
             "stderr": on_stderr,
@@ -49,6 +52,13 @@ class Run:
         }
         self.execution: Execution | None = None
         self.started = False  # the gateway said this cell is running (not just queued)
+        self.last_event_id: str | None = None  # where to resume a dropped stream
+        self.resumes = 0
+
+    def take_request(self) -> str | None:
+        """The execute request, the first time only: a resumed stream must not send it again."""
+        request, self._request = self._request, None
+        return request
 
     @property
     def interrupt_request(self) -> str | None:
@@ -68,7 +78,15 @@ class Run:
             event = json.loads(frame)
         except ValueError:
             return []
-        if not isinstance(event, dict) or event.get("id") != self.id:
+        if not isinstance(event, dict):
+            return []
+        if event.get("event_id") is not None:
+            self.last_event_id = str(event["event_id"])
+        if event.get("type") == "gap":
+            raise GatewayUnreachable(
+                f"the stream lost events while reconnecting: {event.get('message', '')}"
+            )
+        if event.get("id") != self.id:
             return []
         kind = event.get("type")
         if kind == "status":

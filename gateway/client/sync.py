@@ -151,23 +151,25 @@ class Session(BaseSession[Client]):
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
-        Leaving early (an exception in a callback, Ctrl-C) interrupts the cell.
+        A dropped connection is resumed where it left off. Leaving early (an
+        exception in a callback, Ctrl-C) interrupts the cell.
         """
         run = Run(code, timeout, description, **callbacks)
-        with self.client.open_stream(self._stream_url()) as ws:
-            ws.send(run.request)
-            try:
-                while run.execution is None:
-                    try:
-                        frame = ws.recv()
-                    except ConnectionClosed as e:
-                        raise self._closed_early() from e
-                    run.feed(frame)
-            except BaseException:
-                if stop := run.interrupt_request:
-                    with contextlib.suppress(Exception):
-                        ws.send(stop)
-                raise
+        url = self._stream_url()
+        while run.execution is None:
+            with self.client.open_stream(url) as ws:
+                try:
+                    if request := run.take_request():
+                        ws.send(request)
+                    while run.execution is None:
+                        run.feed(ws.recv())
+                except ConnectionClosed as e:
+                    url = self._resume_url(run, e)
+                except BaseException:
+                    if stop := run.interrupt_request:
+                        with contextlib.suppress(Exception):
+                            ws.send(stop)
+                    raise
         return run.execution
 
     def interrupt(self) -> SessionInfo:
