@@ -19,7 +19,6 @@ to, and the proxy connects to exactly the address it checked.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import ipaddress
 import re
 import socket
@@ -192,11 +191,11 @@ def _special_kind(address: IPAddress) -> str | None:
         ("is_private", "a private range"),
         ("is_reserved", "a reserved range"),
     )
+    if any(address in net for net in _TUNNELS if net.version == address.version):
+        return "an IPv6 tunnel to IPv4"
     for attribute, kind in checks:
         if getattr(address, attribute):
             return kind
-    if any(address in net for net in _TUNNELS if net.version == address.version):
-        return "an IPv6 tunnel to IPv4"
     if not address.is_global:
         return "not globally routable"
     return None
@@ -208,8 +207,6 @@ def is_host_address(address: IPAddress) -> bool:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
             probe.bind((str(address), 0))
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                return False
-            raise
+        except OSError:  # EADDRNOTAVAIL, or EINVAL for a link-local address without scope
+            return False
     return True

@@ -108,9 +108,9 @@ class EgressProxy:
                 )
             except OSError:
                 continue
-            self.port = port
-            self.guard.own_ports.add(port)
-            return port
+            self.port = self._server.sockets[0].getsockname()[1]  # port 0 picks one
+            self.guard.own_ports.add(self.port)
+            return self.port
         raise OSError(f"no free port for the egress proxy in {ports.start}-{ports.stop - 1}")
 
     async def stop(self) -> None:

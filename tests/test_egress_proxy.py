@@ -1,0 +1,197 @@
+"""The egress proxy over real sockets: tunnels, plain HTTP, credentials, denials."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+
+from gateway.egress.policy import AddressGuard, NetworkPolicy
+from gateway.egress.proxy import EgressDenial, EgressProxy
+
+LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
+
+
+class Harness:
+    """A proxy on loopback, one session admitted, and an upstream that records requests."""
+
+    def __init__(self, allow: list[str], ranges=LOOPBACK) -> None:
+        self.allow = allow
+        self.ranges = ranges
+        self.denials: list[EgressDenial] = []
+        self.received: list[bytes] = []
+        self.clients: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Harness:
+        self.upstream = await asyncio.start_server(self._upstream, "127.0.0.1", 0)
+        self.up_port = self.upstream.sockets[0].getsockname()[1]
+        self.proxy = EgressProxy(AddressGuard(self.ranges, set()), b"k" * 32, self.denials.append)
+        self.port = await self.proxy.start("127.0.0.1", range(0, 1))
+        self.token = self.proxy.admit("s1", NetworkPolicy.parse({"allow": self.allow}))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for writer in self.clients:
+            writer.close()
+            await asyncio.gather(writer.wait_closed(), return_exceptions=True)
+        await self.proxy.stop()
+        self.upstream.close()
+        await self.upstream.wait_closed()
+
+    async def _upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.received.append(head)
+        if head.startswith(b"PING"):  # a raw protocol through a tunnel: echo lines
+            writer.write(head)
+            while line := await reader.readline():
+                writer.write(line)
+                await writer.drain()
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            await writer.drain()
+        writer.close()
+
+    def auth(self, token: str | None = None) -> str:
+        creds = base64.b64encode(f"s1:{token or self.token}".encode()).decode()
+        return f"Proxy-Authorization: Basic {creds}\r\n"
+
+    async def ask(self, head: str) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.clients.append(writer)
+        writer.write(head.encode())
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        return reply, reader, writer
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_connect_tunnels_bytes_both_ways_to_a_listed_address():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            target = f"127.0.0.1:{h.up_port}"
+            reply, reader, writer = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+            writer.write(b"PING\r\n\r\nline two\n")
+            assert await reader.readuntil(b"\r\n\r\n") == b"PING\r\n\r\n"
+            assert await reader.readline() == b"line two\n"
+            writer.close()
+            assert h.denials == []
+
+    run(go())
+
+
+def test_plain_http_is_forwarded_without_the_proxy_credentials():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            url = f"http://127.0.0.1:{h.up_port}/data?x=1"
+            head = (
+                f"GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n{h.auth()}Connection: keep-alive\r\n\r\n"
+            )
+            reply, reader, _ = await h.ask(head)
+            assert reply.startswith(b"HTTP/1.1 200 OK"), reply
+            assert await reader.read() == b"hello"
+            sent = h.received[0].decode().lower()
+            assert sent.startswith("get /data?x=1 http/1.1\r\n"), sent
+            assert "proxy-authorization" not in sent and "connection: close" in sent
+            assert "keep-alive" not in sent
+
+    run(go())
+
+
+def test_missing_or_wrong_credentials_get_407_and_are_reported():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            for auth in ("", h.auth("forged"), "Proxy-Authorization: Basic !!!\r\n"):
+                reply, _, _ = await h.ask(f"CONNECT 127.0.0.1:{h.up_port} HTTP/1.1\r\n{auth}\r\n")
+                assert reply.startswith(b"HTTP/1.1 407"), reply
+                assert b'Proxy-Authenticate: Basic realm="sbx"' in reply
+            assert [d.session_id for d in h.denials] == [None, None, None]
+            assert h.received == [], "an unauthenticated request reached the upstream"
+
+    run(go())
+
+
+def test_a_host_off_the_list_is_refused_before_any_lookup():
+    async def go():
+        async with Harness(["allowed.example"]) as h:
+            reply, reader, _ = await h.ask(
+                f"CONNECT unlisted.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n"
+            )
+            assert reply.startswith(b"HTTP/1.1 403"), reply
+            body = await reader.read()
+            assert b"unlisted.invalid:443 is not on this session's allowlist" in body
+            (denial,) = h.denials
+            assert (denial.session_id, denial.method) == ("s1", "CONNECT")
+            assert denial.target == "unlisted.invalid:443" and "allowlist" in denial.reason
+
+    run(go())
+
+
+def test_a_listed_name_resolving_to_loopback_is_refused_without_an_operator_range():
+    async def go():
+        async with Harness(["localhost", "127.0.0.1"], ranges=[]) as h:
+            for target in (f"localhost:{h.up_port}", f"127.0.0.1:{h.up_port}"):
+                reply, reader, _ = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+                assert reply.startswith(b"HTTP/1.1 403"), reply
+                assert b"loopback, which sandboxes may not reach" in await reader.read()
+            assert h.received == [] and len(h.denials) == 2
+
+    run(go())
+
+
+def test_the_gateways_own_ports_are_refused_even_in_an_allowed_range():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            h.proxy.guard.own_ports.add(h.up_port)
+            for port in (h.up_port, h.port):
+                reply, reader, _ = await h.ask(
+                    f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{h.auth()}\r\n"
+                )
+                assert reply.startswith(b"HTTP/1.1 403"), reply
+                assert b"is the gateway itself" in await reader.read()
+
+    run(go())
+
+
+def test_release_cuts_open_tunnels_and_revokes_the_credentials():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            target = f"127.0.0.1:{h.up_port}"
+            reply, reader, writer = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 200")
+            writer.write(b"PING\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            h.proxy.release("s1")
+            assert await asyncio.wait_for(reader.read(), 5) == b"", "the tunnel outlived release"
+            reply, _, _ = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 407"), reply
+
+    run(go())
+
+
+def test_a_denial_flood_is_counted_not_logged_line_by_line():
+    async def go():
+        async with Harness([]) as h:
+            for _ in range(30):
+                reply, _, writer = await h.ask(f"CONNECT a.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
+                assert reply.startswith(b"HTTP/1.1 403")
+                writer.close()
+            assert len(h.denials) == h.proxy.reports_per_second
+            await asyncio.sleep(1.05)
+            await h.ask(f"CONNECT a.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
+            assert h.denials[-1].suppressed == 30 - h.proxy.reports_per_second
+
+    run(go())
+
+
+def test_malformed_requests_get_400():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            for head in ("NONSENSE\r\n\r\n", f"GET https://x/ HTTP/1.1\r\n{h.auth()}\r\n"):
+                reply, _, _ = await h.ask(head)
+                assert reply.startswith(b"HTTP/1.1 400"), reply
+
+    run(go())

@@ -1,0 +1,326 @@
+"""Runtimes and network policies against the real engine: gVisor, and egress allowlists.
+
+The allowlist tests reach a local HTTP server (a tiny package index) through
+the gateway's egress proxy, on a gateway whose operator setting permits the
+loopback range, so they depend on no outside host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import http.server
+import io
+import json
+import socket
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import run, text_of
+
+from gateway import runtimes
+from gateway.config import Settings
+from gateway.errors import RuntimeUnavailable
+from gateway.runtimes import EngineRuntimes, Runtimes
+
+pytestmark = pytest.mark.docker
+
+# Proxy use without the NO_PROXY entries that keep "localhost" inside the sandbox:
+# the test server lives on the host's loopback, which only the proxy can reach.
+FETCH = """
+import os, urllib.request, urllib.error
+for name in ("NO_PROXY", "no_proxy"):
+    os.environ.pop(name, None)
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=10).read().decode().strip()
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code} {e.read().decode().strip()}"
+    except OSError as e:
+        return f"ERR {e}"
+"""
+
+
+def wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
+    """A minimal pure-Python wheel, so pip has something real to install."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sbx-test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def local_index(tmp_path_factory) -> str:
+    """An HTTP server on the host's loopback: a file and a PEP 503 package index."""
+    root = tmp_path_factory.mktemp("index")
+    (root / "hello.txt").write_text("hello from the host\n")
+    filename, data = wheel("sbxdemo", "1.0", "ANSWER = 42\n")
+    (root / "files").mkdir()
+    (root / "files" / filename).write_bytes(data)
+    (root / "simple" / "sbxdemo").mkdir(parents=True)
+    (root / "simple" / "sbxdemo" / "index.html").write_text(
+        f'<a href="../../files/{filename}">{filename}</a>\n'
+    )
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def egress_gateway(start_gateway):
+    return start_gateway("--egress-allow-ranges", "127.0.0.0/8")
+
+
+@pytest.fixture
+def egress_session(egress_gateway):
+    """Factory for allowlist sessions on the egress gateway, deleted after the test."""
+    api = egress_gateway.client
+    made: list[str] = []
+
+    def create(allow: list[str], runtime: str = "runc") -> str:
+        body = {"network": {"allow": allow}, "runtime": runtime}
+        r = api.post("/v1/sessions", json=body)
+        assert r.status_code == 201, f"creating an allowlist session failed: {r.text}"
+        made.append(r.json()["id"])
+        return made[-1]
+
+    yield create
+    for sid in made:
+        api.delete(f"/v1/sessions/{sid}")
+
+
+# -- runtimes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("runtime", "engine_name"), [("runc", "runc"), ("gvisor", "runsc")])
+def test_a_session_runs_under_the_runtime_it_asks_for(
+    api, new_session, engine, runtime, engine_name
+):
+    session = new_session(runtime=runtime)
+    assert session["runtime"] == runtime
+    host = engine.api.inspect_container(f"sbx-{session['id']}")["HostConfig"]
+    assert host["Runtime"] == engine_name and host["NetworkMode"] == "none"
+    kernel = text_of(run(api, session["id"], "import platform; print(platform.release())"))
+    # gVisor reports its own kernel version, never the host's.
+    assert (kernel.strip() == "4.4.0") == (runtime == "gvisor"), kernel
+
+
+def test_runc_is_the_default_runtime(session):
+    assert session["runtime"] == "runc" and session["network"] == "none"
+
+
+def test_an_unknown_runtime_is_a_400(api):
+    r = api.post("/v1/sessions", json={"runtime": "kata"})
+    assert r.status_code == 400, r.text
+    assert "runtime must be one of runc, gvisor" in r.json()["error"]["message"]
+
+
+def test_a_runtime_the_server_does_not_allow_is_a_403(start_gateway):
+    gw = start_gateway("--runtimes", "runc")
+    r = gw.client.post("/v1/sessions", json={"runtime": "gvisor"})
+    assert r.status_code == 403, r.text
+    error = r.json()["error"]
+    assert error["code"] == "not_allowed" and "allowed: runc" in error["message"]
+    r = gw.client.post("/v1/sessions", json={"network": {"allow": ["a.example"]}})
+    assert r.status_code == 201, "allowlists stay available when only the runtime is limited"
+    gw.client.delete(f"/v1/sessions/{r.json()['id']}")
+
+
+def test_an_allowed_runtime_the_engine_lacks_is_a_clear_error(engine, monkeypatch, tmp_path):
+    monkeypatch.setitem(runtimes.RUNTIMES, "gvisor", EngineRuntimes("sbx-absent", "sbx-absent"))
+    catalog = Runtimes(Settings.from_mapping({"data_dir": str(tmp_path)}), engine)
+    with pytest.raises(RuntimeUnavailable, match="scripts/setup-gvisor") as caught:
+        asyncio.run(catalog.engine_name("gvisor", networked=False))
+    assert caught.value.status == 503 and caught.value.code == "runtime_unavailable"
+    assert asyncio.run(catalog.engine_name("runc", networked=True)) == "runc"
+
+
+def test_a_network_policy_the_server_does_not_offer_is_a_403(start_gateway):
+    gw = start_gateway("--network-policies", "none")
+    r = gw.client.post("/v1/sessions", json={"network": {"allow": ["a.example"]}})
+    assert r.status_code == 403 and "network policy 'allowlist'" in r.text, r.text
+
+
+def test_a_malformed_network_policy_is_a_400(api):
+    r = api.post("/v1/sessions", json={"network": {"allow": ["no spaces.example"]}})
+    assert r.status_code == 400 and "is not a host name" in r.text, r.text
+
+
+# -- egress allowlists -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_an_allowlisted_host_is_reached_through_the_proxy(
+    egress_gateway, egress_session, local_index, engine, runtime
+):
+    sid = egress_session(["127.0.0.1"], runtime=runtime)
+    info = engine.api.inspect_container(f"sbx-{sid}")
+    assert info["HostConfig"]["NetworkMode"] == "sbx-egress"
+    assert egress_gateway.client.get(f"/v1/sessions/{sid}").json()["network"] == {
+        "allow": ["127.0.0.1"]
+    }
+    code = FETCH + f"print(fetch('http://{local_index}/hello.txt'))"
+    assert text_of(run(egress_gateway.client, sid, code)) == "hello from the host\n"
+
+
+def test_pip_installs_from_an_allowlisted_index(egress_gateway, egress_session, local_index):
+    sid = egress_session(["127.0.0.1"])
+    code = (
+        FETCH + "import subprocess, sys\n"
+        "done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', "
+        "'--no-cache-dir', '--disable-pip-version-check', '--target', '/tmp/pkgs', "
+        f"'--index-url', 'http://{local_index}/simple', 'sbxdemo'], capture_output=True, "
+        "text=True)\n"
+        "print(done.returncode, done.stderr[-500:])\n"
+        "sys.path.insert(0, '/tmp/pkgs')\n"
+        "import sbxdemo; print(sbxdemo.ANSWER)"
+    )
+    out = text_of(run(egress_gateway.client, sid, code, timeout=120))
+    assert out.splitlines()[-1] == "42", f"pip install through the proxy failed: {out}"
+
+
+def test_hosts_off_the_list_are_refused_and_logged(egress_gateway, egress_session, local_index):
+    sid = egress_session(["allowed.example"])
+    code = FETCH + (
+        f"print(fetch('http://{local_index}/hello.txt'))\nprint(fetch('http://unlisted.example/'))"
+    )
+    out = text_of(run(egress_gateway.client, sid, code)).splitlines()
+    assert out[0].startswith("HTTP 403") and "not on this session's allowlist" in out[0], out
+    assert out[1].startswith("HTTP 403"), out
+    log = egress_gateway.tail(400)
+    assert f"egress denied: session={sid} method=GET target=http://unlisted.example/" in log
+
+
+def test_private_loopback_and_metadata_addresses_need_the_operators_permission(
+    api, new_session, local_index
+):
+    """On a gateway without egress_allow_ranges a session's list cannot open them."""
+    port = local_index.split(":")[1]
+    sid = new_session(network={"allow": ["localhost", "127.0.0.1", "169.254.169.254"]})["id"]
+    code = FETCH + (
+        f"print(fetch('http://localhost:{port}/hello.txt'))\n"
+        f"print(fetch('http://127.0.0.1:{port}/hello.txt'))\n"
+        "print(fetch('http://169.254.169.254/latest/meta-data/'))"
+    )
+    out = text_of(run(api, sid, code)).splitlines()
+    assert "127.0.0.1 is loopback, which sandboxes may not reach" in out[0], out
+    assert "127.0.0.1 is loopback" in out[1], out
+    assert "169.254.169.254 is link-local" in out[2], out
+
+
+def test_the_gateways_own_port_is_never_reachable(egress_gateway, egress_session):
+    sid = egress_session(["127.0.0.1"])
+    port = egress_gateway.url.rsplit(":", 1)[1]
+    out = text_of(
+        run(egress_gateway.client, sid, FETCH + f"print(fetch('http://127.0.0.1:{port}/healthz'))")
+    )
+    assert out.startswith("HTTP 403") and "is the gateway itself" in out, out
+
+
+def test_the_host_is_fenced_off_but_for_the_proxy(egress_gateway, egress_session):
+    """Host services listening on all addresses stay out of reach; DNS fails at once."""
+    listener = socket.create_server(("0.0.0.0", 0))
+    port = listener.getsockname()[1]
+    sid = egress_session(["127.0.0.1"])
+    code = (
+        "import os, socket, time\n"
+        "proxy_host = os.environ['HTTP_PROXY'].rsplit('@', 1)[1].split(':')[0]\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        "try:\n"
+        f"    s.connect((proxy_host, {port})); print('reached the host')\n"
+        "except OSError as e:\n"
+        "    print('blocked', type(e).__name__)\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    socket.getaddrinfo('anything.example', 443)\n"
+        "    print('resolved')\n"
+        "except OSError:\n"
+        "    print('no dns', round(time.monotonic() - started) < 2)\n"
+        "print(open('/proc/net/if_inet6').read() == '')"
+    )
+    try:
+        out = text_of(run(egress_gateway.client, sid, code)).splitlines()
+    finally:
+        listener.close()
+    assert out[0].startswith("blocked"), f"a host port was reachable from the sandbox: {out}"
+    assert out[1] == "no dns True", out
+    assert out[2] == "True", "the sandbox has IPv6 addresses"
+
+
+def test_allowlist_sessions_cannot_reach_each_other(egress_gateway, egress_session, engine):
+    listener_sid, other_sid = egress_session(["127.0.0.1"]), egress_session(["127.0.0.1"])
+    run(
+        egress_gateway.client,
+        listener_sid,
+        "import socket; srv = socket.create_server(('0.0.0.0', 8000)); srv.listen()",
+    )
+    address = engine.api.inspect_container(f"sbx-{listener_sid}")["NetworkSettings"]["Networks"][
+        "sbx-egress"
+    ]["IPAddress"]
+    code = (
+        FETCH + "import socket\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        "try:\n"
+        f"    s.connect(('{address}', 8000)); print('reached')\n"
+        "except OSError as e:\n"
+        "    print('blocked', type(e).__name__)\n"
+        f"print(fetch('http://{address}:8000/'))"
+    )
+    out = text_of(run(egress_gateway.client, other_sid, code)).splitlines()
+    assert out[0].startswith("blocked"), f"one sandbox reached another: {out}"
+    assert out[1].startswith("HTTP 403"), out
+
+
+def test_the_proxy_credentials_are_the_sessions_own(egress_gateway, egress_session):
+    sid = egress_session(["127.0.0.1"])
+    env = json.loads(
+        text_of(
+            run(egress_gateway.client, sid, "import os, json; print(json.dumps(dict(os.environ)))")
+        )
+    )
+    assert (
+        env["HTTPS_PROXY"].startswith(f"http://{sid}:") and env["HTTP_PROXY"] == env["HTTPS_PROXY"]
+    )
+    assert "localhost" in env["NO_PROXY"]
+
+
+def test_key_file_is_private(egress_gateway, egress_session):
+    egress_session(["127.0.0.1"])
+    key = Path(egress_gateway.data_dir) / "egress" / "key"
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_none_sessions_keep_no_network_on_an_egress_gateway(egress_gateway, engine):
+    r = egress_gateway.client.post("/v1/sessions", json={})
+    sid = r.json()["id"]
+    try:
+        assert engine.api.inspect_container(f"sbx-{sid}")["HostConfig"]["NetworkMode"] == "none"
+    finally:
+        egress_gateway.client.delete(f"/v1/sessions/{sid}")
