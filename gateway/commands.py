@@ -55,6 +55,8 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         "ttl": args.ttl,
         "env": _pairs(args.env, "--env") or None,
         "metadata": _pairs(args.metadata, "--metadata") or None,
+        "runtime": args.runtime,
+        "network": {"allow": args.allow} if args.allow else None,
     }
     return {k: v for k, v in options.items() if v is not None}
 
@@ -241,6 +243,10 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", help="memory limit, e.g. 1g")
     parser.add_argument("--disk", help="workspace size, e.g. 2g")
     parser.add_argument("--ttl", type=float, help="session lifetime in seconds")
+    parser.add_argument("--runtime", help="container runtime: runc (default) or gvisor")
+    parser.add_argument(
+        "--allow", action="append", metavar="HOST", help="let the code reach HOST (egress)"
+    )
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="kernel env var")
     parser.add_argument(
         "--metadata", action="append", metavar="KEY=VALUE", help="label to find the session by"

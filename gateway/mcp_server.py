@@ -89,9 +89,19 @@ class SandboxTools:
         metadata: Annotated[
             dict[str, str] | None, Field(description="labels, e.g. which agent owns it")
         ] = None,
+        allow_hosts: Annotated[
+            list[str] | None,
+            Field(description="hosts the code may reach, e.g. pypi.org; none by default"),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a sandboxed kernel session and return its id; state persists across run_code."""
-        options = {"kernel": kernel, "memory": memory, "ttl": ttl, "idle_timeout": idle_timeout}
+        options = {
+            "kernel": kernel,
+            "memory": memory,
+            "ttl": ttl,
+            "idle_timeout": idle_timeout,
+            "network": {"allow": allow_hosts} if allow_hosts else None,
+        }
         session = await self.client.create_session(
             keep=True,
             env=env,

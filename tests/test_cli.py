@@ -22,11 +22,11 @@ PLOT = (
 )
 
 
-def sbx(*args: str, url: str | None = None, cwd: Path | None = None, stdin: str | None = None):
-    """Run ``sbx`` with a clean environment (no SBX_* from the caller) and return the result."""
+def sbx(*args: str, gateway=None, cwd: Path | None = None, stdin: str | None = None):
+    """Run ``sbx`` with a clean environment, pointed at ``gateway`` as SBX_URL/SBX_TOKEN."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-    if url is not None:
-        env["SBX_URL"] = url
+    if gateway is not None:
+        env.update(SBX_URL=gateway.url, SBX_TOKEN=getattr(gateway, "token", ""))
     return subprocess.run(
         [SBX, *args], capture_output=True, text=True, env=env, cwd=cwd, input=stdin, timeout=180
     )
@@ -34,7 +34,7 @@ def sbx(*args: str, url: str | None = None, cwd: Path | None = None, stdin: str 
 
 @pytest.fixture
 def sdk(gateway):
-    with Client(gateway.url, "") as client:
+    with Client(gateway.url, getattr(gateway, "token", "")) as client:
         yield client
 
 
@@ -72,7 +72,7 @@ def test_run_uploads_streams_saves_images_and_downloads(gateway, sdk, tmp_path):
     )
     result = sbx(
         "run", "job.py", "--file", "data.csv", "--get", "out.csv", "--out", "results",
-        "--metadata", "test=cli-run", url=gateway.url, cwd=tmp_path,
+        "--metadata", "test=cli-run", gateway=gateway, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["rows 2", "6"]
@@ -85,14 +85,14 @@ def test_run_uploads_streams_saves_images_and_downloads(gateway, sdk, tmp_path):
 
 def test_run_exits_1_on_error_and_reads_stdin(gateway, sdk, tmp_path):
     result = sbx(
-        "run", "-", "--metadata", "test=cli-err", url=gateway.url, stdin="print('before')\n1/0"
+        "run", "-", "--metadata", "test=cli-err", gateway=gateway, stdin="print('before')\n1/0"
     )
     assert result.returncode == 1
     assert result.stdout == "before\n"
     assert "ZeroDivisionError" in result.stderr and "\x1b[" not in result.stderr
     assert sdk.list_sessions(metadata={"test": "cli-err"}) == []
 
-    kept = sbx("run", "-", "--keep", "-q", url=gateway.url, stdin="x = 1")
+    kept = sbx("run", "-", "--keep", "-q", gateway=gateway, stdin="x = 1")
     assert kept.returncode == 0 and "kept" in kept.stderr
     session_id = kept.stderr.split("session ")[1].split()[0]
     with sdk.connect(session_id, keep=False) as session:
@@ -101,65 +101,65 @@ def test_run_exits_1_on_error_and_reads_stdin(gateway, sdk, tmp_path):
 
 def test_sessions_new_ls_show_rm(gateway, sdk):
     new = sbx("sessions", "new", "--memory", "300m", "--ttl", "600", "--metadata", "test=cli-ls",
-              "--env", "A=b", url=gateway.url)  # fmt: skip
+              "--env", "A=b", gateway=gateway)  # fmt: skip
     assert new.returncode == 0, new.stderr
     session_id = new.stdout.strip()
     try:
-        table = sbx("sessions", "ls", "--metadata", "test=cli-ls", url=gateway.url)
+        table = sbx("sessions", "ls", "--metadata", "test=cli-ls", gateway=gateway)
         header, row = table.stdout.splitlines()
         assert header.split()[:3] == ["ID", "STATE", "KERNEL"]
         assert row.split()[:3] == [session_id, "idle", "python3"] and "test=cli-ls" in row
         listed = json.loads(
-            sbx("sessions", "ls", "--json", "--state", "idle", url=gateway.url).stdout
+            sbx("sessions", "ls", "--json", "--state", "idle", gateway=gateway).stdout
         )
         assert session_id in [s["id"] for s in listed]
 
-        show = sbx("sessions", "show", session_id, url=gateway.url)
+        show = sbx("sessions", "show", session_id, gateway=gateway)
         assert (
             "memory 300 MiB" in show.stdout
             and "600 s" in show.stdout
             and "test=cli-ls" in show.stdout
         )
-        shown = json.loads(sbx("sessions", "show", session_id, "--json", url=gateway.url).stdout)
+        shown = json.loads(sbx("sessions", "show", session_id, "--json", gateway=gateway).stdout)
         assert shown["env"] == {"A": "b"} and shown["ttl"] == 600
     finally:
-        rm = sbx("sessions", "rm", session_id, url=gateway.url)
+        rm = sbx("sessions", "rm", session_id, gateway=gateway)
     assert rm.returncode == 0 and f"deleted {session_id}" in rm.stderr
     assert (
-        sbx("sessions", "ls", "--metadata", "test=cli-ls", url=gateway.url).stderr
+        sbx("sessions", "ls", "--metadata", "test=cli-ls", gateway=gateway).stderr
         == "no sessions\n"
     )
 
 
 def test_exec_keeps_state_between_calls(gateway, cli_session, tmp_path):
-    first = sbx("exec", cli_session.id, "total = 40", url=gateway.url)
+    first = sbx("exec", cli_session.id, "total = 40", gateway=gateway)
     assert first.returncode == 0 and first.stdout == ""
-    second = sbx("exec", cli_session.id, "total + 2", url=gateway.url)
+    second = sbx("exec", cli_session.id, "total + 2", gateway=gateway)
     assert second.stdout == "42\n" and "execution 2" in second.stderr
     (tmp_path / "step.py").write_text("print(total * 2)\n" + PLOT)
-    third = sbx("exec", cli_session.id, "--file", "step.py", "-q", url=gateway.url, cwd=tmp_path)
+    third = sbx("exec", cli_session.id, "--file", "step.py", "-q", gateway=gateway, cwd=tmp_path)
     assert third.stdout == "80\n" and third.stderr.startswith("saved image/png to output-1.png")
     assert (tmp_path / "output-1.png").exists()
-    failed = sbx("exec", cli_session.id, "undefined_name", url=gateway.url)
+    failed = sbx("exec", cli_session.id, "undefined_name", gateway=gateway)
     assert failed.returncode == 1 and "NameError" in failed.stderr
 
 
 def test_files_put_ls_get_rm(gateway, cli_session, tmp_path):
     (tmp_path / "in.bin").write_bytes(bytes(range(256)) * 4000)
     put = sbx(
-        "files", "put", cli_session.id, "in.bin", "data/in.bin", url=gateway.url, cwd=tmp_path
+        "files", "put", cli_session.id, "in.bin", "data/in.bin", gateway=gateway, cwd=tmp_path
     )
     assert put.returncode == 0 and "uploaded in.bin -> data/in.bin (1024000 bytes)" in put.stderr
-    listing = sbx("files", "ls", cli_session.id, url=gateway.url).stdout.splitlines()
+    listing = sbx("files", "ls", cli_session.id, gateway=gateway).stdout.splitlines()
     assert listing[0].split() == ["PATH", "TYPE", "SIZE", "MODIFIED", "(UTC)"]
     assert listing[1].split()[:2] == ["data/", "directory"]
     entries = json.loads(
-        sbx("files", "ls", cli_session.id, "data", "--json", url=gateway.url).stdout
+        sbx("files", "ls", cli_session.id, "data", "--json", gateway=gateway).stdout
     )
     assert [(e["path"], e["size"]) for e in entries] == [("data/in.bin", 1024000)]
 
     get = sbx(
-        "files", "get", cli_session.id, "data/in.bin", "back.bin", url=gateway.url, cwd=tmp_path
+        "files", "get", cli_session.id, "data/in.bin", "back.bin", gateway=gateway, cwd=tmp_path
     )
     assert (
         get.returncode == 0
@@ -167,18 +167,18 @@ def test_files_put_ls_get_rm(gateway, cli_session, tmp_path):
     )
     cli_session.files.write("note.txt", "to stdout")
     assert (
-        sbx("files", "get", cli_session.id, "note.txt", "-", url=gateway.url).stdout == "to stdout"
+        sbx("files", "get", cli_session.id, "note.txt", "-", gateway=gateway).stdout == "to stdout"
     )
 
-    assert sbx("files", "rm", cli_session.id, "data", url=gateway.url).returncode == 0
+    assert sbx("files", "rm", cli_session.id, "data", gateway=gateway).returncode == 0
     assert [e.path for e in cli_session.files.list()] == ["note.txt"]
-    missing = sbx("files", "get", cli_session.id, "data/in.bin", url=gateway.url, cwd=tmp_path)
+    missing = sbx("files", "get", cli_session.id, "data/in.bin", gateway=gateway, cwd=tmp_path)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
 def test_export_writes_the_notebook(gateway, cli_session, tmp_path):
     cli_session.run("print('hello')")
-    result = sbx("export", cli_session.id, "-o", "s.ipynb", url=gateway.url, cwd=tmp_path)
+    result = sbx("export", cli_session.id, "-o", "s.ipynb", gateway=gateway, cwd=tmp_path)
     assert result.returncode == 0 and "wrote s.ipynb" in result.stdout
     notebook = json.loads((tmp_path / "s.ipynb").read_text())
     assert [c["source"] for c in notebook["cells"] if c["cell_type"] == "code"] == [
@@ -187,18 +187,19 @@ def test_export_writes_the_notebook(gateway, cli_session, tmp_path):
 
 
 def test_errors_exit_2_with_the_gateways_message(gateway, tmp_path):
-    missing = sbx("exec", "no-such-session", "1", url=gateway.url)
+    missing = sbx("exec", "no-such-session", "1", gateway=gateway)
     assert missing.returncode == 2 and "sbx: no session 'no-such-session'" in missing.stderr
-    too_big = sbx("run", "-", "--memory", "900g", url=gateway.url, stdin="1")
+    too_big = sbx("run", "-", "--memory", "900g", gateway=gateway, stdin="1")
     assert too_big.returncode == 2 and "memory" in too_big.stderr
-    no_file = sbx("run", "nope.py", url=gateway.url, cwd=tmp_path)
+    no_file = sbx("run", "nope.py", gateway=gateway, cwd=tmp_path)
     assert no_file.returncode == 2 and "cannot read nope.py" in no_file.stderr
     down = sbx("sessions", "ls", "--url", "http://127.0.0.1:9")
     assert down.returncode == 2 and "cannot reach the gateway at http://127.0.0.1:9" in down.stderr
 
 
-def test_token_flag_is_sent(gateway):
+def test_url_and_token_flags_win_over_the_environment(gateway):
+    token = getattr(gateway, "token", "") or "t0ken"
     with TCPProxy(gateway.url) as proxy:
-        result = sbx("sessions", "ls", "--url", proxy.url, "--token", "t0ken")
+        result = sbx("sessions", "ls", "--url", proxy.url, "--token", token, gateway=gateway)
     assert result.returncode == 0, result.stderr
-    assert b"authorization: bearer t0ken" in bytes(proxy.received).lower()
+    assert f"authorization: bearer {token}".lower().encode() in bytes(proxy.received).lower()

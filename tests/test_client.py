@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import socket
 import threading
 import time
@@ -54,8 +55,14 @@ def _finished(history: list[dict]) -> str | None:
 
 
 @pytest.fixture
-def client(gateway):
-    with Client(gateway.url, token="") as c:
+def token(gateway) -> str:
+    """The gateway's admin token, when it requires one."""
+    return getattr(gateway, "token", "")
+
+
+@pytest.fixture
+def client(gateway, token):
+    with Client(gateway.url, token) as c:
         yield c
 
 
@@ -68,8 +75,8 @@ def sdk_session(client):
 # -- sessions -----------------------------------------------------------------------------
 
 
-def test_create_runs_code_and_deletes_on_exit(gateway, api):
-    with Session.create(gateway.url, "", memory="256m", ttl=120, env={"MODE": "x"}) as session:
+def test_create_runs_code_and_deletes_on_exit(gateway, api, token):
+    with Session.create(gateway.url, token, memory="256m", ttl=120, env={"MODE": "x"}) as session:
         assert session.info.state == "idle"
         assert session.info.limits["memory"] == 256 * 1024 * 1024 and session.info.ttl == 120
         execution = session.run("import os\nprint(os.environ['MODE'])\n6 * 7")
@@ -81,11 +88,11 @@ def test_create_runs_code_and_deletes_on_exit(gateway, api):
     assert session.client._http.is_closed, "the session's own client was left open"
 
 
-def test_keep_and_connect(gateway, api):
-    with Session.create(gateway.url, "", keep=True) as session:
+def test_keep_and_connect(gateway, api, token):
+    with Session.create(gateway.url, token, keep=True) as session:
         session.run("kept = 'yes'")
     try:
-        with Session.connect(session.id, gateway.url, "") as again:
+        with Session.connect(session.id, gateway.url, token) as again:
             assert again.run("kept").text == "'yes'", "state was lost between connections"
         assert api.get(f"/v1/sessions/{session.id}").json()["state"] == "idle", (
             "a connected session was deleted on exit; connect should keep it"
@@ -94,29 +101,31 @@ def test_keep_and_connect(gateway, api):
         api.delete(f"/v1/sessions/{session.id}")
 
 
-def test_list_filters_by_metadata_and_state(gateway, sdk_session):
-    found = Session.list(gateway.url, "", metadata={"test": "sdk"})
+def test_list_filters_by_metadata_and_state(gateway, sdk_session, token):
+    found = Session.list(gateway.url, token, metadata={"test": "sdk"})
     assert sdk_session.id in [s.id for s in found]
-    assert Session.list(gateway.url, "", metadata={"test": "nobody"}) == []
-    idle = Session.list(gateway.url, "", state="idle", metadata={"test": "sdk"})
+    assert Session.list(gateway.url, token, metadata={"test": "nobody"}) == []
+    idle = Session.list(gateway.url, token, state="idle", metadata={"test": "sdk"})
     assert [s.id for s in idle] == [sdk_session.id]
 
 
-def test_settings_supply_url_and_token(gateway, monkeypatch):
+def test_settings_supply_url_and_token(gateway, token, monkeypatch):
     monkeypatch.setenv("SBX_URL", gateway.url)
-    monkeypatch.setenv("SBX_TOKEN", "from-env")
+    monkeypatch.setenv("SBX_TOKEN", token or "from-env")
     with Client() as c:
-        assert c.url == gateway.url and c.token == "from-env"
-        assert c.headers["Authorization"] == "Bearer from-env"
-        assert c.health()["status"] == "ok"
+        assert c.url == gateway.url and c.token == (token or "from-env")
+        assert c.headers["Authorization"] == f"Bearer {c.token}"
+        assert c.list_sessions(metadata={"test": "nobody"}) == []
 
 
-def test_token_goes_on_http_and_websocket_requests(gateway):
-    with TCPProxy(gateway.url) as proxy, Session.create(proxy.url, "s3cret") as session:
+def test_token_goes_on_http_and_websocket_requests(gateway, token):
+    token = token or "s3cret"
+    with TCPProxy(gateway.url) as proxy, Session.create(proxy.url, token) as session:
         session.run("1")
-    sent = bytes(proxy.received).lower()  # create, the stream's upgrade, delete
-    assert sent.count(b"authorization: bearer s3cret") >= 3, sent[:2000]
-    assert b"get /v1/sessions/" in sent and b"upgrade: websocket" in sent
+    sent = bytes(proxy.received)  # create, the stream's upgrade, delete
+    header = re.compile(rb"(?i)^authorization: bearer " + re.escape(token.encode()) + rb"\r$", re.M)
+    assert len(header.findall(sent)) >= 3, sent[:2000]
+    assert b"GET /v1/sessions/" in sent and b"upgrade: websocket" in sent.lower()
 
 
 def test_interrupt_restart_timeouts_history_export(sdk_session, tmp_path):
@@ -301,26 +310,26 @@ def test_unknown_codes_fall_back_by_status():
 # -- retries -------------------------------------------------------------------------------
 
 
-def test_idempotent_calls_are_retried_on_connection_errors(gateway, sdk_session):
+def test_idempotent_calls_are_retried_on_connection_errors(gateway, sdk_session, token):
     with TCPProxy(gateway.url, drop_first=2) as proxy:
-        with Client(proxy.url, "", retry=Retry(retries=3, backoff=0.05)) as flaky:
+        with Client(proxy.url, token, retry=Retry(retries=3, backoff=0.05)) as flaky:
             info = flaky.connect(sdk_session.id).info
             assert info.id == sdk_session.id
             assert proxy.connections == 3, "the GET was not retried after the hang-ups"
             assert flaky.connect(sdk_session.id).run("2 + 2").text == "4"
 
 
-def test_non_idempotent_calls_are_not_retried(gateway, sdk_session):
+def test_non_idempotent_calls_are_not_retried(gateway, sdk_session, token):
     with TCPProxy(gateway.url, drop_first=1) as proxy:
-        with Client(proxy.url, "", retry=Retry(retries=3, backoff=0.05)) as flaky:
+        with Client(proxy.url, token, retry=Retry(retries=3, backoff=0.05)) as flaky:
             with pytest.raises(GatewayUnreachable, match="cannot reach the gateway"):
                 flaky.call(sdk_session._action_call("restart"))
             assert proxy.connections == 1, "a POST was sent again after a connection error"
 
 
-def test_streams_reconnect_when_opening_fails(gateway, sdk_session):
+def test_streams_reconnect_when_opening_fails(gateway, sdk_session, token):
     with TCPProxy(gateway.url) as proxy:
-        with Client(proxy.url, "", retry=Retry(retries=3, backoff=0.05)) as flaky:
+        with Client(proxy.url, token, retry=Retry(retries=3, backoff=0.05)) as flaky:
             session = flaky.connect(sdk_session.id)
             proxy.drop = 2
             assert session.run("'again'").text == "'again'"
@@ -330,10 +339,10 @@ TICKS = "import time\nfor i in range(6):\n    print('tick', i, flush=True)\n    
 ALL_TICKS = "".join(f"tick {i}\n" for i in range(6))
 
 
-def test_a_dropped_stream_resumes_without_losing_or_repeating_events(gateway, sdk_session):
+def test_a_dropped_stream_resumes_without_losing_or_repeating_events(gateway, sdk_session, token):
     seen: list[str] = []
     with TCPProxy(gateway.url) as proxy:
-        with Client(proxy.url, "", retry=Retry(backoff=0.2)) as flaky:
+        with Client(proxy.url, token, retry=Retry(backoff=0.2)) as flaky:
             session = flaky.connect(sdk_session.id)
 
             def on_stdout(text: str) -> None:
@@ -347,7 +356,7 @@ def test_a_dropped_stream_resumes_without_losing_or_repeating_events(gateway, sd
     assert "".join(seen) == ALL_TICKS, f"events were lost or repeated on resume: {seen}"
 
 
-def test_async_stream_resumes_too(gateway, sdk_session):
+def test_async_stream_resumes_too(gateway, sdk_session, token):
     async def scenario(proxy: TCPProxy) -> tuple[Execution, list[str]]:
         seen: list[str] = []
 
@@ -356,7 +365,7 @@ def test_async_stream_resumes_too(gateway, sdk_session):
             if len(seen) == 2:
                 proxy.cut()
 
-        async with AsyncClient(proxy.url, "", retry=Retry(backoff=0.2)) as flaky:
+        async with AsyncClient(proxy.url, token, retry=Retry(backoff=0.2)) as flaky:
             session = await flaky.connect(sdk_session.id)
             return await session.run(TICKS, on_stdout=on_stdout), seen
 
@@ -367,8 +376,12 @@ def test_async_stream_resumes_too(gateway, sdk_session):
 
 def test_a_stream_that_lost_events_fails_instead_of_hanging(start_gateway):
     small = start_gateway("--replay-buffer-events", "3")
+    small_token = getattr(small, "token", "")
     code = "import time\nfor i in range(30):\n    print(i, flush=True)\n    time.sleep(0.05)"
-    with TCPProxy(small.url) as proxy, Client(proxy.url, "", retry=Retry(5, backoff=0.3)) as c:
+    with (
+        TCPProxy(small.url) as proxy,
+        Client(proxy.url, small_token, retry=Retry(5, backoff=0.3)) as c,
+    ):
         with c.create_session() as session:
             cut = lambda _: proxy.drop or proxy.cut(refuse_next=3)  # noqa: E731
             with pytest.raises(GatewayUnreachable, match="lost events"):
@@ -391,7 +404,7 @@ def test_unreachable_gateway_gives_up_after_the_retries():
 # -- the async half ------------------------------------------------------------------------
 
 
-def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
+def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path, token):
     async def scenario():
         streamed: list[str] = []
 
@@ -399,7 +412,7 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
             await asyncio.sleep(0)
             streamed.append(text)
 
-        async with AsyncSession.create(gateway.url, "", metadata={"test": "async"}) as s:
+        async with AsyncSession.create(gateway.url, token, metadata={"test": "async"}) as s:
             first = await s.run("x = 20\nprint('a', flush=True)\nprint('b')", on_stdout=on_stdout)
             second = await s.run(f"{PLOT}\nx * 2")
             await s.files.write("d/in.txt", "data")
@@ -412,7 +425,7 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
                 await s.files.read("missing")
             await s.set_timeout(600)
             info = await s.extend(300)
-            listed = await AsyncSession.list(gateway.url, "", metadata={"test": "async"})
+            listed = await AsyncSession.list(gateway.url, token, metadata={"test": "async"})
             notebook = await s.export()
             await s.files.remove("d")
             return s, first, second, streamed, listing, back, info, listed, notebook
@@ -428,9 +441,9 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path):
     assert api.get(f"/v1/sessions/{s.id}").json()["state"] == "deleted"
 
 
-def test_async_client_errors_interrupt_and_retries(gateway):
+def test_async_client_errors_interrupt_and_retries(gateway, token):
     async def scenario():
-        async with AsyncClient(gateway.url, "") as client:
+        async with AsyncClient(gateway.url, token) as client:
             with pytest.raises(SessionNotFound):
                 await client.connect("missing")
             session = await client.create_session()
@@ -447,7 +460,7 @@ def test_async_client_errors_interrupt_and_retries(gateway):
             finally:
                 await session.delete()
         with TCPProxy(gateway.url, drop_first=1) as proxy:
-            async with AsyncClient(proxy.url, "", retry=Retry(backoff=0.05)) as flaky:
+            async with AsyncClient(proxy.url, token, retry=Retry(backoff=0.05)) as flaky:
                 health = await flaky.health()
         return interrupted, restarted, history, health, proxy.connections
 
@@ -457,9 +470,9 @@ def test_async_client_errors_interrupt_and_retries(gateway):
     assert health["status"] == "ok" and connections == 2
 
 
-def test_async_cancelling_a_run_interrupts_the_cell(gateway):
+def test_async_cancelling_a_run_interrupts_the_cell(gateway, token):
     async def scenario():
-        async with AsyncSession.create(gateway.url, "") as s:
+        async with AsyncSession.create(gateway.url, token) as s:
             started = asyncio.Event()
             task = asyncio.create_task(
                 s.run(

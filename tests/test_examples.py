@@ -19,10 +19,12 @@ pytestmark = pytest.mark.docker
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def example(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def example(name: str, gateway, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run an example script with the gateway's URL and token as arguments."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    token = getattr(gateway, "token", "")
     return subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
+        [sys.executable, str(EXAMPLES / name), "--url", gateway.url, "--token", token, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -45,7 +47,7 @@ def test_every_example_has_a_test():
 
 
 def test_data_analysis_agent(gateway, api, tmp_path):
-    result = example("data_analysis_agent.py", "--url", gateway.url, "--out", "out", cwd=tmp_path)
+    result = example("data_analysis_agent.py", gateway, "--out", "out", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "validated: total" in result.stdout and "over 4 regions" in result.stdout
     assert (tmp_path / "out" / "sales_by_region.png").read_bytes().startswith(b"\x89PNG")
@@ -59,7 +61,7 @@ def test_data_analysis_agent(gateway, api, tmp_path):
 
 
 def test_self_correcting_loop_fixes_its_first_mistake(gateway, tmp_path):
-    result = example("self_correcting_loop.py", "--url", gateway.url, cwd=tmp_path)
+    result = example("self_correcting_loop.py", gateway, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
         "attempt 1: error (TypeError: unsupported operand type(s) for +: 'int' and 'str')",
@@ -76,7 +78,7 @@ def test_self_correcting_loop_gives_up_after_three_attempts(gateway):
         prompts.append(None if last is None else last.feedback)
         return "print(undefined_name)"
 
-    with Session.create(gateway.url, "") as session:
+    with Session.create(gateway.url, getattr(gateway, "token", "")) as session:
         with pytest.raises(loop.GaveUp) as gave_up:
             loop.solve(session, "anything", stubborn, loop.expected_output)
         assert len(session.history()) == 3
@@ -87,7 +89,7 @@ def test_self_correcting_loop_gives_up_after_three_attempts(gateway):
 
 
 def test_multi_step_agent_keeps_state_in_one_session(gateway, api, tmp_path):
-    result = example("multi_step_agent.py", "--url", gateway.url, "--ttl", "90", cwd=tmp_path)
+    result = example("multi_step_agent.py", gateway, "--ttl", "90", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     session_id = lines[0].split()[1]

@@ -93,7 +93,10 @@ async def _chart_file(client: Client):
 
 
 def test_stdio_server_serves_every_tool(gateway, api):
-    params = StdioServerParameters(command=SBX, args=["mcp", "--url", gateway.url, "--token", ""])
+    token = getattr(gateway, "token", "")
+    params = StdioServerParameters(
+        command=SBX, args=["mcp", "--url", gateway.url, "--token", token]
+    )
 
     async def scenario():
         async with Client(params) as client:
@@ -165,10 +168,11 @@ def test_stdio_server_serves_every_tool(gateway, api):
 class MCPHTTPProcess:
     """``sbx mcp --http`` on a free port; its URL is read from what it prints."""
 
-    def __init__(self, gateway_url: str) -> None:
+    def __init__(self, gateway) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env.update(SBX_URL=gateway.url, SBX_TOKEN=getattr(gateway, "token", ""))
         self.proc = subprocess.Popen(
-            [SBX, "mcp", "--http", "--port", "0", "--url", gateway_url],
+            [SBX, "mcp", "--http", "--port", "0"],
             stderr=subprocess.PIPE,
             text=True,
             env=env,
@@ -205,7 +209,7 @@ class MCPHTTPProcess:
 
 
 def test_streamable_http_server(gateway):
-    server = MCPHTTPProcess(gateway.url)
+    server = MCPHTTPProcess(gateway)
 
     async def scenario():
         async with Client(server.url) as client:

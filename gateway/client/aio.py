@@ -131,12 +131,76 @@ class AsyncClient(BaseClient):
         return await self.call(self._health_call())
 
 
+class AsyncFiles(BaseFiles):
+    """The session's workspace: ``await session.files.write/read/list/remove/...``."""
+
+    session: AsyncSession
+
+    async def write(
+        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
+        return await self.session.client.call(self._write_call(path, data, on_progress))
+
+    async def upload(
+        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Stream a local file into the workspace (default: its own name, at the top)."""
+        file = await asyncio.to_thread(open, source, "rb")
+        try:
+            return await self.write(path or Path(source).name, file, on_progress=on_progress)
+        finally:
+            file.close()
+
+    async def read(self, path: str) -> bytes:
+        return await self.session.client.call(self._read_call(path))
+
+    async def download(
+        self, path: str, dest: str | Path, *, on_progress: Progress | None = None
+    ) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete."""
+        dest, part = self._partial(dest)
+        client = self.session.client
+        response = await client.send(self._read_call(path), stream=True)
+        try:
+            total = int(response.headers.get("Content-Length", 0)) or None
+            out = await asyncio.to_thread(open, part, "wb")
+            with out:
+                async for chunk in response.aiter_bytes(CHUNK):
+                    await asyncio.to_thread(out.write, chunk)
+                    if on_progress is not None:
+                        on_progress(response.num_bytes_downloaded, total)
+            await asyncio.to_thread(os.replace, part, dest)
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            await response.aclose()
+            part.unlink(missing_ok=True)
+        return dest
+
+    async def list(self, path: str = "") -> list[FileInfo]:
+        return await self.session.client.call(self._list_call(path))
+
+    async def remove(self, path: str) -> None:
+        """Delete a file or a whole directory."""
+        await self.session.client.call(self._remove_call(path))
+
+    async def _chunks(
+        self, file: IO[bytes], size: int | None, on_progress: Progress | None
+    ) -> AsyncIterator[bytes]:
+        done = 0
+        while chunk := await asyncio.to_thread(file.read, CHUNK):
+            done += len(chunk)
+            yield chunk
+            if on_progress is not None:
+                on_progress(done, size)
+
+
 class AsyncSession(BaseSession[AsyncClient]):
     """One sandboxed kernel. ``async with AsyncSession.create() as s:`` deletes it at the end."""
 
-    def __init__(self, client: AsyncClient, info: SessionInfo, *, keep: bool = False) -> None:
-        super().__init__(client, info, keep=keep)
-        self.files = AsyncFiles(self)
+    files_class = AsyncFiles
+    files: AsyncFiles
 
     @classmethod
     def create(
@@ -265,68 +329,3 @@ async def _owning(client: AsyncClient, making: Awaitable[AsyncSession]) -> Async
         raise
     session._owns_client = True
     return session
-
-
-class AsyncFiles(BaseFiles):
-    """The session's workspace: ``await session.files.write/read/list/remove/...``."""
-
-    session: AsyncSession
-
-    async def write(
-        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
-    ) -> FileInfo:
-        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
-        return await self.session.client.call(self._write_call(path, data, on_progress))
-
-    async def upload(
-        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
-    ) -> FileInfo:
-        """Stream a local file into the workspace (default: its own name, at the top)."""
-        file = await asyncio.to_thread(open, source, "rb")
-        try:
-            return await self.write(path or Path(source).name, file, on_progress=on_progress)
-        finally:
-            file.close()
-
-    async def read(self, path: str) -> bytes:
-        return await self.session.client.call(self._read_call(path))
-
-    async def download(
-        self, path: str, dest: str | Path, *, on_progress: Progress | None = None
-    ) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
-        dest, part = self._partial(dest)
-        client = self.session.client
-        response = await client.send(self._read_call(path), stream=True)
-        try:
-            total = int(response.headers.get("Content-Length", 0)) or None
-            out = await asyncio.to_thread(open, part, "wb")
-            with out:
-                async for chunk in response.aiter_bytes(CHUNK):
-                    await asyncio.to_thread(out.write, chunk)
-                    if on_progress is not None:
-                        on_progress(response.num_bytes_downloaded, total)
-            await asyncio.to_thread(os.replace, part, dest)
-        except httpx.TransportError as e:
-            raise client.unreachable(e) from e
-        finally:
-            await response.aclose()
-            part.unlink(missing_ok=True)
-        return dest
-
-    async def list(self, path: str = "") -> list[FileInfo]:
-        return await self.session.client.call(self._list_call(path))
-
-    async def remove(self, path: str) -> None:
-        """Delete a file or a whole directory."""
-        await self.session.client.call(self._remove_call(path))
-
-    async def _chunks(
-        self, file: IO[bytes], size: int | None, on_progress: Progress | None
-    ) -> AsyncIterator[bytes]:
-        done = 0
-        while chunk := await asyncio.to_thread(file.read, CHUNK):
-            done += len(chunk)
-            yield chunk
-            if on_progress is not None:
-                on_progress(done, size)

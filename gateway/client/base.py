@@ -67,6 +67,8 @@ class SessionOptions(TypedDict, total=False):
     idle_timeout: float  # seconds without activity before the session ends
     env: dict[str, str]
     metadata: dict[str, str | int | float | bool]
+    runtime: str  # "runc" or "gvisor", as the gateway allows
+    network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}
 
 
 _LIMITS = ("memory", "cpus", "pids", "disk", "timeout", "output_bytes")
@@ -284,11 +286,14 @@ class BaseSession(Generic[C]):
     true (the default for sessions you connect to rather than create).
     """
 
+    files_class: Any = None  # Files or AsyncFiles, set by each half
+
     def __init__(self, client: C, info: SessionInfo, *, keep: bool = False) -> None:
         self.client = client
         self.info = info
         self.keep = keep
         self._owns_client = False  # made by Session.create/connect: closed with the session
+        self.files = self.files_class(self)
 
     @property
     def id(self) -> str:

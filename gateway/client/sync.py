@@ -101,12 +101,70 @@ class Client(BaseClient):
         return self.call(self._health_call())
 
 
+class Files(BaseFiles):
+    """The session's workspace: ``session.files.write/read/list/remove/upload/download``."""
+
+    session: Session
+
+    def write(
+        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
+        return self.session.client.call(self._write_call(path, data, on_progress))
+
+    def upload(
+        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Stream a local file into the workspace (default: its own name, at the top)."""
+        with open(source, "rb") as file:
+            return self.write(path or Path(source).name, file, on_progress=on_progress)
+
+    def read(self, path: str) -> bytes:
+        return self.session.client.call(self._read_call(path))
+
+    def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete."""
+        dest, part = self._partial(dest)
+        client = self.session.client
+        response = client.send(self._read_call(path), stream=True)
+        try:
+            total = int(response.headers.get("Content-Length", 0)) or None
+            with open(part, "wb") as out:
+                for chunk in response.iter_bytes(CHUNK):
+                    out.write(chunk)
+                    if on_progress is not None:
+                        on_progress(response.num_bytes_downloaded, total)
+            os.replace(part, dest)
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            response.close()
+            part.unlink(missing_ok=True)
+        return dest
+
+    def list(self, path: str = "") -> list[FileInfo]:
+        return self.session.client.call(self._list_call(path))
+
+    def remove(self, path: str) -> None:
+        """Delete a file or a whole directory."""
+        self.session.client.call(self._remove_call(path))
+
+    def _chunks(
+        self, file: IO[bytes], size: int | None, on_progress: Progress | None
+    ) -> Iterator[bytes]:
+        done = 0
+        while chunk := file.read(CHUNK):
+            done += len(chunk)
+            yield chunk
+            if on_progress is not None:
+                on_progress(done, size)
+
+
 class Session(BaseSession[Client]):
     """One sandboxed kernel. ``with Session.create() as s:`` deletes it at the end."""
 
-    def __init__(self, client: Client, info: SessionInfo, *, keep: bool = False) -> None:
-        super().__init__(client, info, keep=keep)
-        self.files = Files(self)
+    files_class = Files
+    files: Files
 
     @classmethod
     def create(
@@ -230,62 +288,3 @@ def _owning(client: Client, make: Callable[[Client], Session]) -> Session:
         raise
     session._owns_client = True
     return session
-
-
-class Files(BaseFiles):
-    """The session's workspace: ``session.files.write/read/list/remove/upload/download``."""
-
-    session: Session
-
-    def write(
-        self, path: str, data: bytes | str | IO[bytes], *, on_progress: Progress | None = None
-    ) -> FileInfo:
-        """Write bytes, text or a binary file object to ``path`` (directories are made)."""
-        return self.session.client.call(self._write_call(path, data, on_progress))
-
-    def upload(
-        self, source: str | Path, path: str | None = None, *, on_progress: Progress | None = None
-    ) -> FileInfo:
-        """Stream a local file into the workspace (default: its own name, at the top)."""
-        with open(source, "rb") as file:
-            return self.write(path or Path(source).name, file, on_progress=on_progress)
-
-    def read(self, path: str) -> bytes:
-        return self.session.client.call(self._read_call(path))
-
-    def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
-        dest, part = self._partial(dest)
-        client = self.session.client
-        response = client.send(self._read_call(path), stream=True)
-        try:
-            total = int(response.headers.get("Content-Length", 0)) or None
-            with open(part, "wb") as out:
-                for chunk in response.iter_bytes(CHUNK):
-                    out.write(chunk)
-                    if on_progress is not None:
-                        on_progress(response.num_bytes_downloaded, total)
-            os.replace(part, dest)
-        except httpx.TransportError as e:
-            raise client.unreachable(e) from e
-        finally:
-            response.close()
-            part.unlink(missing_ok=True)
-        return dest
-
-    def list(self, path: str = "") -> list[FileInfo]:
-        return self.session.client.call(self._list_call(path))
-
-    def remove(self, path: str) -> None:
-        """Delete a file or a whole directory."""
-        self.session.client.call(self._remove_call(path))
-
-    def _chunks(
-        self, file: IO[bytes], size: int | None, on_progress: Progress | None
-    ) -> Iterator[bytes]:
-        done = 0
-        while chunk := file.read(CHUNK):
-            done += len(chunk)
-            yield chunk
-            if on_progress is not None:
-                on_progress(done, size)
