@@ -101,7 +101,8 @@ def test_run_exits_1_on_error_and_reads_stdin(gateway, sdk, tmp_path):
 
 def test_sessions_new_ls_show_rm(gateway, sdk):
     new = sbx("sessions", "new", "--memory", "300m", "--ttl", "600", "--metadata", "test=cli-ls",
-              "--env", "A=b", gateway=gateway)  # fmt: skip
+              "--env", "A=b", "--allow", "example.com", "--runtime", "runc",
+              gateway=gateway)  # fmt: skip
     assert new.returncode == 0, new.stderr
     session_id = new.stdout.strip()
     try:
@@ -121,7 +122,8 @@ def test_sessions_new_ls_show_rm(gateway, sdk):
             and "test=cli-ls" in show.stdout
         )
         shown = json.loads(sbx("sessions", "show", session_id, "--json", gateway=gateway).stdout)
-        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600
+        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600 and shown["runtime"] == "runc"
+        assert shown["network"] == {"allow": ["example.com"]}
     finally:
         rm = sbx("sessions", "rm", session_id, gateway=gateway)
     assert rm.returncode == 0 and f"deleted {session_id}" in rm.stderr

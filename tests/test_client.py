@@ -101,6 +101,12 @@ def test_keep_and_connect(gateway, api, token):
         api.delete(f"/v1/sessions/{session.id}")
 
 
+def test_isolation_options_reach_the_gateway(client):
+    with client.create_session(runtime="runc", network={"allow": ["example.com"]}) as session:
+        assert session.info.raw["runtime"] == "runc"
+        assert session.info.raw["network"] == {"allow": ["example.com"]}
+
+
 def test_list_filters_by_metadata_and_state(gateway, sdk_session, token):
     found = Session.list(gateway.url, token, metadata={"test": "sdk"})
     assert sdk_session.id in [s.id for s in found]
