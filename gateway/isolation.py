@@ -44,8 +44,11 @@ class IsolationManager:
             self.egress.policy(request.get("network")),
         )
 
-    async def prepare(self, session_id: str, runtime: str, policy: NetworkPolicy) -> Isolation:
+    async def prepare(
+        self, session_id: str, runtime: str, policy: NetworkPolicy, pids: int
+    ) -> Isolation:
         """What the session's container needs; clear errors when the host cannot give it."""
+        self.runtimes.check_limits(runtime, pids)
         engine_runtime = await self.runtimes.engine_name(runtime, networked=not policy.is_none)
         network = await self.egress.admit(session_id, policy)
         return Isolation(

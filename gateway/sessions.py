@@ -407,7 +407,7 @@ class SessionManager:
 
     async def _launch(self, session: Session) -> None:
         session.isolation = await self.isolation.prepare(
-            session.id, session.runtime, session.network
+            session.id, session.runtime, session.network, session.limits.pids
         )
         self.equip(session)
         assert session.kernel is not None

@@ -153,6 +153,12 @@ def test_a_runtime_the_server_does_not_allow_is_a_403(start_gateway):
     gw.client.delete(f"/v1/sessions/{r.json()['id']}")
 
 
+def test_gvisor_refuses_a_pids_limit_it_cannot_start_under(api):
+    r = api.post("/v1/sessions", json={"runtime": "gvisor", "limits": {"pids": 64}})
+    assert r.status_code == 422, r.text
+    assert "ask for at least 128" in r.json()["error"]["message"]
+
+
 def test_an_allowed_runtime_the_engine_lacks_is_a_clear_error(engine, monkeypatch, tmp_path):
     monkeypatch.setitem(runtimes.RUNTIMES, "gvisor", EngineRuntimes("sbx-absent", "sbx-absent"))
     catalog = Runtimes(Settings.from_mapping({"data_dir": str(tmp_path)}), engine)
