@@ -129,10 +129,10 @@ class Settings:
             raise ConfigError("max_sessions must be at least 1")
         self.default_limits.resolve({}, self.max_limits)
         self._check_isolation()
+        self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
 
     @property
     def default_limits(self) -> Limits:
-        self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
         return self._limits("default")
 
     @property
@@ -153,6 +153,10 @@ class Settings:
     @property
     def tmp_bytes(self) -> int:
         return parse_size(self.tmp_size, "tmp_size")
+
+    @property
+    def replay_buffer_size_bytes(self) -> int:
+        return parse_size(self.replay_buffer_size, "replay_buffer_size")
 
     @property
     def runtime_names(self) -> list[str]:
@@ -211,27 +215,23 @@ class Settings:
         """Add one ``--flag`` per field (or per ``only`` field); unset flags stay ``None``."""
         parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
         for f in dataclasses.fields(cls):
-    @property
-    def replay_buffer_size_bytes(self) -> int:
-        return parse_size(self.replay_buffer_size, "replay_buffer_size")
-
             if only is not None and f.name not in only:
                 continue
+            switch = {"nargs": "?", "const": "true"} if isinstance(f.default, bool) else {}
             parser.add_argument(
                 "--" + f.name.replace("_", "-"),
                 dest=f.name,
                 default=None,
                 type=_parser_type(f),
                 help=f"{f.metadata['help']} (env SBX_{f.name.upper()}, default {f.default!r})",
+                **switch,
             )
-            switch = {"nargs": "?", "const": "true"} if isinstance(f.default, bool) else {}
 
     @classmethod
     def load(
         cls,
         args: argparse.Namespace | None = None,
         environ: Mapping[str, str] | None = None,
-                **switch,
     ) -> Settings:
         """Merge the layers; raise ConfigError naming the bad option."""
         environ = os.environ if environ is None else environ
