@@ -30,9 +30,19 @@ from tornado.websocket import websocket_connect
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_gateway(data_dir: str) -> tuple[subprocess.Popen, str]:
+def start_gateway(data_dir: str, *flags: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            data_dir,
+            *flags,
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -67,6 +77,33 @@ async def stream_lags(url: str, sid: str) -> list[float]:
             return lags
 
 
+def session_starts(client: httpx.Client, n: int, body: dict) -> tuple[list[float], list[float]]:
+    """For ``n`` fresh sessions: ms until 201, and until the first execute's result."""
+    creates, starts = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = client.post("/v1/sessions", json=body)
+        r.raise_for_status()
+        creates.append((time.perf_counter() - t0) * 1000)
+        sid = r.json()["id"]
+        client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
+        starts.append((time.perf_counter() - t0) * 1000)
+        client.delete(f"/v1/sessions/{sid}")
+    return creates, starts
+
+
+def round_trips(client: httpx.Client, sid: str, n: int) -> list[float]:
+    """Ms of ``n`` trivial executes on ``sid``, after a warm-up."""
+    for _ in range(10):
+        client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"})
+    trips = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
+        trips.append((time.perf_counter() - t0) * 1000)
+    return trips
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -82,23 +119,9 @@ def main() -> None:
     proc, url = start_gateway(data_dir)
     client = httpx.Client(base_url=url, timeout=120)
     try:
-        starts, creates = [], []
-        for _ in range(args.sessions):
-            t0 = time.perf_counter()
-            sid = client.post("/v1/sessions", json={}).json()["id"]
-            creates.append((time.perf_counter() - t0) * 1000)
-            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
-            starts.append((time.perf_counter() - t0) * 1000)
-            client.delete(f"/v1/sessions/{sid}")
-
+        creates, starts = session_starts(client, args.sessions, {})
         sid = client.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
-        for _ in range(10):  # warm up
-            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"})
-        trips = []
-        for _ in range(args.executes):
-            t0 = time.perf_counter()
-            client.post(f"/v1/sessions/{sid}/execute", json={"code": "1 + 1"}).raise_for_status()
-            trips.append((time.perf_counter() - t0) * 1000)
+        trips = round_trips(client, sid, args.executes)
 
         lags = asyncio.run(stream_lags(url, sid))
 
