@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import tomllib
@@ -93,6 +94,11 @@ class Settings:
         "",
         "allowlist entries every allowlist session gets, e.g. your package index host "
         "(comma-separated)",
+    )
+    seccomp_profile: str = _opt(
+        "",
+        "seccomp profile (Docker's JSON format) for runc kernels instead of the engine's "
+        "default, e.g. one that refuses ptrace (docs/SECURITY.md); gVisor ignores it",
     )
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
@@ -193,6 +199,20 @@ class Settings:
         except BadRequest as e:
             raise ConfigError(f"egress_always_allow: {e.message}") from None
 
+    @property
+    def seccomp_profile_json(self) -> str | None:
+        """The profile's JSON text, checked, for the engine; None for the engine's default."""
+        if not self.seccomp_profile:
+            return None
+        try:
+            text = Path(self.seccomp_profile).read_text()
+            profile = json.loads(text)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"seccomp_profile {self.seccomp_profile}: {e}") from None
+        if not isinstance(profile, dict) or "defaultAction" not in profile:
+            raise ConfigError(f"seccomp_profile {self.seccomp_profile} is not a seccomp profile")
+        return text
+
     def _check_isolation(self) -> None:
         unknown = set(self.runtime_names) - set(RUNTIMES)
         if unknown or not self.runtime_names:
@@ -207,6 +227,7 @@ class Settings:
         self.egress_proxy_port_range  # noqa: B018 (each fails now on a bad value)
         self.egress_ranges  # noqa: B018
         self.egress_always_allow_rules  # noqa: B018
+        self.seccomp_profile_json  # noqa: B018
 
     @classmethod
     def add_arguments(

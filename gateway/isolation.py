@@ -36,6 +36,7 @@ class IsolationManager:
     def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
         self.runtimes = Runtimes(settings, client)
         self.egress = Egress(settings, client)
+        self.seccomp = settings.seccomp_profile_json
 
     def choose(self, request: dict[str, Any], sandbox: dict[str, Any]) -> tuple[str, NetworkPolicy]:
         """The runtime and network policy a create request asks for, validated."""
@@ -56,6 +57,7 @@ class IsolationManager:
             network=network.mode,
             env=network.env,
             resolv_conf=network.resolv_conf,
+            seccomp=self.seccomp if runtime == "runc" else None,
         )
 
     def release(self, session_id: str) -> None:

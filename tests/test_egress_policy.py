@@ -118,6 +118,7 @@ def test_settings_validate_runtimes_policies_and_egress_options():
         ({"egress_allow_ranges": "everything"}, "egress_allow_ranges"),
         ({"egress_always_allow": "not a host"}, "egress_always_allow"),
         ({"egress_network": "a-network-name-too-long"}, "egress_network"),
+        ({"seccomp_profile": "/nonexistent/profile.json"}, "seccomp_profile"),
     ]:
         with pytest.raises(ConfigError, match=message):
             Settings.from_mapping(bad)

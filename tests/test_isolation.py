@@ -159,6 +159,33 @@ def test_gvisor_refuses_a_pids_limit_it_cannot_start_under(api):
     assert "ask for at least 128" in r.json()["error"]["message"]
 
 
+def test_an_operator_seccomp_profile_refuses_ptrace_under_runc(start_gateway, tmp_path, engine):
+    """Docker's default profile lets a sandbox trace its own processes; an operator's need not."""
+    profile = tmp_path / "no-ptrace.json"
+    rules = [
+        {"names": ["ptrace", "process_vm_readv", "process_vm_writev"], "action": "SCMP_ACT_ERRNO"}
+    ]
+    profile.write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}))
+    gw = start_gateway("--seccomp-profile", str(profile))
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    code = (
+        "import ctypes, errno, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "attached = libc.ptrace(16, child.pid, 0, 0) == 0\n"
+        "print('attached' if attached else errno.errorcode[ctypes.get_errno()])\n"
+        "child.kill()"
+    )
+    try:
+        assert text_of(run(gw.client, sid, code)) == "EPERM\n"
+        options = engine.api.inspect_container(f"sbx-{sid}")["HostConfig"]["SecurityOpt"]
+        assert "no-new-privileges" in options and any(o.startswith("seccomp=") for o in options)
+    finally:
+        gw.client.delete(f"/v1/sessions/{sid}")
+
+
 def test_an_allowed_runtime_the_engine_lacks_is_a_clear_error(engine, monkeypatch, tmp_path):
     monkeypatch.setitem(runtimes.RUNTIMES, "gvisor", EngineRuntimes("sbx-absent", "sbx-absent"))
     catalog = Runtimes(Settings.from_mapping({"data_dir": str(tmp_path)}), engine)

@@ -40,6 +40,7 @@ class Isolation:
     network: str = "none"  # "none", or the egress network's name
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
     resolv_conf: Path | None = None  # replaces the engine's resolver config
+    seccomp: str | None = None  # a profile's JSON instead of the engine's default
 
 
 @dataclasses.dataclass
@@ -88,7 +89,8 @@ class SandboxSpec:
             "network_mode": isolation.network,
             "read_only": True,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
+            "security_opt": ["no-new-privileges"]
+            + ([f"seccomp={isolation.seccomp}"] if isolation.seccomp else []),
             "init": True,
             "mem_limit": limits.memory,
             "memswap_limit": limits.memory,
