@@ -195,3 +195,22 @@ def test_malformed_requests_get_400():
                 assert reply.startswith(b"HTTP/1.1 400"), reply
 
     run(go())
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_connections():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            h.proxy.max_connections = 5
+            for _ in range(5):  # idle connections that never send a request head
+                _, writer = await asyncio.open_connection("127.0.0.1", h.port)
+                h.clients.append(writer)
+            reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+            h.clients.append(writer)
+            assert await asyncio.wait_for(reader.read(), 5) == b"", "a sixth connection was served"
+            for writer in h.clients:
+                writer.close()
+            await asyncio.sleep(0.2)
+            reply, _, _ = await h.ask(f"CONNECT 127.0.0.1:{h.up_port} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 200"), "closed connections still counted"
+
+    run(go())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -35,7 +36,7 @@ CHUNK = 64 * 1024
 # Proxy-specific headers end at the proxy; the upstream connection is one-shot.
 _HOP_BY_HOP = {"proxy-authorization", "proxy-connection", "connection", "keep-alive"}
 _REASONS = {403: "Forbidden", 407: "Proxy Authentication Required", 400: "Bad Request"}
-_REASONS |= {429: "Too Many Requests", 502: "Bad Gateway", 504: "Gateway Timeout"}
+_REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ class EgressProxy:
         on_denied: DenialHook | None = None,
         max_connections: int = 64,
         connect_timeout: float = 10.0,
-        head_timeout: float = 30.0,
+        head_timeout: float = 10.0,
         reports_per_second: int = 20,
     ) -> None:
         self.guard = guard
@@ -97,6 +98,7 @@ class EgressProxy:
         self._server: asyncio.Server | None = None
         self._tenants: dict[str, _Tenant] = {}  # by session id
         self._handlers: set[asyncio.Task] = set()
+        self._peers: collections.Counter[str] = collections.Counter()  # open, per address
 
     async def start(self, host: str, ports: range, preferred: int | None = None) -> int:
         """Listen on ``preferred`` or else the first free port of ``ports``; return it."""
@@ -143,6 +145,13 @@ class EgressProxy:
     # -- one client connection ------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Counted per address before anything is read: one sandbox holding many idle
+        # connections must not use up the gateway's file descriptors.
+        peer = str((writer.get_extra_info("peername") or ("?",))[0])
+        if self._peers[peer] >= self.max_connections:
+            writer.close()
+            return
+        self._peers[peer] += 1
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
@@ -156,15 +165,13 @@ class EgressProxy:
                 raise _Refused(400, "incomplete or oversized request head") from None
             method, target, version, headers = _parse_head(head)
             tenant = self._authenticate(headers)
-            if len(tenant.tasks) >= self.max_connections:
-                raise _Refused(429, f"at most {self.max_connections} open connections per session")
             tenant.tasks.add(task)
             await self._relay(tenant, reader, writer, method, target, version, headers)
         except _Refused as refused:
             if refused.denied:
                 self._report(tenant, method, target, refused.reason)
             else:
-                log.info("egress %s %s failed: %s", method, target, refused.reason)
+                log.debug("egress %s %s failed: %s", method, target, refused.reason)
             await _answer(writer, refused.status, refused.reason)
         except (ConnectionError, OSError):
             pass  # the client or the upstream went away
@@ -173,6 +180,9 @@ class EgressProxy:
                 tenant.tasks.discard(task)
             writer.close()
             self._handlers.discard(task)
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
 
     def _authenticate(self, headers: dict[str, str]) -> _Tenant:
         scheme, _, credentials = headers.get("proxy-authorization", "").partition(" ")
