@@ -13,8 +13,10 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import files, health, jupyter, notebooks, sessions, stream
-from .api.base import NotFoundHandler
+from .api import audit, files, health, jupyter, notebooks, sessions, stream
+from .api.base import NotFoundHandler, log_request
+from .audit import AuditLog
+from .auth import Authenticator
 from .config import Settings
 from .errors import EngineUnavailable
 from .sessions import SessionManager
@@ -23,7 +25,9 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
-def make_app(manager: SessionManager, settings: Settings) -> tornado.web.Application:
+def make_app(
+    manager: SessionManager, auth: Authenticator, audit_log: AuditLog, settings: Settings
+) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
         [
@@ -32,12 +36,18 @@ def make_app(manager: SessionManager, settings: Settings) -> tornado.web.Applica
             *files.routes,
             *notebooks.routes,
             *health.routes,
+            *audit.routes,
             *jupyter.routes,
         ],
         default_handler_class=NotFoundHandler,
+        log_function=log_request,
         sbx_manager=manager,
+        sbx_auth=auth,
+        sbx_audit=audit_log,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
+        # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
+        websocket_max_message_size=settings.max_request_body_bytes,
     )
 
 
@@ -60,14 +70,22 @@ class Gateway:
                 f"no Docker engine answers ({e}); run scripts/setup to install and start one"
             ) from e
         await self.store.open()
-        self.manager = SessionManager(self.settings, client, self.store)
+        auth = Authenticator.from_settings(self.settings)
+        if not auth.enabled:
+            _warn_unauthenticated(self.settings.host)
+        audit_log = AuditLog(self.store)
+        self.manager = SessionManager(self.settings, client, self.store, auth.quota)
         await self.manager.start()
         sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
         self.manager.isolation.egress.protect_port(self.port)
+        manager = self.manager
+        manager.isolation.egress.set_denial_hook(
+            lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
+        )
         # Uploads stream to disk and set their own limit; buffered bodies stay small.
         self.server = tornado.httpserver.HTTPServer(
-            make_app(self.manager, self.settings),
+            make_app(self.manager, auth, audit_log, self.settings),
             max_body_size=64 * 2**20,
             max_buffer_size=64 * 2**20,
         )
@@ -108,3 +126,17 @@ class Gateway:
         verb = "ending" if self.settings.end_sessions_on_stop else "keeping"
         log.info("stopping: %s %d session(s)", verb, len(self.manager.sessions))
         await self.stop()
+
+
+def _warn_unauthenticated(host: str) -> None:
+    """Say loudly that anyone who reaches the port can run code."""
+    where = (
+        "only this machine can reach it"
+        if host in ("127.0.0.1", "localhost", "::1")
+        else f"ANYONE WHO CAN REACH {host} CAN RUN CODE HERE"
+    )
+    log.warning(
+        "AUTHENTICATION IS OFF (--auth none): every caller is an admin; %s. "
+        "Use API tokens for anything but a single user on this machine.",
+        where,
+    )

@@ -43,6 +43,20 @@ class Settings:
 
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8765, "port to listen on (0 picks a free one)")
+    auth: str = _opt(
+        "token",
+        "'token' (callers need an API token) or 'none' (no authentication: only for a "
+        "single user on this machine; the gateway warns loudly)",
+    )
+    tokens_file: str = _opt("", "TOML file of API tokens, their tenants and tenant quotas")
+    token_tenant: str = _opt("default", "tenant of the single `token` (and of a generated one)")
+    tenant_max_sessions: int = _opt(32, "live sessions one tenant may hold at once")
+    tenant_max_memory: str = _opt("16g", "memory limits one tenant's live sessions may add up to")
+    max_request_body: str = _opt("16m", "largest JSON request body (uploads stream separately)")
+    max_code_size: str = _opt("2m", "largest code of one execute")
+    cors_origins: str = _opt(
+        "", "comma-separated browser origins allowed to call the API (CORS); off when empty"
+    )
     data_dir: str = _opt("", "where the SQLite store and session directories live")
     kernels_dir: str = _opt(str(ROOT / "kernels"), "directory of kernelspecs offered")
     images_dir: str = _opt(str(ROOT / "images"), "directory of kernel image Dockerfiles")
@@ -103,9 +117,6 @@ class Settings:
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
     ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
-    cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
-    log_level: str = _opt("info", "debug, info, warning or error")
-    url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use")
     reconnect_grace: float = _opt(
         10.0,
         "seconds a dropped stream or Jupyter client may take to reconnect and resume; "
@@ -123,19 +134,30 @@ class Settings:
     drain_timeout: float = _opt(
         10.0, "seconds a stopping gateway lets running cells finish before cutting them"
     )
-    token: str = _opt("", "bearer token the SDK, client commands and `sbx mcp` send, if any")
+    cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
+    log_level: str = _opt("info", "debug, info, warning or error")
+    url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use")
+    token: str = _opt(
+        "",
+        "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
+        "tokens file, and the one the SDK, client commands and `sbx mcp` send",
+    )
 
     def __post_init__(self) -> None:
         if not self.data_dir:
             self.data_dir = _default_data_dir()
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level must be debug/info/warning/error, not {self.log_level}")
+        if self.auth not in ("token", "none"):
+            raise ConfigError(f"auth must be 'token' or 'none', not {self.auth!r}")
         # Parsing both limit sets here makes a bad size fail at start, not on first use.
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
         self.default_limits.resolve({}, self.max_limits)
         self._check_isolation()
         self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
+        self.max_request_body_bytes  # noqa: B018
+        self.max_code_bytes  # noqa: B018
 
     @property
     def default_limits(self) -> Limits:
@@ -159,10 +181,6 @@ class Settings:
     @property
     def tmp_bytes(self) -> int:
         return parse_size(self.tmp_size, "tmp_size")
-
-    @property
-    def replay_buffer_size_bytes(self) -> int:
-        return parse_size(self.replay_buffer_size, "replay_buffer_size")
 
     @property
     def runtime_names(self) -> list[str]:
@@ -229,6 +247,22 @@ class Settings:
         self.egress_always_allow_rules  # noqa: B018
         self.seccomp_profile_json  # noqa: B018
 
+    @property
+    def replay_buffer_size_bytes(self) -> int:
+        return parse_size(self.replay_buffer_size, "replay_buffer_size")
+
+    @property
+    def max_request_body_bytes(self) -> int:
+        return parse_size(self.max_request_body, "max_request_body")
+
+    @property
+    def max_code_bytes(self) -> int:
+        return parse_size(self.max_code_size, "max_code_size")
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [origin.rstrip("/") for origin in _csv(self.cors_origins)]
+
     @classmethod
     def add_arguments(
         cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None
@@ -281,9 +315,6 @@ class Settings:
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"setting {name}={raw!r} is invalid: {e}") from e
         return cls(**typed)
-
-    def describe(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _csv(text: str) -> list[str]:

@@ -8,6 +8,8 @@ codes themselves. The tree::
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
     │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    ├── Unauthorized                  401 unauthorized (no token, or not a valid one)
+    ├── Forbidden                     403 forbidden (an admin-only endpoint)
     ├── PathForbidden                 403 path_forbidden
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
@@ -17,8 +19,10 @@ codes themselves. The tree::
     │   ├── KernelDied                    kernel_died
     │   ├── SessionEnded                  session_ended
     │   └── NotAFile                      not_a_file
-    ├── FileTooLarge                  413 file_too_large
+    ├── PayloadTooLarge               413 payload_too_large (request body, code)
+    │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
+    │   └── QuotaExceeded                 quota_exceeded (a tenant's quota)
     └── Unavailable                   503
         ├── EngineUnavailable             engine_unavailable
         ├── ImageNotBuilt                 image_not_built
@@ -109,14 +113,34 @@ class NotAFile(Conflict):
     code = "not_a_file"
 
 
-class FileTooLarge(GatewayError):
+class Unauthorized(GatewayError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    code = "forbidden"
+
+
+class PayloadTooLarge(GatewayError):
     status = 413
+    code = "payload_too_large"
+
+
+class FileTooLarge(PayloadTooLarge):
     code = "file_too_large"
 
 
 class TooManySessions(GatewayError):
     status = 429
     code = "too_many_sessions"
+
+
+class QuotaExceeded(TooManySessions):
+    """A tenant holds as many sessions, or as much memory, as its quota allows."""
+
+    code = "quota_exceeded"
 
 
 class Unavailable(GatewayError):

@@ -16,6 +16,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from . import __version__
+from .auth import Principal
 from .compare import diff_outputs
 from .errors import BadRequest
 from .recorder import CUT_BY_RESTART
@@ -108,9 +109,9 @@ def read_notebook(body: Any) -> Any:
 
 
 async def replay_notebook(
-    manager: SessionManager, nb: Any, image_tolerance: float | None = None
+    manager: SessionManager, nb: Any, who: Principal, image_tolerance: float | None = None
 ) -> dict[str, Any]:
-    """Run a notebook's code cells in a fresh session and compare every cell."""
+    """Run a notebook's code cells in a fresh session of ``who``'s and compare every cell."""
     recorded = nb.metadata.get("sbx", {})
     kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
     warnings: list[str] = []
@@ -124,7 +125,8 @@ async def replay_notebook(
             "image": image,
             "limits": recorded.get("limits"),
             "metadata": {"replay_of": str(recorded.get("session_id", ""))},
-        }
+        },
+        who,
     )
     warnings += _environment_warnings(recorded, session.image_digest, session.packages)
     executed = nbformat.from_dict(nb)
@@ -133,14 +135,14 @@ async def replay_notebook(
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
                 continue
-            result = await manager.execute(session.id, cell.source)
+            result = await manager.execute(session.id, who, cell.source)
             verdict = _verdict(cell, result.status, result.outputs, image_tolerance)
             cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
             cell.execution_count = result.execution_count
             cell.metadata["sbx"] = {"status": result.status, "duration_ms": result.duration_ms}
     finally:
-        await manager.delete(session.id)
+        await manager.delete(session.id, who)
     executed.metadata["sbx"] = {
         **recorded,
         "replayed_in": session.id,

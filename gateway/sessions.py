@@ -25,12 +25,15 @@ from typing import TYPE_CHECKING, Any
 import docker
 import docker.errors
 
+from .auth import Principal, Quota
 from .config import ConfigError, Settings
 from .errors import (
     BadRequest,
     Conflict,
     EngineUnavailable,
     KernelDied,
+    PayloadTooLarge,
+    QuotaExceeded,
     SessionEnded,
     SessionNotFound,
     TooManySessions,
@@ -76,8 +79,10 @@ class Session:
         start_timeout: float | None = None,
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
+        tenant: str = "default",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
+        self.tenant = tenant
         self.start_timeout = start_timeout
         self.runtime = runtime
         self.network = network or NetworkPolicy()
@@ -122,6 +127,9 @@ class Session:
             env=doc["env"],
             metadata=doc["metadata"],
             session_id=doc["id"],
+            runtime=doc.get("runtime", "runc"),
+            network=NetworkPolicy.parse(doc.get("network", "none")),
+            tenant=doc.get("tenant", "default"),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -133,6 +141,11 @@ class Session:
         session.display_name = doc.get("display_name") or session.kernel_name
         session.executions = doc.get("executions", 0)
         return session
+
+    @property
+    def owner(self) -> Principal:
+        """The gateway acting for the session's tenant, when no caller is there to ask."""
+        return Principal(tenant=self.tenant, token_id="gateway")
 
     @property
     def expires_at(self) -> float:
@@ -148,6 +161,7 @@ class Session:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "tenant": self.tenant,
             "kernel": self.kernel_name,
             "image": self.image,
             "image_digest": self.image_digest,
@@ -179,10 +193,17 @@ class Session:
 class SessionManager:
     """Creates, finds, runs code in, and ends sessions."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient, store: Store) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: docker.DockerClient,
+        store: Store,
+        quota: Callable[[str], Quota],
+    ) -> None:
         self.settings = settings
         self.docker = client
         self.store = store
+        self.quota = quota  # a tenant's quota, by tenant name
         self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
         self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
         self.isolation = IsolationManager(settings, client)
@@ -262,33 +283,39 @@ class SessionManager:
 
     # -- queries ------------------------------------------------------------------------
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, who: Principal) -> Session:
+        """A live session ``who`` may use; someone else's answers as a missing one does."""
         session = self.sessions.get(session_id)
-        if session is None:
+        if session is None or not who.owns(session.tenant):
             raise SessionNotFound(session_id)
         return session
 
-    async def record(self, session_id: str) -> dict[str, Any]:
+    async def record(self, session_id: str, who: Principal) -> dict[str, Any]:
         """Everything known about a session, live or ended (then from the store)."""
         session = self.sessions.get(session_id)
-        if session is not None:
-            return session.record()
-        doc = await self.store.get_session(session_id)
-        if doc is None:
+        doc = session.record() if session is not None else await self.store.get_session(session_id)
+        if doc is None or not who.owns(doc.get("tenant", "default")):
             raise SessionNotFound(session_id)
         return doc
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
+    async def describe(self, session_id: str, who: Principal) -> dict[str, Any]:
         """The API view of a session, live or ended."""
-        doc = await self.record(session_id)
+        doc = await self.record(session_id, who)
         doc.pop("packages", None)
         return doc
 
     def list(
-        self, state: str | None = None, metadata: dict[str, str] | None = None
+        self,
+        who: Principal,
+        state: str | None = None,
+        metadata: dict[str, str] | None = None,
+        tenant: str | None = None,
     ) -> list[Session]:
+        """Live sessions ``who`` may see, filtered; an admin sees every tenant's."""
         found = []
         for session in self.sessions.values():
+            if not who.owns(session.tenant) or (tenant and session.tenant != tenant):
+                continue
             if state is not None and session.state != state:
                 continue
             if metadata and any(str(session.metadata.get(k)) != v for k, v in metadata.items()):
@@ -296,11 +323,16 @@ class SessionManager:
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
 
-    def stream_hub(self, session_id: str) -> StreamHub:
+    def owner_of(self, session_id: str | None) -> Principal | None:
+        """The tenant a live session belongs to, as a principal acting for it."""
+        session = self.sessions.get(session_id or "")
+        return session.owner if session else None
+
+    def stream_hub(self, session_id: str, who: Principal) -> StreamHub:
         """The session's agent stream, made on first use."""
         from .streams import StreamHub
 
-        session = self.get(session_id)
+        session = self.get(session_id, who)
         if session.stream is None:
             session.stream = StreamHub(self, session)
         return session.stream
@@ -308,20 +340,23 @@ class SessionManager:
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.images.exists, ref)
 
-    async def history(self, session_id: str) -> list[dict[str, Any]]:
-        await self.describe(session_id)  # 404 for unknown ids
+    async def history(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.store.history(session_id)
 
     # -- commands -----------------------------------------------------------------------
 
-    async def create(self, request: dict[str, Any]) -> Session:
+    async def create(self, request: dict[str, Any], who: Principal) -> Session:
         """Validate a create request and start its kernel; the session is idle on return."""
-        session = self._new_session(request)
+        session = self._new_session(request, who.tenant)
         if len(self.sessions) >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
                 "delete one you no longer need or try again later"
             )
+        self._check_quota(session)
+        if request.get("id") is not None and await self.store.get_session(session.id):
+            raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self.sessions[session.id] = session
         await self.save(session)
         try:
@@ -334,7 +369,23 @@ class SessionManager:
         log.info("session %s started (%s)", session.id, session.image)
         return session
 
-    def _new_session(self, request: dict[str, Any]) -> Session:
+    def _check_quota(self, new: Session) -> None:
+        quota = self.quota(new.tenant)
+        held = [s for s in self.sessions.values() if s.tenant == new.tenant]
+        if len(held) >= quota.max_sessions:
+            raise QuotaExceeded(
+                f"tenant {new.tenant!r} holds {len(held)} live sessions, its quota of "
+                f"{quota.max_sessions}; delete one it no longer needs"
+            )
+        memory = sum(s.limits.memory for s in held)
+        if memory + new.limits.memory > quota.max_memory:
+            raise QuotaExceeded(
+                f"tenant {new.tenant!r} would use {format_size(memory + new.limits.memory)} of "
+                f"memory, over its quota of {format_size(quota.max_memory)} "
+                f"({format_size(memory)} in use); ask for less memory or delete a session"
+            )
+
+    def _new_session(self, request: dict[str, Any], tenant: str) -> Session:
         s = self.settings
         kernel_name = request.get("kernel") or "python3"
         if not isinstance(kernel_name, str):
@@ -374,6 +425,7 @@ class SessionManager:
             ),
             runtime=runtime,
             network=network,
+            tenant=tenant,
         )
 
     def session_dir(self, session_id: str) -> Path:
@@ -433,6 +485,7 @@ class SessionManager:
     async def execute(
         self,
         session_id: str,
+        who: Principal,
         code: Any,
         timeout: Any = None,
         on_output: OutputListener | None = None,
@@ -446,9 +499,14 @@ class SessionManager:
         is called when this execution's turn comes (others may be queued ahead).
         ``on_output`` hears of each output once it is stored.
         """
-        session = self.get(session_id)
+        session = self.get(session_id, who)
         if not isinstance(code, str):
             raise BadRequest("code must be a string of source code")
+        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_bytes:
+            raise PayloadTooLarge(
+                f"the code is larger than the limit of {format_size(self.settings.max_code_bytes)}"
+                "; put large data in a file (PUT /v1/sessions/{id}/files/...) and read it"
+            )
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
         limit = seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
@@ -507,17 +565,17 @@ class SessionManager:
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
 
-    async def interrupt(self, session_id: str) -> Session:
-        session = self.get(session_id)
+    async def interrupt(self, session_id: str, who: Principal) -> Session:
+        session = self.get(session_id, who)
         self._check_usable(session)
         assert session.kernel is not None
         await session.kernel.interrupt()
         session.touch()
         return session
 
-    async def restart(self, session_id: str) -> Session:
+    async def restart(self, session_id: str, who: Principal) -> Session:
         """Give the session a fresh kernel; works on a dead session too."""
-        session = self.get(session_id)
+        session = self.get(session_id, who)
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
@@ -529,9 +587,9 @@ class SessionManager:
         await self.save(session)
         return session
 
-    async def update(self, session_id: str, request: dict[str, Any]) -> Session:
+    async def update(self, session_id: str, who: Principal, request: dict[str, Any]) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity)."""
-        session = self.get(session_id)
+        session = self.get(session_id, who)
         unknown = set(request) - {"ttl", "idle_timeout"}
         if unknown:
             raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
@@ -546,15 +604,15 @@ class SessionManager:
         await self.save(session)
         return session
 
-    def files(self, session_id: str) -> Workspace:
+    def files(self, session_id: str, who: Principal) -> Workspace:
         """The session's files; usable while its kernel is busy or dead."""
-        session = self.get(session_id)
+        session = self.get(session_id, who)
         if session.workspace is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
 
-    async def delete(self, session_id: str) -> None:
-        await self.end(self.get(session_id), "deleted by client")
+    async def delete(self, session_id: str, who: Principal) -> None:
+        await self.end(self.get(session_id, who), "deleted by client")
 
     # -- endings ------------------------------------------------------------------------
 

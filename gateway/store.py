@@ -61,7 +61,26 @@ MIGRATIONS = [
     CREATE INDEX running_outputs_by_execution ON running_outputs (execution_id, id);
     CREATE INDEX executions_running ON executions (status) WHERE status = 'running';
     """,
+    # Who did what, when, to which session, and how it went.
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        at TEXT NOT NULL,
+        tenant TEXT,
+        token_id TEXT,
+        action TEXT NOT NULL,
+        session_id TEXT,
+        outcome TEXT NOT NULL,
+        status INTEGER,
+        remote TEXT,
+        detail TEXT
+    );
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE INDEX audit_by_session ON audit (session_id, id);
+    """,
 ]
+
+AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
 
 _EXECUTION_COLUMNS = (
     "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms"
@@ -102,7 +121,11 @@ class Store:
         self._pool.shutdown(wait=True)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await self._submit(fn, *args)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queue a call on the store's thread now; calls run in the order submitted."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         assert self._db is not None, "store is not open"
@@ -180,12 +203,10 @@ class Store:
         order they were asked for, so a caller can release each output to its
         client once the output is on disk, without holding up the kernel.
         """
-        return asyncio.ensure_future(
-            self._run(
-                self._exec,
-                "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
-                (execution_id, None if output is None else json.dumps(output)),
-            )
+        return self._submit(
+            self._exec,
+            "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
+            (execution_id, None if output is None else json.dumps(output)),
         )
 
     async def finish_execution(self, execution_id: int, record: dict[str, Any]) -> None:
@@ -226,6 +247,49 @@ class Store:
             (execution_id,),
         )
         return [json.loads(r["output"]) if r["output"] else None for r in rows]
+
+    def add_audit(self, event: dict[str, Any]) -> asyncio.Future:
+        """Append one audit event; returns the write's future (callers need not wait)."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO audit (at, tenant, token_id, action, session_id, outcome, status,"
+            " remote, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                event["at"],
+                event.get("tenant"),
+                event.get("token_id"),
+                event["action"],
+                event.get("session_id"),
+                event["outcome"],
+                event.get("status"),
+                event.get("remote"),
+                json.dumps(event["detail"]) if event.get("detail") else None,
+            ),
+        )
+
+    async def audit_events(
+        self,
+        filters: dict[str, str],
+        since: str | None = None,
+        until: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Audit events matching every filter, newest first."""
+        where = [f"{name} = ?" for name in AUDIT_FILTERS if name in filters]
+        params: list[Any] = [filters[name] for name in AUDIT_FILTERS if name in filters]
+        if since:
+            where.append("at >= ?")
+            params.append(since)
+        if until:
+            where.append("at < ?")
+            params.append(until)
+        sql = "SELECT * FROM audit"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = await self._run(self._exec, sql + " ORDER BY id DESC LIMIT ?", (*params, limit))
+        return [
+            {**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows
+        ]
 
     async def history(self, session_id: str) -> list[dict[str, Any]]:
         """Every recorded execution of a session, oldest first (running ones so far)."""

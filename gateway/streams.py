@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .auth import Principal
 from .errors import BadRequest, GatewayError
 
 if TYPE_CHECKING:
@@ -94,22 +95,22 @@ class StreamHub:
 
     # -- requests ----------------------------------------------------------------------
 
-    def submit(self, request_id: str, request: dict[str, Any]) -> None:
+    def submit(self, request_id: str, request: dict[str, Any], who: Principal) -> None:
         """Queue an execute request; its events go to every client."""
         if request_id in self.tasks:
             self.reject(request_id, BadRequest(f"request id {request_id!r} is already running"))
             return
-        task = self.manager.spawn(self._run(request_id, request))
+        task = self.manager.spawn(self._run(request_id, request, who))
         self.tasks[request_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
 
-    def interrupt(self, request_id: str | None) -> None:
-        self.manager.spawn(self._interrupt(request_id))
+    def interrupt(self, request_id: str | None, who: Principal) -> None:
+        self.manager.spawn(self._interrupt(request_id, who))
 
     def reject(self, request_id: str | None, error: GatewayError) -> None:
         self.publish(rejection(request_id, error))
 
-    async def _run(self, request_id: str, request: dict[str, Any]) -> None:
+    async def _run(self, request_id: str, request: dict[str, Any], who: Principal) -> None:
         def started() -> None:
             self.running = request_id
             self.publish({"type": "status", "state": "busy", "id": request_id})
@@ -124,6 +125,7 @@ class StreamHub:
         try:
             result = await self.manager.execute(
                 self.session.id,
+                who,
                 request.get("code"),
                 request.get("timeout"),
                 on_output=output,
@@ -139,9 +141,9 @@ class StreamHub:
         self.publish({"type": "status", "state": "idle", "id": request_id})
         self.publish({"type": "done", "id": request_id, **result.to_json()})
 
-    async def _interrupt(self, request_id: str | None) -> None:
+    async def _interrupt(self, request_id: str | None, who: Principal) -> None:
         try:
-            await self.manager.interrupt(self.session.id)
+            await self.manager.interrupt(self.session.id, who)
         except GatewayError as e:
             self.reject(request_id, e)
 
@@ -152,7 +154,7 @@ class StreamHub:
                 task.cancel()  # still queued: never runs
         if self.running is not None:
             log.info("stream clients left during %s; interrupting it", self.running)
-            self.interrupt(self.running)
+            self.interrupt(self.running, self.session.owner)
 
     # -- events ------------------------------------------------------------------------
 

@@ -45,11 +45,14 @@ def start_gateway(engine: docker.DockerClient) -> Iterator:
     started = _started
 
     def start(
-        *args: str, data_dir: Path | None = None, keep_sessions: bool = False
+        *args: str,
+        data_dir: Path | None = None,
+        keep_sessions: bool = False,
+        env: dict[str, str] | None = None,
     ) -> GatewayProcess:
         """A gateway that ends its sessions when stopped, unless ``keep_sessions``."""
         flags = args if keep_sessions else ("--end-sessions-on-stop", *args)
-        gw = GatewayProcess(data_dir or short_tmpdir(), *flags)
+        gw = GatewayProcess(data_dir or short_tmpdir(), *flags, env=env)
         started.append(gw)
         return gw
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sqlite3
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -26,16 +28,19 @@ from gateway.provisioners import workspace
 class GatewayProcess:
     """``sbx serve`` in a subprocess, with its log kept for failure messages."""
 
-    def __init__(self, data_dir: Path, *args: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         cmd = [
             sys.executable, "-m", "gateway.cli", "serve",
             "--port", "0", "--data-dir", str(data_dir), "--log-level", "debug", *args,
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+        # Every gateway has its own admin token, passed as SBX_TOKEN as an operator would.
+        self.token = secrets.token_urlsafe(16)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        environ.update({"SBX_TOKEN": self.token, **(env or {})})
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=environ)
         self.log: list[str] = []
-        self.client = httpx.Client(timeout=120)
+        self.client = httpx.Client(timeout=120, headers={"Authorization": f"Bearer {self.token}"})
         self.url = ""
         self.stopped = False  # stopped on purpose, as opposed to crashed
         ready = threading.Event()
@@ -59,6 +64,11 @@ class GatewayProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def ws_url(self, path: str, **query: str) -> str:
+        """A WebSocket URL on this gateway, carrying the token as browsers would."""
+        query = {"token": self.token, **query}
+        return self.url.replace("http://", "ws://") + path + "?" + urllib.parse.urlencode(query)
 
     def tail(self, n: int = 30) -> str:
         return "".join(self.log[-n:])
@@ -124,7 +134,7 @@ def execute_in_background(
     box: dict = {}
 
     def go() -> None:
-        with httpx.Client(base_url=api.base_url, timeout=api.timeout) as own:
+        with httpx.Client(base_url=api.base_url, timeout=api.timeout, headers=api.headers) as own:
             box["reply"] = run(own, sid, code, **kw)
 
     thread = threading.Thread(target=go)
@@ -147,6 +157,19 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1):
             return value
         time.sleep(interval)
     return None
+
+
+async def closed(ws) -> None:
+    """Close a WebSocket client and wait until its socket is gone.
+
+    A bare ``close()`` only starts the closing handshake; a loop that ends
+    right after leaves the socket for the garbage collector, whose
+    ResourceWarning then fails whichever test happens to be running.
+    """
+    ws.close()
+    with contextlib.suppress(TimeoutError):
+        while await asyncio.wait_for(ws.read_message(), 10) is not None:
+            pass
 
 
 def execute_request(code: str) -> dict:
@@ -175,5 +198,5 @@ async def run_over_channels(url: str, code: str, headers: dict | None = None) ->
         seen.append(msg)
         replied |= msg["msg_type"] == "execute_reply"
         idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
-    ws.close()
+    await closed(ws)
     return seen

@@ -133,7 +133,12 @@ def test_paths_that_escape_are_refused(gateway, session, path, status):
     for method in ("GET", "PUT", "DELETE"):
         # http.client sends the path as written; httpx would resolve the dots first.
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        conn.request(method, f"/v1/sessions/{sid}/files/{path}", body=b"x")
+        conn.request(
+            method,
+            f"/v1/sessions/{sid}/files/{path}",
+            body=b"x",
+            headers={"Authorization": f"Bearer {gateway.token}"},
+        )
         r = conn.getresponse()
         body = json.loads(r.read())
         conn.close()

@@ -56,7 +56,7 @@ def test_kernel_lifecycle_with_jupyter_status_codes(api):
 
 def test_channels_relay_and_history(gateway, api):
     kernel_id = api.post("/api/kernels", json={}).json()["id"]
-    url = gateway.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+    url = gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
     seen = asyncio.run(run_over_channels(url, "print('relayed'); 6 * 7"))
     kinds = [(m["channel"], m["msg_type"]) for m in seen]
     assert ("iopub", "stream") in kinds and ("shell", "execute_reply") in kinds
@@ -89,6 +89,7 @@ def jupyter_server(gateway):
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
+            f"--GatewayClient.auth_token={gateway.token}",
             f"--port={port}", f"--IdentityProvider.token={token}", "--no-browser",
             f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False", "--allow-root",
         ],
@@ -134,12 +135,15 @@ def test_stock_jupyter_server_runs_code_through_the_gateway(jupyter_server, api)
     assert wait_for(lambda: api.get(f"/v1/sessions/{kernel_id}").json()["state"] == "deleted")
 
 
-def test_nbclient_executes_a_notebook_on_a_gateway_kernel(gateway):
+def test_nbclient_executes_a_notebook_on_a_gateway_kernel(start_gateway):
     import nbformat
     from jupyter_server.gateway.gateway_client import GatewayClient
     from jupyter_server.gateway.managers import GatewayKernelManager
     from nbclient import NotebookClient
 
+    # jupyter_server's GatewayKernelClient opens its channels WebSocket without
+    # the auth header it sends on REST calls, so it can only use an open gateway.
+    gateway = start_gateway("--auth", "none")
     GatewayClient.instance().url = gateway.url
     nb = nbformat.v4.new_notebook(
         cells=[

@@ -36,6 +36,7 @@ def test_jupyterlab_runs_a_cell_in_the_sandbox(gateway, api):
         lab = subprocess.Popen(
             [
                 sys.executable, "-m", "jupyterlab", f"--gateway-url={gateway.url}",
+                f"--GatewayClient.auth_token={gateway.token}",
                 f"--port={port}", f"--IdentityProvider.token={token}", "--no-browser",
                 f"--ServerApp.root_dir={root}", "--allow-root", "--LabApp.news_url=",
             ],

@@ -173,14 +173,15 @@ def test_cli_export_and_replay(gateway, recorded, tmp_path):
     sid, _ = recorded
     cli = [sys.executable, "-m", "gateway.cli"]
     path = tmp_path / "s.ipynb"
-    subprocess.run([*cli, "export", sid, "-o", str(path), "--url", gateway.url], check=True)
-    ok = subprocess.run([*cli, "replay", str(path), "--url", gateway.url], capture_output=True)
+    client = ["--url", gateway.url, "--token", gateway.token]
+    subprocess.run([*cli, "export", sid, "-o", str(path), *client], check=True)
+    ok = subprocess.run([*cli, "replay", str(path), *client], capture_output=True)
     assert ok.returncode == 0, ok.stdout.decode() + ok.stderr.decode()
     assert b"reproduced (5 same" in ok.stdout
     assert (tmp_path / "s.replayed.ipynb").exists()
     nb = json.loads(path.read_text())
     nb["cells"][2]["outputs"][0]["text"] = "changed\n"
     path.write_text(json.dumps(nb))
-    bad = subprocess.run([*cli, "replay", str(path), "--url", gateway.url], capture_output=True)
+    bad = subprocess.run([*cli, "replay", str(path), *client], capture_output=True)
     assert bad.returncode == 1 and b"did NOT reproduce" in bad.stdout
     assert b"different" in bad.stdout and b"+x is 20" in bad.stdout

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from helpers import (
+    closed,
     execute_request,
     gateway_id,
     run,
@@ -49,8 +50,9 @@ def assert_state_kept(gw, ids: list[str]) -> None:
         )
     kernels = {k["id"] for k in gw.client.get("/api/kernels").json()}
     assert set(ids) <= kernels, "the Jupyter API does not list the reattached kernels"
-    url = gw.url.replace("http://", "ws://") + f"/api/kernels/{ids[-1]}/channels"
-    seen = asyncio.run(run_over_channels(url, "print(x + 1)"))
+    seen = asyncio.run(
+        run_over_channels(gw.ws_url(f"/api/kernels/{ids[-1]}/channels"), "print(x + 1)")
+    )
     streams = [m["content"]["text"] for m in seen if m["msg_type"] == "stream"]
     assert streams == [f"{(len(ids) - 1) * 10 + 1}\n"], seen
 
@@ -73,7 +75,7 @@ def test_crash_during_a_long_cell_keeps_what_it_printed(start_gateway):
     code = "import time\nprint('before', flush=True)\ntime.sleep(60)\nprint('after')"
 
     def execute() -> None:  # its connection dies with the gateway
-        with httpx.Client(base_url=first.url, timeout=90) as own:
+        with httpx.Client(base_url=first.url, timeout=90, headers=first.client.headers) as own:
             try:
                 own.post(f"/v1/sessions/{sid}/execute", json={"code": code})
             except httpx.HTTPError:
@@ -140,8 +142,7 @@ def test_end_sessions_on_stop_removes_every_container(start_gateway, engine):
 
 
 def stream_url(gw, sid: str, **query: str) -> str:
-    url = gw.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/stream"
-    return url + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
+    return gw.ws_url(f"/v1/sessions/{sid}/stream", **query)
 
 
 async def read_until(ws, kind: str, seen: list[dict]) -> dict:
@@ -162,16 +163,16 @@ def test_stream_client_resumes_from_the_last_event_it_saw(gateway, session):
         ws = await websocket_connect(stream_url(gateway, session["id"]))
         ws.write_message(json.dumps({"type": "execute", "id": "c", "code": code}))
         last = await read_until(ws, "stream", seen)
-        ws.close()
+        await closed(ws)
         await asyncio.sleep(0.5)  # ticks go on while the client is away
         ws = await websocket_connect(
             stream_url(gateway, session["id"], last_event_id=last["event_id"])
         )
         done = await read_until(ws, "done", seen)
-        ws.close()
+        await closed(ws)
         stale = await websocket_connect(stream_url(gateway, session["id"], last_event_id="x-1"))
         gap = json.loads(await asyncio.wait_for(stale.read_message(), 10))
-        stale.close()
+        await closed(stale)
         return seen, done, gap
 
     seen, done, gap = asyncio.run(scenario())
@@ -184,14 +185,13 @@ def test_stream_client_resumes_from_the_last_event_it_saw(gateway, session):
 
 
 def test_jupyter_client_gets_what_was_sent_while_it_was_away(gateway, session):
-    url = gateway.url.replace("http://", "ws://") + f"/api/kernels/{session['id']}/channels"
-    url += "?session_id=client-1"
+    url = gateway.ws_url(f"/api/kernels/{session['id']}/channels", session_id="client-1")
     request = execute_request("import time; time.sleep(0.3); print('while away')")
 
     async def scenario():
         ws = await websocket_connect(url)
         ws.write_message(json.dumps(request))
-        ws.close()
+        await closed(ws)
         await asyncio.sleep(0.8)
         ws = await websocket_connect(url)
         seen = []
@@ -199,7 +199,7 @@ def test_jupyter_client_gets_what_was_sent_while_it_was_away(gateway, session):
             msg = json.loads(await asyncio.wait_for(ws.read_message(), 30))
             if msg["parent_header"].get("msg_id") == request["header"]["msg_id"]:
                 seen.append(msg)
-        ws.close()
+        await closed(ws)
         return seen
 
     seen = asyncio.run(scenario())
@@ -214,7 +214,7 @@ def test_store_stays_consistent_when_killed_under_write_load(start_gateway):
     stop = threading.Event()
 
     def hammer(sid: str) -> None:
-        with httpx.Client(base_url=first.url, timeout=30) as own:
+        with httpx.Client(base_url=first.url, timeout=30, headers=first.client.headers) as own:
             n = 0
             while not stop.is_set():
                 code = f"print({n!r} * 2000)"
@@ -255,7 +255,8 @@ def test_churn_with_kills_and_a_crash_leaves_nothing_behind(start_gateway, engin
     def one(n: int) -> None:
         for _ in range(30):  # the gateway may be restarting: retry until it answers
             try:
-                with httpx.Client(base_url=gateways["current"].url, timeout=60) as client:
+                gw = gateways["current"]
+                with httpx.Client(base_url=gw.url, timeout=60, headers=gw.client.headers) as client:
                     r = client.post("/v1/sessions", json={})
                     if r.status_code != 201:
                         raise AssertionError(r.text)

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import closed, wait_for
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
@@ -25,7 +25,7 @@ class Stream:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.ws.close()
+        await closed(self.ws)
 
     def send(self, **message) -> None:
         self.ws.write_message(json.dumps(message))
@@ -43,7 +43,7 @@ class Stream:
 
 
 def stream_url(gateway, sid: str) -> str:
-    return gateway.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/stream"
+    return gateway.ws_url(f"/v1/sessions/{sid}/stream")
 
 
 def test_outputs_arrive_as_they_happen(gateway, session):

@@ -1,35 +1,186 @@
-"""What every handler shares: JSON in and out, and one mapping of errors."""
+"""What every handler shares: who is calling, JSON in and out, errors, audit.
+
+Callers are authenticated before anything else happens (``public`` handlers
+excepted). A body past ``max_request_body`` is refused with 413 (Tornado
+holds at most the server's buffer size; uploads stream instead). Errors
+become ``{"error": {"code", "message"}}`` in one place. Every
+state-changing request is audited when it finishes, under the action its
+handler names.
+
+Handlers read the whole body before ``prepare``: an answer given before
+the body is read makes Tornado close the connection, and a client reusing
+it meanwhile sees a reset instead of the answer.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from typing import Any
 
 import tornado.web
+import tornado.websocket
 
-from ..errors import BadRequest, GatewayError, NotFound
+from ..audit import AuditLog
+from ..auth import Authenticator, Principal, presented_token, token_id
+from ..errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from ..limits import format_size
 from ..sessions import SessionManager
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("tornado.access")
 
 
-class JSONHandler(tornado.web.RequestHandler):
-    """Base handler: parses JSON bodies and renders errors as ``{"error": {...}}``."""
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """Tornado's access log line, with any ``?token=`` value masked."""
+    request = handler.request
+    query = urllib.parse.parse_qsl(request.query, keep_blank_values=True)
+    masked = [(k, "***" if k == "token" else v) for k, v in query]
+    uri = request.path + ("?" + urllib.parse.urlencode(masked) if masked else "")
+    status = handler.get_status()
+    level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    access_log.log(
+        level,
+        "%d %s %s (%s) %.2fms",
+        status,
+        request.method,
+        uri,
+        request.remote_ip,
+        1000.0 * request.request_time(),
+    )
+
+
+class GatewayHandlerMixin:
+    """Authentication, CORS and auditing, for plain and WebSocket handlers alike."""
+
+    public = False  # True: answers without a token (health, the API document)
+    actions: dict[str, str] = {}  # HTTP method -> the action its requests are audited as
+    principal: Principal | None = None
+
+    request: Any
+    settings: Any
 
     @property
     def manager(self) -> SessionManager:
         return self.settings["sbx_manager"]
 
+    @property
+    def auth(self) -> Authenticator:
+        return self.settings["sbx_auth"]
+
+    @property
+    def audit(self) -> AuditLog:
+        return self.settings["sbx_audit"]
+
+    def authenticate(self) -> Principal:
+        """Who is calling; a missing or bad token is audited and refused with 401."""
+        token = presented_token(
+            self.request.headers.get("Authorization"), self.get_query_argument("token", None)
+        )
+        try:
+            self.principal = self.auth.authenticate(token)
+        except Unauthorized:
+            self.audit.record(
+                "auth.failure",
+                None,
+                "denied",
+                status=401,
+                remote=self.request.remote_ip,
+                detail={
+                    "method": self.request.method,
+                    "path": self.request.path,
+                    "token_id": token_id(token) if token else None,
+                },
+            )
+            raise
+        return self.principal
+
+    def audit_action(self, status: int, **detail: Any) -> None:
+        """Record this request's action, if its method changes state."""
+        action = self.actions.get(self.request.method)
+        if action is None or self.principal is None:
+            return
+        if status < 400:
+            outcome = "ok"
+        elif status in (401, 403, 404):
+            outcome = "denied"
+        else:
+            outcome = "failed" if status < 500 else "error"
+        kwargs = self.path_kwargs
+        self.audit.record(
+            action,
+            self.principal,
+            outcome,
+            session_id=getattr(self, "audit_session", None)
+            or kwargs.get("session_id")
+            or kwargs.get("kernel_id"),
+            status=status,
+            remote=self.request.remote_ip,
+            detail={**getattr(self, "audit_detail", {}), **detail},
+        )
+
+    def allowed_origin(self, origin: str | None) -> bool:
+        """Whether a browser page from ``origin`` may call; same-host pages always may."""
+        if not origin:
+            return True
+        origin = origin.rstrip("/")
+        host = self.request.headers.get("Host", "")
+        if origin.split("://", 1)[-1] == host:
+            return True
+        return origin in self.manager.settings.cors_origin_list
+
+
+class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
+    """Base handler: authenticated, JSON bodies in (bounded), JSON out, audited."""
+
+    audit_detail: dict[str, Any]
+    audit_session: str | None = None
+
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
+        origin = self.request.headers.get("Origin")
+        if origin and origin.rstrip("/") in self.manager.settings.cors_origin_list:
+            self.set_header("Access-Control-Allow-Origin", origin)
+            self.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
+            self.set_header(
+                "Access-Control-Allow-Methods", "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+            )
+            self.set_header("Access-Control-Max-Age", "600")
+            self.set_header("Vary", "Origin")
+
+    def prepare(self) -> Any:
+        self.audit_detail = {}
+        if self.request.method == "OPTIONS" or self.public:
+            return None
+        self.authenticate()
+        if len(self.request.body) > self.body_limit():
+            raise PayloadTooLarge(
+                f"the request body is larger than this endpoint's limit of "
+                f"{format_size(self.body_limit())}; send less (upload files with PUT)"
+            )
+        return None
+
+    def body_limit(self) -> int:
+        return self.manager.settings.max_request_body_bytes
+
+    def body(self) -> bytes:
+        return self.request.body
 
     def json_body(self) -> dict[str, Any]:
         """The request body as a JSON object; an empty body is an empty object."""
-        if not self.request.body:
+        raw = self.body()
+        if not raw:
             return {}
         try:
-            body = json.loads(self.request.body)
+            body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise BadRequest(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
@@ -39,6 +190,14 @@ class JSONHandler(tornado.web.RequestHandler):
     def send(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(payload))
+
+    def options(self, *args: Any, **kwargs: Any) -> None:
+        """CORS preflight: the headers were set (or not) by ``set_default_headers``."""
+        self.set_status(204)
+        self.finish()
+
+    def on_finish(self) -> None:
+        self.audit_action(self.get_status())
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -52,6 +211,8 @@ class JSONHandler(tornado.web.RequestHandler):
             status, code = 500, "internal_error"
             message = "the gateway hit an unexpected error; it has been logged"
         self.set_status(status)
+        if status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="sandbox-gateway"')
         self.finish(json.dumps({"error": {"code": code, "message": message}}))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
@@ -62,8 +223,46 @@ class JSONHandler(tornado.web.RequestHandler):
             super().log_exception(typ, value, tb)
 
 
+class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandler):
+    """A WebSocket whose refusals before the upgrade are the API's JSON errors.
+
+    The token may come as ``?token=``: browsers cannot set headers on one.
+    """
+
+    def check_origin(self, origin: str) -> bool:
+        # A page may not drive a sandbox from another site, even on an open gateway.
+        return self.allowed_origin(origin)
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            if not self.allowed_origin(self.request.headers.get("Origin")):
+                raise Forbidden("WebSockets from pages of other sites are refused (cors_origins)")
+            self.authenticate()
+            self.prepare_socket(**kwargs)
+        except GatewayError as e:
+            self.set_status(e.status)
+            self.set_header("Content-Type", "application/json; charset=UTF-8")
+            self.finish(json.dumps({"error": {"code": e.code, "message": e.message}}))
+            return
+        await super().get(*args, **kwargs)
+
+    def prepare_socket(self, **kwargs: Any) -> None:
+        """Check the request before the upgrade; raise a GatewayError to refuse it."""
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Send one JSON event, unless the client has already gone."""
+        self.send_text(json.dumps(event, default=str))
+
+    def send_text(self, text: str) -> None:
+        if self.ws_connection is None or self.ws_connection.is_closing():
+            return  # the client has gone; what it misses waits in a replay buffer, if any
+        self.write_message(text)
+
+
 class NotFoundHandler(JSONHandler):
     """Answers unknown paths with the JSON error shape instead of an HTML page."""
+
+    public = True
 
     def prepare(self) -> None:
         raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}")

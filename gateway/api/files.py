@@ -14,15 +14,20 @@ from .base import JSONHandler
 _SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"
 
 
-class FilesHandler(JSONHandler):
-    """``GET ?path=dir`` lists a directory; ``POST ?path=dir`` takes a multipart batch.
+# A multipart batch is parsed in memory; single large files use the streamed PUT.
+MAX_BATCH = 64 * 2**20
 
-    Multipart bodies are parsed in memory by Tornado (capped by the server's
-    64 MiB buffer); large files should use the streamed ``PUT``.
-    """
+
+class FilesHandler(JSONHandler):
+    """``GET ?path=dir`` lists a directory; ``POST ?path=dir`` takes a multipart batch."""
+
+    actions = {"POST": "files.upload"}
+
+    def body_limit(self) -> int:
+        return MAX_BATCH
 
     async def get(self, session_id: str) -> None:
-        workspace = self.manager.files(session_id)
+        workspace = self.manager.files(session_id, self.principal)
         path = self.get_argument("path", "")
         fmt = self.get_argument("format", None)
         if fmt is not None:
@@ -31,7 +36,7 @@ class FilesHandler(JSONHandler):
         self.send({"path": path, "entries": await asyncio.to_thread(workspace.list, path)})
 
     async def post(self, session_id: str) -> None:
-        workspace = self.manager.files(session_id)
+        workspace = self.manager.files(session_id, self.principal)
         directory = self.get_argument("path", "").strip("/")
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
@@ -44,6 +49,7 @@ class FilesHandler(JSONHandler):
             upload = await asyncio.to_thread(workspace.open_write, path)
             await _finish(upload, part.body)
             saved.append({"path": path, "size": upload.size})
+        self.audit_detail["files"] = saved
         self.send({"files": saved}, status=201)
 
 
@@ -81,24 +87,32 @@ async def _finish(upload: Upload, body: bytes) -> None:
 
 @tornado.web.stream_request_body
 class FileHandler(JSONHandler):
-    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``."""
+    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``.
 
+    The body streams in after ``prepare``, so whatever ``prepare`` refuses is
+    answered only once the body is in: an answer given earlier makes Tornado
+    drop the connection, and the client sees a reset instead of the error.
+    """
+
+    actions = {"PUT": "files.upload", "DELETE": "files.delete"}
     upload: Upload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
 
     async def prepare(self) -> None:
-        if self.request.method != "PUT":
-            return  # any stray body is ignored by data_received
         try:
-            await self._start_upload()
+            super().prepare()  # the body is not in yet: its size is checked by the upload
+            if self.request.method == "PUT":
+                await self._start_upload()
         except GatewayError as e:
-            # Answer once the body is read: closing on a client mid-send resets
-            # the connection and it never sees the error.
             self.refusal = e
 
+    def _answer_refusal(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+
     async def _start_upload(self) -> None:
-        workspace = self.manager.files(self.path_kwargs["session_id"])
+        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
         free = await asyncio.to_thread(workspace.free_bytes)
         declared = int(self.request.headers.get("Content-Length", 0) or 0)
         if declared > free:
@@ -118,17 +132,18 @@ class FileHandler(JSONHandler):
             self.failure = e
 
     async def put(self, session_id: str, path: str) -> None:
-        if self.refusal is not None:
-            raise self.refusal
+        self._answer_refusal()
         upload, self.upload = self.upload, None
         assert upload is not None
         await asyncio.to_thread(upload.finish, self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
+        self.audit_detail.update(path=path, size=upload.size)
         self.send({"path": path, "size": upload.size}, status=201)
 
     def on_finish(self) -> None:
         self._discard()
+        super().on_finish()
 
     def on_connection_close(self) -> None:
         self._discard()
@@ -139,7 +154,8 @@ class FileHandler(JSONHandler):
             upload.finish(False)
 
     async def get(self, session_id: str, path: str) -> None:
-        workspace = self.manager.files(session_id)
+        self._answer_refusal()
+        workspace = self.manager.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
         if fmt is not None:
             await _send_archive(self, workspace, path, fmt)
@@ -151,7 +167,9 @@ class FileHandler(JSONHandler):
         await _stream(self, source)
 
     async def delete(self, session_id: str, path: str) -> None:
-        workspace = self.manager.files(session_id)
+        self._answer_refusal()
+        self.audit_detail["path"] = path
+        workspace = self.manager.files(session_id, self.principal)
         await asyncio.to_thread(workspace.remove, path)
         self.set_status(204)
         self.finish()

@@ -6,6 +6,8 @@ from .base import JSONHandler
 
 
 class HealthHandler(JSONHandler):
+    public = True  # load balancers probe without a token
+
     async def get(self) -> None:
         self.send({"status": "ok", "sessions": len(self.manager.sessions)})
 

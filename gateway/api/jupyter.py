@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..audit import code_facts
 from ..channels import KernelChannels
 from ..errors import BadRequest, NotFound
 from ..sessions import Session
-from .base import JSONHandler
-from .stream import JSONWebSocketHandler
+from .base import JSONHandler, JSONWebSocketHandler
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,10 @@ class KernelSpecResourceHandler(JSONHandler):
 
 
 class KernelsHandler(JSONHandler):
+    actions = {"POST": "kernel.start"}
+
     async def get(self) -> None:
-        self.send([kernel_model(s) for s in self.manager.list()])
+        self.send([kernel_model(s) for s in self.manager.list(self.principal)])
 
     async def post(self) -> None:
         body = self.json_body()
@@ -104,29 +106,35 @@ class KernelsHandler(JSONHandler):
                 request["start_timeout"] = float(env["KERNEL_LAUNCH_TIMEOUT"])
             except ValueError:
                 raise BadRequest("KERNEL_LAUNCH_TIMEOUT must be a number of seconds") from None
-        session = await self.manager.create(request)
+        session = await self.manager.create(request, self.principal)
+        self.audit_session = session.id
         self.set_header("Location", f"/api/kernels/{session.id}")
         self.send(kernel_model(session), status=201)
 
 
 class KernelHandler(JSONHandler):
+    actions = {"DELETE": "kernel.delete"}
+
     async def get(self, kernel_id: str) -> None:
-        self.send(kernel_model(self.manager.get(kernel_id)))
+        self.send(kernel_model(self.manager.get(kernel_id, self.principal)))
 
     async def delete(self, kernel_id: str) -> None:
-        await self.manager.delete(kernel_id)
+        await self.manager.delete(kernel_id, self.principal)
         self.set_status(204)
         self.finish()
 
 
 class KernelActionHandler(JSONHandler):
+    actions = {"POST": "kernel.action"}
+
     async def post(self, kernel_id: str, action: str) -> None:
+        self.audit_detail["action"] = action
         if action == "interrupt":
-            await self.manager.interrupt(kernel_id)
+            await self.manager.interrupt(kernel_id, self.principal)
             self.set_status(204)
             self.finish()
         else:
-            session = await self.manager.restart(kernel_id)
+            session = await self.manager.restart(kernel_id, self.principal)
             self.send(kernel_model(session))
 
 
@@ -141,7 +149,7 @@ class ChannelsHandler(JSONWebSocketHandler):
     resuming = False
 
     def prepare_socket(self, kernel_id: str) -> None:
-        session = self.manager.get(kernel_id)
+        session = self.manager.get(kernel_id, self.principal)
         self.client_session = self.get_argument("session_id", None)
         parked = session.parked.get(self.client_session or "")
         if parked is not None:
@@ -168,9 +176,28 @@ class ChannelsHandler(JSONWebSocketHandler):
             msg = json.loads(message)
             if not isinstance(msg, dict) or not isinstance(msg.get("header"), dict):
                 raise ValueError("a Jupyter message needs a header")
+            self._audit(msg)
             self.relay.send(msg)
         except (ValueError, TypeError) as e:
             self.send({"channel": "error", "error": f"message refused: {e}"})
+
+    def _audit(self, msg: dict[str, Any]) -> None:
+        """Executes and interrupts are state changes; the other messages are not."""
+        kind = msg["header"].get("msg_type")
+        if kind not in ("execute_request", "interrupt_request", "shutdown_request"):
+            return
+        detail: dict[str, Any] = {"transport": "jupyter", "msg_type": kind}
+        code = (msg.get("content") or {}).get("code")
+        if isinstance(code, str):
+            detail.update(code_facts(code))
+        self.audit.record(
+            "kernel.execute" if kind == "execute_request" else f"kernel.{kind}",
+            self.principal,
+            "ok",
+            session_id=self.relay.session.id,
+            remote=self.request.remote_ip,
+            detail=detail,
+        )
 
     def on_close(self) -> None:
         session = self.relay.session

@@ -11,8 +11,8 @@ from .base import JSONHandler
 
 class NotebookHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        session = await self.manager.record(session_id)
-        history = await self.manager.history(session_id)
+        session = await self.manager.record(session_id, self.principal)
+        history = await self.manager.history(session_id, self.principal)
         descriptions = self.get_argument("descriptions", "true").lower() not in ("false", "0")
         nb = export_notebook(session, history, descriptions=descriptions)
         self.set_header("Content-Type", "application/x-ipynb+json")
@@ -21,6 +21,8 @@ class NotebookHandler(JSONHandler):
 
 
 class ReplayHandler(JSONHandler):
+    actions = {"POST": "notebook.replay"}
+
     async def post(self) -> None:
         tolerance = self.get_argument("image_tolerance", None)
         try:
@@ -29,8 +31,10 @@ class ReplayHandler(JSONHandler):
             image_tolerance = -1.0
         if image_tolerance is not None and not 0 <= image_tolerance <= 1:
             raise BadRequest("image_tolerance must be a number between 0 and 1")
-        nb = read_notebook(self.request.body)
-        self.send(await replay_notebook(self.manager, nb, image_tolerance))
+        nb = read_notebook(self.body())
+        report = await replay_notebook(self.manager, nb, self.principal, image_tolerance)
+        self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
+        self.send(report)
 
 
 routes = [

@@ -2,66 +2,89 @@
 
 from __future__ import annotations
 
+from ..audit import code_facts
 from .base import JSONHandler
 
 _ID = r"(?P<session_id>[^/]+)"
 
 
 class SessionsHandler(JSONHandler):
+    actions = {"POST": "session.create"}
+
     async def get(self) -> None:
         metadata = {
             key.removeprefix("metadata."): self.get_argument(key)
             for key in self.request.arguments
             if key.startswith("metadata.")
         }
-        state = self.get_argument("state", None)
-        sessions = self.manager.list(state=state, metadata=metadata)
+        sessions = self.manager.list(
+            self.principal,
+            state=self.get_argument("state", None),
+            metadata=metadata,
+            tenant=self.get_argument("tenant", None),
+        )
         self.send({"sessions": [s.to_json() for s in sessions]})
 
     async def post(self) -> None:
-        session = await self.manager.create(self.json_body())
+        session = await self.manager.create(self.json_body(), self.principal)
+        self.audit_session = session.id
         self.set_header("Location", f"/v1/sessions/{session.id}")
         self.send(session.to_json(), status=201)
 
 
 class SessionHandler(JSONHandler):
+    actions = {"PATCH": "session.update", "DELETE": "session.delete"}
+
     async def get(self, session_id: str) -> None:
-        self.send(await self.manager.describe(session_id))
+        self.send(await self.manager.describe(session_id, self.principal))
 
     async def patch(self, session_id: str) -> None:
-        session = await self.manager.update(session_id, self.json_body())
+        session = await self.manager.update(session_id, self.principal, self.json_body())
         self.send(session.to_json())
 
     async def delete(self, session_id: str) -> None:
-        await self.manager.delete(session_id)
+        await self.manager.delete(session_id, self.principal)
         self.set_status(204)
         self.finish()
 
 
 class ExecuteHandler(JSONHandler):
+    actions = {"POST": "session.execute"}
+
     async def post(self, session_id: str) -> None:
         body = self.json_body()
+        if isinstance(body.get("code"), str):
+            self.audit_detail.update(code_facts(body["code"]))
         result = await self.manager.execute(
-            session_id, body.get("code"), body.get("timeout"), description=body.get("description")
+            session_id,
+            self.principal,
+            body.get("code"),
+            body.get("timeout"),
+            description=body.get("description"),
         )
+        self.audit_detail["execution_status"] = result.status
         self.send(result.to_json())
 
 
 class InterruptHandler(JSONHandler):
+    actions = {"POST": "session.interrupt"}
+
     async def post(self, session_id: str) -> None:
-        session = await self.manager.interrupt(session_id)
+        session = await self.manager.interrupt(session_id, self.principal)
         self.send(session.to_json())
 
 
 class RestartHandler(JSONHandler):
+    actions = {"POST": "session.restart"}
+
     async def post(self, session_id: str) -> None:
-        session = await self.manager.restart(session_id)
+        session = await self.manager.restart(session_id, self.principal)
         self.send(session.to_json())
 
 
 class HistoryHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        self.send({"executions": await self.manager.history(session_id)})
+        self.send({"executions": await self.manager.history(session_id, self.principal)})
 
 
 routes = [

@@ -14,47 +14,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
 
-import tornado.websocket
-
-from ..errors import BadRequest, GatewayError
-from ..sessions import SessionManager
+from ..audit import code_facts
+from ..errors import BadRequest
 from ..streams import StreamHub, rejection
-
-
-class JSONWebSocketHandler(tornado.websocket.WebSocketHandler):
-    """A WebSocket whose pre-upgrade failures are the API's JSON errors."""
-
-    @property
-    def manager(self) -> SessionManager:
-        return self.settings["sbx_manager"]
-
-    def check_origin(self, origin: str) -> bool:
-        # API clients, not pages: requests are authorised by token, not by origin.
-        return True
-
-    async def get(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            self.prepare_socket(**kwargs)
-        except GatewayError as e:
-            self.set_status(e.status)
-            self.set_header("Content-Type", "application/json; charset=UTF-8")
-            self.finish(json.dumps({"error": {"code": e.code, "message": e.message}}))
-            return
-        await super().get(*args, **kwargs)
-
-    def prepare_socket(self, **kwargs: Any) -> None:
-        """Check the request before the upgrade; raise a GatewayError to refuse it."""
-
-    def send(self, event: dict[str, Any]) -> None:
-        """Send one JSON event, unless the client has already gone."""
-        self.send_text(json.dumps(event, default=str))
-
-    def send_text(self, text: str) -> None:
-        if self.ws_connection is None or self.ws_connection.is_closing():
-            return  # the client has gone; what it misses waits in a replay buffer, if any
-        self.write_message(text)
+from .base import JSONWebSocketHandler
 
 
 class StreamHandler(JSONWebSocketHandler):
@@ -66,7 +30,7 @@ class StreamHandler(JSONWebSocketHandler):
     hub: StreamHub
 
     def prepare_socket(self, session_id: str) -> None:
-        self.hub = self.manager.stream_hub(session_id)
+        self.hub = self.manager.stream_hub(session_id, self.principal)
 
     def open(self, session_id: str) -> None:
         self.hub.subscribe(self.send_text, self.get_argument("last_event_id", None))
@@ -83,9 +47,19 @@ class StreamHandler(JSONWebSocketHandler):
         kind = request.get("type")
         request_id = str(request.get("id") or uuid.uuid4())
         if kind == "execute":
-            self.hub.submit(request_id, request)
+            code = request.get("code")
+            detail = {"transport": "stream", **(code_facts(code) if isinstance(code, str) else {})}
+            self.audit.record(
+                "session.execute",
+                self.principal,
+                "ok",
+                session_id=self.hub.session.id,
+                remote=self.request.remote_ip,
+                detail=detail,
+            )
+            self.hub.submit(request_id, request, self.principal)
         elif kind == "interrupt":
-            self.hub.interrupt(request_id)
+            self.hub.interrupt(request_id, self.principal)
         else:
             error = BadRequest(f"unknown message type {kind!r}; use 'execute' or 'interrupt'")
             self.send(rejection(request_id, error))
