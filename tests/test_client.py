@@ -32,6 +32,7 @@ from gateway.client import (
     Session,
     SessionEnded,
     SessionNotFound,
+    Unauthorized,
 )
 from gateway.client.errors import error_class, error_from_body
 
@@ -301,6 +302,15 @@ def test_deleted_session_raises_and_context_exit_tolerates_it(client):
             session.run("1")
     with pytest.raises((SessionEnded, SessionNotFound)):
         session.delete()
+
+
+def test_a_wrong_token_raises_unauthorized_on_http_and_streams(gateway, sdk_session):
+    with Client(gateway.url, "not-the-token") as intruder:
+        with pytest.raises(Unauthorized) as caught:
+            intruder.list_sessions()
+        assert caught.value.status == 401 and "token" in caught.value.message
+        with pytest.raises(Unauthorized):
+            Session(intruder, sdk_session.info).run("1")  # refused at the WebSocket upgrade
 
 
 def test_unknown_codes_fall_back_by_status():
