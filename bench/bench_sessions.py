@@ -31,18 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_gateway(data_dir: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    # Without authentication: a benchmark on loopback measures the gateway, not tokens.
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            data_dir,
-            *flags,
-        ],
+        [*cmd, "--auth", "none", *flags],
         stderr=subprocess.PIPE,
         text=True,
     )
