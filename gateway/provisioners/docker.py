@@ -3,8 +3,11 @@
 The container has no network (with an egress allowlist, only the gateway's
 egress network: see gateway.egress), and runs under runc or gVisor
 (gateway.runtimes). The kernel binds ZeroMQ ``ipc`` sockets in the session's
-run directory, which is bind-mounted at the same path inside the
-container, so one connection file serves both sides and no port is opened.
+run directory, which is bind-mounted into the container, so the gateway
+connects to the same Unix sockets and no port is opened. Inside, the directory
+is at a short fixed path with a connection file of its own: some kernels
+(xeus-based ones) read socket names back into 32-byte buffers, and the host
+path is long.
 The jupyter_client kernel manager drives this class through the standard
 provisioner hooks; per-session parameters arrive as ``sandbox=`` keyword
 argument of ``start_kernel`` (kept by the manager for restarts).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -21,15 +25,21 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.containers import Container
 from docker.types import Mount
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import KernelProvisionerBase
+from jupyter_core.paths import secure_write
 
 from ..errors import EngineUnavailable, ImageNotBuilt
 from ..limits import Limits
 
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
+# Where the session's run directory appears in the container, and the
+# connection file that names the sockets by that path.
+CONTAINER_RUN_DIR = "/run/sbx"
+KERNEL_CONNECTION_FILE = "kernel-connection.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +80,7 @@ class SandboxSpec:
         limits = self.limits
         isolation = self.isolation
         mounts = [
-            Mount(str(self.run_dir), str(self.run_dir), type="bind"),
+            Mount(CONTAINER_RUN_DIR, str(self.run_dir), type="bind"),
             Mount(self.workdir, str(self.workspace), type="bind"),
         ]
         if isolation.resolv_conf is not None:
@@ -128,11 +138,15 @@ class DockerProvisioner(KernelProvisionerBase):
         self.use_sandbox(spec)
         km = self.parent
         km.write_connection_file()
+        kernel_file = _write_kernel_connection_file(km.connection_file, spec.run_dir)
         uid, gid = spec.uid_gid
-        for path in (spec.run_dir, Path(km.connection_file)):
+        for path in (spec.run_dir, kernel_file):
             os.chown(path, uid, gid)
         self.connection_info = km.get_connection_info()
-        cmd = km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
+        cmd = [
+            arg.replace(km.connection_file, f"{CONTAINER_RUN_DIR}/{KERNEL_CONNECTION_FILE}")
+            for arg in km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
+        ]
         env = {**self.kernel_spec.env, **spec.env}
         return {"cmd": cmd, "env": env, "sandbox": spec}
 
@@ -141,10 +155,11 @@ class DockerProvisioner(KernelProvisionerBase):
         spec: SandboxSpec = kwargs["sandbox"]
         run_kwargs = spec.run_kwargs(cmd, kwargs["env"])
         try:
-            container = await asyncio.to_thread(spec.docker.containers.run, **run_kwargs)
+            container = await asyncio.to_thread(_create_and_start, spec.docker, run_kwargs)
         except docker.errors.ImageNotFound as e:
+            name = spec.image.removeprefix("sbx/").split(":")[0]
             raise ImageNotBuilt(
-                f"kernel image {spec.image} is not built; run `sbx images build`"
+                f"kernel image {spec.image} is not built; run `sbx images build {name}`"
             ) from e
         except docker.errors.DockerException as e:
             raise EngineUnavailable(f"the container engine refused the kernel: {e}") from e
@@ -212,3 +227,24 @@ class DockerProvisioner(KernelProvisionerBase):
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return min(recommended, 2.0)
+
+
+def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:
+    """Start a container without pulling: an image that is not here was never built."""
+    container = client.containers.create(**kwargs)
+    try:
+        container.start()
+    except docker.errors.DockerException:
+        container.remove(force=True)
+        raise
+    return container
+
+
+def _write_kernel_connection_file(connection_file: str, run_dir: Path) -> Path:
+    """Write the kernel's copy of the connection file: the same sockets, seen from inside."""
+    info = json.loads(Path(connection_file).read_text())
+    info["ip"] = f"{CONTAINER_RUN_DIR}/{Path(info['ip']).name}"
+    path = run_dir / KERNEL_CONNECTION_FILE
+    with secure_write(str(path)) as f:  # it holds the session's key
+        json.dump(info, f)
+    return path
