@@ -263,17 +263,22 @@ class Kernel:
             collector.add_message(msg)
         if timed_out:
             return self._timeout_result(collector, started, timeout, restarted)
-        reply = await self._reply(msg_id)
-        if reply is not None and collector.execution_count is None:
+        reply = await self._reply(msg_id) or {}
+        if collector.execution_count is None:
             collector.execution_count = reply.get("execution_count")
-        status = "ok" if collector.error is None else "error"
-        if (
-            status == "error"
-            and self._interrupting
-            and collector.error["ename"] == "KeyboardInterrupt"
-        ):
-            status = "interrupted"
-        return self._result(status, collector, started)
+        return self._result(self._outcome(collector, reply), collector, started)
+
+    def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:
+        """ok, error or interrupted, from the outputs and the kernel's execute_reply.
+
+        Kernels tell an interrupt differently: ipykernel raises KeyboardInterrupt
+        (an error), bash_kernel and IRkernel reply ``abort`` with no error at all.
+        """
+        if reply.get("status") in ("abort", "aborted"):
+            return "interrupted"
+        if collector.error is None:
+            return "ok"
+        return "interrupted" if self._interrupting else "error"
 
     async def _reply(self, msg_id: str) -> dict[str, Any] | None:
         """Fetch the execute_reply (it may trail the idle status slightly)."""
