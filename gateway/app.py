@@ -13,7 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import audit, files, health, jupyter, notebooks, sessions, stream
+from .api import audit, files, health, jupyter, kernels, notebooks, sessions, stream
 from .api.base import NotFoundHandler, log_request
 from .audit import AuditLog
 from .auth import Authenticator
@@ -35,6 +35,7 @@ def make_app(
             *stream.routes,
             *files.routes,
             *notebooks.routes,
+            *kernels.routes,
             *health.routes,
             *audit.routes,
             *jupyter.routes,

@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 
 from .errors import KernelNotFound
+from .images import ImageBuilder
 
 
 class KernelSpecs:
@@ -22,6 +23,12 @@ class KernelSpecs:
 
     def names(self) -> list[str]:
         return sorted(self.manager.find_kernel_specs())
+
+    @property
+    def default(self) -> str:
+        """The kernel a client gets when it names none."""
+        names = self.names()
+        return "python3" if "python3" in names else (names[0] if names else "")
 
     def get(self, name: str) -> KernelSpec:
         try:
@@ -34,3 +41,26 @@ class KernelSpecs:
     def sandbox(self, name: str) -> dict[str, Any]:
         """The ``metadata.sandbox`` section: image directory, user."""
         return dict(self.get(name).metadata.get("sandbox", {}))
+
+    def catalog(self, images: ImageBuilder) -> list[dict[str, Any]]:
+        """Each kernel: its names, language, image and whether that image is built.
+
+        Blocking (it asks the engine about every image): call it from a thread.
+        """
+        rows = []
+        for name in self.names():
+            spec = self.get(name)
+            image = self.sandbox(name).get("image", name)
+            tag = images.tag_for(image)
+            rows.append(
+                {
+                    "name": name,
+                    "display_name": spec.display_name,
+                    "language": spec.language,
+                    "interrupt_mode": spec.interrupt_mode,
+                    "image": image,
+                    "image_tag": tag,
+                    "built": images.exists(tag),
+                }
+            )
+        return rows

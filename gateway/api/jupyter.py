@@ -48,9 +48,8 @@ class ApiHandler(JSONHandler):
 class KernelSpecsHandler(JSONHandler):
     async def get(self) -> None:
         specs = self.manager.kernelspecs
-        names = specs.names()
-        default = "python3" if "python3" in names else (names[0] if names else "")
-        self.send({"default": default, "kernelspecs": {name: self._spec(name) for name in names}})
+        kernelspecs = {name: self._spec(name) for name in specs.names()}
+        self.send({"default": specs.default, "kernelspecs": kernelspecs})
 
     def _spec(self, name: str) -> dict[str, Any]:
         spec = self.manager.kernelspecs.get(name)

@@ -1,0 +1,17 @@
+"""``GET /v1/kernels``: the kernels a session can ask for, and which are ready to start."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .base import JSONHandler
+
+
+class KernelCatalogHandler(JSONHandler):
+    async def get(self) -> None:
+        specs = self.manager.kernelspecs
+        kernels = await asyncio.to_thread(specs.catalog, self.manager.images)
+        self.send({"default": specs.default, "kernels": kernels})
+
+
+routes = [(r"/v1/kernels/?", KernelCatalogHandler)]
