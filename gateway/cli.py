@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,9 +38,11 @@ def _builder(settings: Settings):
 
 def _images_build(settings: Settings, args: argparse.Namespace) -> int:
     builder = _builder(settings)
-    for name in args.names or builder.names():
+    names = builder.names() if args.all else args.names or settings.default_image_names
+    for name in names:
+        started = time.monotonic()
         tag = builder.build(name, force=args.force)
-        print(f"{name}: {tag}")
+        print(f"{name}: {tag} ({time.monotonic() - started:.0f} s)")
     return 0
 
 
@@ -63,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     images = commands.add_parser("images", help="build and list kernel images")
     image_commands = images.add_subparsers(dest="images_command", required=True)
     build = image_commands.add_parser("build", help="build kernel images (skips unchanged ones)")
-    build.add_argument("names", nargs="*", help="image names (default: all in images/)")
+    build.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
+    build.add_argument("--all", action="store_true", help="build every image in images/")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     Settings.add_arguments(build)
     build.set_defaults(func=_images_build)

@@ -63,6 +63,9 @@ class Settings:
     base_image: str = _opt(
         "debian:bookworm-slim", "base image for kernel images (debootstrapped if not pullable)"
     )
+    default_images: str = _opt(
+        "python", "comma-separated images `sbx images build` builds when given no names"
+    )
     max_sessions: int = _opt(64, "live sessions allowed at once, server-wide")
     default_ttl: float = _opt(3600.0, "session lifetime in seconds when none is asked for")
     max_ttl: float = _opt(86400.0, "longest lifetime a session may ask for")
@@ -177,6 +180,10 @@ class Settings:
             timeout=float(get("timeout")),
             output_bytes=parse_size(get("output_bytes"), f"{prefix}_output_bytes"),
         )
+
+    @property
+    def default_image_names(self) -> list[str]:
+        return [name.strip() for name in self.default_images.split(",") if name.strip()]
 
     @property
     def tmp_bytes(self) -> int:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from gateway.config import ROOT
@@ -64,3 +68,21 @@ def test_missing_image_directory_is_a_clear_error(engine, tmp_path):
 
     with pytest.raises(ImageBuildError, match="Dockerfile is missing"):
         ImageBuilder(engine, tmp_path).tag_for("nope")
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--default-images", "bash, r"], ["bash", "r"]), (["--all"], None)],
+    ids=["default-set", "all"],
+)
+def test_build_picks_the_default_set_or_all(args, expected):
+    """Images build only when asked for: no names means the configured default set."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "images", "build", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    built = [line.split(":")[0] for line in out.splitlines() if re.match(r"\w+: sbx/", line)]
+    assert built == (expected or ImageBuilder(None, ROOT / "images").names()), out
