@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import os
-import platform
-import re
 import statistics
 import tempfile
 import threading
-from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
-from bench_sessions import pct, round_trips, session_starts, start_gateway
+from bench_sessions import pct, round_trips, session_starts, start_gateway, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-BEGIN, END = "<!-- bench_runtimes: begin -->", "<!-- bench_runtimes: end -->"
 FETCH = """
 import os, time, urllib.request
 os.environ.pop('NO_PROXY', None); os.environ.pop('no_proxy', None)
@@ -113,28 +106,15 @@ def main() -> None:
             table.append(row(f"{label}, {runtime}", results[runtime][key]))
     print("\n".join(table))
 
-    load = os.getloadavg()[0]  # the machine may be shared: say how busy it was
-    machine = (
-        f"{platform.node()}: {os.cpu_count()} cores (load average {load:.1f} at the end), "
-        f"{platform.platform()}, Docker runtimes runc and runsc (gVisor, ptrace platform)"
-    )
-    section = (
-        f"{BEGIN}\n## runc versus gVisor\n\n"
-        f"Measured by `bench/bench_runtimes.py` on {datetime.now(UTC):%Y-%m-%d}, on {machine}; "
+    write_section(
+        "bench_runtimes",
+        "runc versus gVisor",
+        "Docker runtimes runc and runsc (gVisor, ptrace platform), "
         "kernel image `python`, default limits, a real gateway over HTTP on loopback. The "
         "proxy row is a sandbox fetching a tiny page from a server on the host's loopback "
-        "through the egress proxy (allowlist session, operator range 127.0.0.0/8).\n\n"
-        + "\n".join(table)
-        + f"\n{END}\n"
+        "through the egress proxy (allowlist session, operator range 127.0.0.0/8).",
+        table,
     )
-    doc = ROOT / "docs" / "PERFORMANCE.md"
-    text = doc.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    text = (
-        pattern.sub(lambda _: section, text) if BEGIN in text else text.rstrip() + "\n\n" + section
-    )
-    doc.write_text(text)
-    print(f"\nwritten to {doc.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -99,6 +100,31 @@ def round_trips(client: httpx.Client, sid: str, n: int) -> list[float]:
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def write_section(bench: str, title: str, about: str, table: list[str]) -> None:
+    """Put a benchmark's results in docs/PERFORMANCE.md between markers of its own.
+
+    They replace that benchmark's previous section, or are appended: each
+    benchmark keeps its own part of the shared page.
+    """
+    load = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    machine = (
+        f"{platform.node()}: {os.cpu_count()} cores (load average {load:.1f} at the end), "
+        f"{platform.platform()}"
+    )
+    begin, end = f"<!-- {bench}: begin -->", f"<!-- {bench}: end -->"
+    section = (
+        f"{begin}\n## {title}\n\nMeasured by `bench/{bench}.py` on "
+        f"{datetime.now(UTC):%Y-%m-%d}, on {machine}; {about}\n\n" + "\n".join(table) + f"\n{end}\n"
+    )
+    doc = ROOT / "docs" / "PERFORMANCE.md"
+    text = doc.read_text()
+    found = re.search(re.escape(begin) + ".*?" + re.escape(end) + "\n?", text, re.DOTALL)
+    doc.write_text(
+        text.replace(found.group(0), section) if found else f"{text.rstrip()}\n\n{section}"
+    )
+    print(f"\nwritten to {doc.relative_to(ROOT)}")
 
 
 def main() -> None:
