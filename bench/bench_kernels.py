@@ -61,8 +61,7 @@ def main() -> None:
     parser.add_argument("--executes", type=int, default=200)
     args = parser.parse_args()
 
-    # A loopback-only gateway for this run: no tokens needed.
-    proc, url = start_gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--auth", "none")
+    proc, url = start_gateway(tempfile.mkdtemp(prefix="sbx-bench-"))
     # Keep reading its log, or a full pipe would stall the gateway mid-run.
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     client = httpx.Client(base_url=url, timeout=120)
