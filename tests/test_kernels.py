@@ -143,8 +143,12 @@ def test_kernel_catalog_lists_languages_and_images(api):
         assert entry["built"] and entry["image_tag"].startswith(f"sbx/{entry['image']}:")
         assert entry["language"].lower() == lang.language.lower() and entry["display_name"]
     assert kernels["ir"]["display_name"] == "R (sandboxed)"
-    # The Jupyter kernelspecs endpoint offers the same kernels.
-    assert set(api.get("/api/kernelspecs").json()["kernelspecs"]) == set(kernels)
+    # The Jupyter kernelspecs endpoint offers the same kernels, with their logos.
+    specs = api.get("/api/kernelspecs").json()["kernelspecs"]
+    assert set(specs) == set(kernels)
+    for name in ("ir", "javascript", "xpython"):
+        logo = api.get(specs[name]["resources"]["logo-64x64"])
+        assert logo.status_code == 200 and logo.content.startswith(b"\x89PNG"), name
 
 
 def test_kernel_without_a_built_image_says_how_to_build_it(start_gateway, tmp_path):
