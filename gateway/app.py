@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from pathlib import Path
 
@@ -13,7 +14,17 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from .api import audit, files, health, jupyter, kernels, notebooks, sessions, stream
+from .api import (
+    audit,
+    files,
+    health,
+    jupyter,
+    kernels,
+    metrics,
+    notebooks,
+    sessions,
+    stream,
+)
 from .api.base import NotFoundHandler, log_request
 from .audit import AuditLog
 from .auth import Authenticator
@@ -38,6 +49,7 @@ def make_app(
             *kernels.routes,
             *health.routes,
             *audit.routes,
+            *metrics.routes,
             *jupyter.routes,
         ],
         default_handler_class=NotFoundHandler,
@@ -63,6 +75,7 @@ class Gateway:
         self.port: int | None = None
 
     async def start(self) -> None:
+        _raise_file_limit()
         try:
             client = await asyncio.to_thread(docker.from_env)
             await asyncio.to_thread(client.ping)
@@ -141,3 +154,10 @@ def _warn_unauthenticated(host: str) -> None:
         "Use API tokens for anything but a single user on this machine.",
         where,
     )
+
+
+def _raise_file_limit() -> None:
+    """Every session holds sockets and files: use the whole allowance the host grants."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

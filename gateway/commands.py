@@ -23,7 +23,7 @@ Handler = Callable[[Settings, argparse.Namespace], int]
 
 
 def _client(settings: Settings) -> Client:
-    return Client(settings.url, settings.token)
+    return Client(settings.url, settings.client_token)
 
 
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:

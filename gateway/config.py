@@ -67,6 +67,12 @@ class Settings:
         "python", "comma-separated images `sbx images build` builds when given no names"
     )
     max_sessions: int = _opt(64, "live sessions allowed at once, server-wide")
+    pool: str = _opt(
+        "python3=2",
+        "warm pool: ready kernels kept per kernelspec, e.g. 'python3=2,bash=1' ('' for none); "
+        "they count against max_sessions",
+    )
+    pool_refill_concurrency: int = _opt(1, "pooled kernels started at once while refilling")
     default_ttl: float = _opt(3600.0, "session lifetime in seconds when none is asked for")
     max_ttl: float = _opt(86400.0, "longest lifetime a session may ask for")
     default_idle_timeout: float = _opt(600.0, "seconds without activity before a session ends")
@@ -156,6 +162,14 @@ class Settings:
         # Parsing both limit sets here makes a bad size fail at start, not on first use.
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
+        if self.pool_refill_concurrency < 1:
+            raise ConfigError("pool_refill_concurrency must be at least 1")
+        try:
+            self.pool_sizes  # noqa: B018
+        except ValueError:
+            raise ConfigError(
+                f"pool must look like 'python3=2,bash=1', not {self.pool!r}"
+            ) from None
         self.default_limits.resolve({}, self.max_limits)
         self._check_isolation()
         self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
@@ -180,6 +194,26 @@ class Settings:
             timeout=float(get("timeout")),
             output_bytes=parse_size(get("output_bytes"), f"{prefix}_output_bytes"),
         )
+
+    @property
+    def client_token(self) -> str:
+        """The token clients send: ``token``, else the one a local gateway generated."""
+        if self.token:
+            return self.token
+        generated = Path(self.data_dir) / "token"
+        try:
+            return generated.read_text().strip()
+        except OSError:
+            return ""
+
+    @property
+    def pool_sizes(self) -> dict[str, int]:
+        """``python3=2,bash=1`` -> {"python3": 2, "bash": 1}."""
+        sizes = {}
+        for part in _csv(self.pool):
+            name, _, count = part.partition("=")
+            sizes[name.strip()] = int(count or 1)
+        return sizes
 
     @property
     def default_image_names(self) -> list[str]:

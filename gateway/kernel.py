@@ -7,6 +7,7 @@ sessions, HTTP or storage; ``Session`` decides when to call what.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import time
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker.errors
+import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
@@ -62,6 +64,19 @@ class ExecutionResult:
         }
 
 
+@functools.cache
+def shared_context() -> zmq.asyncio.Context:
+    """One ZeroMQ context for every kernel's sockets.
+
+    By default each manager and each client makes its own, with an I/O
+    thread each: two per session. One context needs room for all sockets
+    (libzmq's default is 1023, about 150 sessions' worth), set before its first.
+    """
+    context = zmq.asyncio.Context()
+    context.set(zmq.MAX_SOCKETS, 65536)
+    return context
+
+
 class Kernel:
     """A kernel process in its sandbox, and the client that talks to it."""
 
@@ -76,6 +91,7 @@ class Kernel:
         self.sandbox = sandbox
         self.start_timeout = start_timeout
         self.manager = AsyncKernelManager(
+            context=shared_context(),
             kernel_name=kernel_name,
             kernel_spec_manager=spec_manager,
             transport="ipc",
@@ -147,7 +163,9 @@ class Kernel:
         if self.client is None:
             # Its own Session: verified signatures are remembered per Session, and
             # relays of Jupyter clients see the same iopub messages.
-            self.client = self.manager.client(session=self.manager.session.clone())
+            self.client = self.manager.client(
+                session=self.manager.session.clone(), context=self.manager.context
+            )
             self.client.start_channels()
         try:
             await self.client.wait_for_ready(timeout=self.start_timeout)
@@ -167,6 +185,14 @@ class Kernel:
         except docker.errors.DockerException:
             return ""
         return raw.decode(errors="replace").strip()
+
+    async def run_silently(self, code: str) -> None:
+        """Run setup code that leaves no trace: no execution count, history or output."""
+        assert self.client is not None
+        msg_id = self.client.execute(code, silent=True, store_history=False, allow_stdin=False)
+        reply = await self._reply(msg_id)
+        if reply is None or reply.get("status") != "ok":
+            raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
 
     async def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info_reply content (language_info, implementation)."""

@@ -279,7 +279,7 @@ def serve(settings: Settings, *, http: bool, host: str, port: int, path: str) ->
     """Run the MCP server until stdin closes (stdio) or it is interrupted (HTTP)."""
 
     async def main() -> None:
-        async with AsyncClient(settings.url, settings.token) as client:
+        async with AsyncClient(settings.url, settings.client_token) as client:
             server = build_server(client)
             if http:
                 await _serve_http(server, host, port, path)

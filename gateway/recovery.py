@@ -81,11 +81,11 @@ async def _take_over(
     if time.time() >= session.expires_at:
         await manager.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
         return
-    manager.equip(session)
+    manager.sandboxes.equip(session)
     assert session.kernel is not None
     await session.kernel.adopt(runtime)
     manager.sessions[session.id] = session
-    await asyncio.to_thread(workspace.mount_again, manager.session_dir(session.id))
+    await asyncio.to_thread(workspace.mount_again, manager.sandboxes.session_dir(session.id))
     container = next((c for c in containers if c["Id"] == runtime["container_id"]), None)
     if container is not None:
         claimed.add(container["Id"])

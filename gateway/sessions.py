@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,6 @@ from .config import ConfigError, Settings
 from .errors import (
     BadRequest,
     Conflict,
-    EngineUnavailable,
     KernelDied,
     PayloadTooLarge,
     QuotaExceeded,
@@ -40,20 +40,21 @@ from .errors import (
 )
 from .files import Workspace
 from .images import ImageBuilder
-from .isolation import IsolationManager, NetworkPolicy, baseline_isolation
-from .kernel import ExecutionResult, Kernel
+from .isolation import IsolationManager
+from .kernel import ExecutionResult
 from .kernelspecs import KernelSpecs
-from .limits import Limits, format_size
+from .limits import format_size
 from .outputs import OutputListener
+from .pool import WarmPool
 from .provisioners import workspace
-from .provisioners.docker import SandboxSpec
 from .provisioners.events import ContainerWatcher
-from .recorder import ExecutionRecorder, iso, parse_iso
+from .recorder import ExecutionRecorder
+from .sandboxes import Sandboxes
+from .session import Session
 from .store import Store
-from .validation import env_vars, metadata_dict, seconds
+from .validation import seconds
 
 if TYPE_CHECKING:
-    from .channels import KernelChannels
     from .streams import StreamHub
 
 log = logging.getLogger(__name__)
@@ -61,133 +62,6 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("starting", "idle", "busy", "dead")
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
-
-
-class Session:
-    """One sandboxed kernel and what the gateway knows about it."""
-
-    def __init__(
-        self,
-        kernel_name: str,
-        image: str,
-        limits: Limits,
-        ttl: float,
-        idle_timeout: float,
-        env: dict[str, str],
-        metadata: dict[str, Any],
-        session_id: str | None = None,
-        start_timeout: float | None = None,
-        runtime: str = "runc",
-        network: NetworkPolicy | None = None,
-        tenant: str = "default",
-    ) -> None:
-        self.id = session_id or str(uuid.uuid4())
-        self.tenant = tenant
-        self.start_timeout = start_timeout
-        self.runtime = runtime
-        self.network = network or NetworkPolicy()
-        self.isolation = baseline_isolation(runtime)  # until the manager prepares it
-        self.kernel_name = kernel_name
-        self.image = image
-        self.limits = limits
-        self.ttl = ttl
-        self.idle_timeout = idle_timeout
-        self.env = env
-        self.metadata = metadata
-        self.created_at = time.time()
-        self.last_activity = self.created_at
-        self.ended_at: float | None = None
-        self.state = "starting"
-        self.reason: str | None = None
-        # What a notebook export records so a replay can check its environment.
-        self.image_digest: str | None = None
-        self.packages: list[str] = []
-        self.language_info: dict[str, Any] = {}
-        self.display_name = kernel_name
-        self.kernel: Kernel | None = None
-        self.workspace: Workspace | None = None
-        self.lock = asyncio.Lock()
-        self.connections = 0  # open streams; while any is open the session is not idle
-        self.executions = 0
-        self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
-        self.stream: StreamHub | None = None  # the agent stream, made on first use
-        # Jupyter clients gone for a moment, by client session id: their relays
-        # keep buffering so a reconnect replays what it missed.
-        self.parked: dict[str, KernelChannels] = {}
-
-    @classmethod
-    def from_record(cls, doc: dict[str, Any]) -> Session:
-        """A session as the store last saw it, for a restarted gateway to take over."""
-        session = cls(
-            kernel_name=doc["kernel"],
-            image=doc["image"],
-            limits=Limits.from_json(doc["limits"]),
-            ttl=doc["ttl"],
-            idle_timeout=doc["idle_timeout"],
-            env=doc["env"],
-            metadata=doc["metadata"],
-            session_id=doc["id"],
-            runtime=doc.get("runtime", "runc"),
-            network=NetworkPolicy.parse(doc.get("network", "none")),
-            tenant=doc.get("tenant", "default"),
-        )
-        session.created_at = parse_iso(doc["created_at"])
-        session.last_activity = parse_iso(doc["last_activity"])
-        session.state = doc["state"]
-        session.reason = doc.get("reason")
-        session.image_digest = doc.get("image_digest")
-        session.packages = doc.get("packages", [])
-        session.language_info = doc.get("language_info") or {}
-        session.display_name = doc.get("display_name") or session.kernel_name
-        session.executions = doc.get("executions", 0)
-        return session
-
-    @property
-    def owner(self) -> Principal:
-        """The gateway acting for the session's tenant, when no caller is there to ask."""
-        return Principal(tenant=self.tenant, token_id="gateway")
-
-    @property
-    def expires_at(self) -> float:
-        return self.created_at + self.ttl
-
-    @property
-    def idle_deadline(self) -> float:
-        return self.last_activity + self.idle_timeout
-
-    def touch(self) -> None:
-        self.last_activity = time.time()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "tenant": self.tenant,
-            "kernel": self.kernel_name,
-            "image": self.image,
-            "image_digest": self.image_digest,
-            "display_name": self.display_name,
-            "language_info": self.language_info,
-            "state": self.state,
-            "reason": self.reason,
-            "limits": self.limits.to_json(),
-            "ttl": self.ttl,
-            "idle_timeout": self.idle_timeout,
-            "runtime": self.runtime,
-            "network": self.network.to_json(),
-            "env": self.env,
-            "metadata": self.metadata,
-            "created_at": iso(self.created_at),
-            "expires_at": iso(self.expires_at),
-            "last_activity": iso(self.last_activity),
-            "idle_expires_at": iso(self.idle_deadline),
-            "ended_at": iso(self.ended_at),
-            "executions": self.executions,
-            "container_id": self.kernel.container_id if self.kernel else None,
-        }
-
-    def record(self) -> dict[str, Any]:
-        """What the store keeps: the API view plus the image's package list."""
-        return {**self.to_json(), "packages": self.packages}
 
 
 class SessionManager:
@@ -207,13 +81,15 @@ class SessionManager:
         self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
         self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
         self.isolation = IsolationManager(settings, client)
+        self.sandboxes = Sandboxes(settings, client, self.kernelspecs, self.images, self.isolation)
         self.sessions: dict[str, Session] = {}
-        self.sessions_dir = Path(settings.data_dir) / "sessions"
+        self.sessions_dir = self.sandboxes.sessions_dir
+        self.pool = WarmPool(self, settings.pool_sizes)
+        self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self.gateway_id = ""
         self._watcher: ContainerWatcher | None = None
         self._culler: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._image_facts: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle of the manager itself -------------------------------------------------
 
@@ -227,7 +103,9 @@ class SessionManager:
                 f"data_dir {self.settings.data_dir} is too long for kernel sockets; "
                 "choose a shorter path"
             )
-        self.gateway_id = await self.store.gateway_id()
+        for name in self.pool.sizes:
+            self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
+        self.gateway_id = self.sandboxes.gateway_id = await self.store.gateway_id()
         if not workspace.loop_mounts_available():
             log.warning(
                 "not root: workspaces are plain directories and disk limits are not enforced"
@@ -237,6 +115,7 @@ class SessionManager:
         self._watcher.start()
         await recover(self)
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
+        self.pool.start()
 
     async def stop(self, end_sessions: bool = False, drain_timeout: float = 0.0) -> None:
         """Stop managing sessions: end them all, or leave them running for the next start.
@@ -249,6 +128,7 @@ class SessionManager:
             self._culler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._culler
+        await self.pool.stop()
         sessions = list(self.sessions.values())
         if end_sessions:
             await asyncio.gather(
@@ -348,7 +228,7 @@ class SessionManager:
 
     async def create(self, request: dict[str, Any], who: Principal) -> Session:
         """Validate a create request and start its kernel; the session is idle on return."""
-        session = self._new_session(request, who.tenant)
+        session = self.sandboxes.new_session(request, who.tenant)
         if len(self.sessions) >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
@@ -357,16 +237,27 @@ class SessionManager:
         self._check_quota(session)
         if request.get("id") is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
+        # Registered at once, so concurrent creates count it against the limits.
         self.sessions[session.id] = session
-        await self.save(session)
+        requested_id = session.id
         try:
-            await self._launch(session)
-        except BaseException as e:
-            await self.end(session, f"kernel failed to start: {e}")
-            raise
+            warm = await self.pool.claim(session, request)
+        finally:
+            del self.sessions[requested_id]
+            self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id
+        if not warm:
+            await self.pool.make_room()
+            await self.save(session)
+            try:
+                await self.sandboxes.launch(session)
+            except BaseException as e:
+                await self.end(session, f"kernel failed to start: {e}")
+                raise
         session.state = "idle"
         await self.save(session)
-        log.info("session %s started (%s)", session.id, session.image)
+        log.info(
+            "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
+        )
         return session
 
     def _check_quota(self, new: Session) -> None:
@@ -384,103 +275,6 @@ class SessionManager:
                 f"memory, over its quota of {format_size(quota.max_memory)} "
                 f"({format_size(memory)} in use); ask for less memory or delete a session"
             )
-
-    def _new_session(self, request: dict[str, Any], tenant: str) -> Session:
-        s = self.settings
-        kernel_name = request.get("kernel") or "python3"
-        if not isinstance(kernel_name, str):
-            raise BadRequest("kernel must be a kernelspec name such as 'python3'")
-        sandbox = self.kernelspecs.sandbox(kernel_name)
-        image = request.get("image") or self.images.tag_for(sandbox.get("image", kernel_name))
-        if not isinstance(image, str) or not image.startswith("sbx/"):
-            raise BadRequest("image must be an image the gateway built (sbx/...), or null")
-        session_id = request.get("id")
-        if session_id is not None:
-            try:
-                session_id = str(uuid.UUID(str(session_id)))
-            except ValueError:
-                raise BadRequest("id must be a UUID") from None
-            if session_id in self.sessions:
-                raise Conflict(f"a session with id {session_id} already exists")
-        runtime, network = self.isolation.choose(request, sandbox)
-        return Session(
-            kernel_name=kernel_name,
-            image=image,
-            limits=s.default_limits.resolve(request.get("limits"), s.max_limits),
-            ttl=seconds(request.get("ttl"), "ttl", s.default_ttl, s.max_ttl),
-            idle_timeout=seconds(
-                request.get("idle_timeout"),
-                "idle_timeout",
-                s.default_idle_timeout,
-                s.max_idle_timeout,
-            ),
-            env=env_vars(request.get("env")),
-            metadata=metadata_dict(request.get("metadata")),
-            session_id=session_id,
-            start_timeout=seconds(
-                request.get("start_timeout"),
-                "start_timeout",
-                s.kernel_start_timeout,
-                max(s.kernel_start_timeout, 600.0),
-            ),
-            runtime=runtime,
-            network=network,
-            tenant=tenant,
-        )
-
-    def session_dir(self, session_id: str) -> Path:
-        return self.sessions_dir / session_id
-
-    def equip(self, session: Session) -> None:
-        """Give a session its Kernel and Workspace objects (no container is started)."""
-        session_dir = self.session_dir(session.id)
-        sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
-        spec = SandboxSpec(
-            docker=self.docker,
-            image=session.image,
-            session_id=session.id,
-            gateway_id=self.gateway_id,
-            limits=session.limits,
-            env=session.env,
-            run_dir=session_dir / "run",
-            workspace=session_dir / "workspace",
-            tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
-            user=sandbox_cfg.get("user", "1000:1000"),
-            isolation=session.isolation,
-        )
-        uid, gid = spec.uid_gid
-        session.workspace = Workspace(str(spec.workspace), uid, gid)
-        session.kernel = Kernel(
-            session.kernel_name,
-            self.kernelspecs.manager,
-            spec,
-            session.start_timeout or self.settings.kernel_start_timeout,
-        )
-
-    async def _launch(self, session: Session) -> None:
-        session.isolation = await self.isolation.prepare(
-            session.id, session.runtime, session.network, session.limits.pids
-        )
-        self.equip(session)
-        assert session.kernel is not None
-        spec = session.kernel.sandbox
-        spec.run_dir.mkdir(parents=True, exist_ok=True)
-        uid, gid = spec.uid_gid
-        await asyncio.to_thread(
-            workspace.create, self.session_dir(session.id), session.limits.disk, uid, gid
-        )
-        try:
-            await session.kernel.start()
-            facts = self._image_facts.get(session.image)
-            if facts is None:
-                facts = await asyncio.to_thread(self.images.facts, session.image)
-                self._image_facts[session.image] = facts
-        except docker.errors.DockerException as e:
-            raise EngineUnavailable(f"the container engine failed: {e}") from e
-        session.image_digest = facts["digest"]
-        session.packages = facts["packages"]
-        session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
-        session.display_name = self.kernelspecs.get(session.kernel_name).display_name
 
     async def execute(
         self,
@@ -550,6 +344,7 @@ class SessionManager:
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
     ) -> None:
         """Store an execution's outcome in place of its running record."""
+        self.counts[result.status] += 1
         session.running.discard(recorder)
         session.touch()
         session.executions += 1
@@ -642,7 +437,7 @@ class SessionManager:
             except Exception:
                 log.exception("session %s: kernel shutdown failed", session.id)
                 await self.remove_container(session.id)
-        await asyncio.to_thread(workspace.destroy, self.session_dir(session.id))
+        await asyncio.to_thread(workspace.destroy, self.sandboxes.session_dir(session.id))
         await self.save(session)
         log.info("session %s ended: %s", session.id, reason)
 
@@ -654,6 +449,8 @@ class SessionManager:
     def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
         """Called on the loop by the watcher when one of our containers stops."""
         session = self.sessions.get(session_id)
+        if session is None and self.pool.forget(session_id):
+            return  # a pooled kernel died; the pool replaces it
         if session is None or session.kernel is None or session.state in ("starting", "deleted"):
             return  # expected: a delete or a restart stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:

@@ -50,8 +50,13 @@ def start_gateway(engine: docker.DockerClient) -> Iterator:
         keep_sessions: bool = False,
         env: dict[str, str] | None = None,
     ) -> GatewayProcess:
-        """A gateway that ends its sessions when stopped, unless ``keep_sessions``."""
+        """A gateway that ends its sessions when stopped, unless ``keep_sessions``.
+
+        No warm pool unless asked for: its kernels would only slow the tests down.
+        """
         flags = args if keep_sessions else ("--end-sessions-on-stop", *args)
+        if "--pool" not in args:
+            flags = ("--pool", "", *flags)
         gw = GatewayProcess(data_dir or short_tmpdir(), *flags, env=env)
         started.append(gw)
         return gw
@@ -65,8 +70,10 @@ def start_gateway(engine: docker.DockerClient) -> Iterator:
 
 @pytest.fixture(scope="session")
 def gateway(start_gateway) -> GatewayProcess:
+    # Sessions of the shared gateway come from a warm pool, as in production.
     return start_gateway(
-        "--interrupt-grace", "2", "--cull-interval", "0.5", "--reconnect-grace", "1"
+        "--interrupt-grace", "2", "--cull-interval", "0.5", "--reconnect-grace", "1",
+        "--pool", "python3=2",
     )  # fmt: skip
 
 

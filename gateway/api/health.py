@@ -9,7 +9,9 @@ class HealthHandler(JSONHandler):
     public = True  # load balancers probe without a token
 
     async def get(self) -> None:
-        self.send({"status": "ok", "sessions": len(self.manager.sessions)})
+        manager = self.manager
+        pool = {name: stats["ready"] for name, stats in manager.pool.stats().items()}
+        self.send({"status": "ok", "sessions": len(manager.sessions), "pool_ready": pool})
 
 
 routes = [(r"/healthz", HealthHandler)]

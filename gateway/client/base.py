@@ -143,7 +143,7 @@ def resolve(url: str | None, token: str | None) -> tuple[str, str]:
     if url is None or token is None:
         settings = Settings.load()
         url = settings.url if url is None else url
-        token = settings.token if token is None else token
+        token = settings.client_token if token is None else token
     return url.rstrip("/"), token
 
 

@@ -113,6 +113,27 @@ class SandboxSpec:
         }
 
 
+def update_limits(client: docker.DockerClient, container_id: str, limits: Limits) -> None:
+    """Apply new limits to a running container (a claimed warm-pool sandbox).
+
+    The Engine API updates memory, swap, CPU and pids in place; docker-py's
+    ``update_container`` knows no NanoCpus or PidsLimit, so this posts the
+    documented body itself.
+    """
+    api = client.api
+    response = api.post(
+        f"{api.base_url}/v{api.api_version}/containers/{container_id}/update",
+        json={
+            "Memory": limits.memory,
+            "MemorySwap": limits.memory,
+            "NanoCpus": int(limits.cpus * 1e9),
+            "PidsLimit": limits.pids,
+        },
+    )
+    if response.status_code >= 400:
+        raise EngineUnavailable(f"the engine refused new limits: {response.text.strip()}")
+
+
 class DockerProvisioner(KernelProvisionerBase):
     """Kernel lifecycle hooks mapped onto one Docker container."""
 

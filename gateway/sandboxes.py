@@ -1,0 +1,148 @@
+"""Where a session's sandbox comes from: the request checked, the container started.
+
+``Sandboxes`` turns a create request into a ``Session`` (checked against the
+kernelspec and the server's limits), gives a session its ``Kernel`` and
+``Workspace``, and starts its container. The session manager uses it for
+cold starts, the warm pool ahead of time, and recovery to rebuild what a
+restarted gateway takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from .config import Settings
+from .errors import BadRequest, EngineUnavailable
+from .files import Workspace
+from .images import ImageBuilder
+from .isolation import IsolationManager
+from .kernel import Kernel
+from .kernelspecs import KernelSpecs
+from .provisioners import workspace
+from .provisioners.docker import SandboxSpec
+from .session import Session
+from .validation import env_vars, metadata_dict, seconds
+
+
+class Sandboxes:
+    """Makes sessions' sandboxes: validated sessions, kernels, workspaces, containers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: docker.DockerClient,
+        kernelspecs: KernelSpecs,
+        images: ImageBuilder,
+        isolation: IsolationManager,
+    ) -> None:
+        self.settings = settings
+        self.docker = client
+        self.kernelspecs = kernelspecs
+        self.images = images
+        self.isolation = isolation
+        self.sessions_dir = Path(settings.data_dir) / "sessions"
+        self.gateway_id = ""  # set once the store is open
+        self._image_facts: dict[str, dict[str, Any]] = {}
+
+    def new_session(self, request: dict[str, Any], tenant: str) -> Session:
+        """A session as a create request asks for it, checked against the server's limits."""
+        s = self.settings
+        kernel_name = request.get("kernel") or "python3"
+        if not isinstance(kernel_name, str):
+            raise BadRequest("kernel must be a kernelspec name such as 'python3'")
+        sandbox = self.kernelspecs.sandbox(kernel_name)
+        image = request.get("image") or self.images.tag_for(sandbox.get("image", kernel_name))
+        if not isinstance(image, str) or not image.startswith("sbx/"):
+            raise BadRequest("image must be an image the gateway built (sbx/...), or null")
+        session_id = request.get("id")
+        if session_id is not None:
+            try:
+                session_id = str(uuid.UUID(str(session_id)))
+            except ValueError:
+                raise BadRequest("id must be a UUID") from None
+        runtime, network = self.isolation.choose(request, sandbox)
+        return Session(
+            kernel_name=kernel_name,
+            image=image,
+            limits=s.default_limits.resolve(request.get("limits"), s.max_limits),
+            ttl=seconds(request.get("ttl"), "ttl", s.default_ttl, s.max_ttl),
+            idle_timeout=seconds(
+                request.get("idle_timeout"),
+                "idle_timeout",
+                s.default_idle_timeout,
+                s.max_idle_timeout,
+            ),
+            env=env_vars(request.get("env")),
+            metadata=metadata_dict(request.get("metadata")),
+            session_id=session_id,
+            start_timeout=seconds(
+                request.get("start_timeout"),
+                "start_timeout",
+                s.kernel_start_timeout,
+                max(s.kernel_start_timeout, 600.0),
+            ),
+            runtime=runtime,
+            network=network,
+            tenant=tenant,
+        )
+
+    def session_dir(self, session_id: str) -> Path:
+        return self.sessions_dir / session_id
+
+    def equip(self, session: Session) -> None:
+        """Give a session its Kernel and Workspace objects (no container is started)."""
+        session_dir = self.session_dir(session.id)
+        sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
+        spec = SandboxSpec(
+            docker=self.docker,
+            image=session.image,
+            session_id=session.id,
+            gateway_id=self.gateway_id,
+            limits=session.limits,
+            env=session.env,
+            run_dir=session_dir / "run",
+            workspace=session_dir / "workspace",
+            tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
+            user=sandbox_cfg.get("user", "1000:1000"),
+            isolation=session.isolation,
+        )
+        uid, gid = spec.uid_gid
+        session.workspace = Workspace(str(spec.workspace), uid, gid)
+        session.kernel = Kernel(
+            session.kernel_name,
+            self.kernelspecs.manager,
+            spec,
+            session.start_timeout or self.settings.kernel_start_timeout,
+        )
+
+    async def launch(self, session: Session) -> None:
+        """Start the session's container and wait for its kernel; fill in what it reports."""
+        session.isolation = await self.isolation.prepare(
+            session.id, session.runtime, session.network, session.limits.pids
+        )
+        self.equip(session)
+        assert session.kernel is not None
+        spec = session.kernel.sandbox
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        uid, gid = spec.uid_gid
+        await asyncio.to_thread(
+            workspace.create, self.session_dir(session.id), session.limits.disk, uid, gid
+        )
+        try:
+            await session.kernel.start()
+            facts = self._image_facts.get(session.image)
+            if facts is None:
+                facts = await asyncio.to_thread(self.images.facts, session.image)
+                self._image_facts[session.image] = facts
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine failed: {e}") from e
+        session.image_digest = facts["digest"]
+        session.packages = facts["packages"]
+        session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
+        session.display_name = self.kernelspecs.get(session.kernel_name).display_name
