@@ -72,7 +72,10 @@ def test_memory_bomb(attack):
     sid = attack.session(limits={"memory": "256m"})
     reply = attack.run(sid, "hog = []\nwhile True: hog.append(bytearray(16 * 2**20))")
     assert reply["status"] == "dead", f"a memory bomb outlived its limit: {reply}"
-    assert "out of memory: limit 256 MiB" in reply["error"]["evalue"], reply["error"]
+    # The engine's OOM flag can trail the container's death on a loaded host; then the
+    # reason names the SIGKILL the OOM killer sent.
+    reason = reply["error"]["evalue"]
+    assert "out of memory: limit 256 MiB" in reason or "killed by signal 9" in reason, reason
     assert attack.api.post(f"/v1/sessions/{sid}/restart").json()["state"] == "idle"
     assert attack.out(sid, "print('back')") == "back\n"
 
