@@ -9,14 +9,17 @@ they are what a caller most needs to see.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from nbformat.v4 import output_from_msg
+from nbformat import ValidationError
+from nbformat.v4 import new_output, output_from_msg
 
 from .limits import format_size
 
+_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 OUTPUT_MSG_TYPES = {"stream", "display_data", "execute_result", "error", "update_display_data"}
 
 # An error's traceback is kept even past the cap, but not without bound.
@@ -71,7 +74,7 @@ class OutputCollector:
             return
         if self._clear_pending:
             self._clear()
-        output = output_from_msg(msg)
+        output = _output(msg)
         display_id = content.get("transient", {}).get("display_id")
         if display_id:
             output["metadata"]["sbx_display_id"] = display_id
@@ -123,7 +126,7 @@ class OutputCollector:
         display_id = content.get("transient", {}).get("display_id")
         for output in self.outputs:
             if output.get("metadata", {}).get("sbx_display_id") == display_id:
-                output["data"] = content.get("data", {})
+                output["data"] = {k: _as_text(k, v) for k, v in content.get("data", {}).items()}
                 output["metadata"] = {**content.get("metadata", {}), "sbx_display_id": display_id}
 
     def finish(self) -> list[dict[str, Any]]:
@@ -141,6 +144,44 @@ class OutputCollector:
                 }
             )
         return self.outputs
+
+
+def _output(msg: dict[str, Any]) -> dict[str, Any]:
+    """The message as a notebook output, even when the kernel sent what nbformat refuses.
+
+    Kernels may publish a MIME bundle with a non-text value (``display({'x': 1},
+    raw=True)``); such values are kept as JSON text, and an output that still
+    does not fit the notebook format becomes a visible note, never an error of
+    the whole execution.
+    """
+    try:
+        return output_from_msg(msg)
+    except ValidationError:
+        pass
+    content = dict(msg["content"])
+    if isinstance(content.get("data"), dict):
+        content["data"] = {k: _as_text(k, v) for k, v in content["data"].items()}
+    if not isinstance(content.get("metadata"), dict):
+        content["metadata"] = {}
+    try:
+        return output_from_msg({**msg, "content": content})
+    except ValidationError as e:
+        kind = msg["header"]["msg_type"]
+        reason = str(e).splitlines()[0]
+        return new_output(
+            "stream",
+            name="stderr",
+            text=f"[sbx: dropped a {kind} output the notebook format cannot hold: {reason}]\n",
+        )
+
+
+def _as_text(mime: str, value: Any) -> Any:
+    """A MIME bundle value nbformat accepts: text, or any JSON under a JSON type."""
+    if _JSON_MIME.match(mime) or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return value
+    return json.dumps(value, default=str)
 
 
 def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]]:

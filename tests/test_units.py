@@ -101,6 +101,20 @@ def test_collector_honours_clear_output_and_display_updates():
     assert len(outputs) == 1 and outputs[0]["data"] == {"text/plain": "2"}
 
 
+def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():
+    """A kernel's non-text MIME value once made the execute a 500 and left the session busy."""
+    c = OutputCollector(cap_bytes=10_000)
+    c.add_message(msg("display_data", data={"x": 1, "application/json": {"a": 1}}, metadata={}))
+    c.add_message(msg("execute_result", data={"text/plain": "1"}, metadata=7, execution_count=1))
+    c.add_message(msg("stream", name="stdout", text=["not", "a", "string"]))
+    c.add_message(msg("display_data", data=[], metadata={}))
+    outputs = c.finish()
+    assert outputs[0]["data"] == {"x": "1", "application/json": {"a": 1}}
+    assert outputs[1]["metadata"] == {} and outputs[1]["data"] == {"text/plain": "1"}
+    assert all(o["output_type"] == "stream" for o in outputs[2:])
+    assert "cannot hold" in outputs[-1]["text"]
+
+
 def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
     from gateway.recorder import CUT_BY_RESTART, close_cut_executions
 
