@@ -137,6 +137,24 @@ class GatewayHandlerMixin:
             return True
         return origin in self.manager.settings.cors_origin_list
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error as the API's JSON body, WebSocket endpoints' included."""
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, GatewayError):
+            status, code, message = error.status, error.code, error.message
+        elif isinstance(error, tornado.web.HTTPError):
+            status = error.status_code
+            code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+            message = error.log_message or self._reason
+        else:
+            status, code = 500, "internal_error"
+            message = "the gateway hit an unexpected error; it has been logged"
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        if status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="sandbox-gateway"')
+        self.finish(json.dumps({"error": {"code": code, "message": message}}))
+
 
 class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     """Base handler: authenticated, JSON bodies in (bounded), JSON out, audited."""
@@ -199,22 +217,6 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     def on_finish(self) -> None:
         self.audit_action(self.get_status())
 
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(error, GatewayError):
-            status, code, message = error.status, error.code, error.message
-        elif isinstance(error, tornado.web.HTTPError):
-            status = error.status_code
-            code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-            message = error.log_message or self._reason
-        else:
-            status, code = 500, "internal_error"
-            message = "the gateway hit an unexpected error; it has been logged"
-        self.set_status(status)
-        if status == 401:
-            self.set_header("WWW-Authenticate", 'Bearer realm="sandbox-gateway"')
-        self.finish(json.dumps({"error": {"code": code, "message": message}}))
-
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # User-caused errors are answers, not server faults: keep tracebacks out of the log.
         if isinstance(value, GatewayError | tornado.web.HTTPError):
@@ -238,11 +240,14 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
             if not self.allowed_origin(self.request.headers.get("Origin")):
                 raise Forbidden("WebSockets from pages of other sites are refused (cors_origins)")
             self.authenticate()
+            if not _is_upgrade(self.request.headers):
+                raise BadRequest(
+                    "this is a WebSocket endpoint: connect with a WebSocket client "
+                    "(Upgrade: websocket)"
+                )
             self.prepare_socket(**kwargs)
         except GatewayError as e:
-            self.set_status(e.status)
-            self.set_header("Content-Type", "application/json; charset=UTF-8")
-            self.finish(json.dumps({"error": {"code": e.code, "message": e.message}}))
+            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return
         await super().get(*args, **kwargs)
 
@@ -257,6 +262,12 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         if self.ws_connection is None or self.ws_connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
         self.write_message(text)
+
+
+def _is_upgrade(headers: Any) -> bool:
+    """Whether a request asks for a WebSocket (else Tornado would answer in plain text)."""
+    connection = [part.strip().lower() for part in headers.get("Connection", "").split(",")]
+    return headers.get("Upgrade", "").lower() == "websocket" and "upgrade" in connection
 
 
 class NotFoundHandler(JSONHandler):
