@@ -22,6 +22,7 @@ from .api import (
     kernels,
     metrics,
     notebooks,
+    openapi,
     sessions,
     stream,
 )
@@ -48,6 +49,7 @@ def make_app(
             *notebooks.routes,
             *kernels.routes,
             *health.routes,
+            *openapi.routes,
             *audit.routes,
             *metrics.routes,
             *jupyter.routes,

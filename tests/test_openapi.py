@@ -1,0 +1,357 @@
+"""The OpenAPI document is the API's contract: every real response must match it.
+
+Each test drives a real gateway through an endpoint's happy path and main
+errors with a client that validates every response against
+gateway/openapi.json (status code declared for the operation, content type,
+headers, body schema); WebSocket messages are checked against the document's
+message schemas. The last test fails if a documented operation was never seen
+answering successfully, so the document cannot grow endpoints nobody checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import tarfile
+import uuid
+import zipfile
+
+import httpx
+import pytest
+from contract import DOC, Contract, operations, schema_errors
+from helpers import closed, execute_request, run_over_channels, short_tmpdir, wait_for
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+pytestmark = pytest.mark.docker
+
+USER_TOKEN = "acme-user-token-5d1e"
+
+
+@pytest.fixture(scope="module")
+def gw(start_gateway):
+    """A gateway with an admin (its own token) and a user of tenant acme on a 1-session quota."""
+    data_dir = short_tmpdir()
+    tokens_file = data_dir / "tokens.toml"
+    digest = hashlib.sha256(USER_TOKEN.encode()).hexdigest()
+    tokens_file.write_text(
+        f'[[tokens]]\ntenant = "acme"\nsha256 = "{digest}"\n\n[tenants.acme]\nmax_sessions = 1\n'
+    )
+    return start_gateway(
+        "--tokens-file", str(tokens_file), "--runtimes", "runc", "--network-policies", "none",
+        "--max-code-size", "1k", "--max-request-body", "64k", "--interrupt-grace", "1",
+        data_dir=data_dir,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def contract(gw):
+    contract = Contract(gw.url)
+    yield contract
+    contract.close()
+
+
+@pytest.fixture(scope="module")
+def admin(gw, contract) -> httpx.Client:
+    return contract.client(gw.token)
+
+
+@pytest.fixture(scope="module")
+def user(contract) -> httpx.Client:
+    return contract.client(USER_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def anonymous(contract) -> httpx.Client:
+    return contract.client()
+
+
+@pytest.fixture
+def sid(admin):
+    """A live session of the admin's, deleted afterwards."""
+    r = admin.post("/v1/sessions", json={"limits": {"disk": "16m"}})
+    assert r.status_code == 201, r.text
+    yield r.json()["id"]
+    admin.delete(f"/v1/sessions/{r.json()['id']}")
+
+
+def code_of(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+def test_document_and_health_are_public(anonymous):
+    served = anonymous.get("/v1/openapi.json")
+    assert served.status_code == 200 and served.json() == DOC
+    health = anonymous.get("/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_every_kind_of_token_and_its_absence(gw, contract, anonymous):
+    assert anonymous.get("/v1/sessions").status_code == 401
+    assert anonymous.post("/v1/sessions", json={}).status_code == 401
+    r = contract.client("not-a-token").get("/v1/sessions/x")
+    assert r.status_code == 401 and code_of(r) == "unauthorized"
+    jupyter = contract.client(Authorization=f"token {gw.token}")
+    assert jupyter.get("/v1/sessions").status_code == 200
+    assert anonymous.get("/v1/sessions", params={"token": gw.token}).status_code == 200
+
+
+def test_session_lifecycle_and_its_errors(admin):
+    catalog = admin.get("/v1/kernels").json()
+    assert catalog["default"] == "python3" and "python3" in {k["name"] for k in catalog["kernels"]}
+    chosen = str(uuid.uuid4())
+    body = {
+        "id": chosen, "kernel": "python3", "image": None, "ttl": 600, "idle_timeout": 300,
+        "limits": {"memory": "256m", "cpus": 0.5, "pids": 128, "disk": "16m", "timeout": 30,
+                   "output_bytes": 65536},
+        "runtime": "runc", "network": "none", "env": {"MODE": "fast"},
+        "metadata": {"agent": "a1", "step": 3, "draft": True},
+    }  # fmt: skip
+    created = admin.post("/v1/sessions", json=body)
+    assert created.status_code == 201 and created.json()["id"] == chosen
+    listed = admin.get("/v1/sessions", params={"metadata.agent": "a1", "state": "idle"})
+    assert [s["id"] for s in listed.json()["sessions"]] == [chosen]
+    assert admin.get(f"/v1/sessions/{chosen}").json()["env"] == {"MODE": "fast"}
+    patched = admin.patch(f"/v1/sessions/{chosen}", json={"ttl": 900, "idle_timeout": None})
+    assert patched.status_code == 200 and patched.json()["ttl"] == 900
+    assert code_of(admin.patch(f"/v1/sessions/{chosen}", json={"kernel": "x"})) == "bad_request"
+    assert admin.patch(f"/v1/sessions/{chosen}", json={"ttl": -1}).status_code == 422
+    assert admin.delete(f"/v1/sessions/{chosen}").status_code == 204
+    ended = admin.get(f"/v1/sessions/{chosen}")
+    assert ended.status_code == 200 and ended.json()["state"] == "deleted"
+    assert admin.delete(f"/v1/sessions/{chosen}").status_code == 404
+    assert admin.patch(f"/v1/sessions/{chosen}", json={"ttl": 60}).status_code == 404
+    reused = admin.post("/v1/sessions", json={"id": chosen})
+    assert reused.status_code == 409 and code_of(reused) == "conflict"
+    refusals = [
+        ({"limits": {"gpus": 1}}, 400, "bad_request"),
+        ({"kernel": 7}, 400, "bad_request"),
+        ({"kernel": "cobol"}, 404, "kernel_not_found"),
+        ({"runtime": "gvisor"}, 403, "not_allowed"),
+        ({"network": {"allow": ["example.org"]}}, 403, "not_allowed"),
+        ({"limits": {"memory": "512g"}}, 422, "limit_exceeded"),
+        ({"ttl": 0}, 422, "limit_exceeded"),
+        ({"metadata": {"k": [1]}}, 400, "bad_request"),
+        ({"env": {"1BAD": "x"}}, 400, "bad_request"),
+    ]
+    for request, status, code in refusals:
+        r = admin.post("/v1/sessions", json=request)
+        assert (r.status_code, code_of(r)) == (status, code), f"{request} -> {r.text}"
+    bad_json = admin.post("/v1/sessions", content=b"{nope", headers={"content-type": "x"})
+    assert bad_json.status_code == 400
+    huge = admin.post("/v1/sessions", json={"metadata": {"blob": "x" * 70_000}})
+    assert huge.status_code == 413 and code_of(huge) == "payload_too_large"
+    assert admin.get("/v1/sessions/no-such-session").status_code == 404
+
+
+def test_quota_is_a_429(user):
+    first = user.post("/v1/sessions", json={"limits": {"disk": "16m"}})
+    assert first.status_code == 201, first.text
+    try:
+        second = user.post("/v1/sessions", json={})
+        assert second.status_code == 429 and code_of(second) == "quota_exceeded"
+    finally:
+        assert user.delete(f"/v1/sessions/{first.json()['id']}").status_code == 204
+
+
+def test_execute_outcomes_history_and_notebook(admin, sid):
+    code = (
+        "import sys\n"
+        "from IPython.display import HTML, display\n"
+        "print('out')\n"
+        "print('err', file=sys.stderr)\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "open('made.txt', 'w').write('x')\n"
+        "41 + 1"
+    )
+    ok = admin.post(
+        f"/v1/sessions/{sid}/execute", json={"code": code, "description": "# All outputs"}
+    ).json()
+    kinds = [(o["output_type"], o.get("name")) for o in ok["outputs"]]
+    assert kinds == [
+        ("stream", "stdout"), ("stream", "stderr"), ("display_data", None),
+        ("execute_result", None),
+    ], ok  # fmt: skip
+    assert ok["artifacts"][0]["path"] == "made.txt"
+    failed = admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1/0"}).json()
+    assert failed["status"] == "error" and failed["outputs"][-1]["output_type"] == "error"
+    slow = {"code": "import time; time.sleep(3)", "timeout": 0.5}
+    assert admin.post(f"/v1/sessions/{sid}/execute", json=slow).json()["status"] == "timeout"
+    for request, status in [
+        ({"code": 42}, 400),
+        ({}, 400),
+        ({"code": "1", "timeout": "soon"}, 400),
+        ({"code": "1", "timeout": -1}, 422),
+        ({"code": "x" * 2000}, 413),
+    ]:
+        assert admin.post(f"/v1/sessions/{sid}/execute", json=request).status_code == status
+    assert admin.post(f"/v1/sessions/{sid}/interrupt").status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/restart").json()["state"] == "idle"
+    history = admin.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    assert [e["status"] for e in history] == ["ok", "error", "timeout"]
+    notebook = admin.get(f"/v1/sessions/{sid}/notebook")
+    assert notebook.status_code == 200 and notebook.json()["cells"][0]["cell_type"] == "markdown"
+    bare = admin.get(f"/v1/sessions/{sid}/notebook", params={"descriptions": "false"}).json()
+    assert bare["cells"][0]["cell_type"] == "code"
+    for path in ("execute", "interrupt", "restart"):
+        assert admin.post(f"/v1/sessions/nope/{path}", json={"code": "1"}).status_code == 404
+    for path in ("history", "notebook"):
+        assert admin.get(f"/v1/sessions/nope/{path}").status_code == 404
+
+
+def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
+    engine.containers.get(f"sbx-{sid}").kill()
+    assert wait_for(lambda: admin.get(f"/v1/sessions/{sid}").json()["state"] == "dead", 30)
+    dead = admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
+    assert dead.status_code == 409 and code_of(dead) == "kernel_died"
+    assert admin.post(f"/v1/sessions/{sid}/interrupt").status_code == 409
+    assert admin.post(f"/v1/sessions/{sid}/restart").status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
+
+
+def test_files_both_ways_and_their_errors(admin, sid):
+    files = f"/v1/sessions/{sid}/files"
+    put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")
+    assert put.status_code == 201 and put.json() == {"path": "data/in.csv", "size": 8}
+    assert admin.get(f"{files}/data/in.csv").content == b"a,b\n1,2\n"
+    batch = admin.post(
+        files, params={"path": "data"}, files={"one": ("x.txt", b"x"), "two": ("y.txt", b"yy")}
+    )
+    assert batch.status_code == 201 and len(batch.json()["files"]) == 2
+    listing = admin.get(files, params={"path": "data"}).json()
+    assert [e["name"] for e in listing["entries"]] == ["in.csv", "x.txt", "y.txt"]
+    assert admin.get(files).json()["entries"][0]["type"] == "directory"
+    tar = admin.get(files, params={"format": "tar"})
+    assert "data/in.csv" in tarfile.open(fileobj=io.BytesIO(tar.content)).getnames()
+    archive = admin.get(f"{files}/data", params={"format": "zip"})
+    assert "in.csv" in zipfile.ZipFile(io.BytesIO(archive.content)).namelist()
+    admin.post(f"/v1/sessions/{sid}/execute", json={"code": "import os; os.symlink('/etc', 'l')"})
+    refusals = [
+        ("GET", f"{files}/data", {}, 409, "not_a_file"),
+        ("GET", f"{files}/missing.txt", {}, 404, "file_not_found"),
+        ("GET", f"{files}/l/passwd", {}, 403, "path_forbidden"),
+        ("GET", files, {"params": {"path": "data/in.csv"}}, 409, "not_a_file"),
+        ("GET", files, {"params": {"path": "nowhere"}}, 404, "file_not_found"),
+        ("GET", files, {"params": {"path": "../"}}, 400, "bad_request"),
+        ("GET", files, {"params": {"format": "rar"}}, 400, "bad_request"),
+        ("PUT", f"{files}/%2Fetc%2Fpasswd", {"content": b"x"}, 400, "bad_request"),
+        ("PUT", f"{files}/big.bin", {"content": b"0" * 20 * 2**20}, 413, "file_too_large"),
+        ("POST", files, {"content": b"{}"}, 400, "bad_request"),
+        ("DELETE", f"{files}/missing.txt", {}, 404, "file_not_found"),
+        ("GET", "/v1/sessions/nope/files", {}, 404, "session_not_found"),
+        ("PUT", "/v1/sessions/nope/files/a", {"content": b"x"}, 404, "session_not_found"),
+    ]
+    for method, url, kw, status, code in refusals:
+        r = admin.request(method, url, **kw)
+        assert (r.status_code, code_of(r)) == (status, code), f"{method} {url} -> {r.text}"
+    assert admin.delete(f"{files}/data").status_code == 204
+
+
+def test_replay_and_its_errors(admin, sid):
+    admin.post(f"/v1/sessions/{sid}/execute", json={"code": "print(6 * 7)"})
+    notebook = admin.get(f"/v1/sessions/{sid}/notebook").content
+    report = admin.post("/v1/notebooks/replay", content=notebook, params={"image_tolerance": 0})
+    assert report.status_code == 200 and report.json()["reproduced"], report.text
+    assert admin.post("/v1/notebooks/replay", content=b'{"cells": 1}').status_code == 400
+    out_of_range = admin.post(
+        "/v1/notebooks/replay", content=notebook, params={"image_tolerance": 5}
+    )
+    assert out_of_range.status_code == 400
+
+
+def test_audit_is_for_admins(admin, user):
+    events = admin.get("/v1/audit", params={"action": "session.create", "limit": 5})
+    assert events.status_code == 200 and events.json()["events"]
+    assert admin.get("/v1/audit", params={"since": "2000-01-01T00:00:00Z"}).status_code == 200
+    assert admin.get("/v1/audit", params={"limit": 0}).status_code == 400
+    assert admin.get("/v1/audit", params={"limit": "many"}).status_code == 400
+    assert code_of(user.get("/v1/audit")) == "forbidden"
+
+
+def test_websocket_endpoints_refuse_with_json_errors(gw, contract, admin, anonymous, sid):
+    evil = contract.client(gw.token, Origin="https://evil.example")
+    for path in (f"/v1/sessions/{sid}/stream", f"/api/kernels/{sid}/channels"):
+        assert code_of(admin.get(path)) == "bad_request"  # a plain GET, not an upgrade
+        assert anonymous.get(path).status_code == 401
+        assert evil.get(path).status_code == 403
+    assert admin.get("/v1/sessions/nope/stream").status_code in (400, 404)
+    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
+    for path in ("/v1/sessions/nope/stream", "/api/kernels/nope/channels"):
+        assert admin.get(path, headers=upgrade).status_code == 404
+
+
+def test_undocumented_methods_are_405_json_errors(gw):
+    plain = gw.client  # no contract check: these operations are deliberately not in the document
+    for method, path in [
+        ("PUT", "/v1/sessions"),
+        ("POST", "/v1/sessions/x/stream"),
+        ("DELETE", "/api/kernels/x/channels"),
+        ("POST", "/healthz"),
+    ]:
+        r = plain.request(method, path)
+        assert r.status_code == 405, f"{method} {path} -> {r.status_code}"
+        assert r.headers["content-type"].startswith("application/json"), (
+            f"{method} {path}: {r.text}"
+        )
+        assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_stream_events_match_the_document(gw, sid):
+    async def scenario() -> list[dict]:
+        ws = await websocket_connect(gw.ws_url(f"/v1/sessions/{sid}/stream"))
+        requests = [
+            {"type": "execute", "id": "c1", "code": "print('a')\ndisplay({'x': 1}, raw=True)\n7"},
+            {"type": "execute", "id": "c2", "code": "from IPython.display import clear_output\n"
+             "print('gone'); clear_output(); 1/0", "description": "fails"},
+            {"type": "execute", "id": "c3", "code": "x" * 2000},
+            {"type": "dance"},
+        ]  # fmt: skip
+        for request in requests:
+            ws.write_message(json.dumps(request))
+        ws.write_message("[not an object")
+        events: list[dict] = []
+        while sum(e["type"] in ("done", "rejected") for e in events) < 5:
+            raw = await asyncio.wait_for(ws.read_message(), 60)
+            assert raw is not None, f"the stream closed after {events}"
+            events.append(json.loads(raw))
+        await closed(ws)
+        return events
+
+    events = asyncio.run(scenario())
+    for event in events:
+        assert not schema_errors("StreamEvent", event), (event, schema_errors("StreamEvent", event))
+    kinds = {e["type"] for e in events}
+    assert {"status", "stream", "display_data", "execute_result", "error", "clear_output", "done",
+            "rejected"} <= kinds, kinds  # fmt: skip
+    for request in [{"type": "execute", "code": "1"}, {"type": "interrupt"}]:
+        assert not schema_errors("StreamRequest", request)
+
+
+def test_jupyter_channel_messages_match_the_document(gw, sid):
+    url = gw.ws_url(f"/api/kernels/{sid}/channels")
+    messages = asyncio.run(run_over_channels(url, "print('hi'); 1 + 1"))
+    assert {m["msg_type"] for m in messages} >= {"status", "stream", "execute_result"}
+    for message in messages:
+        assert not schema_errors("JupyterMessage", message), message
+
+    async def refused() -> dict:
+        ws = await websocket_connect(HTTPRequest(url))
+        ws.write_message(json.dumps({"no": "header"}))
+        reply = json.loads(await asyncio.wait_for(ws.read_message(), 30))
+        await closed(ws)
+        return reply
+
+    reply = asyncio.run(refused())
+    assert reply["channel"] == "error" and not schema_errors("JupyterMessage", reply)
+    assert not schema_errors("JupyterMessage", execute_request("1"))
+
+
+def test_every_documented_operation_was_seen_succeeding(contract):
+    """Runs last: the tests above must have seen each operation answer with a 2xx."""
+    websockets = {"/v1/sessions/{session_id}/stream", "/api/kernels/{kernel_id}/channels"}
+    succeeded = {(m, t) for m, t, status in contract.seen if 200 <= status < 300}
+    missing = {(m, t) for m, t in operations() if t not in websockets} - succeeded
+    assert not missing, f"no test saw these documented operations succeed: {sorted(missing)}"
