@@ -61,7 +61,8 @@ def main() -> None:
     parser.add_argument("--executes", type=int, default=200)
     args = parser.parse_args()
 
-    proc, url = start_gateway(tempfile.mkdtemp(prefix="sbx-bench-"))
+    # No warm pool: every start below is a cold one, comparable across kernels.
+    proc, url = start_gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "")
     # Keep reading its log, or a full pipe would stall the gateway mid-run.
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     client = httpx.Client(base_url=url, timeout=120)
@@ -90,8 +91,9 @@ def main() -> None:
     write_section(
         "bench_kernels",
         "Kernels",
-        f"runc runtime, default limits, {args.sessions} starts and {args.executes} warm "
-        "executes per kernel, over HTTP on loopback. Start is POST /v1/sessions until 201 "
+        f"runc runtime, default limits, no warm pool, {args.sessions} starts and "
+        f"{args.executes} warm executes per kernel, over HTTP on loopback. Start is "
+        "POST /v1/sessions until 201 "
         "(the kernel answered in its container); 'in the kernel' is the reply's duration_ms: "
         "from the execute request leaving the gateway to the kernel going idle.",
         rows,
