@@ -81,6 +81,14 @@ async def _take_over(
     if time.time() >= session.expires_at:
         await manager.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
         return
+    try:
+        # The egress proxy lives in this process: let the session's kernel back in.
+        session.isolation = await manager.isolation.prepare(
+            session.id, session.runtime, session.network, session.limits.pids
+        )
+    except GatewayError as e:
+        await manager.end(session, f"its sandbox cannot be restored here: {e.message}")
+        return
     manager.sandboxes.equip(session)
     assert session.kernel is not None
     await session.kernel.adopt(runtime)

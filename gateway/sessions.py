@@ -137,8 +137,12 @@ class SessionManager:
         else:
             await self._drain(drain_timeout)
             await asyncio.gather(*(self._detach(s) for s in sessions), return_exceptions=True)
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        # Let them clean up after themselves (a pooled kernel half started, say).
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
         await self.isolation.stop()
@@ -466,11 +470,17 @@ class SessionManager:
 
     async def death_reason(self, session: Session, container_id: str, exit_code: int) -> str:
         """Why a container stopped, in words a user understands."""
-        try:
-            info = await asyncio.to_thread(self.docker.api.inspect_container, container_id)
+        oom = False
+        # The engine may flag the OOM kill a moment after it reports the death.
+        for _ in range(5 if exit_code == 137 else 1):
+            try:
+                info = await asyncio.to_thread(self.docker.api.inspect_container, container_id)
+            except docker.errors.NotFound:
+                break
             oom = bool(info["State"].get("OOMKilled"))
-        except docker.errors.NotFound:
-            oom = False
+            if oom:
+                break
+            await asyncio.sleep(0.1)
         if oom:
             return f"out of memory: limit {format_size(session.limits.memory)}"
         reason = f"kernel process exited with code {exit_code}"
