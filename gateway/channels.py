@@ -30,7 +30,6 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from .kernel import ExecutionResult
 from .outputs import OutputCollector
-from .recorder import ExecutionRecorder
 from .sessions import Session, SessionManager
 
 log = logging.getLogger(__name__)
@@ -40,33 +39,12 @@ Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 
 
 class _Pending:
-    """An execute_request from a client, recorded from the moment it is relayed.
-
-    Relaying does not wait for the store: outputs that arrive before the
-    running record exists are held, then written in order once it does.
-    """
+    """An execute_request from a client, recorded from the moment it is relayed."""
 
     def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
         self.started = time.monotonic()
-        self.collector = OutputCollector(session.limits.output_bytes, self._hear)
-        self.early: list[dict[str, Any] | None] = []
-        self.listener: Callable[[dict[str, Any] | None], None] | None = None
-        self.recorder = manager.spawn(manager.begin_execution(session, code))
-        self.recorder.add_done_callback(self._recording)
-
-    def _hear(self, output: dict[str, Any] | None) -> None:
-        if self.listener is None:
-            self.early.append(output)
-        else:
-            self.listener(output)
-
-    def _recording(self, task: asyncio.Task[ExecutionRecorder]) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        self.listener = task.result().listener()
-        for output in self.early:
-            self.listener(output)
-        self.early.clear()
+        self.recorder = manager.begin_execution(session, code)
+        self.collector = OutputCollector(session.limits.output_bytes, self.recorder.listener())
 
 
 class KernelChannels:
@@ -241,7 +219,6 @@ class KernelChannels:
             status = "interrupted"
         result = ExecutionResult.collected(status, pending.collector, pending.started)
         try:
-            recorder = await pending.recorder
-            await self.manager.finish_execution(self.session, recorder, result)
+            await self.manager.finish_execution(self.session, pending.recorder, result)
         except Exception:
             log.exception("session %s: could not record an execution", self.session.id)

@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import IO, Any
@@ -59,6 +59,8 @@ class Workspace:
     root: str
     uid: int
     gid: int
+    # The files as of the last execution's end: (mtime, size) by path.
+    seen: dict[str, tuple[int, int]] | None = field(default=None, repr=False)
 
     # -- resolving --------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class Workspace:
 
     def open_write(self, path: str) -> Upload:
         """Start an upload to ``path``; parent directories are created as needed."""
+        self.seen = None
         parts = clean_path(path)
         dir_fd = self._open_dir(parts[:-1], create=True)
         temp = f"{UPLOAD_PREFIX}{os.urandom(6).hex()}"
@@ -146,6 +149,7 @@ class Workspace:
 
     def remove(self, path: str) -> None:
         """Delete a file, link or directory tree (links are removed, never followed)."""
+        self.seen = None
         parts = clean_path(path)
         dir_fd = self._open_dir(parts[:-1])
         try:
@@ -214,19 +218,31 @@ class Workspace:
         """(mtime, size) of every file, to tell what an execution changed."""
         return {rel: (info.st_mtime_ns, info.st_size) for rel, info in self.walk([])}
 
-    def changes(self, before: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
-        """Files created or modified since ``before``, as artifacts."""
-        artifacts = []
-        for rel, info in self.walk([]):
-            if before.get(rel) != (info.st_mtime_ns, info.st_size):
-                artifacts.append(
-                    {
-                        "path": rel,
-                        "size": info.st_size,
-                        "mime_type": mimetypes.guess_type(rel)[0] or "application/octet-stream",
-                        "change": "modified" if rel in before else "created",
-                    }
-                )
+    def baseline(self) -> None:
+        """Remember the files as they are now, before an execution.
+
+        The walk that ended the last execution serves as the next one's
+        baseline, so an execute usually costs one walk; the gateway's own
+        writes (uploads, removals) drop it, so that what a client put there is
+        never reported as the code's doing.
+        """
+        if self.seen is None:
+            self.seen = self.snapshot()
+
+    def changes(self) -> list[dict[str, Any]]:
+        """Files created or modified since the baseline, as artifacts."""
+        before = self.seen or {}
+        self.seen = after = self.snapshot()
+        artifacts = [
+            {
+                "path": rel,
+                "size": size,
+                "mime_type": mimetypes.guess_type(rel)[0] or "application/octet-stream",
+                "change": "modified" if rel in before else "created",
+            }
+            for rel, (mtime, size) in after.items()
+            if before.get(rel) != (mtime, size)
+        ]
         return sorted(artifacts, key=_by_path)
 
 

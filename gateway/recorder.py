@@ -40,21 +40,15 @@ def parse_iso(text: str) -> float:
 class ExecutionRecorder:
     """One execution's row in the store, kept current while it runs."""
 
-    def __init__(self, store: Store, execution_id: int, code: str, started: float) -> None:
+    def __init__(
+        self, store: Store, session_id: str, code: str, description: str | None = None
+    ) -> None:
+        """Queue the ``running`` row; make one before the kernel gets the code."""
         self.store = store
-        self.id = execution_id
         self.code = code
-        self.started = started
-
-    @classmethod
-    async def begin(
-        cls, store: Store, session_id: str, code: str, description: str | None = None
-    ) -> ExecutionRecorder:
-        """Write the ``running`` row; call before the kernel gets the code."""
-        started = time.time()
-        record = {"code": code, "description": description, "started_at": iso(started)}
-        execution_id = await store.start_execution(session_id, record)
-        return cls(store, execution_id, code, started)
+        self.started = time.time()
+        record = {"code": code, "description": description, "started_at": iso(self.started)}
+        self.id, self._begun = store.start_execution(session_id, record)
 
     def listener(self, forward: OutputListener | None = None) -> OutputListener:
         """An output listener that stores each change, then passes it on once stored."""
@@ -76,16 +70,17 @@ class ExecutionRecorder:
         if forward is not None:
             forward(output)
 
-    async def finish(self, result: ExecutionResult) -> dict[str, Any]:
-        """Replace the running row with the outcome; return the stored record."""
+    def finish(self, result: ExecutionResult) -> asyncio.Future:
+        """Queue the outcome in place of the running row; returns the write to await."""
+        if self._begun.done() and self._begun.exception() is not None:
+            log.error("execution %s was never recorded: %s", self.id, self._begun.exception())
         record = {
             "code": self.code,
             **result.to_json(),
             "started_at": iso(self.started),
             "ended_at": iso(time.time()),
         }
-        await self.store.finish_execution(self.id, record)
-        return record
+        return self.store.finish_execution(self.id, record)
 
 
 async def close_cut_executions(store: Store) -> set[str]:

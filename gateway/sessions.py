@@ -313,8 +313,9 @@ class SessionManager:
             session.state = "busy"
             session.touch()
             assert session.kernel is not None and session.workspace is not None
-            recorder = await self.begin_execution(session, code, description)
-            before = await asyncio.to_thread(session.workspace.snapshot)
+            recorder = self.begin_execution(session, code, description)
+            if session.workspace.seen is None:
+                await asyncio.to_thread(session.workspace.baseline)
             result = await session.kernel.execute(
                 code,
                 timeout=limit,
@@ -332,28 +333,33 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts = await asyncio.to_thread(session.workspace.changes, before)
+            result.artifacts = await asyncio.to_thread(session.workspace.changes)
             await self.finish_execution(session, recorder, result)
         return result
 
-    async def begin_execution(
+    def begin_execution(
         self, session: Session, code: str, description: str | None = None
     ) -> ExecutionRecorder:
         """Record an execution as running, however it is run (v1 API or Jupyter client)."""
-        recorder = await ExecutionRecorder.begin(self.store, session.id, code, description)
+        recorder = ExecutionRecorder(self.store, session.id, code, description)
         session.running.add(recorder)
         return recorder
 
     async def finish_execution(
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
     ) -> None:
-        """Store an execution's outcome in place of its running record."""
+        """Store an execution's outcome in place of its running record, with the session's.
+
+        Both writes queue on the store's thread; waiting for the second waits
+        for both, so the caller answers only once the outcome is on disk.
+        """
         self.counts[result.status] += 1
         session.running.discard(recorder)
         session.touch()
         session.executions += 1
-        await recorder.finish(result)
+        finished = recorder.finish(result)
         await self.save(session)
+        finished.result()  # done before the save: raise what storing the outcome met
 
     def _check_usable(self, session: Session) -> None:
         if session.state == "dead":

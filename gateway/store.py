@@ -94,6 +94,7 @@ class Store:
         self.path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-store")
         self._db: sqlite3.Connection | None = None
+        self._next_execution = 1
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -112,6 +113,7 @@ class Store:
             version = 1  # made before versioning, by the first schema
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+        self._next_execution = (db.execute("SELECT max(id) FROM executions").fetchone()[0] or 0) + 1
         self._db = db
 
     async def close(self) -> None:
@@ -144,16 +146,16 @@ class Store:
 
         return await self._run(get_or_create)
 
-    async def save_session(
+    def save_session(
         self, doc: dict[str, Any], runtime: dict[str, Any] | None = None
-    ) -> None:
+    ) -> asyncio.Future:
         """Insert or replace a session's record, and what reattaching to it needs.
 
         ``runtime`` (connection info, key, container) is kept only while the
         session is open: an ended session has nothing to reattach to.
         """
         kept = json.dumps(runtime) if runtime is not None and not doc["ended_at"] else None
-        await self._run(
+        return self._submit(
             self._exec,
             "INSERT INTO sessions (id, state, created_at, ended_at, doc, runtime)"
             " VALUES (?, ?, ?, ?, ?, ?)"
@@ -175,26 +177,31 @@ class Store:
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
 
-    async def start_execution(self, session_id: str, record: dict[str, Any]) -> int:
-        """Record an execution as ``running`` before it starts; return its id."""
+    def start_execution(
+        self, session_id: str, record: dict[str, Any]
+    ) -> tuple[int, asyncio.Future]:
+        """Record an execution as ``running``; return its id at once, and the write.
 
-        def insert() -> int:
-            assert self._db is not None, "store is not open"
-            cursor = self._db.execute(
-                "INSERT INTO executions (session_id, status, code, description, outputs,"
-                " started_at, ended_at, duration_ms) VALUES (?, 'running', ?, ?, '[]', ?, ?, 0)",
-                (
-                    session_id,
-                    record["code"],
-                    record.get("description"),
-                    record["started_at"],
-                    record["started_at"],
-                ),
-            )
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
-
-        return await self._run(insert)
+        Ids are handed out here (this process is the database's only writer),
+        so nothing waits for the insert: later writes for the execution queue
+        behind it on the store's thread.
+        """
+        execution_id = self._next_execution
+        self._next_execution += 1
+        written = self._submit(
+            self._exec,
+            "INSERT INTO executions (id, session_id, status, code, description, outputs,"
+            " started_at, ended_at, duration_ms) VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0)",
+            (
+                execution_id,
+                session_id,
+                record["code"],
+                record.get("description"),
+                record["started_at"],
+                record["started_at"],
+            ),
+        )
+        return execution_id, written
 
     def add_output(self, execution_id: int, output: dict[str, Any] | None) -> asyncio.Future:
         """Append one output of a running execution (``None`` records a clear_output).
@@ -209,8 +216,8 @@ class Store:
             (execution_id, None if output is None else json.dumps(output)),
         )
 
-    async def finish_execution(self, execution_id: int, record: dict[str, Any]) -> None:
-        """Replace a running execution's row with its final outcome."""
+    def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
+        """Replace a running execution's row with its final outcome; returns the write."""
 
         def update() -> None:
             assert self._db is not None, "store is not open"
@@ -226,7 +233,7 @@ class Store:
                     "DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,)
                 )
 
-        await self._run(update)
+        return self._submit(update)
 
     async def running_executions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Executions still marked running, each with the outputs recorded so far."""

@@ -127,8 +127,9 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
         await store.save_session(doc, {"container_id": "c1"})
         assert await store.open_sessions() == [(doc, {"container_id": "c1"})]
         started = {"code": "print(1)", "started_at": "2026-01-01T00:00:00.000Z"}
-        done_id = await store.start_execution("s1", started)
-        cut_id = await store.start_execution("s1", {**started, "code": "loop()"})
+        done_id, _ = store.start_execution("s1", started)
+        cut_id, begun = store.start_execution("s1", {**started, "code": "loop()"})
+        await begun
         await store.add_output(cut_id, {"output_type": "stream", "name": "stdout", "text": "a"})
         await store.add_output(cut_id, None)  # clear_output
         for text in ("b", "c"):
