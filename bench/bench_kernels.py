@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 
 import httpx
-from bench_sessions import pct, start_gateway, write_section
+from harness import Gateway, pct, write_section
 
 # A cell that does next to nothing, per language_info name.
 TRIVIAL = {"python": "1 + 1", "R": "1 + 1", "javascript": "1 + 1", "bash": "true"}
@@ -62,10 +61,8 @@ def main() -> None:
     args = parser.parse_args()
 
     # No warm pool: every start below is a cold one, comparable across kernels.
-    proc, url = start_gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "")
-    # Keep reading its log, or a full pipe would stall the gateway mid-run.
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
-    client = httpx.Client(base_url=url, timeout=120)
+    gw = Gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "")
+    client = gw.client
     rows = ["| kernel | start p50 | start max | cell | round trip p50 | p95 | in the kernel p50 |"]
     rows.append("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
     try:
@@ -84,9 +81,7 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     finally:
-        client.close()
-        proc.terminate()
-        proc.wait(30)
+        gw.stop()
 
     write_section(
         "bench_kernels",

@@ -20,7 +20,7 @@ import tempfile
 import threading
 
 import httpx
-from bench_sessions import pct, round_trips, session_starts, start_gateway, write_section
+from harness import Gateway, pct, round_trips, session_starts, write_section
 
 FETCH = """
 import os, time, urllib.request
@@ -82,16 +82,10 @@ def main() -> None:
 
     server, target = local_server()
     data_dir = tempfile.mkdtemp(prefix="sbx-bench-")
-    proc, url = start_gateway(data_dir, "--egress-allow-ranges", "127.0.0.0/8")
-    # Keep reading the gateway's log, or a full pipe would block it mid-benchmark.
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
-    client = httpx.Client(base_url=url, timeout=180)
     try:
-        results = {rt: measure(client, rt, args, target) for rt in ("runc", "gvisor")}
+        with Gateway(data_dir, "--pool", "", "--egress-allow-ranges", "127.0.0.0/8") as gw:
+            results = {rt: measure(gw.client, rt, args, target) for rt in ("runc", "gvisor")}
     finally:
-        client.close()
-        proc.terminate()
-        proc.wait(30)
         server.shutdown()
 
     labels = [
