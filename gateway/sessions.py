@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -253,9 +253,10 @@ class SessionManager:
             await self.pool.make_room()
             await self.save(session)
             try:
-                await self.sandboxes.launch(session)
+                async with self._ended_meanwhile(session, "started"):
+                    await self.sandboxes.launch(session)
             except BaseException as e:
-                await self.end(session, f"kernel failed to start: {e}")
+                await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
                 raise
         session.state = "idle"
         await self.save(session)
@@ -263,6 +264,25 @@ class SessionManager:
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _ended_meanwhile(session: Session, doing: str) -> AsyncIterator[None]:
+        """Turn a (re)start cut short by the session's end (its ttl, a delete) into a 409."""
+
+        def ended() -> SessionEnded:
+            return SessionEnded(f"session {session.id} ended while it {doing}: {session.reason}")
+
+        try:
+            yield
+        except BaseException as e:
+            # Ending it cancels its kernel client's waits; this task itself goes on.
+            task = asyncio.current_task()
+            if session.state == "deleted" and not (task and task.cancelling()):
+                raise ended() from e
+            raise
+        if session.state == "deleted":
+            raise ended()
 
     def _check_quota(self, new: Session) -> None:
         quota = self.quota(new.tenant)
@@ -386,7 +406,8 @@ class SessionManager:
         assert session.kernel is not None
         session.state = "starting"
         session.reason = None
-        await session.kernel.restart()
+        async with self._ended_meanwhile(session, "restarted"):
+            await session.kernel.restart()
         session.state = "idle"
         session.touch()
         await self.save(session)
