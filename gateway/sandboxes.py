@@ -27,7 +27,7 @@ from .kernelspecs import KernelSpecs
 from .provisioners import workspace
 from .provisioners.docker import SandboxSpec
 from .session import Session
-from .validation import env_vars, metadata_dict, seconds
+from .validation import env_vars, image_ref, metadata_dict, seconds
 
 
 class Sandboxes:
@@ -57,9 +57,7 @@ class Sandboxes:
         if not isinstance(kernel_name, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
         sandbox = self.kernelspecs.sandbox(kernel_name)
-        image = request.get("image") or self.images.tag_for(sandbox.get("image", kernel_name))
-        if not isinstance(image, str) or not image.startswith("sbx/"):
-            raise BadRequest("image must be an image the gateway built (sbx/...), or null")
+        image = image_ref(request.get("image")) or self.kernel_image(kernel_name)
         session_id = request.get("id")
         if session_id is not None:
             try:
@@ -92,6 +90,10 @@ class Sandboxes:
             tenant=tenant,
         )
 
+    def kernel_image(self, kernel_name: str) -> str:
+        """The tag of the image a kernel's sessions run in unless they name another."""
+        return self.images.tag_for(self.kernelspecs.sandbox(kernel_name).get("image", kernel_name))
+
     def session_dir(self, session_id: str) -> Path:
         return self.sessions_dir / session_id
 
@@ -121,8 +123,23 @@ class Sandboxes:
             session.start_timeout or self.settings.kernel_start_timeout,
         )
 
+    async def _check_image(self, session: Session) -> None:
+        """Refuse a named image this gateway does not have: the client's mistake, a 400."""
+        if session.image == self.kernel_image(session.kernel_name):
+            return  # the kernel's own image not built yet is the operator's (503 image_not_built)
+        try:
+            found = await asyncio.to_thread(self.images.exists, session.image)
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine failed: {e}") from e
+        if not found:
+            raise BadRequest(
+                f"there is no image {session.image} on this gateway; GET /v1/kernels lists the "
+                "built ones, or ask for image null to get the kernel's own"
+            )
+
     async def launch(self, session: Session) -> None:
         """Start the session's container and wait for its kernel; fill in what it reports."""
+        await self._check_image(session)
         session.isolation = await self.isolation.prepare(
             session.id, session.runtime, session.network, session.limits.pids
         )
