@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -14,7 +15,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE
 
 def parse_size(value: Any, what: str = "size") -> int:
     """Turn ``512m``/``1GiB``/``1048576`` into bytes, as docker's CLI reads sizes."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         raise LimitExceeded(f"{what} must be a size like '512m' or a number of bytes")
     if isinstance(value, int | float):
         return int(value)
@@ -32,6 +33,11 @@ def format_size(n: int) -> str:
             value = n / scale
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n} B"
+
+
+# Below these no kernel starts (measured with python3: 32m dies at start, 8 pids
+# fail it, a 64k workspace cannot be formatted) or the engine refuses the value.
+_FLOORS = {"memory": 64 * 2**20, "cpus": 0.01, "pids": 16, "disk": 2**20}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +77,15 @@ class Limits:
             values[name] = _coerce(name, raw)
         for name, value in values.items():
             ceiling = getattr(maximum, name)
+            shown = format_size if name in self._SIZES else str
             if value <= 0:
                 raise LimitExceeded(f"limit {name} must be positive, got {value}")
+            if value < _FLOORS.get(name, 0):
+                raise LimitExceeded(
+                    f"limit {name} = {shown(value)} is below the {shown(_FLOORS[name])} "
+                    "a kernel needs to start; ask for at least that"
+                )
             if value > ceiling:
-                shown = format_size if name in self._SIZES else str
                 raise LimitExceeded(
                     f"limit {name} = {shown(value)} is above the server maximum "
                     f"{shown(ceiling)}; ask for at most that"
@@ -85,9 +96,12 @@ class Limits:
 def _coerce(name: str, raw: Any) -> int | float:
     if name in Limits._SIZES:
         return parse_size(raw, name)
+    number = raw
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         try:
-            raw = float(raw)
+            number = float(raw)
         except (TypeError, ValueError):
-            raise LimitExceeded(f"limit {name} must be a number, got {raw!r}") from None
-    return int(raw) if name == "pids" else float(raw)
+            number = math.nan
+    if not math.isfinite(number):
+        raise LimitExceeded(f"limit {name} must be a number, got {raw!r}")
+    return int(number) if name == "pids" else float(number)

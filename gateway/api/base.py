@@ -137,6 +137,15 @@ class GatewayHandlerMixin:
             return True
         return origin in self.manager.settings.cors_origin_list
 
+    def allowed_methods(self) -> list[str]:
+        """The methods this handler implements, for a 405's ``Allow`` header."""
+        base = tornado.web.RequestHandler
+        return [
+            method
+            for method in base.SUPPORTED_METHODS
+            if getattr(type(self), method.lower()) is not getattr(base, method.lower())
+        ]
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Every error as the API's JSON body, WebSocket endpoints' included."""
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -153,6 +162,8 @@ class GatewayHandlerMixin:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="sandbox-gateway"')
+        elif status == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.finish(json.dumps({"error": {"code": code, "message": message}}))
 
 
@@ -198,8 +209,8 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         if not raw:
             return {}
         try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            body = json.loads(raw, parse_constant=_not_json)
+        except ValueError as e:  # undecodable, malformed, or NaN / Infinity
             raise BadRequest(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
@@ -262,6 +273,11 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         if self.ws_connection is None or self.ws_connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
         self.write_message(text)
+
+
+def _not_json(constant: str) -> None:
+    """Python's json reads NaN and Infinity; they are not JSON, and no answer could carry them."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def _is_upgrade(headers: Any) -> bool:
