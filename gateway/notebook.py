@@ -8,6 +8,7 @@ says, cell by cell, whether the outputs reproduced (rules in ``compare``).
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -93,18 +94,24 @@ def _code_cell(execution: dict[str, Any]) -> Any:
 
 
 def read_notebook(body: Any) -> Any:
-    """Parse and validate a client's notebook, as a 400 when it is not one."""
+    """Parse and validate a client's notebook, as a 400 when it is not one.
+
+    Only version 4 is taken, as exports are: nbformat would read anything
+    without a version as a version 1 notebook and convert it, so a stray JSON
+    object would replay as an empty notebook.
+    """
     try:
         if isinstance(body, bytes):
             body = body.decode()
-        nb = (
-            nbformat.reads(body, as_version=4)
-            if isinstance(body, str)
-            else nbformat.from_dict(body)
-        )
+        data = json.loads(body) if isinstance(body, str) else body
+        if not isinstance(data, dict) or data.get("nbformat") != 4:
+            version = data.get("nbformat") if isinstance(data, dict) else None
+            raise ValueError(f"nbformat is {version!r}, not 4 (save it in a current Jupyter)")
+        nb = nbformat.from_dict(data)
         nbformat.validate(nb)
     except Exception as e:  # nbformat raises several unrelated types
-        raise BadRequest(f"not a valid nbformat v4 notebook: {str(e).splitlines()[0]}") from e
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise BadRequest(f"not a valid nbformat v4 notebook: {reason}") from e
     return nb
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from typing import Any
 
 import tornado.web
@@ -63,8 +64,12 @@ async def _send_archive(handler: JSONHandler, workspace: Workspace, path: str, f
 
 
 def _attachment(handler: JSONHandler, name: str) -> None:
-    safe = "".join(c if c.isprintable() and c not in '"\\' else "_" for c in name)
-    handler.set_header("Content-Disposition", f'attachment; filename="{safe}"')
+    """Name the download; any name, as RFC 6266 says, with an ASCII fallback for old clients."""
+    ascii_name = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    quoted = urllib.parse.quote(name, safe="", errors="replace")
+    handler.set_header(
+        "Content-Disposition", f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quoted}"
+    )
 
 
 async def _stream(handler: JSONHandler, source: Any) -> None:
