@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import seccomp
 from .egress.policy import IPNetwork, Rule, parse_ranges
 from .errors import BadRequest, GatewayError
 from .limits import Limits, parse_size
@@ -119,9 +120,10 @@ class Settings:
         "(comma-separated)",
     )
     seccomp_profile: str = _opt(
-        "",
-        "seccomp profile (Docker's JSON format) for runc kernels instead of the engine's "
-        "default, e.g. one that refuses ptrace (docs/SECURITY.md); gVisor ignores it",
+        "gateway",
+        "seccomp profile for runc kernels: 'gateway' (the gateway's own, gateway/seccomp.py: "
+        "no ptrace, namespaces, keyrings, bpf, io_uring, ...), 'docker-default' (the engine's "
+        "default), or a file in Docker's JSON format (docs/SECURITY.md); gVisor ignores it",
     )
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
@@ -261,7 +263,9 @@ class Settings:
     @property
     def seccomp_profile_json(self) -> str | None:
         """The profile's JSON text, checked, for the engine; None for the engine's default."""
-        if not self.seccomp_profile:
+        if self.seccomp_profile == "gateway":
+            return seccomp.profile_json()
+        if self.seccomp_profile == "docker-default":
             return None
         try:
             text = Path(self.seccomp_profile).read_text()
