@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import text_of, wait_for
 
+from . import syscalls
 from .conftest import HOST_SECRET
 
 pytestmark = pytest.mark.docker
@@ -317,6 +318,126 @@ def test_ptrace_reaches_nothing_outside_the_sandbox(attack):
     )
     out = attack.out(sid, code).split()
     assert out[0] == "-1" and out[1] in ("ESRCH", "EPERM"), f"ptrace reached a host process: {out}"
+
+
+# Kernel interfaces a sandbox has no use for, each called as an attack would; NR (this
+# architecture's system call numbers) is prepended. Prints {attack: "ok" or the errno}.
+HOST_KERNEL_CALLS = """
+import ctypes, errno, os, socket, struct, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def result(ret):
+    return 'ok' if ret >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+def sys_(name, *args):
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return result(libc.syscall(NR[name], *args)) if name in NR else None
+def in_child(fn):
+    # For calls that change or end the process: a forked child makes them and reports.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, str(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    out = os.read(r, 64).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return out
+def clone(flags):
+    pid = libc.syscall(NR['clone'], ctypes.c_long(flags | 17), 0, 0, 0, 0)  # 17: SIGCHLD
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+    return result(pid)
+def sock(family, kind=socket.SOCK_STREAM):
+    try:
+        socket.socket(family, kind).close()
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+r = {}
+secret = ctypes.create_string_buffer(b'secret!!')
+victim = os.fork()  # a process of the sandbox's own, same user
+if victim == 0:
+    time.sleep(60)
+    os._exit(0)
+r['ptrace_attach'] = result(libc.ptrace(16, victim, 0, 0))
+r['ptrace_traceme'] = in_child(lambda: result(libc.ptrace(0, 0, 0, 0)))
+mine = ctypes.create_string_buffer(8)
+theirs = struct.pack('PN', ctypes.addressof(secret), 8)  # same address after fork
+r['process_vm_readv'] = sys_(
+    'process_vm_readv', victim, struct.pack('PN', ctypes.addressof(mine), 8), 1, theirs, 1, 0)
+r['pidfd_getfd'] = sys_('pidfd_getfd', libc.syscall(NR['pidfd_open'], victim, 0), 0, 0)
+r['kcmp'] = sys_('kcmp', os.getpid(), victim, 0, 0, 0)
+os.kill(victim, 9)
+os.waitpid(victim, 0)
+r['unshare_user'] = in_child(lambda: result(libc.unshare(0x10000000)))
+r['unshare_mount'] = in_child(lambda: result(libc.unshare(0x00020000)))
+r['clone_newuser'] = clone(0x10000000)
+r['clone_newpid'] = clone(0x20000000)
+r['clone_plain'] = clone(0)
+r['clone3'] = sys_('clone3', 0, 0)
+try:
+    r['setns'] = result(libc.setns(os.open('/proc/self/ns/uts', os.O_RDONLY), 0))
+except OSError as e:
+    r['setns'] = errno.errorcode[e.errno]
+r['mount'] = result(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+r['keyctl'] = in_child(lambda: sys_('keyctl', 1, 0))  # join a new session keyring
+r['add_key'] = sys_('add_key', b'user', b'sbx', b'v', 1, -2)  # into the process keyring
+array_map = struct.pack('IIII', 2, 4, 4, 1) + bytes(56)
+r['bpf'] = sys_('bpf', 0, array_map, len(array_map))
+r['userfaultfd'] = sys_('userfaultfd', 1 | os.O_CLOEXEC)  # user mode only: no sysctl stops it
+own_clock = bytearray(128)  # this task's clock, user space only: allowed at paranoid 2
+struct.pack_into('IIQQQQQ', own_clock, 0, 1, 128, 1, 0, 0, 0, (1 << 5) | (1 << 6))
+r['perf_event_open'] = sys_('perf_event_open', bytes(own_clock), 0, -1, -1, 0)
+r['io_uring_setup'] = sys_('io_uring_setup', 1, bytes(120))
+r['personality_no_aslr'] = in_child(lambda: result(libc.personality(ctypes.c_ulong(0x40000))))
+r['personality_query'] = result(libc.personality(ctypes.c_ulong(0xFFFFFFFF)))
+r['socket_vsock'] = sock(socket.AF_VSOCK)
+r['socket_alg'] = sock(socket.AF_ALG, socket.SOCK_SEQPACKET)
+r['socket_inet'] = sock(socket.AF_INET)
+mount_id = ctypes.c_int()
+handle = struct.pack('Ii', 128, 0) + bytes(128)
+r['name_to_handle_at'] = sys_('name_to_handle_at', -100, b'.', handle, ctypes.byref(mount_id), 0)
+r['memfd_secret'] = sys_('memfd_secret', 0)
+r['modify_ldt'] = sys_('modify_ldt', 0, bytes(16), 16)
+print(sorted((k, v) for k, v in r.items() if v is not None))
+"""
+# What works everywhere: the filter refuses what it names, not processes or sockets.
+ORDINARY = {"clone_plain", "socket_inet"}
+# What gVisor serves in its own kernel: none of it reaches the host's.
+GVISOR_SERVES = {
+    "ptrace_attach", "ptrace_traceme", "unshare_user", "unshare_mount", "clone_newuser",
+    "io_uring_setup",
+}  # fmt: skip
+
+
+def test_kernel_interfaces_a_sandbox_has_no_use_for_are_refused(attack, engine):
+    """Under runc the gateway's seccomp profile answers EPERM (clone3: ENOSYS, so libc
+    falls back to clone, whose flags it can check); see gateway/seccomp.py."""
+    sid = attack.session()
+    nr = syscalls.numbers(
+        "process_vm_readv", "pidfd_open", "pidfd_getfd", "kcmp", "clone", "clone3", "keyctl",
+        "add_key", "bpf", "userfaultfd", "perf_event_open", "io_uring_setup",
+        "name_to_handle_at", "memfd_secret", "modify_ldt",
+    )  # fmt: skip
+    got = dict(ast.literal_eval(attack.out(sid, f"NR = {nr!r}\n{HOST_KERNEL_CALLS}")))
+    allowed = {name for name, result in got.items() if result == "ok"}
+    options = engine.api.inspect_container(f"sbx-{sid}")["HostConfig"]["SecurityOpt"]
+    filtered = any(o.startswith("seccomp=") for o in options)
+    assert ORDINARY <= allowed, f"ordinary processes or sockets were refused: {got}"
+    if attack.gvisor:
+        assert allowed - ORDINARY <= GVISOR_SERVES, f"gVisor allowed more than it serves: {got}"
+        assert not filtered, f"gVisor got a seccomp profile it does not need: {options}"
+        return
+    assert filtered, f"the kernel ran without the gateway's seccomp profile: {options}"
+    assert allowed == ORDINARY | {"personality_query"}, f"an attack went through: {got}"
+    refused = {name: result for name, result in got.items() if name not in allowed}
+    assert refused.pop("clone3") == "ENOSYS", got
+    assert set(refused.values()) == {"EPERM"}, f"refused, but not with EPERM: {refused}"
 
 
 def test_kernel_and_cgroup_knobs_cannot_be_written(attack):
