@@ -20,6 +20,7 @@ from nbformat.v4 import new_output, output_from_msg
 from .limits import format_size
 
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")
+_MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
 OUTPUT_MSG_TYPES = {"stream", "display_data", "execute_result", "error", "update_display_data"}
 
 # An error's traceback is kept even past the cap, but not without bound.
@@ -149,11 +150,18 @@ class OutputCollector:
 def _output(msg: dict[str, Any]) -> dict[str, Any]:
     """The message as a notebook output, even when the kernel sent what nbformat refuses.
 
+    Messages of the usual, evidently valid shapes are converted directly:
+    validating each against nbformat's schema costs more than the rest of
+    an execute's handling together.
+
     Kernels may publish a MIME bundle with a non-text value (``display({'x': 1},
     raw=True)``); such values are kept as JSON text, and an output that still
     does not fit the notebook format becomes a visible note, never an error of
     the whole execution.
     """
+    plain = _plain_output(msg["header"]["msg_type"], msg["content"])
+    if plain is not None:
+        return plain
     try:
         return output_from_msg(msg)
     except ValidationError:
@@ -173,6 +181,42 @@ def _output(msg: dict[str, Any]) -> dict[str, Any]:
             name="stderr",
             text=f"[sbx: dropped a {kind} output the notebook format cannot hold: {reason}]\n",
         )
+
+
+def _plain_output(kind: str, content: dict[str, Any]) -> dict[str, Any] | None:
+    """The output of a message whose shape the notebook format accepts as it is, else None."""
+    if kind == "stream":
+        if content.get("name") in ("stdout", "stderr") and isinstance(content.get("text"), str):
+            return {"output_type": "stream", "name": content["name"], "text": content["text"]}
+        return None
+    if kind == "error":
+        traceback = content.get("traceback")
+        if (
+            isinstance(content.get("ename"), str)
+            and isinstance(content.get("evalue"), str)
+            and isinstance(traceback, list)
+            and all(isinstance(line, str) for line in traceback)
+        ):
+            return {
+                "output_type": "error",
+                "ename": content["ename"],
+                "evalue": content["evalue"],
+                "traceback": list(traceback),
+            }
+        return None
+    data, metadata = content.get("data"), content.get("metadata", {})
+    if not (isinstance(data, dict) and isinstance(metadata, dict)):
+        return None
+    for mime, value in data.items():
+        if not _MIME.match(mime) or not (isinstance(value, str) or _JSON_MIME.match(mime)):
+            return None
+    output = {"output_type": kind, "data": dict(data), "metadata": dict(metadata)}
+    if kind == "execute_result":
+        count = content.get("execution_count")
+        if not isinstance(count, int):
+            return None
+        output["execution_count"] = count
+    return output
 
 
 def _as_text(mime: str, value: Any) -> Any:

@@ -3,6 +3,10 @@
 One connection lives on one dedicated thread: sqlite3 objects must stay on
 the thread that made them, and a single writer never contends for the WAL
 lock. Callers await the results, so the event loop never blocks on disk.
+Calls queued in one turn of the event loop run as one batch, in order, in
+one transaction (each call in a savepoint of its own, so one failing call
+undoes only itself): one wake-up of the store's thread and one commit where
+an execute's writes would otherwise cost several.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Store:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-store")
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
+        self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -117,17 +122,55 @@ class Store:
         self._db = db
 
     async def close(self) -> None:
+        """Finish what is queued, then close the connection."""
         if self._db is not None:
-            await self._run(self._db.close)
-            self._db = None
+            await self._run(lambda: None)
+            db, self._db = self._db, None
+            await asyncio.get_running_loop().run_in_executor(self._pool, db.close)
         self._pool.shutdown(wait=True)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue a call on the store's thread now; calls run in the order submitted."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Queue a call for the store's thread; calls run in the order submitted."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.append((fn, args, future))
+        if len(self._queue) == 1:
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        calls = [(fn, args) for fn, args, _ in batch]
+        done = asyncio.get_running_loop().run_in_executor(self._pool, self._run_batch, calls)
+        done.add_done_callback(lambda finished: _settle(batch, finished))
+
+    def _run_batch(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[tuple[bool, Any]]:
+        """On the store's thread: run calls in one transaction; (ok, result or error) each."""
+        db = self._db
+        outcomes: list[tuple[bool, Any]] = []
+        if db is None:  # opening: the migrations manage their own transactions
+            for fn, args in calls:
+                try:
+                    outcomes.append((True, fn(*args)))
+                except Exception as e:
+                    outcomes.append((False, e))
+            return outcomes
+        db.execute("BEGIN")
+        try:
+            for fn, args in calls:
+                db.execute("SAVEPOINT call")
+                try:
+                    outcomes.append((True, fn(*args)))
+                except Exception as e:
+                    db.execute("ROLLBACK TO call")
+                    outcomes.append((False, e))
+                db.execute("RELEASE call")
+        finally:
+            db.execute("COMMIT")
+        return outcomes
 
     def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         assert self._db is not None, "store is not open"
@@ -219,19 +262,15 @@ class Store:
     def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
         """Replace a running execution's row with its final outcome; returns the write."""
 
-        def update() -> None:
+        def update() -> None:  # one transaction with the rest of its batch
             assert self._db is not None, "store is not open"
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.execute(
-                    "UPDATE executions SET "
-                    + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
-                    + " WHERE id = ?",
-                    (*_execution_values(record), execution_id),
-                )
-                self._db.execute(
-                    "DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,)
-                )
+            self._db.execute(
+                "UPDATE executions SET "
+                + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
+                + " WHERE id = ?",
+                (*_execution_values(record), execution_id),
+            )
+            self._db.execute("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
 
         return self._submit(update)
 
@@ -328,6 +367,22 @@ class Store:
             "ended_at": None if running else r["ended_at"],
             "duration_ms": r["duration_ms"],
         }
+
+
+def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Future) -> None:
+    """Hand each caller its call's outcome (or the batch's failure)."""
+    if finished.cancelled() or finished.exception() is not None:
+        error = finished.exception() if not finished.cancelled() else asyncio.CancelledError()
+        outcomes: list[tuple[bool, Any]] = [(False, error)] * len(batch)
+    else:
+        outcomes = finished.result()
+    for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 def _execution_values(record: dict[str, Any]) -> tuple:

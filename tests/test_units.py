@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
@@ -240,3 +241,43 @@ def test_compare_images_exactly_or_within_tolerance():
     assert diff_outputs(out(grey), out(near), image_tolerance=0.01) == ""
     assert diff_outputs(out(grey), out(far), image_tolerance=0.01) != ""
     assert diff_outputs(out(grey), out(png((100, 100, 100), (21, 10))), image_tolerance=1) != ""
+
+
+def test_plain_outputs_match_nbformat_and_odd_ones_still_validate():
+    import nbformat
+    from nbformat.v4 import output_from_msg
+
+    from gateway.outputs import _output
+
+    messages = [
+        msg("stream", name="stdout", text="hi\n"),
+        msg("display_data", data={"image/png": "iVBOR", "text/plain": "<fig>"}, metadata={}),
+        msg("display_data", data={"application/json": {"a": [1, 2]}}, metadata={"x": 1}),
+        msg("execute_result", data={"text/plain": "42"}, metadata={}, execution_count=7),
+        msg("error", ename="ValueError", evalue="bad", traceback=["tb 1", "tb 2"]),
+    ]
+    for message in messages:
+        assert _output(message) == output_from_msg(message), message["header"]["msg_type"]
+    odd = msg("display_data", data={"text/plain": {"not": "text"}}, metadata=[])
+    nbformat.validate(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[_output(odd)])])
+    )
+
+
+def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(tmp_path):
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        first = store.save_session(doc)
+        broken = store._submit(store._exec, "INSERT INTO no_such_table VALUES (1)")
+        second = store.save_session({**doc, "id": "t"})
+        await first
+        with pytest.raises(sqlite3.OperationalError):
+            await broken
+        await second
+        kept = sorted(d["id"] for d, _ in await store.open_sessions())
+        await store.close()
+        return kept
+
+    assert asyncio.run(scenario()) == ["s", "t"]
