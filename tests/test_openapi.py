@@ -285,18 +285,16 @@ def test_websocket_endpoints_refuse_with_json_errors(gw, contract, admin, anonym
 
 def test_undocumented_methods_are_405_json_errors(gw):
     plain = gw.client  # no contract check: these operations are deliberately not in the document
-    for method, path in [
-        ("PUT", "/v1/sessions"),
-        ("POST", "/v1/sessions/x/stream"),
-        ("DELETE", "/api/kernels/x/channels"),
-        ("POST", "/healthz"),
+    for method, path, allowed in [
+        ("PUT", "/v1/sessions", "GET, POST, OPTIONS"),
+        ("POST", "/v1/sessions/x/stream", "GET"),
+        ("DELETE", "/api/kernels/x/channels", "GET"),
+        ("POST", "/healthz", "GET, OPTIONS"),
     ]:
         r = plain.request(method, path)
         assert r.status_code == 405, f"{method} {path} -> {r.status_code}"
-        assert r.headers["content-type"].startswith("application/json"), (
-            f"{method} {path}: {r.text}"
-        )
-        assert r.json()["error"]["code"] == "method_not_allowed"
+        assert r.json()["error"]["code"] == "method_not_allowed", f"{method} {path}: {r.text}"
+        assert r.headers["allow"] == allowed
 
 
 def test_stream_events_match_the_document(gw, sid):

@@ -66,7 +66,11 @@ def test_error_codes_are_the_ones_the_code_raises():
     raised = codes(errors.GatewayError) - {"config_error"}  # only ever raised at start
     # Tornado's own refusals, turned into the same body by the base handler.
     raised |= {"not_found", "method_not_allowed", "http_error"}
-    assert set(DOC["components"]["schemas"]["ErrorCode"]["enum"]) == raised
+    documented = set(DOC["components"]["schemas"]["ErrorCode"]["enum"])
+    assert documented == raised, (
+        f"error codes not in gateway/openapi.json (ErrorCode, and the responses that can carry "
+        f"them): {raised - documented}; documented but never raised: {documented - raised}"
+    )
 
 
 def test_operations_without_a_token_are_the_handlers_marked_public():
