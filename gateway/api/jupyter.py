@@ -160,6 +160,7 @@ class ChannelsHandler(JSONWebSocketHandler):
         return None  # the legacy JSON protocol; clients fall back to it
 
     async def open(self, kernel_id: str) -> None:
+        self.set_nodelay(True)  # see JSONWebSocketHandler
         if self.resuming:
             self.relay.resume(self._deliver)
         else:

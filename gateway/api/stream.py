@@ -33,6 +33,7 @@ class StreamHandler(JSONWebSocketHandler):
         self.hub = self.manager.stream_hub(session_id, self.principal)
 
     def open(self, session_id: str) -> None:
+        self.set_nodelay(True)  # see JSONWebSocketHandler
         self.hub.subscribe(self.send_text, self.get_argument("last_event_id", None))
 
     def on_message(self, message: str | bytes) -> None:
