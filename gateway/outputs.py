@@ -45,6 +45,9 @@ class OutputCollector:
         self.cap = cap_bytes
         self.listener = listener
         self.outputs: list[dict[str, Any]] = []
+        # Text that continues the last output's stream; joined once, not per chunk
+        # (appending chunk by chunk copies a long stream over and over).
+        self._tail: list[str] = []
         self.used = 0
         self.dropped = 0
         self.execution_count: int | None = None
@@ -111,12 +114,19 @@ class OutputCollector:
             and last["output_type"] == "stream"
             and last["name"] == output["name"]
         ):
-            last["text"] += output["text"]
+            self._tail.append(output["text"])
         else:
+            self._join_tail()
             self.outputs.append(output)
         self.used += size
 
+    def _join_tail(self) -> None:
+        if self._tail:
+            self.outputs[-1]["text"] += "".join(self._tail)
+            self._tail.clear()
+
     def _clear(self) -> None:
+        self._tail.clear()
         self.outputs.clear()
         self.used = 0
         self._clear_pending = False
@@ -132,6 +142,7 @@ class OutputCollector:
 
     def finish(self) -> list[dict[str, Any]]:
         """Return the final outputs, with the truncation marker when anything was cut."""
+        self._join_tail()
         if self.truncated:
             self.outputs.append(
                 {
@@ -240,4 +251,4 @@ def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]
             collector._clear()
         else:
             collector._store(dict(output), output_size(output))
-    return collector.outputs
+    return collector.finish()
