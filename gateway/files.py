@@ -32,6 +32,8 @@ CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
 # Artifact scans stop here so a workspace of millions of files cannot stall executes.
 MAX_SCAN_ENTRIES = 10_000
+# Up to this many entries, a workspace is walked on the event loop (see sessions._artifacts).
+SMALL_WORKSPACE = 64
 
 
 def clean_path(path: str, allow_root: bool = False) -> list[str]:
@@ -61,6 +63,7 @@ class Workspace:
     gid: int
     # The files as of the last execution's end: (mtime, size) by path.
     seen: dict[str, tuple[int, int]] | None = field(default=None, repr=False)
+    walked: int = field(default=0, repr=False)  # entries the last full walk went through
 
     # -- resolving --------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Workspace:
                             yield "/".join([*current, entry.name]), info
             finally:
                 os.close(fd)
+        self.walked = seen
 
     # -- archives and artifacts ------------------------------------------------------------
 
@@ -228,6 +232,11 @@ class Workspace:
         """
         if self.seen is None:
             self.seen = self.snapshot()
+
+    @property
+    def small(self) -> bool:
+        """Whether a walk of the workspace is known to be quick (few files at the last one)."""
+        return self.seen is not None and self.walked <= SMALL_WORKSPACE
 
     def changes(self) -> list[dict[str, Any]]:
         """Files created or modified since the baseline, as artifacts."""

@@ -45,9 +45,9 @@ from .kernel import ExecutionResult
 from .kernelspecs import KernelSpecs
 from .limits import format_size
 from .outputs import OutputListener
+from .placement import make_placement
 from .pool import WarmPool
 from .provisioners import workspace
-from .provisioners.events import ContainerWatcher
 from .recorder import ExecutionRecorder
 from .sandboxes import Sandboxes
 from .session import Session
@@ -81,15 +81,18 @@ class SessionManager:
         self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
         self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
         self.isolation = IsolationManager(settings, client)
-        self.sandboxes = Sandboxes(settings, client, self.kernelspecs, self.images, self.isolation)
+        self.placement = make_placement(settings, client, self.images)
+        self.sandboxes = Sandboxes(
+            settings, client, self.kernelspecs, self.images, self.isolation, self.placement
+        )
         self.sessions: dict[str, Session] = {}
         self.sessions_dir = self.sandboxes.sessions_dir
         self.pool = WarmPool(self, settings.pool_sizes)
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self.gateway_id = ""
-        self._watcher: ContainerWatcher | None = None
         self._culler: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._saving: set[str] = set()  # sessions whose record is due to be saved
 
     # -- lifecycle of the manager itself -------------------------------------------------
 
@@ -106,13 +109,8 @@ class SessionManager:
         for name in self.pool.sizes:
             self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
         self.gateway_id = self.sandboxes.gateway_id = await self.store.gateway_id()
-        if not workspace.loop_mounts_available():
-            log.warning(
-                "not root: workspaces are plain directories and disk limits are not enforced"
-            )
         # Watch before recovering, so a container dying meanwhile is not missed.
-        self._watcher = ContainerWatcher(self.docker, self.gateway_id, self._on_container_death)
-        self._watcher.start()
+        await self.placement.start(self.gateway_id, self._on_container_death)
         await recover(self)
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
@@ -143,8 +141,7 @@ class SessionManager:
         # Let them clean up after themselves (a pooled kernel half started, say).
         if tasks:
             await asyncio.wait(tasks, timeout=30)
-        if self._watcher is not None:
-            await asyncio.to_thread(self._watcher.stop)
+        await self.placement.stop()
         await self.isolation.stop()
 
     async def _drain(self, timeout: float) -> None:
@@ -353,7 +350,7 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts = await asyncio.to_thread(session.workspace.changes)
+            result.artifacts = await _artifacts(session.workspace)
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -368,18 +365,36 @@ class SessionManager:
     async def finish_execution(
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
     ) -> None:
-        """Store an execution's outcome in place of its running record, with the session's.
+        """Store an execution's outcome in place of its running record.
 
-        Both writes queue on the store's thread; waiting for the second waits
-        for both, so the caller answers only once the outcome is on disk.
+        The caller answers only once the outcome is on disk; the session's
+        own record (its counters) follows within a second.
         """
         self.counts[result.status] += 1
         session.running.discard(recorder)
         session.touch()
         session.executions += 1
         finished = recorder.finish(result)
-        await self.save(session)
-        finished.result()  # done before the save: raise what storing the outcome met
+        self.save_soon(session)
+        await finished
+
+    def save_soon(self, session: Session) -> None:
+        """Save the session's record within a second.
+
+        What changes on every execute (last activity, the execution count) is
+        worth one write a second, not one per execute; state changes are
+        saved at once (``save``), and a stop or an end saves everything.
+        """
+        if session.id in self._saving:
+            return
+        self._saving.add(session.id)
+
+        def flush() -> None:
+            self._saving.discard(session.id)
+            if session.state != "deleted":
+                self.spawn(self.save(session))
+
+        asyncio.get_running_loop().call_later(1.0, flush)
 
     def _check_usable(self, session: Session) -> None:
         if session.state == "dead":
@@ -473,9 +488,7 @@ class SessionManager:
         log.info("session %s ended: %s", session.id, reason)
 
     async def remove_container(self, session_id: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            container = await asyncio.to_thread(self.docker.containers.get, f"sbx-{session_id}")
-            await asyncio.to_thread(container.remove, force=True)
+        await self.placement.remove(session_id)
 
     def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
         """Called on the loop by the watcher when one of our containers stops."""
@@ -497,23 +510,7 @@ class SessionManager:
 
     async def death_reason(self, session: Session, container_id: str, exit_code: int) -> str:
         """Why a container stopped, in words a user understands."""
-        oom = False
-        # The engine may flag the OOM kill a moment after it reports the death.
-        for _ in range(5 if exit_code == 137 else 1):
-            try:
-                info = await asyncio.to_thread(self.docker.api.inspect_container, container_id)
-            except docker.errors.NotFound:
-                break
-            oom = bool(info["State"].get("OOMKilled"))
-            if oom:
-                break
-            await asyncio.sleep(0.1)
-        if oom:
-            return f"out of memory: limit {format_size(session.limits.memory)}"
-        reason = f"kernel process exited with code {exit_code}"
-        if exit_code > 128:
-            reason += f" (killed by signal {exit_code - 128})"
-        return reason
+        return await self.placement.death_reason(session, container_id, exit_code)
 
     async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
         reason = await self.death_reason(session, container_id, exit_code)
@@ -556,3 +553,15 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+async def _artifacts(workspace: Workspace) -> list[dict[str, Any]]:
+    """What an execution created or changed in the workspace.
+
+    A small workspace is walked right here: a few directory entries cost less
+    than a trip to a worker thread, which would add to every execute's round
+    trip. A larger one is walked in a thread, never blocking the loop.
+    """
+    if workspace.small:
+        return workspace.changes()
+    return await asyncio.to_thread(workspace.changes)
