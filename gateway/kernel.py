@@ -15,15 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import docker.errors
 import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_client.provisioning import KernelProvisionerFactory
 
 from .errors import KernelStartFailed
 from .outputs import OutputCollector, OutputListener
-from .provisioners.docker import DockerProvisioner, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +81,16 @@ class Kernel:
         self,
         kernel_name: str,
         spec_manager: KernelSpecManager,
-        sandbox: SandboxSpec,
+        sandbox: Any,  # a placement's spec: where and how the kernel runs
         start_timeout: float,
     ) -> None:
-        run_dir = sandbox.run_dir
         self.sandbox = sandbox
         self.start_timeout = start_timeout
         self.manager = AsyncKernelManager(
             context=shared_context(),
             kernel_name=kernel_name,
             kernel_spec_manager=spec_manager,
-            transport="ipc",
-            ip=str(run_dir / "k"),
-            connection_file=str(run_dir / "connection.json"),
+            **sandbox.manager_options(),
             # The gateway watches container deaths itself; no auto-restarts behind its back.
             autorestart=False,
         )
@@ -115,8 +109,17 @@ class Kernel:
         provisioner = self.manager.provisioner
         return getattr(provisioner, "container_id", None)
 
+    def _new_provisioner(self) -> Any:
+        """The spec's provisioner, whatever the kernelspec names: the placement decides."""
+        km = self.manager
+        return self.sandbox.provisioner_class(
+            kernel_id=self.sandbox.session_id, kernel_spec=km.kernel_spec, parent=km
+        )
+
     async def start(self) -> None:
         """Start the container and wait until the kernel answers."""
+        if self.manager.provisioner is None:
+            self.manager.provisioner = self._new_provisioner()
         await self.manager.start_kernel(sandbox=self.sandbox)
         await self.connect()
 
@@ -125,10 +128,12 @@ class Kernel:
         info = dict(self.manager.get_connection_info())
         info["key"] = self.manager.session.key.decode()
         # The shape of the provisioner's get/load_provisioner_info, JSON-safe.
+        provisioner = self.manager.provisioner
         return {
             "kernel_id": self.sandbox.session_id,
             "connection_info": info,
             "container_id": self.container_id,
+            **(provisioner.reattach_info() if provisioner is not None else {}),
         }
 
     async def adopt(self, runtime: dict[str, Any]) -> None:
@@ -140,10 +145,7 @@ class Kernel:
         """
         km = self.manager
         km.load_connection_info(runtime["connection_info"])
-        provisioner = KernelProvisionerFactory.instance(
-            parent=km.parent
-        ).create_provisioner_instance(self.sandbox.session_id, km.kernel_spec, parent=km)
-        assert isinstance(provisioner, DockerProvisioner)
+        provisioner = self._new_provisioner()
         provisioner.use_sandbox(self.sandbox)
         await provisioner.load_provisioner_info(runtime)
         km.provisioner = provisioner
@@ -175,16 +177,10 @@ class Kernel:
                 f"the kernel did not start ({e}); its last output: {output or '(none)'}"
             ) from e
 
-    async def _container_output(self, lines: int = 20) -> str:
-        """The kernel container's last output lines, to say why a start failed."""
-        if self.container_id is None:
-            return ""
-        api = self.sandbox.docker.api
-        try:
-            raw = await asyncio.to_thread(api.logs, self.container_id, tail=lines)
-        except docker.errors.DockerException:
-            return ""
-        return raw.decode(errors="replace").strip()
+    async def _container_output(self) -> str:
+        """The sandbox's last output lines, to say why a start failed."""
+        provisioner = self.manager.provisioner
+        return await provisioner.output_tail() if provisioner is not None else ""
 
     async def run_silently(self, code: str) -> None:
         """Run setup code that leaves no trace: no execution count, history or output."""

@@ -24,7 +24,6 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from .provisioners import workspace
-from .provisioners.docker import update_limits
 from .session import Session
 
 if TYPE_CHECKING:
@@ -103,6 +102,7 @@ class WarmPool:
             or session.limits.disk != pooled.limits.disk
             or self._tmp_bytes(session) != self._tmp_bytes(pooled)
             or (session.env and language not in _SET_ENV)
+            or not (self.manager.placement.resizes_in_place or _same_box(session, pooled))
         ):
             return None
         return ready.pop(0)
@@ -114,8 +114,8 @@ class WarmPool:
         """Move the pooled sandbox to ``session`` and apply what it asked for."""
         kernel, spec = pooled.kernel, pooled.kernel.sandbox if pooled.kernel else None
         assert kernel is not None and spec is not None and kernel.container_id is not None
-        if session.limits != pooled.limits:
-            await asyncio.to_thread(update_limits, spec.docker, kernel.container_id, session.limits)
+        if not _same_box(session, pooled):
+            await self.manager.placement.update_limits(kernel.container_id, session.limits)
         if session.env:
             language = pooled.language_info.get("name", "")
             await kernel.run_silently(_SET_ENV[language].format(env=json.dumps(session.env)))
@@ -206,3 +206,9 @@ class WarmPool:
             }
             for name in self.sizes
         }
+
+
+def _same_box(session: Session, pooled: Session) -> bool:
+    """Whether the container limits match (the rest of the limits are the gateway's own)."""
+    a, b = session.limits, pooled.limits
+    return (a.memory, a.cpus, a.pids) == (b.memory, b.cpus, b.pids)

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from .errors import GatewayError
+from .placement import SandboxState
 from .provisioners import workspace
-from .provisioners.docker import LABEL_GATEWAY, LABEL_SESSION
 from .recorder import close_cut_executions
 from .sessions import Session, SessionManager
 
@@ -29,11 +29,7 @@ _WHILE_DOWN = "while the gateway was down"
 async def recover(manager: SessionManager) -> None:
     """Reattach, mark dead or end each open session; remove whatever is left over."""
     cut = await close_cut_executions(manager.store)
-    containers = await asyncio.to_thread(
-        manager.docker.api.containers,
-        all=True,
-        filters={"label": f"{LABEL_GATEWAY}={manager.gateway_id}"},
-    )
+    containers = await manager.placement.sandboxes(manager.gateway_id)
     claimed: set[str] = set()
     outcomes = await asyncio.gather(
         *(
@@ -46,12 +42,9 @@ async def recover(manager: SessionManager) -> None:
         if isinstance(outcome, BaseException):
             log.error("recovering a session failed: %r", outcome)
     for container in containers:
-        if container["Id"] not in claimed:
-            session_id = container["Labels"].get(LABEL_SESSION, "?")
-            log.info("removing leftover container of session %s", session_id)
-            await asyncio.to_thread(
-                manager.docker.api.remove_container, container["Id"], force=True
-            )
+        if container.id not in claimed:
+            log.info("removing leftover container of session %s", container.session_id)
+            await manager.placement.remove_sandbox(container.id)
     if manager.sessions_dir.exists():
         for leftover in manager.sessions_dir.iterdir():
             if leftover.name not in manager.sessions:
@@ -70,7 +63,7 @@ async def _take_over(
     manager: SessionManager,
     doc: dict[str, Any],
     runtime: dict[str, Any] | None,
-    containers: list[dict[str, Any]],
+    containers: list[SandboxState],
     claimed: set[str],
     was_cut: bool,
 ) -> None:
@@ -94,16 +87,15 @@ async def _take_over(
     await session.kernel.adopt(runtime)
     manager.sessions[session.id] = session
     await asyncio.to_thread(workspace.mount_again, manager.sandboxes.session_dir(session.id))
-    container = next((c for c in containers if c["Id"] == runtime["container_id"]), None)
+    container = next((c for c in containers if c.id == runtime["container_id"]), None)
     if container is not None:
-        claimed.add(container["Id"])
+        claimed.add(container.id)
     if session.state == "dead":
         await manager.save(session)  # died before the restart: keep its reason
     elif container is None:
         await manager.mark_dead(session, f"its container was removed {_WHILE_DOWN}")
-    elif container["State"] != "running":
-        exit_code = await _exit_code(manager, container["Id"])
-        reason = await manager.death_reason(session, container["Id"], exit_code)
+    elif not container.running:
+        reason = await manager.placement.stopped_reason(session, container.id)
         await manager.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
     else:
         await _reattach(manager, session, was_cut)
@@ -126,8 +118,3 @@ async def _reattach(manager: SessionManager, session: Session, was_cut: bool) ->
     session.state = "idle"
     await manager.save(session)
     log.info("session %s reattached", session.id)
-
-
-async def _exit_code(manager: SessionManager, container_id: str) -> int:
-    info = await asyncio.to_thread(manager.docker.api.inspect_container, container_id)
-    return int(info["State"].get("ExitCode", -1))

@@ -19,13 +19,11 @@ import docker.errors
 
 from .config import Settings
 from .errors import BadRequest, EngineUnavailable
-from .files import Workspace
 from .images import ImageBuilder
 from .isolation import IsolationManager
 from .kernel import Kernel
 from .kernelspecs import KernelSpecs
-from .provisioners import workspace
-from .provisioners.docker import SandboxSpec
+from .placement import Placement
 from .session import Session
 from .validation import env_vars, image_ref, metadata_dict, seconds
 
@@ -40,15 +38,16 @@ class Sandboxes:
         kernelspecs: KernelSpecs,
         images: ImageBuilder,
         isolation: IsolationManager,
+        placement: Placement,
     ) -> None:
         self.settings = settings
         self.docker = client
         self.kernelspecs = kernelspecs
         self.images = images
         self.isolation = isolation
+        self.placement = placement
         self.sessions_dir = Path(settings.data_dir) / "sessions"
         self.gateway_id = ""  # set once the store is open
-        self._image_facts: dict[str, dict[str, Any]] = {}
 
     def new_session(self, request: dict[str, Any], tenant: str) -> Session:
         """A session as a create request asks for it, checked against the server's limits."""
@@ -99,23 +98,9 @@ class Sandboxes:
 
     def equip(self, session: Session) -> None:
         """Give a session its Kernel and Workspace objects (no container is started)."""
-        session_dir = self.session_dir(session.id)
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
-        spec = SandboxSpec(
-            docker=self.docker,
-            image=session.image,
-            session_id=session.id,
-            gateway_id=self.gateway_id,
-            limits=session.limits,
-            env=session.env,
-            run_dir=session_dir / "run",
-            workspace=session_dir / "workspace",
-            tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
-            user=sandbox_cfg.get("user", "1000:1000"),
-            isolation=session.isolation,
-        )
-        uid, gid = spec.uid_gid
-        session.workspace = Workspace(str(spec.workspace), uid, gid)
+        spec = self.placement.sandbox(session, sandbox_cfg, self.gateway_id)
+        session.workspace = self.placement.workspace(session, spec)
         session.kernel = Kernel(
             session.kernel_name,
             self.kernelspecs.manager,
@@ -145,18 +130,10 @@ class Sandboxes:
         )
         self.equip(session)
         assert session.kernel is not None
-        spec = session.kernel.sandbox
-        spec.run_dir.mkdir(parents=True, exist_ok=True)
-        uid, gid = spec.uid_gid
-        await asyncio.to_thread(
-            workspace.create, self.session_dir(session.id), session.limits.disk, uid, gid
-        )
+        await self.placement.prepare(session, session.kernel.sandbox)
         try:
             await session.kernel.start()
-            facts = self._image_facts.get(session.image)
-            if facts is None:
-                facts = await asyncio.to_thread(self.images.facts, session.image)
-                self._image_facts[session.image] = facts
+            facts = await self.placement.image_facts(session)
         except docker.errors.DockerException as e:
             raise EngineUnavailable(f"the container engine failed: {e}") from e
         session.image_digest = facts["digest"]

@@ -71,6 +71,18 @@ class SandboxSpec:
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
 
     @property
+    def provisioner_class(self) -> type[DockerProvisioner]:
+        return DockerProvisioner
+
+    def manager_options(self) -> dict[str, Any]:
+        """How jupyter_client reaches the kernel: ipc sockets in the run directory."""
+        return {
+            "transport": "ipc",
+            "ip": str(self.run_dir / "k"),
+            "connection_file": str(self.run_dir / "connection.json"),
+        }
+
+    @property
     def uid_gid(self) -> tuple[int, int]:
         uid, _, gid = self.user.partition(":")
         return int(uid), int(gid or uid)
@@ -237,9 +249,23 @@ class DockerProvisioner(KernelProvisionerBase):
             pass
         self.container_id = None
 
+    async def output_tail(self, lines: int = 20) -> str:
+        """The container's last output lines, to say why a start failed."""
+        if self.container_id is None or self._client is None:
+            return ""
+        try:
+            raw = await asyncio.to_thread(self._client.api.logs, self.container_id, tail=lines)
+        except docker.errors.DockerException:
+            return ""
+        return raw.decode(errors="replace").strip()
+
+    def reattach_info(self) -> dict[str, Any]:
+        """What a restarted gateway needs besides the connection info."""
+        return {"container_id": self.container_id}
+
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()
-        info["container_id"] = self.container_id
+        info.update(self.reattach_info())
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
