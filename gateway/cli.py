@@ -46,6 +46,16 @@ def _images_build(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _images_push(settings: Settings, args: argparse.Namespace) -> int:
+    registry = args.to or settings.registry
+    if not registry:
+        raise GatewayError("say where to push: --to HOST:PORT, or set registry")
+    builder = _builder(settings)
+    for name in args.names or settings.default_image_names:
+        builder.push(name, registry)
+    return 0
+
+
 def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
     rows = _builder(settings).list()
     print(f"{'NAME':<12} {'TAG':<28} {'BUILT':<6} {'SIZE':>10}")
@@ -71,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     Settings.add_arguments(build)
     build.set_defaults(func=_images_build)
+    push = image_commands.add_parser(
+        "push", help="push built images to the registry a swarm's nodes pull from"
+    )
+    push.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
+    push.add_argument(
+        "--to", help="registry to push to, as this host reaches it (default: registry)"
+    )
+    Settings.add_arguments(push)
+    push.set_defaults(func=_images_push)
     ls = image_commands.add_parser("ls", help="list kernel images and whether they are built")
     Settings.add_arguments(ls)
     ls.set_defaults(func=_images_ls)
@@ -88,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("urllib3").setLevel(logging.WARNING)  # the engine API, polled
         return args.func(settings, args)
     except GatewayError as e:
         print(f"sbx: {e.message}", file=sys.stderr)

@@ -125,6 +125,28 @@ class Settings:
         "no ptrace, namespaces, keyrings, bpf, io_uring, ...), 'docker-default' (the engine's "
         "default), or a file in Docker's JSON format (docs/SECURITY.md); gVisor ignores it",
     )
+    placement: str = _opt(
+        "docker",
+        "where kernels run: 'docker' (containers on this host's engine) or 'swarm' (one-task "
+        "services on any node of the Docker Swarm whose manager the engine API reaches; the "
+        "gateway then runs as a container on swarm_network: docs/SCALING.md)",
+    )
+    registry: str = _opt(
+        "",
+        "registry the swarm's nodes pull kernel images from, e.g. 'manager.example:5000' "
+        "(`sbx images push` puts them there); empty: images must already be on every node",
+    )
+    swarm_network: str = _opt(
+        "sbx-kernels", "attachable internal overlay network that cluster kernels listen on"
+    )
+    swarm_constraints: str = _opt(
+        "",
+        "Swarm placement constraints for kernel services, comma-separated, e.g. "
+        "'node.role==worker'",
+    )
+    swarm_poll_interval: float = _opt(
+        1.0, "seconds between the cluster checks that find lost nodes and ended tasks"
+    )
     kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
     interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
     ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
@@ -174,6 +196,7 @@ class Settings:
             ) from None
         self.default_limits.resolve({}, self.max_limits)
         self._check_isolation()
+        self._check_placement()
         self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
         self.max_request_body_bytes  # noqa: B018
         self.max_code_bytes  # noqa: B018
@@ -291,6 +314,24 @@ class Settings:
         self.egress_ranges  # noqa: B018
         self.egress_always_allow_rules  # noqa: B018
         self.seccomp_profile_json  # noqa: B018
+
+    def _check_placement(self) -> None:
+        if self.placement not in ("docker", "swarm"):
+            raise ConfigError(f"placement must be 'docker' or 'swarm', not {self.placement!r}")
+        if self.placement != "swarm":
+            return
+        # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
+        if self.runtime_names != ["runc"] or self.network_policy_names != ["none"]:
+            raise ConfigError(
+                "placement swarm offers runtime runc and network policy none only: set "
+                "runtimes=runc and network_policies=none (docs/SCALING.md says why)"
+            )
+        if self.swarm_poll_interval <= 0:
+            raise ConfigError("swarm_poll_interval must be positive")
+
+    @property
+    def swarm_constraint_list(self) -> list[str]:
+        return _csv(self.swarm_constraints)
 
     @property
     def replay_buffer_size_bytes(self) -> int:

@@ -28,7 +28,8 @@ codes themselves. The tree::
         ├── ImageNotBuilt                 image_not_built
         ├── KernelStartFailed             kernel_start_failed
         ├── RuntimeUnavailable            runtime_unavailable
-        └── EgressUnavailable             egress_unavailable
+        ├── EgressUnavailable             egress_unavailable
+        └── SandboxUnavailable            sandbox_unavailable (a cluster node does not answer)
 """
 
 from __future__ import annotations
@@ -170,3 +171,9 @@ class EgressUnavailable(Unavailable):
     """Allowlist networking cannot be set up on this host (no root, no iptables)."""
 
     code = "egress_unavailable"
+
+
+class SandboxUnavailable(Unavailable):
+    """A cluster sandbox (its node, or the agent in it) does not answer."""
+
+    code = "sandbox_unavailable"

@@ -29,6 +29,9 @@ from .errors import GatewayError
 REPO = "sbx"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PACKAGES_FILE = "/opt/sbx/packages.txt"  # written by each image's Dockerfile
+# Lists paths of the repository (files or directories) an image's build also needs,
+# e.g. the gateway's own image needs its source.
+CONTEXT_FILE = "sbx-context"
 _APT_SOURCES = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
 
 
@@ -83,14 +86,45 @@ class ImageBuilder:
         return sorted(p.parent.name for p in self.images_dir.glob("*/Dockerfile"))
 
     def tag_for(self, name: str) -> str:
-        """``sbx/<name>:<hash>`` of the image directory's files and the configured base."""
+        """``sbx/<name>:<hash>`` of the build context's files and the configured base."""
         directory = self.images_dir / name
         if not (directory / "Dockerfile").is_file():
             raise ImageBuildError(f"no image {name!r}: {directory}/Dockerfile is missing")
         parts = [self.base.encode()]
-        for path in _files(directory):
-            parts += [str(path.relative_to(directory)).encode(), path.read_bytes()]
+        for path, arcname in self._context_files(directory):
+            parts += [arcname.encode(), path.read_bytes()]
         return f"{REPO}/{name}:{_digest(*parts)}"
+
+    def _context_files(self, directory: Path) -> list[tuple[Path, str]]:
+        """(file, name in the build context): the image directory, plus what it lists."""
+        files = [(p, str(p.relative_to(directory))) for p in _files(directory)]
+        listed = directory / CONTEXT_FILE
+        if listed.is_file():
+            root = self.images_dir.parent
+            for line in listed.read_text().split():
+                target = root / line
+                found = [target] if target.is_file() else _files(target)
+                files += [
+                    (p, str(p.relative_to(root))) for p in found if "__pycache__" not in p.parts
+                ]
+        return files
+
+    def push(self, name: str, registry: str) -> str:
+        """Push a built image to ``registry`` (where a swarm's nodes pull it); return the ref."""
+        tag = self.tag_for(name)
+        if not self.exists(tag):
+            raise ImageBuildError(f"image {name} is not built; run `sbx images build {name}`")
+        target = f"{registry}/{tag}"
+        repository, _, version = target.rpartition(":")
+        self.client.images.get(tag).tag(repository, version)
+        try:
+            for line in self.client.images.push(repository, version, stream=True, decode=True):
+                if "error" in line:
+                    raise ImageBuildError(f"pushing {name} failed: {line['error'].strip()}")
+        finally:
+            self.client.images.remove(target)
+        self.progress(f"{name}: pushed {target}")
+        return target
 
     def exists(self, ref: str) -> bool:
         try:
@@ -135,8 +169,8 @@ class ImageBuilder:
         """The build context: the image directory plus the host's CA bundle."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for path in _files(directory):
-                tar.add(path, arcname=str(path.relative_to(directory)))
+            for path, arcname in self._context_files(directory):
+                tar.add(path, arcname=arcname)
             tar.add(HOST_CA_BUNDLE, arcname="host-ca.crt")
         buffer.seek(0)
         return buffer

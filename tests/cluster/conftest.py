@@ -1,0 +1,135 @@
+"""A real multi-node Docker Swarm on this machine, and the gateway deployed on it.
+
+``scripts/cluster up`` starts a manager and two workers (each a Docker engine
+in its own network namespace) and the registry; the kernel and gateway images
+are pushed there with ``sbx images push``; the gateway is deployed from
+``deploy/swarm-stack.yml`` on the manager, kernels constrained to the workers.
+Everything is removed at the end (``scripts/cluster down``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGER_SOCKET = "/run/sbxc/m1/docker.sock"
+MANAGER_IP = "10.213.0.10"
+REGISTRY = "10.213.0.1:5000"
+PORT = 18765
+WORKERS = ("w1", "w2")
+
+
+def sh(*cmd: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+    """Run a setup command; fail the tests with its output if it fails."""
+    result = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+@dataclass
+class Cluster:
+    """The deployed gateway and the manager's engine, as a test sees them."""
+
+    url: str
+    token: str
+    manager: docker.DockerClient
+
+    @property
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, timeout=180, headers={"Authorization": f"Bearer {self.token}"}
+        )
+
+    def ws_url(self, path: str) -> str:
+        return self.url.replace("http://", "ws://") + f"{path}?token={self.token}"
+
+    def node_of(self, session_id: str) -> str | None:
+        """The host name of the node running the session's kernel task."""
+        tasks = self.manager.api.tasks(filters={"service": f"sbx-{session_id}"})
+        running = [t for t in tasks if t["Status"]["State"] == "running"]
+        if not running:
+            return None
+        return self.manager.api.inspect_node(running[0]["NodeID"])["Description"]["Hostname"]
+
+    def gateway_log(self, lines: int = 60) -> str:
+        try:
+            raw = self.manager.api.service_logs("sbx_gateway", stdout=True, stderr=True, tail=lines)
+            return b"".join(raw).decode(errors="replace")
+        except docker.errors.DockerException as e:
+            return f"(no gateway log: {e})"
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Until the gateway answers and its warm pool is full (the pool pulls the image)."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        with self.client as api:
+            while time.monotonic() < deadline:
+                try:
+                    r = api.get("/healthz")
+                    last = r.text
+                    if r.status_code == 200 and r.json()["pool_ready"].get("python3") == 2:
+                        return
+                except (httpx.HTTPError, ValueError) as e:
+                    last = repr(e)
+                time.sleep(1)
+        pytest.fail(f"the gateway was not ready in {timeout} s: {last}\n{self.gateway_log()}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the cluster tests need root: they start Docker engines in namespaces")
+    sbx = str(Path(sys.executable).parent / "sbx")
+    try:
+        sh("scripts/cluster", "up", str(len(WORKERS)), timeout=180)
+        tags = {}
+        for name in ("python", "gateway"):
+            sh(sbx, "images", "build", name, timeout=1200)
+            tags[name] = sh(sys.executable, "-c",
+                            f"from gateway.images import ImageBuilder; import docker; "
+                            f"print(ImageBuilder(docker.from_env(), __import__('pathlib').Path("
+                            f"'{ROOT}/images')).tag_for('{name}'))").strip()  # fmt: skip
+        sh("scripts/cluster", "push", "python", "gateway", timeout=1200)
+        token = secrets.token_urlsafe(16)
+        sh(
+            "docker", "-H", f"unix://{MANAGER_SOCKET}", "stack", "deploy",
+            "-c", "deploy/swarm-stack.yml", "sbx",
+            env={
+                "SBX_GATEWAY_IMAGE": f"{REGISTRY}/{tags['gateway']}",
+                "SBX_REGISTRY": REGISTRY,
+                "SBX_TOKEN": token,
+                "SBX_DOCKER_SOCKET": MANAGER_SOCKET,
+                "SBX_PORT": str(PORT),
+                "SBX_LOG_LEVEL": "debug",
+            },
+        )  # fmt: skip
+        cluster = Cluster(
+            url=f"http://{MANAGER_IP}:{PORT}",
+            token=token,
+            manager=docker.DockerClient(base_url=f"unix://{MANAGER_SOCKET}"),
+        )
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        subprocess.run(["scripts/cluster", "down"], cwd=ROOT, timeout=180, check=False)
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[httpx.Client]:
+    with cluster.client as client:
+        yield client

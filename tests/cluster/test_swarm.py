@@ -1,0 +1,255 @@
+"""Sessions on a real multi-node Swarm: every core behaviour with kernels on each worker.
+
+The gateway runs as a service on the manager; kernels are one-task services on
+the workers, reached over the internal overlay (CurveZMQ + HMAC). The last
+test stops a worker's engine: its sessions die with the reason, the rest
+keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tornado.websocket import websocket_connect
+
+pytestmark = [pytest.mark.docker, pytest.mark.cluster]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(api: httpx.Client, sid: str, code: str, **kw) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, **kw})
+    assert r.status_code == 200, f"execute answered {r.status_code}: {r.text}"
+    return r.json()
+
+
+def stdout(reply: dict) -> str:
+    return "".join(o["text"] for o in reply["outputs"] if o.get("name") == "stdout")
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def placed(cluster) -> dict[str, str]:
+    """One session per worker (sessions spread over the nodes): worker -> session id."""
+    by_node: dict[str, str] = {}
+    with cluster.client as api:
+        for _ in range(6):
+            r = api.post("/v1/sessions", json={"metadata": {"suite": "cluster"}})
+            assert r.status_code == 201, f"create failed: {r.status_code} {r.text}"
+            sid = r.json()["id"]
+            node = cluster.node_of(sid)
+            assert node in ("w1", "w2"), f"session {sid} runs on {node}, not on a worker"
+            if node in by_node:
+                api.delete(f"/v1/sessions/{sid}")
+            else:
+                by_node[node] = sid
+            if len(by_node) == 2:
+                return by_node
+    raise AssertionError(f"sessions did not spread over both workers: {by_node}")
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_execute_keeps_state_on_each_worker(api, placed, worker):
+    sid = placed[worker]
+    assert run(api, sid, "x = 41")["status"] == "ok"
+    reply = run(api, sid, "import socket; print(socket.gethostname()); x + 1")
+    assert reply["status"] == "ok", reply
+    assert reply["outputs"][-1]["data"]["text/plain"] == "42"
+    record = api.get(f"/v1/sessions/{sid}").json()
+    assert record["state"] == "idle" and record["kernel"] == "python3"
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_stream_events_arrive_as_they_happen(cluster, placed, worker):
+    code = "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.5)"
+
+    async def scenario() -> list[tuple[float, dict]]:
+        ws = await websocket_connect(cluster.ws_url(f"/v1/sessions/{placed[worker]}/stream"))
+        ws.write_message(json.dumps({"type": "execute", "id": "c1", "code": code}))
+        events = []
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+            events.append((time.monotonic(), event))
+            if event["type"] == "done":
+                ws.close()
+                return events
+
+    events = asyncio.run(scenario())
+    ticks = [(at, e) for at, e in events if e["type"] == "stream"]
+    assert [e["text"] for _, e in ticks] == ["tick 0\n", "tick 1\n", "tick 2\n"]
+    assert ticks[-1][0] - ticks[0][0] > 0.7, "outputs came in one batch, not as they happened"
+    assert events[-1][1]["status"] == "ok"
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_interrupt_stops_a_running_cell(cluster, api, placed, worker):
+    sid = placed[worker]
+    box: dict = {}
+
+    def long_cell() -> None:
+        with cluster.client as own:
+            box["reply"] = run(own, sid, "import time; time.sleep(60)")
+
+    thread = threading.Thread(target=long_cell)
+    started = time.monotonic()
+    thread.start()
+    wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "busy", 20, "busy")
+    time.sleep(0.5)
+    assert api.post(f"/v1/sessions/{sid}/interrupt").status_code == 200
+    thread.join(30)
+    assert box["reply"]["status"] == "interrupted", box
+    assert time.monotonic() - started < 30
+    assert run(api, sid, "x")["outputs"][-1]["data"]["text/plain"] == "41", "state was lost"
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_files_round_trip_through_the_sandbox(api, placed, worker):
+    sid = placed[worker]
+    data = bytes(range(256)) * 4096  # 1 MiB: several chunks each way
+    r = api.put(f"/v1/sessions/{sid}/files/in/data.bin", content=data)
+    assert r.status_code == 201, r.text
+    reply = run(
+        api, sid,
+        "d = open('in/data.bin', 'rb').read(); open('out.txt', 'w').write(str(len(d)))",
+    )  # fmt: skip
+    assert reply["status"] == "ok", reply
+    assert [a["path"] for a in reply["artifacts"]] == ["out.txt"]
+    assert api.get(f"/v1/sessions/{sid}/files/out.txt").content == str(len(data)).encode()
+    assert api.get(f"/v1/sessions/{sid}/files/in/data.bin").content == data
+    listing = api.get(f"/v1/sessions/{sid}/files", params={"path": "in"}).json()
+    assert [(e["name"], e["size"]) for e in listing["entries"]] == [("data.bin", len(data))]
+    archive = api.get(f"/v1/sessions/{sid}/files", params={"format": "tar"})
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        assert sorted(tar.getnames()) == ["in/data.bin", "out.txt"]
+    # The same walls as on one host: no way out of the workspace, links never followed.
+    assert run(api, sid, "import os; os.symlink('/etc/passwd', 'link')")["status"] == "ok"
+    assert api.get(f"/v1/sessions/{sid}/files/link").status_code == 403
+    assert api.get(f"/v1/sessions/{sid}/files/..%2F..%2Fetc%2Fpasswd").status_code == 400
+    assert api.delete(f"/v1/sessions/{sid}/files/in/data.bin").status_code == 204
+    assert api.get(f"/v1/sessions/{sid}/files/in/data.bin").status_code == 404
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_notebook_export_and_history(api, placed, worker):
+    sid = placed[worker]
+    notebook = api.get(f"/v1/sessions/{sid}/notebook").json()
+    sources = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert "x = 41" in sources
+    assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+    assert len(api.get(f"/v1/sessions/{sid}/history").json()) >= 2
+
+
+@pytest.mark.parametrize("worker", ["w1", "w2"])
+def test_restart_in_place_keeps_the_workspace(api, placed, worker):
+    sid = placed[worker]
+    assert api.put(f"/v1/sessions/{sid}/files/keep.txt", content=b"kept").status_code == 201
+    r = api.post(f"/v1/sessions/{sid}/restart")
+    assert r.status_code == 200 and r.json()["state"] == "idle", r.text
+    reply = run(api, sid, "print(open('keep.txt').read()); 'x' in dir()")
+    assert stdout(reply) == "kept\n"
+    assert reply["outputs"][-1]["data"]["text/plain"] == "False", "the kernel was not fresh"
+    run(api, sid, "x = 41")
+
+
+def test_out_of_memory_is_the_reason_on_each_worker(cluster, api):
+    hogs = {}
+    for _ in range(6):
+        r = api.post("/v1/sessions", json={"limits": {"memory": "256m"}})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        node = cluster.node_of(sid)
+        if node in hogs:
+            api.delete(f"/v1/sessions/{sid}")
+            continue
+        hogs[node] = sid
+        if len(hogs) == 2:
+            break
+    assert sorted(hogs) == ["w1", "w2"], hogs
+    for node, sid in hogs.items():
+        reply = run(api, sid, "b = bytearray(1024 * 2**20)")
+        assert reply["status"] == "dead", f"{node}: {reply}"
+        record = api.get(f"/v1/sessions/{sid}").json()
+        assert record["state"] == "dead"
+        assert record["reason"] == "out of memory: limit 256 MiB", f"{node}: {record}"
+        # Dead but not gone: its files stay readable, and a restart brings it back.
+        assert api.get(f"/v1/sessions/{sid}/files").status_code == 200
+        assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
+        assert run(api, sid, "1 + 1")["outputs"][-1]["data"]["text/plain"] == "2"
+        api.delete(f"/v1/sessions/{sid}")
+
+
+def test_ttl_ends_the_session_and_removes_its_service(cluster, api):
+    r = api.post("/v1/sessions", json={"ttl": 3})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert cluster.manager.api.services(filters={"name": f"sbx-{sid}"})
+    record = wait_for(
+        lambda: (doc := api.get(f"/v1/sessions/{sid}").json())["state"] == "deleted" and doc,
+        20,
+        "the ttl ending the session",
+    )
+    assert record["reason"].startswith("ttl expired after 3 s")
+    assert not cluster.manager.api.services(filters={"name": f"sbx-{sid}"})
+
+
+def test_gateway_restart_reattaches_to_running_services(cluster, api, placed):
+    sid = placed["w1"]
+    run(api, sid, "y = 'survives'")
+    cluster.manager.api.update_service(
+        *_service_version(cluster, "sbx_gateway"), force_update=True, fetch_current_spec=True
+    )
+    wait_for(lambda: _new_gateway_answers(cluster), 180, "the restarted gateway answering")
+    reply = run(api, sid, "y")
+    assert reply["outputs"][-1]["data"]["text/plain"] == "'survives'", reply
+
+
+def _service_version(cluster, name: str) -> tuple[str, int]:
+    service = cluster.manager.api.inspect_service(name)
+    return service["ID"], service["Version"]["Index"]
+
+
+def _new_gateway_answers(cluster) -> bool:
+    tasks = cluster.manager.api.tasks(filters={"service": "sbx_gateway"})
+    if sum(t["Status"]["State"] == "running" for t in tasks) != 1 or len(tasks) < 2:
+        return False
+    try:
+        with cluster.client as api:
+            return api.get("/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_lost_node_kills_its_sessions_only(cluster, api, placed):
+    """Runs last: it stops worker w2's engine."""
+    lost, kept = placed["w2"], placed["w1"]
+    subprocess.run(["scripts/cluster", "stop-node", "w2"], cwd=ROOT, check=True, timeout=120)
+    record = wait_for(
+        lambda: (doc := api.get(f"/v1/sessions/{lost}").json())["state"] == "dead" and doc,
+        60,
+        "the session on the stopped node being reported dead",
+    )
+    assert "node w2 was lost" in record["reason"], record
+    r = api.post(f"/v1/sessions/{lost}/execute", json={"code": "1"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "kernel_died", r.text
+    assert run(api, kept, "x + 1")["outputs"][-1]["data"]["text/plain"] == "42"
+    r = api.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    assert cluster.node_of(r.json()["id"]) == "w1", "a new session went to the lost node"
