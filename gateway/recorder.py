@@ -54,7 +54,7 @@ class ExecutionRecorder:
         """An output listener that stores each change, then passes it on once stored."""
 
         def hear(output: dict[str, Any] | None) -> None:
-            written = self.store.add_output(self.id, output)
+            written = self.store.add_output(self.id, output, shown=forward is not None)
             written.add_done_callback(lambda done: self._written(done, output, forward))
 
         return hear

@@ -3,10 +3,13 @@
 One connection lives on one dedicated thread: sqlite3 objects must stay on
 the thread that made them, and a single writer never contends for the WAL
 lock. Callers await the results, so the event loop never blocks on disk.
-Calls queued in one turn of the event loop run as one batch, in order, in
-one transaction (each call in a savepoint of its own, so one failing call
-undoes only itself): one wake-up of the store's thread and one commit where
-an execute's writes would otherwise cost several.
+Calls run in batches, in the order queued, one transaction a batch (each
+call in a savepoint of its own, so one failing call undoes only itself). A
+call someone waits for flushes the batch at the end of the loop's turn;
+bookkeeping nobody waits for (an execution's running row, outputs no client
+is shown yet, audit events) rides along with the next flush, or goes within
+``LAZY_DELAY``. Each batch is one wake-up of the store's thread and one
+commit, where an execute's writes would otherwise cost several of each.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any, TypeVar
 from .outputs import replay_outputs
 
 T = TypeVar("T")
+
+LAZY_DELAY = 0.05  # seconds a write nobody waits for may wait for company
 
 # Each entry moves the schema one version up (PRAGMA user_version); never edit
 # a shipped entry, append a new one.
@@ -100,6 +105,8 @@ class Store:
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        self._flush_due: asyncio.Handle | None = None
+        self._flush_now = False
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -132,16 +139,26 @@ class Store:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
 
-    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue a call for the store's thread; calls run in the order submitted."""
+    def _submit(self, fn: Callable[..., T], *args: Any, lazy: bool = False) -> asyncio.Future[T]:
+        """Queue a call for the store's thread; calls run in the order submitted.
+
+        ``lazy``: nobody waits for it, so it may wait for the next flush (see
+        the module's docstring).
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.append((fn, args, future))
-        if len(self._queue) == 1:
-            loop.call_soon(self._flush)
+        if not lazy and not self._flush_now:
+            if self._flush_due is not None:
+                self._flush_due.cancel()
+            self._flush_due = loop.call_soon(self._flush)
+            self._flush_now = True
+        elif self._flush_due is None:
+            self._flush_due = loop.call_later(LAZY_DELAY, self._flush)
         return future
 
     def _flush(self) -> None:
+        self._flush_due, self._flush_now = None, False
         batch, self._queue = self._queue, []
         calls = [(fn, args) for fn, args, _ in batch]
         done = asyncio.get_running_loop().run_in_executor(self._pool, self._run_batch, calls)
@@ -243,20 +260,25 @@ class Store:
                 record["started_at"],
                 record["started_at"],
             ),
+            lazy=True,
         )
         return execution_id, written
 
-    def add_output(self, execution_id: int, output: dict[str, Any] | None) -> asyncio.Future:
+    def add_output(
+        self, execution_id: int, output: dict[str, Any] | None, shown: bool = False
+    ) -> asyncio.Future:
         """Append one output of a running execution (``None`` records a clear_output).
 
         Returns the write's future without awaiting it: writes complete in the
         order they were asked for, so a caller can release each output to its
         client once the output is on disk, without holding up the kernel.
+        ``shown``: a client waits to be shown it, so it is flushed at once.
         """
         return self._submit(
             self._exec,
             "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
             (execution_id, None if output is None else json.dumps(output)),
+            lazy=not shown,
         )
 
     def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
@@ -311,6 +333,7 @@ class Store:
                 event.get("remote"),
                 json.dumps(event["detail"]) if event.get("detail") else None,
             ),
+            lazy=True,
         )
 
     async def audit_events(
