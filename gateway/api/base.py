@@ -42,9 +42,11 @@ access_log = logging.getLogger("tornado.access")
 def log_request(handler: tornado.web.RequestHandler) -> None:
     """Tornado's access log line, with any ``?token=`` value masked."""
     request = handler.request
-    query = urllib.parse.parse_qsl(request.query, keep_blank_values=True)
-    masked = [(k, "***" if k == "token" else v) for k, v in query]
-    uri = request.path + ("?" + urllib.parse.urlencode(masked) if masked else "")
+    uri = request.uri or request.path
+    if "token=" in request.query:
+        query = urllib.parse.parse_qsl(request.query, keep_blank_values=True)
+        masked = [(k, "***" if k == "token" else v) for k, v in query]
+        uri = request.path + "?" + urllib.parse.urlencode(masked)
     status = handler.get_status()
     level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
     access_log.log(
