@@ -110,8 +110,11 @@ class ImageBuilder:
         return files
 
     def push(self, name: str, registry: str) -> str:
-        """Push a built image to ``registry`` (where a swarm's nodes pull it); return the ref."""
-        tag = self.tag_for(name)
+        """Push a built image (a name, or its ``sbx/name:tag``) to ``registry``; return the ref.
+
+        The registry is where a swarm's nodes pull from (docs/SCALING.md).
+        """
+        tag = name if ":" in name else self.tag_for(name)
         if not self.exists(tag):
             raise ImageBuildError(f"image {name} is not built; run `sbx images build {name}`")
         target = f"{registry}/{tag}"

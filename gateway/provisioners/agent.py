@@ -66,8 +66,9 @@ def oom_kills() -> int:
 class KernelProcess:
     """The kernel: started, signalled, restarted; each start is a new generation."""
 
-    def __init__(self, connection: dict[str, Any]) -> None:
+    def __init__(self, connection: dict[str, Any], cwd: str) -> None:
         self.connection = connection
+        self.cwd = cwd
         self.proc: asyncio.subprocess.Process | None = None
         self.generation = 0
         self.exits: dict[int, dict[str, Any]] = {}
@@ -85,7 +86,7 @@ class KernelProcess:
         self._oom_before = oom_kills()
         self.generation += 1
         self.proc = await asyncio.create_subprocess_exec(
-            *argv, env={**os.environ, **env}, cwd=WORKSPACE
+            *argv, env={**os.environ, **env}, cwd=self.cwd
         )
         self._reaper = asyncio.create_task(self._reap(self.proc, self.generation))
         return self.generation
@@ -128,8 +129,9 @@ class Agent:
 
     def __init__(self, secret: dict[str, Any]) -> None:
         self.key = secret["key"].encode()
-        self.kernel = KernelProcess(secret["connection"])
-        self.workspace = Workspace(WORKSPACE, os.getuid(), os.getgid())
+        self.root = secret.get("workspace", WORKSPACE)
+        self.kernel = KernelProcess(secret["connection"], self.root)
+        self.workspace = Workspace(self.root, os.getuid(), os.getgid())
         self.disk = int(secret.get("disk", 0))
         self.streams: dict[str, Any] = {}
         self.uploads: dict[str, Any] = {}
@@ -207,7 +209,7 @@ class Agent:
             return {"stream": self._keep(self.streams, file), "size": st.st_size,
                     "mtime": st.st_mtime, "mode": st.st_mode}  # fmt: skip
         if op == "fs.archive_open":
-            tempfile.tempdir = WORKSPACE  # big archives spill to disk, not to memory
+            tempfile.tempdir = self.root  # big archives spill to disk, not to memory
             spool = await asyncio.to_thread(ws.archive, args["path"], args["fmt"])
             return {"stream": self._keep(self.streams, spool)}
         if op == "fs.pull":

@@ -355,9 +355,8 @@ class SwarmProvisioner(KernelProvisionerBase):
         return self.exit_code
 
     async def wait(self) -> int | None:
-        while (status := await self.poll()) is None:  # noqa: ASYNC110 (the agent reports it)
-            await asyncio.sleep(0.1)
-        return status
+        """The exit code: jupyter_client asks only once it found the kernel stopped."""
+        return await self.poll()
 
     async def send_signal(self, signum: int) -> None:
         """Signal the kernel process through the agent (no engine of that node is reachable)."""
