@@ -31,6 +31,7 @@ from .config import ConfigError, Settings
 from .errors import (
     BadRequest,
     Conflict,
+    GatewayError,
     KernelDied,
     PayloadTooLarge,
     QuotaExceeded,
@@ -193,6 +194,8 @@ class SessionManager:
         tenant: str | None = None,
     ) -> list[Session]:
         """Live sessions ``who`` may see, filtered; an admin sees every tenant's."""
+        if state is not None and state not in LIVE_STATES:
+            raise BadRequest(f"state must be one of {', '.join(LIVE_STATES)}, not {state!r}")
         found = []
         for session in self.sessions.values():
             if not who.owns(session.tenant) or (tenant and session.tenant != tenant):
@@ -421,8 +424,13 @@ class SessionManager:
         assert session.kernel is not None
         session.state = "starting"
         session.reason = None
-        async with self._ended_meanwhile(session, "restarted"):
-            await session.kernel.restart()
+        try:
+            async with self._ended_meanwhile(session, "restarted"):
+                await session.kernel.restart()
+        except GatewayError as e:
+            if session.state == "starting":  # not ended meanwhile: say why, allow another try
+                await self.mark_dead(session, f"restart failed: {e.message}")
+            raise
         session.state = "idle"
         session.touch()
         await self.save(session)

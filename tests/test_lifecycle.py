@@ -53,6 +53,9 @@ def test_list_filters_by_metadata_and_state(api, new_session):
     assert ids(**{"metadata.agent": "alpha", "metadata.run": "7"}) == [a]
     assert ids(**{"metadata.agent": "gamma"}) == []
     assert a in ids(state="idle") and a not in ids(state="busy")
+    typo = api.get("/v1/sessions", params={"state": "idel"})
+    assert typo.status_code == 400
+    assert "starting, idle, busy, dead" in typo.json()["error"]["message"]
 
 
 def test_interrupt_stops_a_running_cell_and_keeps_state(api, session):
