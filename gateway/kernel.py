@@ -74,6 +74,12 @@ def shared_context() -> zmq.asyncio.Context:
     return context
 
 
+# iopub messages that say the kernel is running a cell's code now; a kernel
+# that sends none of them is taken to have begun this long after it went busy.
+_CELL_BEGUN = {"execute_input", "stream", "display_data", "execute_result", "error"}
+_SILENT_START = 1.0
+
+
 class Kernel:
     """A kernel process in its sandbox, and the client that talks to it."""
 
@@ -258,6 +264,7 @@ class Kernel:
         deadline = started + timeout
         msg_id = self.client.execute(code, allow_stdin=False)
         timed_out = restarted = False
+        busy_since = float("inf")
         while True:
             if self.died.is_set():
                 return self._result("dead", collector, started)
@@ -270,22 +277,31 @@ class Kernel:
                 timed_out = True
                 deadline = now + grace
                 await self.manager.interrupt_kernel()
+            if self._awaiting_start and now - busy_since > _SILENT_START:
+                await self._begun()
             try:
                 msg = await self.client.get_iopub_msg(timeout=min(0.25, deadline - now))
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            if self._awaiting_start:
-                self._awaiting_start = False  # the kernel has begun this cell
-                if self._deferred_interrupt:
-                    await self.manager.interrupt_kernel()
+            if self._awaiting_start and msg["msg_type"] in _CELL_BEGUN:
+                # The cell's code is about to run: an interrupt now stops it. One
+                # sent earlier (on the busy status) can land in the kernel's own
+                # handling, which swallows it and skips the cell without a word.
+                await self._begun()
+            elif self._awaiting_start and msg["msg_type"] == "status":
+                busy_since = time.monotonic()  # a kernel that never says more begins soon
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
             collector.add_message(msg)
         if timed_out:
             return self._timeout_result(collector, started, timeout, restarted)
-        reply = await self._reply(msg_id) or {}
+        # No reply at all: the kernel dropped the request (an interrupt landed
+        # before the code ran); the reply is short in coming then, not 5 s.
+        reply = await self._reply(msg_id, 0.5 if self._interrupting else 5.0)
+        if reply is None:
+            reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
             collector.execution_count = reply.get("execution_count")
         return self._result(self._outcome(collector, reply), collector, started)
@@ -302,12 +318,18 @@ class Kernel:
             return "ok"
         return "interrupted" if self._interrupting else "error"
 
-    async def _reply(self, msg_id: str) -> dict[str, Any] | None:
+    async def _begun(self) -> None:
+        """The cell is running: send an interrupt that was asked for before."""
+        self._awaiting_start = False
+        if self._deferred_interrupt:
+            await self.manager.interrupt_kernel()
+
+    async def _reply(self, msg_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """Fetch the execute_reply (it may trail the idle status slightly)."""
         assert self.client is not None
         try:
             while True:
-                msg = await self.client.get_shell_msg(timeout=5)
+                msg = await self.client.get_shell_msg(timeout=timeout)
                 if msg["parent_header"].get("msg_id") == msg_id:
                     return msg["content"]
         except queue.Empty:
