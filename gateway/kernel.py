@@ -168,6 +168,10 @@ class Kernel:
     async def connect(self) -> None:
         """Open the client's channels (once) and wait until the kernel answers."""
         self.died.clear()
+        if self.client is not None and self.client.ip != self.manager.ip:
+            # Restarted elsewhere (a cluster sandbox replaced on another node).
+            self.client.stop_channels()
+            self.client = None
         if self.client is None:
             # Its own Session: verified signatures are remembered per Session, and
             # relays of Jupyter clients see the same iopub messages.

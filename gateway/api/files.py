@@ -42,7 +42,7 @@ class FilesHandler(JSONHandler):
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
             raise BadRequest("send the files as multipart/form-data parts with a filename")
-        if sum(len(f.body) for f in files) > workspace.free_bytes():
+        if sum(len(f.body) for f in files) > await asyncio.to_thread(workspace.free_bytes):
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
         saved = []
         for part in files:

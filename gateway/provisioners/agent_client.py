@@ -100,6 +100,8 @@ class AgentClient:
         """``call`` from a worker thread (file handlers run there), on the agent's loop."""
         if self._loop is None:
             raise SandboxUnavailable("the session's sandbox is not connected yet; retry")
+        if _running_loop() is self._loop:
+            raise RuntimeError("call_sync on the event loop would deadlock it; use a thread")
         future = asyncio.run_coroutine_threadsafe(self.call(op, args, data, timeout), self._loop)
         return future.result(timeout + 5)
 
@@ -115,6 +117,13 @@ class AgentClient:
 
 
 _plain = GatewayError.__init__
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _error(error: Any) -> Exception:

@@ -193,7 +193,7 @@ class SwarmProvisioner(KernelProvisionerBase):
             key = info["key"]
             self._agent = AgentClient(
                 self._spec.context,
-                f"tcp://{self._spec.name}:{AGENT_PORT}",
+                f"tcp://{info['ip']}:{AGENT_PORT}",
                 {**info, "key": key.decode() if isinstance(key, bytes) else key},
             )
         return self._agent
@@ -230,6 +230,7 @@ class SwarmProvisioner(KernelProvisionerBase):
         env = kwargs["env"]
         if self.container_id is None or not await self._answers():
             await self._replace_service(spec)
+            await self._locate(spec)
         result = await self._start(cmd, env, spec)
         self.generation, self.exit_code, self._stopping = result["generation"], None, False
         self._watch = asyncio.create_task(self._watch_exit(self.generation))
@@ -289,6 +290,42 @@ class SwarmProvisioner(KernelProvisionerBase):
                 f"push it: `sbx images build {name} && sbx images push {name}`"
             ) from e
         return f"{spec.image}@{found['Descriptor']['digest']}"
+
+    async def _locate(self, spec: SwarmSpec) -> None:
+        """Wait for the task to run, and talk to it by its address on the kernel network.
+
+        Names would do, but ZeroMQ resolves them on every reconnect in its one
+        I/O thread: a vanished task's name, left to time out in the resolver,
+        would stall every session's traffic.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.start_timeout
+        while (address := await self._task_address(spec)) is None:
+            failure = await self._task_failure(spec)
+            if failure or loop.time() > deadline:
+                raise KernelStartFailed(
+                    f"the kernel's task did not start: {failure or 'not placed in time'}"
+                )
+            await asyncio.sleep(0.25)
+        self.parent.ip = self.connection_info["ip"] = address
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+
+    async def _task_address(self, spec: SwarmSpec) -> str | None:
+        try:
+            tasks = await asyncio.to_thread(
+                spec.docker.api.tasks, filters={"service": self.container_id}
+            )
+        except docker.errors.DockerException:
+            return None
+        for task in tasks:
+            if task.get("Status", {}).get("State") != "running":
+                continue
+            for attachment in task.get("NetworksAttachments") or []:
+                if attachment["Network"]["Spec"]["Name"] == spec.network:
+                    return attachment["Addresses"][0].partition("/")[0]
+        return None
 
     async def _start(self, cmd: list[str], env: dict[str, str], spec: SwarmSpec) -> dict[str, Any]:
         """Start the kernel once the agent answers (its task may still be pulling the image).
