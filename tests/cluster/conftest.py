@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MANAGER_SOCKET = "/run/sbxc/m1/docker.sock"
 MANAGER_IP = "10.213.0.10"
-REGISTRY = "10.213.0.1:5000"
 PORT = 18765
 WORKERS = ("w1", "w2")
 
@@ -90,33 +88,21 @@ class Cluster:
         pytest.fail(f"the gateway was not ready in {timeout} s: {last}\n{self.gateway_log()}")
 
 
+_failed: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests need root: they start Docker engines in namespaces")
-    sbx = str(Path(sys.executable).parent / "sbx")
+    if _failed:  # pytest retries a failed session fixture for every test: once is enough
+        pytest.fail(f"the cluster could not be set up: {_failed[0]}")
+    token = secrets.token_urlsafe(16)
     try:
         sh("scripts/cluster", "up", str(len(WORKERS)), timeout=180)
-        tags = {}
-        for name in ("python", "gateway"):
-            sh(sbx, "images", "build", name, timeout=1200)
-            tags[name] = sh(sys.executable, "-c",
-                            f"from gateway.images import ImageBuilder; import docker; "
-                            f"print(ImageBuilder(docker.from_env(), __import__('pathlib').Path("
-                            f"'{ROOT}/images')).tag_for('{name}'))").strip()  # fmt: skip
-        sh("scripts/cluster", "push", "python", "gateway", timeout=1200)
-        token = secrets.token_urlsafe(16)
         sh(
-            "docker", "-H", f"unix://{MANAGER_SOCKET}", "stack", "deploy",
-            "-c", "deploy/swarm-stack.yml", "sbx",
-            env={
-                "SBX_GATEWAY_IMAGE": f"{REGISTRY}/{tags['gateway']}",
-                "SBX_REGISTRY": REGISTRY,
-                "SBX_TOKEN": token,
-                "SBX_DOCKER_SOCKET": MANAGER_SOCKET,
-                "SBX_PORT": str(PORT),
-                "SBX_LOG_LEVEL": "debug",
-            },
+            "scripts/cluster", "deploy", timeout=1800,
+            env={"SBX_TOKEN": token, "SBX_PORT": str(PORT), "SBX_LOG_LEVEL": "debug"},
         )  # fmt: skip
         cluster = Cluster(
             url=f"http://{MANAGER_IP}:{PORT}",
@@ -124,6 +110,11 @@ def cluster() -> Iterator[Cluster]:
             manager=docker.DockerClient(base_url=f"unix://{MANAGER_SOCKET}"),
         )
         cluster.wait_ready()
+    except BaseException as e:
+        _failed.append(str(e).splitlines()[0] if str(e) else repr(e))
+        subprocess.run(["scripts/cluster", "down"], cwd=ROOT, timeout=180, check=False)
+        raise
+    try:
         yield cluster
     finally:
         subprocess.run(["scripts/cluster", "down"], cwd=ROOT, timeout=180, check=False)
