@@ -109,7 +109,12 @@ class SwarmPlacement(Placement):
             for target, path in AGENT_FILES.items()
         }
         digest = hashlib.sha256(b"".join(contents.values())).hexdigest()[:12]
-        existing = {c["Spec"]["Name"]: c["ID"] for c in self.docker.api.configs()}
+        configs = self.docker.api.configs(filters={"label": "sbx.agent"})
+        for old in configs:  # an earlier version's, once no sandbox uses it
+            if old["Spec"]["Labels"]["sbx.agent"] != digest:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.docker.api.remove_config(old["ID"])
+        existing = {c["Spec"]["Name"]: c["ID"] for c in configs}
         references = []
         for index, (target, content) in enumerate(contents.items()):
             name = f"sbx-agent-{digest}-{index}"

@@ -9,6 +9,7 @@ Everything is removed at the end (``scripts/cluster down``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import subprocess
@@ -26,6 +27,7 @@ MANAGER_SOCKET = "/run/sbxc/m1/docker.sock"
 MANAGER_IP = "10.213.0.10"
 PORT = 18765
 WORKERS = ("w1", "w2")
+LOCK = "/run/sbx-cluster.lock"
 
 
 def sh(*cmd: str, timeout: float = 600, env: dict[str, str] | None = None) -> str:
@@ -97,6 +99,9 @@ def cluster() -> Iterator[Cluster]:
         pytest.fail("the cluster tests need root: they start Docker engines in namespaces")
     if _failed:  # pytest retries a failed session fixture for every test: once is enough
         pytest.fail(f"the cluster could not be set up: {_failed[0]}")
+    # One test cluster per machine: a second run (another engineer's) waits its turn.
+    lock = open(LOCK, "w")  # held until the session ends
+    fcntl.flock(lock, fcntl.LOCK_EX)
     token = secrets.token_urlsafe(16)
     try:
         sh("scripts/cluster", "up", str(len(WORKERS)), timeout=180)
@@ -113,11 +118,13 @@ def cluster() -> Iterator[Cluster]:
     except BaseException as e:
         _failed.append(str(e).splitlines()[0] if str(e) else repr(e))
         subprocess.run(["scripts/cluster", "down"], cwd=ROOT, timeout=180, check=False)
+        lock.close()
         raise
     try:
         yield cluster
     finally:
         subprocess.run(["scripts/cluster", "down"], cwd=ROOT, timeout=180, check=False)
+        lock.close()
 
 
 @pytest.fixture

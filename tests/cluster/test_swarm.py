@@ -48,6 +48,19 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
+def test_warm_pool_is_spread_over_the_workers_and_serves_creates(cluster):
+    """Runs first: the pool the gateway filled at start holds one kernel on each worker."""
+    pooled = cluster.manager.api.services(filters={"label": "sbx.session"})
+    nodes = sorted(cluster.node_of(s["Spec"]["Labels"]["sbx.session"]) for s in pooled)
+    assert nodes == ["w1", "w2"], f"pooled kernels run on {nodes}"
+    with cluster.client as api:
+        r = api.post("/v1/sessions", json={})
+        assert r.status_code == 201, r.text
+        metrics = api.get("/metrics").text
+        api.delete(f"/v1/sessions/{r.json()['id']}")
+    assert 'sbx_pool_claims_total{kernel="python3",result="hit"} 1' in metrics, metrics
+
+
 @pytest.fixture(scope="module")
 def placed(cluster) -> dict[str, str]:
     """One session per worker (sessions spread over the nodes): worker -> session id."""
@@ -199,6 +212,16 @@ def test_out_of_memory_is_the_reason_on_each_worker(cluster, api):
         assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
         assert run(api, sid, "1 + 1")["outputs"][-1]["data"]["text/plain"] == "2"
         api.delete(f"/v1/sessions/{sid}")
+
+
+def test_an_exiting_kernel_dies_with_its_exit_code(api, placed):
+    sid = placed["w2"]
+    reply = run(api, sid, "import os; os._exit(3)")
+    assert reply["status"] == "dead", reply
+    record = api.get(f"/v1/sessions/{sid}").json()
+    assert record["reason"] == "kernel process exited with code 3", record
+    assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
+    run(api, sid, "x = 41")
 
 
 def test_ttl_ends_the_session_and_removes_its_service(cluster, api):
