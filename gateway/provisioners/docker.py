@@ -146,15 +146,32 @@ def update_limits(client: docker.DockerClient, container_id: str, limits: Limits
         raise EngineUnavailable(f"the engine refused new limits: {response.text.strip()}")
 
 
-class DockerProvisioner(KernelProvisionerBase):
-    """Kernel lifecycle hooks mapped onto one Docker container."""
+class SandboxProvisioner(KernelProvisionerBase):
+    """What every placement's provisioner shares: a sandbox id, and how it is kept."""
 
-    container_id: str | None = None
-    _client: docker.DockerClient | None = None
+    container_id: str | None = None  # the sandbox: a container, or a cluster service
 
     @property
     def has_process(self) -> bool:
         return self.container_id is not None
+
+    def reattach_info(self) -> dict[str, Any]:
+        """What a restarted gateway needs besides the connection info."""
+        return {"container_id": self.container_id}
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info.update(self.reattach_info())
+        return info
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return min(recommended, 2.0)
+
+
+class DockerProvisioner(SandboxProvisioner):
+    """Kernel lifecycle hooks mapped onto one Docker container."""
+
+    _client: docker.DockerClient | None = None
 
     def use_sandbox(self, spec: SandboxSpec) -> None:
         """Bind to a session's sandbox: on every launch, and when reattaching."""
@@ -259,21 +276,9 @@ class DockerProvisioner(KernelProvisionerBase):
             return ""
         return raw.decode(errors="replace").strip()
 
-    def reattach_info(self) -> dict[str, Any]:
-        """What a restarted gateway needs besides the connection info."""
-        return {"container_id": self.container_id}
-
-    async def get_provisioner_info(self) -> dict[str, Any]:
-        info = await super().get_provisioner_info()
-        info.update(self.reattach_info())
-        return info
-
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
         self.container_id = provisioner_info.get("container_id")
-
-    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        return min(recommended, 2.0)
 
 
 def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:

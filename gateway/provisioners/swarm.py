@@ -32,7 +32,6 @@ import docker.errors
 import zmq
 import zmq.asyncio
 from jupyter_client.connect import KernelConnectionInfo
-from jupyter_client.provisioning import KernelProvisionerBase
 
 from ..errors import (
     EngineUnavailable,
@@ -45,7 +44,7 @@ from ..errors import (
 from ..limits import Limits, format_size
 from ..placement import exit_reason
 from .agent_client import AgentClient
-from .docker import LABEL_GATEWAY, LABEL_SESSION
+from .docker import LABEL_GATEWAY, LABEL_SESSION, SandboxProvisioner
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +164,9 @@ class SwarmSpec:
         }
 
 
-class SwarmProvisioner(KernelProvisionerBase):
+class SwarmProvisioner(SandboxProvisioner):
     """Kernel lifecycle hooks mapped onto one Swarm service and the agent in its task."""
 
-    container_id: str | None = None  # the service's id: what identifies the sandbox
     secret_id: str | None = None
     generation = 0
     exit_code: int | None = None
@@ -176,10 +174,6 @@ class SwarmProvisioner(KernelProvisionerBase):
     _agent: AgentClient | None = None
     _watch: asyncio.Task | None = None
     _stopping = False
-
-    @property
-    def has_process(self) -> bool:
-        return self.container_id is not None
 
     def use_sandbox(self, spec: SwarmSpec) -> None:
         """Bind to a session's sandbox: on every launch, and when reattaching."""
@@ -298,34 +292,11 @@ class SwarmProvisioner(KernelProvisionerBase):
         I/O thread: a vanished task's name, left to time out in the resolver,
         would stall every session's traffic.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + spec.start_timeout
-        while (address := await self._task_address(spec)) is None:
-            failure = await self._task_failure(spec)
-            if failure or loop.time() > deadline:
-                raise KernelStartFailed(
-                    f"the kernel's task did not start: {failure or 'not placed in time'}"
-                )
-            await asyncio.sleep(0.25)
+        address = await self._until(spec, lambda: self._task_address(spec), "not placed in time")
         self.parent.ip = self.connection_info["ip"] = address
         if self._agent is not None:
             self._agent.close()
             self._agent = None
-
-    async def _task_address(self, spec: SwarmSpec) -> str | None:
-        try:
-            tasks = await asyncio.to_thread(
-                spec.docker.api.tasks, filters={"service": self.container_id}
-            )
-        except docker.errors.DockerException:
-            return None
-        for task in tasks:
-            if task.get("Status", {}).get("State") != "running":
-                continue
-            for attachment in task.get("NetworksAttachments") or []:
-                if attachment["Network"]["Spec"]["Name"] == spec.network:
-                    return attachment["Addresses"][0].partition("/")[0]
-        return None
 
     async def _start(self, cmd: list[str], env: dict[str, str], spec: SwarmSpec) -> dict[str, Any]:
         """Start the kernel once the agent answers (its task may still be pulling the image).
@@ -333,31 +304,36 @@ class SwarmProvisioner(KernelProvisionerBase):
         Only idempotent probes are repeated: requests sent before the task runs
         queue up and all arrive once it does.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + spec.start_timeout
-        while not await self._answers():
-            failure = await self._task_failure(spec)
-            if failure or loop.time() > deadline:
-                raise KernelStartFailed(
-                    f"the kernel's task did not start: {failure or 'no answer in time'}"
-                )
+        await self._until(spec, self._answers, "no answer in time")
         result, _ = await self.agent.call("start", {"argv": cmd, "env": env})
         return result
 
-    async def _task_failure(self, spec: SwarmSpec) -> str | None:
-        """Why the service's task cannot run, when Swarm says so (no node fits, no image)."""
+    async def _until(self, spec: SwarmSpec, probe: Callable[[], Any], late: str) -> Any:
+        """``probe()``'s first true answer, unless Swarm says the task failed, or time is up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.start_timeout
+        while not (found := await probe()):
+            failure = _task_failure(await self._tasks(spec))
+            if failure or loop.time() > deadline:
+                raise KernelStartFailed(f"the kernel's task did not start: {failure or late}")
+            await asyncio.sleep(0.25)
+        return found
+
+    async def _tasks(self, spec: SwarmSpec) -> list[dict[str, Any]]:
         try:
-            tasks = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 spec.docker.api.tasks, filters={"service": self.container_id}
             )
         except docker.errors.DockerException:
-            return None
-        for task in tasks:
-            status = task.get("Status", {})
-            if status.get("State") in ("failed", "rejected", "shutdown", "orphaned"):
-                return status.get("Err") or status.get("State")
-            if status.get("State") == "pending" and status.get("Err"):
-                return None  # e.g. "no suitable node": it may fit once a session ends
+            return []
+
+    async def _task_address(self, spec: SwarmSpec) -> str | None:
+        for task in await self._tasks(spec):
+            if task.get("Status", {}).get("State") != "running":
+                continue
+            for attachment in task.get("NetworksAttachments") or []:
+                if attachment["Network"]["Spec"]["Name"] == spec.network:
+                    return attachment["Addresses"][0].partition("/")[0]
         return None
 
     async def _watch_exit(self, generation: int) -> None:
@@ -452,13 +428,7 @@ class SwarmProvisioner(KernelProvisionerBase):
         return text.decode(errors="replace").strip()
 
     def reattach_info(self) -> dict[str, Any]:
-        """What a restarted gateway needs besides the connection info."""
-        return {"container_id": self.container_id, "secret_id": self.secret_id}
-
-    async def get_provisioner_info(self) -> dict[str, Any]:
-        info = await super().get_provisioner_info()
-        info.update(self.reattach_info())
-        return info
+        return {**super().reattach_info(), "secret_id": self.secret_id}
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         """Take over a kernel a previous gateway started; watch its current generation."""
@@ -476,9 +446,6 @@ class SwarmProvisioner(KernelProvisionerBase):
                     self.exit_code = -1
             self._watch = asyncio.create_task(self._watch_exit(self.generation))
 
-    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        return min(recommended, 2.0)
-
 
 def _post(api: docker.APIClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST a raw Engine API body: docker-py's service types know no pids limit or caps."""
@@ -486,3 +453,12 @@ def _post(api: docker.APIClient, path: str, body: dict[str, Any]) -> dict[str, A
     if response.status_code >= 400:
         raise docker.errors.APIError(response.text.strip(), response=response)
     return response.json()
+
+
+def _task_failure(tasks: list[dict[str, Any]]) -> str | None:
+    """Why a service's task cannot run, when Swarm says so (its image, its container)."""
+    for task in tasks:
+        status = task.get("Status", {})
+        if status.get("State") in ("failed", "rejected", "shutdown", "orphaned"):
+            return status.get("Err") or status.get("State")
+    return None  # pending ("no suitable node") may still fit once a session ends
