@@ -93,11 +93,11 @@ class Cluster:
 _failed: list[str] = []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # torn down as soon as the cluster tests are done
 def cluster() -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests need root: they start Docker engines in namespaces")
-    if _failed:  # pytest retries a failed session fixture for every test: once is enough
+    if _failed:  # pytest retries a failed fixture for every test: once is enough
         pytest.fail(f"the cluster could not be set up: {_failed[0]}")
     # One test cluster per machine: a second run (another engineer's) waits its turn.
     lock = open(LOCK, "w")  # held until the session ends
