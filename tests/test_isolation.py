@@ -160,7 +160,7 @@ def test_gvisor_refuses_a_pids_limit_it_cannot_start_under(api):
 
 
 def test_an_operator_seccomp_profile_refuses_ptrace_under_runc(start_gateway, tmp_path, engine):
-    """Docker's default profile lets a sandbox trace its own processes; an operator's need not."""
+    """An operator's own profile file reaches the engine and is the one enforced."""
     profile = tmp_path / "no-ptrace.json"
     rules = [
         {"names": ["ptrace", "process_vm_readv", "process_vm_writev"], "action": "SCMP_ACT_ERRNO"}
