@@ -1,7 +1,8 @@
 """What the gateway is measured against: the floors, and Jupyter Kernel Gateway.
 
 - floor: an async jupyter_client talking straight to a local ipykernel over
-  ipc sockets (the same transport the gateway uses), no gateway in between;
+  ipc sockets (the same transport the gateway uses), no gateway in between,
+  measured in blocks alternating with the measure it is the floor of;
 - cold-start floor: ``docker run`` of the kernel image until ipykernel answers,
   with none of the gateway's work (workspace, hardening, bookkeeping);
 - Jupyter Kernel Gateway, installed in a venv of its own under ``.bench/``,
@@ -20,8 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -49,23 +52,61 @@ async def kernel_round_trip(client: AsyncKernelClient, code: str = "1 + 1") -> N
         replied = (await client.get_shell_msg(timeout=30))["parent_header"].get("msg_id") == msg_id
 
 
-def floor_round_trips(n: int) -> list[float]:
-    """Ms of trivial executes on a local ipykernel driven directly by jupyter_client."""
+class Floor:
+    """A local ipykernel driven by jupyter_client, kept running on a loop of its own.
 
-    async def measure() -> list[float]:
-        with tempfile.TemporaryDirectory(prefix="sbx-floor-") as tmp:
-            km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{tmp}/k")
-            await km.start_kernel()
-            client = km.client()
-            client.start_channels()
-            await client.wait_for_ready(timeout=60)
-            try:
-                return await async_timed(lambda: kernel_round_trip(client), n)
-            finally:
-                client.stop_channels()
-                await km.shutdown_kernel(now=True)
+    Measured in blocks between the gateway's own blocks (see ``paired``), so a
+    shared machine whose speed drifts over minutes moves both alike.
+    """
 
-    return asyncio.run(measure())
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="sbx-floor-")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._manager = AsyncKernelManager(
+            kernel_name="python3", transport="ipc", ip=f"{self._tmp.name}/k"
+        )
+        self._client = self._run(self._start())
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _start(self) -> AsyncKernelClient:
+        await self._manager.start_kernel()
+        client = self._manager.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        return client
+
+    def round_trips(self, n: int) -> list[float]:
+        """Ms of ``n`` trivial executes, after a warm-up."""
+        return self._run(async_timed(lambda: kernel_round_trip(self._client), n))
+
+    def close(self) -> None:
+        self._client.stop_channels()
+        self._run(self._manager.shutdown_kernel(now=True))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Floor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def paired(
+    floor: Floor, measure: Callable[[int], list[float]], n: int, blocks: int = 5
+) -> tuple[list[float], list[float]]:
+    """``n`` round trips of ``measure`` and as many of the floor, in alternating blocks."""
+    ours: list[float] = []
+    floors: list[float] = []
+    for _ in range(blocks):
+        floors += floor.round_trips(n // blocks)
+        ours += measure(n // blocks)
+    return ours, floors
 
 
 async def async_timed(fn, n: int, warmup: int = 10) -> list[float]:
