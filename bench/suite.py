@@ -181,7 +181,7 @@ def wait_for_pool(gw: Gateway, ready: int, timeout: float = 120) -> None:
 
 def row(name: str, values: list[float], floor: float | None, peer: float | None) -> str:
     p50 = median(values)
-    vs_floor = f"{p50 / floor:.2f}x (+{p50 - floor:.1f} ms)" if floor else ""
+    vs_floor = f"{p50 / floor:.2f}x ({p50 - floor:+.1f} ms)" if floor else ""
     vs_peer = f"{p50 / peer:.2f}x" if peer else ""
     return (
         f"| {name} | {len(values)} | {p50:.1f} ms | {pct(values, 0.99):.1f} ms "
