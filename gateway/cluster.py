@@ -26,7 +26,6 @@ import docker.errors
 from .config import ConfigError, Settings
 from .images import ImageBuilder
 from .kernel import shared_context
-from .limits import Limits
 from .placement import Placement, SandboxState, exit_reason
 from .provisioners.docker import LABEL_GATEWAY, LABEL_SESSION
 from .provisioners.events import DeathCallback
@@ -274,9 +273,6 @@ class SwarmPlacement(Placement):
             ):
                 with contextlib.suppress(docker.errors.APIError):
                     await asyncio.to_thread(api.remove_secret, secret["ID"])
-
-    async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
-        raise NotImplementedError("a service update would replace the task, and the kernel")
 
 
 def _latest(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:

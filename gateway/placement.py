@@ -10,6 +10,7 @@ interface, so none of them knows which it has.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -43,57 +44,60 @@ class SandboxState:
     running: bool
 
 
-class Placement:
+class Placement(abc.ABC):
     """The interface: what the gateway asks of wherever kernels run."""
 
     name = ""
     # Whether a running sandbox's limits can change in place (a warm-pool claim needs it).
     resizes_in_place = False
 
+    @abc.abstractmethod
     async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
         """Begin reporting sandbox deaths as ``on_death(session, sandbox, exit_code)``."""
 
+    @abc.abstractmethod
     async def stop(self) -> None:
         """Stop watching."""
 
+    @abc.abstractmethod
     def sandbox(self, session: Session, sandbox_cfg: dict[str, Any], gateway_id: str) -> Any:
         """The session's sandbox spec (what its kernel's provisioner runs)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def workspace(self, session: Session, spec: Any) -> Workspace:
         """How the gateway reaches the session's files."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def prepare(self, session: Session, spec: Any) -> None:
         """Make what must exist before the kernel starts."""
 
+    @abc.abstractmethod
     async def image_facts(self, session: Session) -> dict[str, Any]:
         """The digest and package list of the session's image, for notebooks."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def death_reason(self, session: Session, sandbox_id: str, exit_code: int) -> str:
         """Why a sandbox stopped, in words a user understands."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
         """Why a sandbox found stopped at start-up stopped."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
         """Every sandbox labelled with this gateway's id, running or not."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def remove(self, session_id: str) -> None:
         """Remove the session's sandbox, if any is left."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Remove a sandbox no session accounts for."""
-        raise NotImplementedError
 
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
-        """Apply new limits to a running sandbox (only when ``resizes_in_place``)."""
-        raise NotImplementedError
+        """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
+        raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")
 
 
 class DockerPlacement(Placement):

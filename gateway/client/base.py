@@ -7,6 +7,7 @@ only send calls, so the sync and async halves cannot drift apart.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import logging
@@ -367,7 +368,7 @@ class BaseSession(Generic[C]):
         return notebook
 
 
-class BaseFiles:
+class BaseFiles(abc.ABC):
     """A session's workspace calls; ``Files`` and ``AsyncFiles`` only send them."""
 
     def __init__(self, session: BaseSession[Any]) -> None:
@@ -404,9 +405,9 @@ class BaseFiles:
             idempotent=not streamed,
         )
 
+    @abc.abstractmethod
     def _chunks(self, file: Any, size: int | None, on_progress: Progress | None) -> Any:
         """The file's content as the half's (sync or async) iterator of chunks."""
-        raise NotImplementedError
 
     def _read_call(self, path: str) -> Call[bytes]:
         return Call("GET", self._path(path), lambda r: r.content)
