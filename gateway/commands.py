@@ -48,7 +48,8 @@ def _read_code(source: str) -> str:
 
 
 def _session_options(args: argparse.Namespace) -> dict[str, Any]:
-    options = {
+    """What the flags ask of a new session; the SDK leaves out those given as None."""
+    return {
         "kernel": args.kernel,
         "memory": args.memory,
         "disk": args.disk,
@@ -58,7 +59,6 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         "runtime": args.runtime,
         "network": {"allow": args.allow} if args.allow else None,
     }
-    return {k: v for k, v in options.items() if v is not None}
 
 
 def _upload(session: Session, local: str, remote: str | None = None) -> None:
@@ -114,7 +114,7 @@ def _exec(settings: Settings, args: argparse.Namespace) -> int:
     if code is None:
         raise BadRequest("give the code to run, or --file SCRIPT ('-' for standard input)")
     with _client(settings) as client:
-        execution = _execute(client.connect(args.session), code, args, "output")
+        execution = _execute(client.session(args.session), code, args, "output")
     return 0 if execution.ok else 1
 
 
@@ -152,26 +152,26 @@ def _sessions_show(settings: Settings, args: argparse.Namespace) -> int:
 def _sessions_rm(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         for session_id in args.sessions:
-            client.connect(session_id).delete()
+            client.session(session_id).delete()
             terminal.err.print(f"deleted {session_id}")
     return 0
 
 
 def _files_put(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        _upload(client.connect(args.session), args.local, args.remote)
+        _upload(client.session(args.session), args.local, args.remote)
     return 0
 
 
 def _files_get(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        _download(client.connect(args.session), args.remote, args.local or Path(args.remote).name)
+        _download(client.session(args.session), args.remote, args.local or Path(args.remote).name)
     return 0
 
 
 def _files_ls(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        entries = client.connect(args.session).files.list(args.path)
+        entries = client.session(args.session).files.list(args.path)
     if args.json:
         terminal.print_json([vars(e) for e in entries])
     else:
@@ -181,14 +181,14 @@ def _files_ls(settings: Settings, args: argparse.Namespace) -> int:
 
 def _files_rm(settings: Settings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        client.connect(args.session).files.remove(args.path)
+        client.session(args.session).files.remove(args.path)
     return 0
 
 
 def _export(settings: Settings, args: argparse.Namespace) -> int:
     output = Path(args.output or f"session-{args.session}.ipynb")
     with _client(settings) as client:
-        notebook = client.connect(args.session).export(output, descriptions=args.descriptions)
+        notebook = client.session(args.session).export(output, descriptions=args.descriptions)
     cells = len(notebook.get("cells", []))
     print(f"wrote {output} ({cells} cells)")
     return 0

@@ -23,23 +23,19 @@ from typing import Any
 
 from PIL import Image, ImageChops, ImageStat
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+from .client.models import IMAGE_TYPES, join_text, strip_ansi
+
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _CELL_LABEL = re.compile(r"\b(In|Out|Cell In) ?\[\d+\]")
 _TMP_CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 
 def normalize_text(text: str) -> str:
     """Strip what legitimately differs between two runs of the same code."""
-    text = _ANSI.sub("", text)
+    text = strip_ansi(text)
     text = _ADDRESS.sub("0x…", text)
     text = _CELL_LABEL.sub(lambda m: f"{m.group(1)}[N]", text)
     return _TMP_CELL_FILE.sub("<cell>", text)
-
-
-def _join(value: Any) -> str:
-    return "".join(value) if isinstance(value, list) else str(value)
 
 
 def render(outputs: list[dict[str, Any]]) -> list[str]:
@@ -49,7 +45,7 @@ def render(outputs: list[dict[str, Any]]) -> list[str]:
         kind = out.get("output_type")
         if kind == "stream":
             lines.append(f"[{out.get('name')}]")
-            lines += normalize_text(_join(out.get("text", ""))).splitlines()
+            lines += normalize_text(join_text(out.get("text", ""))).splitlines()
         elif kind == "error":
             lines.append(f"[error] {out.get('ename')}: {normalize_text(str(out.get('evalue')))}")
             for frame in out.get("traceback", []):
@@ -57,18 +53,18 @@ def render(outputs: list[dict[str, Any]]) -> list[str]:
         else:
             for mime, value in sorted(out.get("data", {}).items()):
                 if mime in IMAGE_TYPES:
-                    digest = hashlib.sha256(_join(value).encode()).hexdigest()[:16]
+                    digest = hashlib.sha256(join_text(value).encode()).hexdigest()[:16]
                     lines.append(f"[{kind} {mime}] sha256:{digest}")
                 else:
                     lines.append(f"[{kind} {mime}]")
                     text = value if isinstance(value, str | list) else repr(value)
-                    lines += normalize_text(_join(text)).splitlines()
+                    lines += normalize_text(join_text(text)).splitlines()
     return lines
 
 
 def _images(outputs: list[dict[str, Any]]) -> list[str]:
     return [
-        _join(value)
+        join_text(value)
         for out in outputs
         for mime, value in sorted(out.get("data", {}).items())
         if mime in IMAGE_TYPES

@@ -33,15 +33,22 @@ from mcp.types import (
 from pydantic import Field
 
 from . import __version__
-from .client import AsyncClient, AsyncSession, Execution, GatewayError
-from .client.models import strip_ansi
+from .client import (
+    AsyncClient,
+    AsyncSession,
+    Execution,
+    ExecutionError,
+    FileTooLarge,
+    GatewayError,
+    Result,
+)
+from .client.models import IMAGE_TYPES
 from .config import Settings
 
 log = logging.getLogger(__name__)
 
 # Larger downloads belong on the files API, not in a model's context.
 MAX_DOWNLOAD = 16 * 1024 * 1024
-_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 INSTRUCTIONS = """\
 Run code in sandboxed, stateful Jupyter kernels (no network; memory, CPU, disk limits).
@@ -73,8 +80,9 @@ class SandboxTools:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 
-    async def _session(self, session_id: str) -> AsyncSession:
-        return await self.client.connect(session_id)
+    def _session(self, session_id: str) -> AsyncSession:
+        # No request: an unknown id fails on the tool's own call, with session_not_found.
+        return self.client.session(session_id)
 
     @_tool
     async def create_session(
@@ -125,7 +133,7 @@ class SandboxTools:
         timeout: Annotated[float | None, Field(description="seconds before it is stopped")] = None,
     ) -> CallToolResult:
         """Execute code in the session's kernel; returns stdout/stderr, results, images, errors."""
-        session = await self._session(session_id)
+        session = self._session(session_id)
         execution = await session.run(code, timeout=timeout)
         return CallToolResult(
             content=execution_content(execution),
@@ -149,22 +157,22 @@ class SandboxTools:
     ) -> dict[str, Any]:
         """Write a file into the session's workspace (parent directories are created)."""
         data = base64.b64decode(content) if encoding == "base64" else content.encode()
-        session = await self._session(session_id)
+        session = self._session(session_id)
         info = await session.files.write(path, data)
         return {"path": info.path, "size": info.size}
 
     @_tool
     async def download_file(self, session_id: SessionId, path: WorkspacePath) -> list[ContentBlock]:
         """Read a workspace file: images come back as images, text as text, else base64."""
-        session = await self._session(session_id)
-        entries = {e.path: e for e in await session.files.list(path.rpartition("/")[0])}
-        entry = entries.get(path.strip("/"))
-        if entry is not None and (entry.size or 0) > MAX_DOWNLOAD:
+        session = self._session(session_id)
+        try:
+            data = await session.files.read(path, max_bytes=MAX_DOWNLOAD)
+        except FileTooLarge as e:
             raise ToolError(
-                f"{path} is {entry.size} bytes, over the {MAX_DOWNLOAD}-byte limit for tool "
-                "results; summarise it with run_code or fetch it with the files API"
-            )
-        return [file_content(session_id, path, await session.files.read(path))]
+                f"{e.message} for tool results; summarise it with run_code or fetch it with "
+                "the files API"
+            ) from e
+        return [file_content(session_id, path, data)]
 
     @_tool
     async def list_files(
@@ -173,7 +181,7 @@ class SandboxTools:
         path: Annotated[str, Field(description="directory; empty for the top")] = "",
     ) -> dict[str, Any]:
         """List a directory of the session's workspace."""
-        session = await self._session(session_id)
+        session = self._session(session_id)
         entries = await session.files.list(path)
         return {
             "path": path,
@@ -183,7 +191,7 @@ class SandboxTools:
     @_tool
     async def export_notebook(self, session_id: SessionId) -> EmbeddedResource:
         """The session's history as a Jupyter notebook (.ipynb JSON), outputs included."""
-        session = await self._session(session_id)
+        session = self._session(session_id)
         notebook = await session.export()
         return EmbeddedResource(
             type="resource",
@@ -197,7 +205,7 @@ class SandboxTools:
     @_tool
     async def delete_session(self, session_id: SessionId) -> str:
         """End the session and remove its sandbox and files."""
-        session = await self._session(session_id)
+        session = self._session(session_id)
         await session.delete()
         return f"deleted session {session_id}"
 
@@ -210,10 +218,10 @@ def execution_content(execution: Execution) -> list[ContentBlock]:
         if kind == "stream":
             blocks.append(TextContent(type="text", text=f"[{output['name']}]\n{output['text']}"))
         elif kind in ("display_data", "execute_result"):
-            blocks.extend(_bundle_content(output.get("data") or {}))
+            blocks.extend(_result_content(Result.from_output(output)))
         elif kind == "error":
-            traceback = strip_ansi("\n".join(output.get("traceback") or []))
-            blocks.append(TextContent(type="text", text=f"[error]\n{traceback}"))
+            text = ExecutionError.from_json(output).text
+            blocks.append(TextContent(type="text", text=f"[error]\n{text}"))
     if execution.status not in ("ok", "error"):
         reason = f": {execution.error}" if execution.error else ""
         blocks.append(TextContent(type="text", text=f"[{execution.status}{reason}]"))
@@ -223,21 +231,20 @@ def execution_content(execution: Execution) -> list[ContentBlock]:
     return blocks or [TextContent(type="text", text="[no output]")]
 
 
-def _bundle_content(data: dict[str, Any]) -> list[ContentBlock]:
+def _result_content(result: Result) -> list[ContentBlock]:
+    """A rich output's images if it has any, else its most readable text form."""
     images = [
-        ImageContent(type="image", data="".join(data[mime]).strip(), mime_type=mime)
-        for mime in _IMAGES
-        if mime in data
+        ImageContent(type="image", data=data.strip(), mime_type=mime)
+        for mime in IMAGE_TYPES
+        if (data := result.get(mime)) is not None
     ]
     if images:
         return images
-    for mime in ("text/plain", "text/markdown", "text/html", "application/json"):
-        if mime in data:
-            value = data[mime]
-            text = value if isinstance(value, str) else json.dumps(value)
-            if isinstance(value, list):
-                text = "".join(value)
+    for text in (result.text, result.markdown, result.html):
+        if text is not None:
             return [TextContent(type="text", text=text)]
+    if "application/json" in result.data:
+        return [TextContent(type="text", text=json.dumps(result.json))]
     return []
 
 

@@ -162,7 +162,6 @@ class ExecutionPrinter:
     def __init__(self, directory: Path, stem: str) -> None:
         self.directory = directory
         self.stem = stem
-        self.saved: list[Path] = []
 
     def callbacks(self) -> dict[str, Any]:
         return {
@@ -200,12 +199,10 @@ class ExecutionPrinter:
         n = 1
         while (path := self.directory / f"{self.stem}-{n}.{_EXTENSIONS[mime]}").exists():
             n += 1
-        data = result.images.get(mime)
-        if data is None:  # SVG is text
-            path.write_text(result.get(mime) or "")
+        if mime == "image/svg+xml":  # SVG is text
+            path.write_text(result.svg or "")
         else:
-            path.write_bytes(data)
-        self.saved.append(path)
+            path.write_bytes(result.binary(mime) or b"")
         return path
 
     @staticmethod

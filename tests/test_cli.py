@@ -191,6 +191,12 @@ def test_export_writes_the_notebook(gateway, cli_session, tmp_path):
 def test_errors_exit_2_with_the_gateways_message(gateway, tmp_path):
     missing = sbx("exec", "no-such-session", "1", gateway=gateway)
     assert missing.returncode == 2 and "sbx: no session 'no-such-session'" in missing.stderr
+    for command in (("files", "ls"), ("sessions", "rm"), ("export",)):
+        unknown = sbx(*command, "no-such-session", gateway=gateway, cwd=tmp_path)
+        assert unknown.returncode == 2 and "no session 'no-such-session'" in unknown.stderr, (
+            command,
+            unknown.stderr,
+        )
     too_big = sbx("run", "-", "--memory", "900g", gateway=gateway, stdin="1")
     assert too_big.returncode == 2 and "memory" in too_big.stderr
     no_file = sbx("run", "nope.py", gateway=gateway, cwd=tmp_path)

@@ -22,6 +22,7 @@ from gateway.client import (
     Client,
     Execution,
     FileNotFound,
+    FileTooLarge,
     GatewayError,
     GatewayUnreachable,
     KernelNotFound,
@@ -100,6 +101,19 @@ def test_keep_and_connect(gateway, api, token):
         )
     finally:
         api.delete(f"/v1/sessions/{session.id}")
+
+
+def test_a_session_handle_sends_nothing_until_used(gateway, sdk_session, token):
+    with TCPProxy(gateway.url) as proxy, Client(proxy.url, token) as client:
+        handle = client.session(sdk_session.id)
+        ghost = client.session("no-such-session")
+        assert proxy.connections == 0, "making a handle sent a request"
+        assert handle.id == sdk_session.id and handle.keep and handle.info.state == ""
+        assert handle.refresh().state == "idle" and handle.info.kernel == "python3"
+        assert handle.run("6 * 7").text == "42"
+        for first_call in (ghost.files.list, lambda: ghost.run("1"), ghost.delete):
+            with pytest.raises(SessionNotFound):
+                first_call()
 
 
 def test_isolation_options_reach_the_gateway(client):
@@ -240,6 +254,9 @@ def test_files_write_read_list_remove(sdk_session, tmp_path):
     files.write("stream.bin", io.BytesIO(b"x" * 300_000))
     assert files.read("notes/a.txt").decode() == "héllo"
     assert files.read("bin.dat") == bytes(range(256))
+    assert files.read("bin.dat", max_bytes=256) == bytes(range(256))
+    with pytest.raises(FileTooLarge, match=r"bin\.dat is 256 bytes, over the 255-byte limit"):
+        files.read("bin.dat", max_bytes=255)
     listing = {e.path: e for e in files.list()}
     assert listing["notes"].type == "directory" and listing["stream.bin"].size == 300_000
     assert [e.name for e in files.list("notes")] == ["a.txt"]
@@ -293,6 +310,8 @@ def test_gateway_errors_raise_typed_exceptions(client, sdk_session):
         assert error.message and "{" not in error.message[:1], error.message
     with pytest.raises(TypeError, match="unknown session option"):
         client.create_session(memroy="1g")
+    with pytest.raises(TypeError, match="unknown callback"):
+        sdk_session.run("1", on_stdot=print)
 
 
 def test_deleted_session_raises_and_context_exit_tolerates_it(client):
@@ -439,6 +458,9 @@ def test_async_session_mirrors_the_sync_one(gateway, api, tmp_path, token):
             back = await s.files.download("up.bin", tmp_path / "down.bin")
             with pytest.raises(FileNotFound):
                 await s.files.read("missing")
+            with pytest.raises(FileTooLarge):
+                await s.files.read("d/in.txt", max_bytes=3)
+            assert await s.client.session(s.id).files.read("d/in.txt", max_bytes=4) == b"data"
             await s.set_timeout(600)
             info = await s.extend(300)
             listed = await AsyncSession.list(gateway.url, token, metadata={"test": "async"})
@@ -462,6 +484,8 @@ def test_async_client_errors_interrupt_and_retries(gateway, token):
         async with AsyncClient(gateway.url, token) as client:
             with pytest.raises(SessionNotFound):
                 await client.connect("missing")
+            with pytest.raises(SessionNotFound):
+                await client.session("missing").files.list()
             session = await client.create_session()
             try:
                 running = asyncio.create_task(session.run("import time; time.sleep(60)"))

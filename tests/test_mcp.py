@@ -70,6 +70,8 @@ async def _agent_flow(client: Client) -> dict:
         "text_file": ("download_file", {"path": "out.csv"}),
         "binary_file": ("download_file", {"path": "blob.bin"}),
         "missing_file": ("download_file", {"path": "nope.txt"}),
+        "big": ("run_code", {"code": "open('big.bin', 'wb').truncate(16 * 1024**2 + 1)"}),
+        "too_big": ("download_file", {"path": "big.bin"}),
         "notebook": ("export_notebook", {}),
         "deleted": ("delete_session", {}),
         "after_delete": ("run_code", {"code": "1"}),
@@ -148,6 +150,8 @@ def test_stdio_server_serves_every_tool(gateway, api):
     (blob,) = seen["binary_file"].content
     assert blob.type == "resource" and base64.b64decode(blob.resource.blob) == b"\x00\xff\x10"
     assert seen["missing_file"].is_error and "file_not_found" in _texts(seen["missing_file"])[0]
+    assert seen["too_big"].is_error, "a file over the limit was put in the model's context"
+    assert "big.bin is 16777217 bytes, over the 16777216-byte limit" in _texts(seen["too_big"])[0]
     (png,) = seen["png"].content
     assert png.type == "image" and base64.b64decode(png.data).startswith(b"\x89PNG")
 

@@ -43,9 +43,10 @@ from ..errors import (
     Unavailable,
 )
 from .aio import AsyncClient, AsyncFiles, AsyncSession
-from .base import Retry, RunCallbacks, SessionOptions
+from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
 from .models import Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
+from .stream import RunCallbacks
 from .sync import Client, Files, Session
 
 __all__ = [

@@ -30,11 +30,10 @@ from .base import (
     BaseSession,
     Call,
     Progress,
-    RunCallbacks,
     SessionOptions,
 )
 from .models import Execution, FileInfo, SessionInfo
-from .stream import Run
+from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
 S = TypeVar("S", bound="AsyncSession")
@@ -113,6 +112,10 @@ class AsyncClient(BaseClient):
         """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
         return Opening(self._session(self._describe_call(session_id), keep))
 
+    def session(self, session_id: str, *, keep: bool = True) -> AsyncSession:
+        """A session by id without a request; see ``BaseSession.handle``."""
+        return AsyncSession.handle(self, session_id, keep=keep)
+
     async def _session(self, call: Call[SessionInfo], keep: bool) -> AsyncSession:
         return AsyncSession(self, await self.call(call), keep=keep)
 
@@ -125,6 +128,8 @@ class AsyncClient(BaseClient):
         self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
     ) -> dict[str, Any]:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
+        if isinstance(notebook, Path):
+            notebook = await asyncio.to_thread(notebook.read_bytes)
         return await self.call(self._replay_call(notebook, image_tolerance))
 
     async def health(self) -> dict[str, Any]:
@@ -152,8 +157,19 @@ class AsyncFiles(BaseFiles):
         finally:
             file.close()
 
-    async def read(self, path: str) -> bytes:
-        return await self.session.client.call(self._read_call(path))
+    async def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """A workspace file's content; ``FileTooLarge`` instead if it is over ``max_bytes``."""
+        client = self.session.client
+        if max_bytes is None:
+            return await client.call(self._read_call(path))
+        response = await client.send(self._read_call(path), stream=True)
+        try:
+            self._check_size(path, response, max_bytes)
+            return await response.aread()
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            await response.aclose()
 
     async def download(
         self, path: str, dest: str | Path, *, on_progress: Progress | None = None

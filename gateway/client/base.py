@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Generic, TypedDict, TypeVar
+from typing import IO, Any, Generic, Self, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -23,10 +23,10 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from .. import __version__
 from ..config import Settings
-from ..errors import GatewayError, NotFound, SessionEnded
+from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
 from .models import FileInfo, SessionInfo
-from .stream import Callback, Run
+from .stream import Run
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,6 @@ _CONNECTION_ERRORS = (
     httpx.RemoteProtocolError,
 )
 Progress = Callable[[int, int | None], Any]  # (bytes done, total bytes or None)
-
-
-class RunCallbacks(TypedDict, total=False):
-    """Called as a streamed execution's outputs arrive (coroutine functions too, when async)."""
-
-    on_stdout: Callback  # text written to stdout
-    on_stderr: Callback  # text written to stderr
-    on_result: Callback  # a Result: display() output or the cell's value
-    on_error: Callback  # an ExecutionError: what the code raised
 
 
 class SessionOptions(TypedDict, total=False):
@@ -215,7 +206,7 @@ class BaseClient:
             response = error.response
             raise error_from_body(
                 response.status_code, response.body or b"", response.reason_phrase
-            )
+            ) from error
         retryable = isinstance(error, OSError | TimeoutError | InvalidMessage)
         return self._retry_delay(f"opening {url}", retryable, error, attempt)
 
@@ -295,6 +286,15 @@ class BaseSession(Generic[C]):
         self.keep = keep
         self._owns_client = False  # made by Session.create/connect: closed with the session
         self.files = self.files_class(self)
+
+    @classmethod
+    def handle(cls, client: C, session_id: str, *, keep: bool = True) -> Self:
+        """A session by id without asking the gateway (``Client.session``).
+
+        ``info`` is a placeholder holding only the id until ``refresh()``; an
+        unknown id fails with ``SessionNotFound`` on the first real call.
+        """
+        return cls(client, SessionInfo.from_json({"id": session_id}), keep=keep)
 
     @property
     def id(self) -> str:
@@ -411,6 +411,13 @@ class BaseFiles(abc.ABC):
 
     def _read_call(self, path: str) -> Call[bytes]:
         return Call("GET", self._path(path), lambda r: r.content)
+
+    @staticmethod
+    def _check_size(path: str, response: httpx.Response, max_bytes: int) -> None:
+        """Refuse a download over ``max_bytes`` from its header, before its body is read."""
+        size = int(response.headers.get("Content-Length", 0))
+        if size > max_bytes:
+            raise FileTooLarge(f"{path} is {size} bytes, over the {max_bytes}-byte limit")
 
     def _list_call(self, path: str) -> Call[list[FileInfo]]:
         return Call(

@@ -13,6 +13,8 @@ import re
 from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Raster images, base64 in a MIME bundle (SVG is text); replays compare them as pixels.
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 
 def strip_ansi(text: str) -> str:
@@ -20,8 +22,8 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def _text(value: Any) -> str:
-    """A MIME bundle value as text: nbformat allows a string or a list of lines."""
+def join_text(value: Any) -> str:
+    """A MIME bundle or stream value as text: nbformat allows a string or a list of lines."""
     return "".join(value) if isinstance(value, list) else str(value)
 
 
@@ -49,9 +51,10 @@ class Result:
     def get(self, mime: str) -> str | None:
         """The bundle's value for ``mime`` as text, or None."""
         value = self.data.get(mime)
-        return None if value is None else _text(value)
+        return None if value is None else join_text(value)
 
-    def _binary(self, mime: str) -> bytes | None:
+    def binary(self, mime: str) -> bytes | None:
+        """The bundle's base64 value for ``mime`` decoded, or None."""
         value = self.get(mime)
         return None if value is None else base64.b64decode(value)
 
@@ -73,11 +76,11 @@ class Result:
 
     @property
     def png(self) -> bytes | None:
-        return self._binary("image/png")
+        return self.binary("image/png")
 
     @property
     def jpeg(self) -> bytes | None:
-        return self._binary("image/jpeg")
+        return self.binary("image/jpeg")
 
     @property
     def json(self) -> Any:
@@ -89,7 +92,7 @@ class Result:
     def images(self) -> dict[str, bytes]:
         """Every raster image in the bundle, by MIME type."""
         return {
-            mime: base64.b64decode(_text(value))
+            mime: base64.b64decode(join_text(value))
             for mime, value in self.data.items()
             if mime.startswith("image/") and mime != "image/svg+xml"
         }
@@ -173,7 +176,7 @@ class Execution:
 
     def _stream(self, name: str) -> str:
         return "".join(
-            _text(o.get("text", ""))
+            join_text(o.get("text", ""))
             for o in self.outputs
             if o.get("output_type") == "stream" and o.get("name") == name
         )
@@ -202,7 +205,8 @@ class Execution:
     @property
     def text(self) -> str | None:
         """The cell's value as text (``text/plain`` of the main result), if it had one."""
-        return self.result.text if self.result else None
+        result = self.result
+        return None if result is None else result.text
 
 
 @dataclasses.dataclass

@@ -15,12 +15,21 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from .errors import GatewayUnreachable, error_from_event
 from .models import Execution, ExecutionError, Result
 
 Callback = Callable[[Any], Any]
+
+
+class RunCallbacks(TypedDict, total=False):
+    """Called as a streamed execution's outputs arrive (coroutine functions too, when async)."""
+
+    on_stdout: Callback  # text written to stdout
+    on_stderr: Callback  # text written to stderr
+    on_result: Callback  # a Result: display() output or the cell's value
+    on_error: Callback  # an ExecutionError: what the code raised
 
 
 class Run:
@@ -31,12 +40,11 @@ class Run:
         code: str,
         timeout: float | None = None,
         description: str | None = None,
-        *,
-        on_stdout: Callback | None = None,
-        on_stderr: Callback | None = None,
-        on_result: Callback | None = None,
-        on_error: Callback | None = None,
+        **callbacks: Unpack[RunCallbacks],
     ) -> None:
+        unknown = set(callbacks) - set(RunCallbacks.__annotations__)
+        if unknown:
+            raise TypeError(f"unknown callback(s) {sorted(unknown)}")
         self.id = uuid.uuid4().hex
         message: dict[str, Any] = {"type": "execute", "id": self.id, "code": code}
         if timeout is not None:
@@ -44,12 +52,7 @@ class Run:
         if description is not None:
             message["description"] = description
         self._request: str | None = json.dumps(message)
-        self.callbacks = {
-            "stdout": on_stdout,
-            "stderr": on_stderr,
-            "result": on_result,
-            "error": on_error,
-        }
+        self.callbacks = callbacks
         self.execution: Execution | None = None
         self.started = False  # the gateway said this cell is running (not just queued)
         self.last_event_id: str | None = None  # where to resume a dropped stream
@@ -92,11 +95,12 @@ class Run:
         if kind == "status":
             self.started = event.get("state") == "busy"
         elif kind == "stream":
-            return self._fire("stdout" if event.get("name") == "stdout" else "stderr", event)
+            name = "on_stdout" if event.get("name") == "stdout" else "on_stderr"
+            return self._fire(name, str(event.get("text", "")))
         elif kind in ("display_data", "execute_result"):
-            return self._fire("result", Result.from_output(event))
+            return self._fire("on_result", Result.from_output(event))
         elif kind == "error":
-            return self._fire("error", ExecutionError.from_json(event))
+            return self._fire("on_error", ExecutionError.from_json(event))
         elif kind == "done":
             self.execution = Execution.from_json(
                 {k: v for k, v in event.items() if k not in ("type", "id")}
@@ -106,9 +110,5 @@ class Run:
         return []
 
     def _fire(self, name: str, value: Any) -> list[Any]:
-        callback = self.callbacks[name]
-        if callback is None:
-            return []
-        if name in ("stdout", "stderr"):
-            value = str(value.get("text", ""))
-        return [callback(value)]
+        callback = self.callbacks.get(name)
+        return [] if callback is None else [callback(value)]

@@ -25,11 +25,10 @@ from .base import (
     BaseSession,
     Call,
     Progress,
-    RunCallbacks,
     SessionOptions,
 )
 from .models import Execution, FileInfo, SessionInfo
-from .stream import Run
+from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
 
@@ -86,6 +85,10 @@ class Client(BaseClient):
         """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
         return Session(self, self.call(self._describe_call(session_id)), keep=keep)
 
+    def session(self, session_id: str, *, keep: bool = True) -> Session:
+        """A session by id without a request; see ``BaseSession.handle``."""
+        return Session.handle(self, session_id, keep=keep)
+
     def list_sessions(
         self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
     ) -> list[SessionInfo]:
@@ -119,8 +122,19 @@ class Files(BaseFiles):
         with open(source, "rb") as file:
             return self.write(path or Path(source).name, file, on_progress=on_progress)
 
-    def read(self, path: str) -> bytes:
-        return self.session.client.call(self._read_call(path))
+    def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """A workspace file's content; ``FileTooLarge`` instead if it is over ``max_bytes``."""
+        client = self.session.client
+        if max_bytes is None:
+            return client.call(self._read_call(path))
+        response = client.send(self._read_call(path), stream=True)
+        try:
+            self._check_size(path, response, max_bytes)
+            return response.read()
+        except httpx.TransportError as e:
+            raise client.unreachable(e) from e
+        finally:
+            response.close()
 
     def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
         """Stream a workspace file to a local one, which appears only once complete."""
