@@ -18,7 +18,7 @@ from typing import Any
 
 from .auth import Principal
 from .egress.proxy import EgressDenial
-from .recorder import iso
+from .files import iso
 from .store import Store
 
 log = logging.getLogger("gateway.audit")
@@ -79,12 +79,9 @@ class AuditLog:
         )
 
     async def events(
-        self,
-        filters: dict[str, str],
-        since: str | None = None,
-        until: str | None = None,
-        limit: int = 100,
+        self, filters: dict[str, str], since: str | None, until: str | None, limit: int
     ) -> list[dict[str, Any]]:
+        """Stored events matching every filter, newest first: what the admin API reads."""
         return await self.store.audit_events(filters, since, until, limit)
 
 

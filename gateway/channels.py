@@ -19,7 +19,6 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 from .kernel import ExecutionResult
 from .outputs import OutputCollector
 from .sessions import Session, SessionManager
+from .streams import ReplayBuffer
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,7 @@ class KernelChannels:
         self.iopub_ready = asyncio.Event()
         self.connected = False
         self.parked_as: str | None = None
-        self.buffer: deque[str] = deque()
-        self.buffered_bytes = 0
+        self.buffer = ReplayBuffer(manager.settings)
         self._expiry: asyncio.TimerHandle | None = None
 
     async def open(self, timeout: float = 10.0) -> None:
@@ -91,11 +90,14 @@ class KernelChannels:
         self.session.connections += 1
         self.session.touch()
 
-    def park(self, client_session: str) -> None:
-        """The client's WebSocket dropped: buffer for it until it comes back or the grace ends."""
+    def _disconnect_client(self) -> None:
         self.connected = False
         self.session.connections -= 1
         self.session.touch()
+
+    def park(self, client_session: str) -> None:
+        """The client's WebSocket dropped: buffer for it until it comes back or the grace ends."""
+        self._disconnect_client()
         self.parked_as = client_session
         self.session.parked[client_session] = self
         grace = self.manager.settings.reconnect_grace
@@ -108,9 +110,8 @@ class KernelChannels:
         self.session.parked.pop(self.parked_as or "", None)
         self.parked_as = None
         self._connect_client()
-        while self.buffer:
-            deliver(self.buffer.popleft())
-        self.buffered_bytes = 0
+        for text in self.buffer.drain():
+            deliver(text)
         self.deliver = deliver
 
     async def _nudge(self, timeout: float) -> None:
@@ -142,9 +143,7 @@ class KernelChannels:
         self.streams.clear()
         self.sockets.clear()
         if self.connected:
-            self.connected = False
-            self.session.connections -= 1
-            self.session.touch()
+            self._disconnect_client()
 
     def send(self, msg: dict[str, Any]) -> None:
         """Sign and forward one client message to its channel."""
@@ -179,18 +178,7 @@ class KernelChannels:
         if self.connected:
             self.deliver(text)
         else:
-            self._keep(text)
-
-    def _keep(self, text: str) -> None:
-        """Buffer a message for a parked client, dropping the oldest past the bounds."""
-        settings = self.manager.settings
-        self.buffer.append(text)
-        self.buffered_bytes += len(text)
-        while self.buffer and (
-            len(self.buffer) > settings.replay_buffer_events
-            or self.buffered_bytes > settings.replay_buffer_size_bytes
-        ):
-            self.buffered_bytes -= len(self.buffer.popleft())
+            self.buffer.append(text)  # for the parked client
 
     def _observe(self, channel: str, msg: dict[str, Any]) -> None:
         """Follow executions this client started, and the kernel's busy/idle state."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -40,7 +41,11 @@ class ConfigError(GatewayError):
 
 @dataclasses.dataclass
 class Settings:
-    """Gateway configuration, validated at load time."""
+    """Gateway configuration, validated at load time.
+
+    Nothing assigns a field after construction, so derived values (sizes in
+    bytes, parsed lists) are worked out once: some are read on every request.
+    """
 
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8765, "port to listen on (0 picks a free one)")
@@ -183,7 +188,6 @@ class Settings:
             raise ConfigError(f"log_level must be debug/info/warning/error, not {self.log_level}")
         if self.auth not in ("token", "none"):
             raise ConfigError(f"auth must be 'token' or 'none', not {self.auth!r}")
-        # Parsing both limit sets here makes a bad size fail at start, not on first use.
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
         if self.pool_refill_concurrency < 1:
@@ -194,6 +198,7 @@ class Settings:
             raise ConfigError(
                 f"pool must look like 'python3=2,bash=1', not {self.pool!r}"
             ) from None
+        # Parsing both limit sets here makes a bad size fail at start, not on first use.
         self.default_limits.resolve({}, self.max_limits)
         self._check_isolation()
         self._check_placement()
@@ -201,11 +206,11 @@ class Settings:
         self.max_request_body_bytes  # noqa: B018
         self.max_code_bytes  # noqa: B018
 
-    @property
+    @functools.cached_property
     def default_limits(self) -> Limits:
         return self._limits("default")
 
-    @property
+    @functools.cached_property
     def max_limits(self) -> Limits:
         return self._limits("max")
 
@@ -231,7 +236,7 @@ class Settings:
         except OSError:
             return ""
 
-    @property
+    @functools.cached_property
     def pool_sizes(self) -> dict[str, int]:
         """``python3=2,bash=1`` -> {"python3": 2, "bash": 1}."""
         sizes = {}
@@ -240,23 +245,23 @@ class Settings:
             sizes[name.strip()] = int(count or 1)
         return sizes
 
-    @property
+    @functools.cached_property
     def default_image_names(self) -> list[str]:
-        return [name.strip() for name in self.default_images.split(",") if name.strip()]
+        return _csv(self.default_images)
 
-    @property
+    @functools.cached_property
     def tmp_bytes(self) -> int:
         return parse_size(self.tmp_size, "tmp_size")
 
-    @property
+    @functools.cached_property
     def runtime_names(self) -> list[str]:
         return _csv(self.runtimes)
 
-    @property
+    @functools.cached_property
     def network_policy_names(self) -> list[str]:
         return _csv(self.network_policies)
 
-    @property
+    @functools.cached_property
     def egress_proxy_port_range(self) -> range:
         low, _, high = self.egress_proxy_ports.partition("-")
         try:
@@ -269,14 +274,14 @@ class Settings:
             raise ConfigError(f"egress_proxy_ports {self.egress_proxy_ports!r} is not a range")
         return ports
 
-    @property
+    @functools.cached_property
     def egress_ranges(self) -> list[IPNetwork]:
         try:
             return parse_ranges(self.egress_allow_ranges, "egress_allow_ranges")
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    @property
+    @functools.cached_property
     def egress_always_allow_rules(self) -> list[Rule]:
         try:
             return [Rule.parse(entry) for entry in _csv(self.egress_always_allow)]
@@ -329,23 +334,23 @@ class Settings:
         if self.swarm_poll_interval <= 0:
             raise ConfigError("swarm_poll_interval must be positive")
 
-    @property
+    @functools.cached_property
     def swarm_constraint_list(self) -> list[str]:
         return _csv(self.swarm_constraints)
 
-    @property
+    @functools.cached_property
     def replay_buffer_size_bytes(self) -> int:
         return parse_size(self.replay_buffer_size, "replay_buffer_size")
 
-    @property
+    @functools.cached_property
     def max_request_body_bytes(self) -> int:
         return parse_size(self.max_request_body, "max_request_body")
 
-    @property
+    @functools.cached_property
     def max_code_bytes(self) -> int:
         return parse_size(self.max_code_size, "max_code_size")
 
-    @property
+    @functools.cached_property
     def cors_origin_list(self) -> list[str]:
         return [origin.rstrip("/") for origin in _csv(self.cors_origins)]
 

@@ -50,8 +50,16 @@ def clean_path(path: str, allow_root: bool = False) -> list[str]:
     return parts
 
 
-def _iso(ts: float) -> str:
+def iso(ts: float | None) -> str | None:
+    """Render an epoch time as the API's UTC ISO 8601 form."""
+    if ts is None:
+        return None
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    """The epoch time of an ``iso()`` string."""
+    return datetime.fromisoformat(text).timestamp()
 
 
 @dataclass
@@ -189,7 +197,8 @@ class Workspace:
                             yield "/".join([*current, entry.name]), info
             finally:
                 os.close(fd)
-        self.walked = seen
+        if not parts:  # a subdirectory's count (an archive's) says nothing of the workspace
+            self.walked = seen
 
     # -- archives and artifacts ------------------------------------------------------------
 
@@ -300,5 +309,5 @@ def _entry(entry: os.DirEntry, path: str) -> dict[str, Any]:
         "path": path,
         "type": kind,
         "size": info.st_size if kind == "file" else None,
-        "modified": _iso(info.st_mtime),
+        "modified": iso(info.st_mtime),
     }

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any
 
+from .files import iso, parse_iso
 from .kernel import ExecutionResult
 from .outputs import OutputListener, replay_outputs
 from .store import Store
@@ -23,18 +23,6 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 CUT_BY_RESTART = "interrupted_by_gateway_restart"
-
-
-def iso(ts: float | None) -> str | None:
-    """Render an epoch time as the API's UTC ISO 8601 form."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> float:
-    """The epoch time of an ``iso()`` string."""
-    return datetime.fromisoformat(text).timestamp()
 
 
 class ExecutionRecorder:

@@ -12,11 +12,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .auth import Principal
-from .files import Workspace
+from .files import Workspace, iso, parse_iso
 from .isolation import NetworkPolicy, baseline_isolation
 from .kernel import Kernel
 from .limits import Limits
-from .recorder import ExecutionRecorder, iso, parse_iso
+from .recorder import ExecutionRecorder
 
 if TYPE_CHECKING:
     from .channels import KernelChannels

@@ -23,11 +23,43 @@ from .auth import Principal
 from .errors import BadRequest, GatewayError
 
 if TYPE_CHECKING:
+    from .config import Settings
     from .sessions import Session, SessionManager
 
 log = logging.getLogger(__name__)
 
 Subscriber = Callable[[str], None]  # gets each event as JSON text
+
+
+class ReplayBuffer:
+    """The latest messages, kept for a client that reconnects; bounded by count and bytes.
+
+    Past either bound the oldest go first; ``dropped`` counts them, so a
+    numbered stream knows the number of the oldest message still kept.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_events = settings.replay_buffer_events
+        self.max_bytes = settings.replay_buffer_size_bytes
+        self.texts: deque[str] = deque()
+        self.size = 0
+        self.dropped = 0
+
+    def append(self, text: str) -> None:
+        """Keep one message, dropping the oldest past the bounds."""
+        self.texts.append(text)
+        self.size += len(text)
+        while self.texts and (len(self.texts) > self.max_events or self.size > self.max_bytes):
+            self.size -= len(self.texts.popleft())
+            self.dropped += 1
+
+    def drain(self) -> list[str]:
+        """Everything kept, oldest first, leaving the buffer empty."""
+        texts = list(self.texts)
+        self.texts.clear()
+        self.size = 0
+        self.dropped += len(texts)
+        return texts
 
 
 class StreamHub:
@@ -37,15 +69,12 @@ class StreamHub:
         settings = manager.settings
         self.manager = manager
         self.session = session
-        self.max_events = settings.replay_buffer_events
-        self.max_bytes = settings.replay_buffer_size_bytes
         self.grace = settings.reconnect_grace
         # Ids carry the hub's identity, so an id from before a gateway restart
         # (or another session) is recognised as unknown rather than mistaken.
         self.epoch = uuid.uuid4().hex[:8]
         self.seq = 0
-        self.buffer: deque[tuple[int, str]] = deque()
-        self.buffered_bytes = 0
+        self.buffer = ReplayBuffer(settings)  # every event, numbered from 1
         self.subscribers: list[Subscriber] = []
         self.tasks: dict[str, asyncio.Task] = {}
         self.running: str | None = None
@@ -77,32 +106,32 @@ class StreamHub:
     def _since(self, last_event_id: str) -> list[str]:
         epoch, _, seq_text = last_event_id.rpartition("-")
         seq = int(seq_text) if seq_text.isdigit() else -1
-        oldest = self.buffer[0][0] if self.buffer else self.seq + 1
-        missed = epoch != self.epoch or seq < 0 or seq > self.seq or seq + 1 < oldest
-        replay = [text for n, text in self.buffer if n > seq] if not missed else []
-        if missed:
-            gap = {
-                "type": "gap",
-                "message": (
-                    f"events after {last_event_id!r} are no longer buffered (the gateway keeps "
-                    f"the last {self.max_events} events of a session, and none from before it "
-                    "restarted); every execution's outputs are in "
-                    f"GET /v1/sessions/{self.session.id}/history"
-                ),
-            }
-            replay = [json.dumps(gap), *(text for _, text in self.buffer)]
-        return replay
+        oldest = self.buffer.dropped + 1  # every event is buffered, in order, from number 1
+        kept = list(self.buffer.texts)
+        if epoch == self.epoch and oldest - 1 <= seq <= self.seq:
+            return kept[seq + 1 - oldest :]
+        gap = {
+            "type": "gap",
+            "message": (
+                f"events after {last_event_id!r} are no longer buffered (the gateway keeps "
+                f"the last {self.buffer.max_events} events of a session, and none from before it "
+                "restarted); every execution's outputs are in "
+                f"GET /v1/sessions/{self.session.id}/history"
+            ),
+        }
+        return [json.dumps(gap), *kept]
 
     # -- requests ----------------------------------------------------------------------
 
-    def submit(self, request_id: str, request: dict[str, Any], who: Principal) -> None:
-        """Queue an execute request; its events go to every client."""
+    def submit(self, request_id: str, request: dict[str, Any], who: Principal) -> bool:
+        """Queue an execute request, its events going to every client; False if refused."""
         if request_id in self.tasks:
             self.reject(request_id, BadRequest(f"request id {request_id!r} is already running"))
-            return
+            return False
         task = self.manager.spawn(self._run(request_id, request, who))
         self.tasks[request_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+        return True
 
     def interrupt(self, request_id: str | None, who: Principal) -> None:
         self.manager.spawn(self._interrupt(request_id, who))
@@ -160,20 +189,15 @@ class StreamHub:
 
     def publish(self, event: dict[str, Any]) -> None:
         """Number an event, keep it for reconnecting clients, and send it to all."""
-        seq, text = self._number(event)
-        self.buffer.append((seq, text))
-        self.buffered_bytes += len(text)
-        while self.buffer and (
-            len(self.buffer) > self.max_events or self.buffered_bytes > self.max_bytes
-        ):
-            self.buffered_bytes -= len(self.buffer.popleft()[1])
+        text = self._number(event)
+        self.buffer.append(text)
         for send in list(self.subscribers):
             send(text)
 
-    def _number(self, event: dict[str, Any]) -> tuple[int, str]:
+    def _number(self, event: dict[str, Any]) -> str:
         self.seq += 1
         event["event_id"] = f"{self.epoch}-{self.seq}"
-        return self.seq, json.dumps(event, default=str)
+        return json.dumps(event, default=str)
 
     def close(self) -> None:
         """Stop everything: the session has ended."""

@@ -262,6 +262,39 @@ def test_jupyter_channels_executes_are_audited(tenants):
     c["alpha"].delete(f"/v1/sessions/{sid}")
 
 
+def test_stream_executes_are_audited_and_a_refused_one_as_failed(tenants):
+    gw, c = tenants
+    sid = c["alpha"].post("/v1/sessions", json={}).json()["id"]
+    code = "import time; time.sleep(1)"
+
+    async def execute_twice():
+        ws = await websocket_connect(
+            HTTPRequest(
+                gw.ws_url(f"/v1/sessions/{sid}/stream"),
+                headers={"Authorization": f"Bearer {TOKENS['alpha']}"},
+            )
+        )
+        request = {"type": "execute", "id": "twice", "code": code}
+        ws.write_message(json.dumps(request))
+        ws.write_message(json.dumps(request))  # the same id while the first runs: refused
+        events = []
+        while not any(e["type"] == "done" for e in events):
+            events.append(json.loads(await asyncio.wait_for(ws.read_message(), 30)))
+        await closed(ws)
+        return events
+
+    events = asyncio.run(execute_twice())
+    assert [e["type"] for e in events].count("rejected") == 1, events
+    audited = c["ops"].get("/v1/audit", params={"session_id": sid}).json()["events"]
+    executes = [e for e in audited if e["action"] == "session.execute"]
+    assert sorted(e["outcome"] for e in executes) == ["failed", "ok"], (
+        f"the refused execute should be audited as failed, the other as ok: {executes}"
+    )
+    assert all(e["detail"]["transport"] == "stream" for e in executes)
+    assert all(e["detail"]["code_bytes"] == len(code) for e in executes)
+    c["alpha"].delete(f"/v1/sessions/{sid}")
+
+
 def test_cors_is_off_by_default_and_configurable(gateway, start_gateway):
     evil = {"Origin": "https://evil.example"}
     r = gateway.client.get("/v1/sessions", headers=evil)

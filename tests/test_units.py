@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 
 import pytest
 
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, LimitExceeded
+from gateway.files import SMALL_WORKSPACE, Workspace
 from gateway.limits import Limits, format_size, parse_size
 from gateway.outputs import OutputCollector
 from gateway.store import Store
+from gateway.streams import ReplayBuffer
 
 
 def msg(kind: str, **content) -> dict:
@@ -281,3 +284,33 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(tmp_path
         return kept
 
     assert asyncio.run(scenario()) == ["s", "t"]
+
+
+def test_archiving_a_subdirectory_leaves_the_workspace_count_alone(tmp_path):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "one.txt").write_text("1")
+    for n in range(SMALL_WORKSPACE * 2):
+        (tmp_path / f"f{n}.txt").write_text("x")
+    workspace = Workspace(str(tmp_path), os.getuid(), os.getgid())
+    workspace.baseline()
+    walked = workspace.walked
+    assert walked > SMALL_WORKSPACE and not workspace.small
+    workspace.archive("small", "tar").close()
+    assert workspace.walked == walked and not workspace.small, (
+        "downloading a small directory made a big workspace pass for small: the next execute "
+        "would walk it on the event loop, stalling every session"
+    )
+
+
+def test_replay_buffer_drops_the_oldest_past_either_bound(tmp_path):
+    buffer = ReplayBuffer(
+        Settings(data_dir=str(tmp_path), replay_buffer_events=3, replay_buffer_size="10")
+    )
+    for text in ("a", "b", "c", "d"):
+        buffer.append(text)
+    assert list(buffer.texts) == ["b", "c", "d"] and buffer.dropped == 1
+    buffer.append("12345678")  # 4 events: "b" goes, leaving 10 bytes
+    assert list(buffer.texts) == ["c", "d", "12345678"] and buffer.dropped == 2
+    buffer.append("xy")  # "c" goes for the count, then "d" for the bytes
+    assert list(buffer.texts) == ["12345678", "xy"] and (buffer.size, buffer.dropped) == (10, 4)
+    assert buffer.drain() == ["12345678", "xy"] and (buffer.size, buffer.dropped) == (0, 6)

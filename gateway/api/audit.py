@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import BadRequest, Forbidden
+from ..errors import BadRequest
 from ..store import AUDIT_FILTERS
 from .base import JSONHandler
 
@@ -11,8 +11,7 @@ MAX_EVENTS = 1000
 
 class AuditHandler(JSONHandler):
     async def get(self) -> None:
-        if self.principal is None or not self.principal.admin:
-            raise Forbidden("the audit log is for admin tokens only")
+        self.require_admin("the audit log")
         filters = {
             name: self.get_argument(name) for name in AUDIT_FILTERS if self.get_argument(name, None)
         }

@@ -22,7 +22,7 @@ from typing import Any
 import tornado.web
 import tornado.websocket
 
-from ..audit import AuditLog
+from ..audit import AuditLog, code_facts
 from ..auth import Authenticator, Principal, presented_token, token_id
 from ..errors import (
     BadRequest,
@@ -64,7 +64,6 @@ class GatewayHandlerMixin:
     """Authentication, CORS and auditing, for plain and WebSocket handlers alike."""
 
     public = False  # True: answers without a token (health, the API document)
-    actions: dict[str, str] = {}  # HTTP method -> the action its requests are audited as
     principal: Principal | None = None
 
     request: Any
@@ -104,30 +103,6 @@ class GatewayHandlerMixin:
             )
             raise
         return self.principal
-
-    def audit_action(self, status: int, **detail: Any) -> None:
-        """Record this request's action, if its method changes state."""
-        action = self.actions.get(self.request.method)
-        if action is None or self.principal is None:
-            return
-        if status < 400:
-            outcome = "ok"
-        elif status in (401, 403, 404):
-            outcome = "denied"
-        else:
-            outcome = "failed" if status < 500 else "error"
-        kwargs = self.path_kwargs
-        self.audit.record(
-            action,
-            self.principal,
-            outcome,
-            session_id=getattr(self, "audit_session", None)
-            or kwargs.get("session_id")
-            or kwargs.get("kernel_id"),
-            status=status,
-            remote=self.request.remote_ip,
-            detail={**getattr(self, "audit_detail", {}), **detail},
-        )
 
     def allowed_origin(self, origin: str | None) -> bool:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
@@ -172,6 +147,7 @@ class GatewayHandlerMixin:
 class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     """Base handler: authenticated, JSON bodies in (bounded), JSON out, audited."""
 
+    actions: dict[str, str] = {}  # HTTP method -> the action its requests are audited as
     audit_detail: dict[str, Any]
     audit_session: str | None = None
 
@@ -202,12 +178,18 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     def body_limit(self) -> int:
         return self.manager.settings.max_request_body_bytes
 
-    def body(self) -> bytes:
-        return self.request.body
+    def require_admin(self, what: str) -> None:
+        """Refuse a caller whose token is not an admin's (403); ``what`` names what it asked for.
+
+        Handler methods call it once ``prepare`` has authenticated the caller,
+        so a bad token is still a 401 and an oversized body a 413 first.
+        """
+        if not self.principal.admin:  # type: ignore[union-attr]
+            raise Forbidden(f"{what} is for admin tokens only")
 
     def json_body(self) -> dict[str, Any]:
         """The request body as a JSON object; an empty body is an empty object."""
-        raw = self.body()
+        raw = self.request.body
         if not raw:
             return {}
         try:
@@ -228,7 +210,27 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         self.finish()
 
     def on_finish(self) -> None:
-        self.audit_action(self.get_status())
+        """Record this request's action, if its method changes state."""
+        action = self.actions.get(self.request.method)
+        if action is None or self.principal is None:
+            return  # not a state change, or refused before the caller was known
+        status = self.get_status()
+        if status < 400:
+            outcome = "ok"
+        elif status in (401, 403, 404):
+            outcome = "denied"
+        else:
+            outcome = "failed" if status < 500 else "error"
+        kwargs = self.path_kwargs
+        self.audit.record(
+            action,
+            self.principal,
+            outcome,
+            session_id=self.audit_session or kwargs.get("session_id") or kwargs.get("kernel_id"),
+            status=status,
+            remote=self.request.remote_ip,
+            detail=self.audit_detail,
+        )
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # User-caused errors are answers, not server faults: keep tracebacks out of the log.
@@ -246,6 +248,8 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
     several small messages, and with Nagle's algorithm on (Tornado's default)
     each waits for the client's delayed ACK, some 40 ms a round trip.
     """
+
+    transport = ""  # what this socket's audit events name as their transport
 
     def check_origin(self, origin: str) -> bool:
         # A page may not drive a sandbox from another site, even on an open gateway.
@@ -269,6 +273,20 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
 
     def prepare_socket(self, **kwargs: Any) -> None:
         """Check the request before the upgrade; raise a GatewayError to refuse it."""
+
+    def audit_message(
+        self, action: str, session_id: str, code: Any, outcome: str = "ok", **detail: Any
+    ) -> None:
+        """Record an action a message asked for; its code (if any) by size and hash only."""
+        facts = code_facts(code) if isinstance(code, str) else {}
+        self.audit.record(
+            action,
+            self.principal,
+            outcome,
+            session_id=session_id,
+            remote=self.request.remote_ip,
+            detail={"transport": self.transport, **detail, **facts},
+        )
 
     def send(self, event: dict[str, Any]) -> None:
         """Send one JSON event, unless the client has already gone."""

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..audit import code_facts
 from ..channels import KernelChannels
 from ..errors import BadRequest, NotFound
 from ..sessions import Session
@@ -146,6 +145,7 @@ class ChannelsHandler(JSONWebSocketHandler):
 
     relay: KernelChannels
     resuming = False
+    transport = "jupyter"
 
     def prepare_socket(self, kernel_id: str) -> None:
         session = self.manager.get(kernel_id, self.principal)
@@ -186,17 +186,11 @@ class ChannelsHandler(JSONWebSocketHandler):
         kind = msg["header"].get("msg_type")
         if kind not in ("execute_request", "interrupt_request", "shutdown_request"):
             return
-        detail: dict[str, Any] = {"transport": "jupyter", "msg_type": kind}
-        code = (msg.get("content") or {}).get("code")
-        if isinstance(code, str):
-            detail.update(code_facts(code))
-        self.audit.record(
+        self.audit_message(
             "kernel.execute" if kind == "execute_request" else f"kernel.{kind}",
-            self.principal,
-            "ok",
-            session_id=self.relay.session.id,
-            remote=self.request.remote_ip,
-            detail=detail,
+            self.relay.session.id,
+            (msg.get("content") or {}).get("code"),
+            msg_type=kind,
         )
 
     def on_close(self) -> None:

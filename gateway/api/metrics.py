@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..errors import Forbidden
 from .base import JSONHandler
 
 
 class MetricsHandler(JSONHandler):
     async def get(self) -> None:
-        if self.principal is None or not self.principal.admin:
-            raise Forbidden("metrics are for admin tokens only")
+        self.require_admin("the metrics endpoint")
         manager = self.manager
         states = Counter(s.state for s in manager.sessions.values())
         lines = [

@@ -31,7 +31,7 @@ class ReplayHandler(JSONHandler):
             image_tolerance = -1.0
         if image_tolerance is not None and not 0 <= image_tolerance <= 1:
             raise BadRequest("image_tolerance must be a number between 0 and 1")
-        nb = read_notebook(self.body())
+        nb = read_notebook(self.request.body)
         report = await replay_notebook(self.manager, nb, self.principal, image_tolerance)
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)

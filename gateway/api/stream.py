@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import uuid
 
-from ..audit import code_facts
 from ..errors import BadRequest
 from ..streams import StreamHub, rejection
 from .base import JSONWebSocketHandler
@@ -28,6 +27,7 @@ class StreamHandler(JSONWebSocketHandler):
     """
 
     hub: StreamHub
+    transport = "stream"
 
     def prepare_socket(self, session_id: str) -> None:
         self.hub = self.manager.stream_hub(session_id, self.principal)
@@ -48,17 +48,9 @@ class StreamHandler(JSONWebSocketHandler):
         kind = request.get("type")
         request_id = str(request.get("id") or uuid.uuid4())
         if kind == "execute":
-            code = request.get("code")
-            detail = {"transport": "stream", **(code_facts(code) if isinstance(code, str) else {})}
-            self.audit.record(
-                "session.execute",
-                self.principal,
-                "ok",
-                session_id=self.hub.session.id,
-                remote=self.request.remote_ip,
-                detail=detail,
-            )
-            self.hub.submit(request_id, request, self.principal)
+            queued = self.hub.submit(request_id, request, self.principal)
+            outcome = "ok" if queued else "failed"  # as a 400 is, over HTTP
+            self.audit_message("session.execute", self.hub.session.id, request.get("code"), outcome)
         elif kind == "interrupt":
             self.hub.interrupt(request_id, self.principal)
         else:
