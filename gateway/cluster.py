@@ -27,9 +27,9 @@ from .config import ConfigError, Settings
 from .images import ImageBuilder
 from .kernel import shared_context
 from .placement import Placement, SandboxState, exit_reason
-from .provisioners.docker import LABEL_GATEWAY, LABEL_SESSION
+from .provisioners.docker import LABEL_GATEWAY, LABEL_SESSION, sandbox_name
 from .provisioners.events import DeathCallback
-from .provisioners.swarm import AGENT_DIR, SwarmSpec, service_name
+from .provisioners.swarm import AGENT_DIR, SwarmSpec
 from .remote_files import RemoteWorkspace
 
 if TYPE_CHECKING:
@@ -207,13 +207,11 @@ class SwarmPlacement(Placement):
         )
 
     def workspace(self, session: Session, spec: SwarmSpec) -> RemoteWorkspace:
-        uid, _, gid = spec.user.partition(":")
-
         def agent() -> Any:
             assert session.kernel is not None
             return session.kernel.manager.provisioner.agent
 
-        return RemoteWorkspace("/workspace", int(uid), int(gid or uid), agent=agent)
+        return RemoteWorkspace("/workspace", agent=agent)
 
     async def prepare(self, session: Session, spec: SwarmSpec) -> None:
         """The session's directory here: jupyter_client keeps the connection file in it."""
@@ -260,7 +258,7 @@ class SwarmPlacement(Placement):
 
     async def remove(self, session_id: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
-            await self.remove_sandbox(service_name(session_id))
+            await self.remove_sandbox(sandbox_name(session_id))
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         api = self.docker.api

@@ -2,7 +2,8 @@
 
 There may be no registry: the base image is pulled when possible, otherwise
 made with ``debootstrap`` from the host's own Debian mirror and imported. A
-tag is the hash of the image directory's files plus the base, so an unchanged
+tag is the hash of the build context's files (the image directory's, plus the
+repository paths its ``sbx-context`` lists) and the base, so an unchanged
 image is never rebuilt and a changed one never reuses a stale tag. Blocking
 by design: the CLI calls it directly, the server from a thread.
 """
@@ -169,7 +170,7 @@ class ImageBuilder:
         return tag
 
     def _context(self, directory: Path) -> io.BytesIO:
-        """The build context: the image directory plus the host's CA bundle."""
+        """The build context: the image directory, what it lists, and the host's CA bundle."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path, arcname in self._context_files(directory):

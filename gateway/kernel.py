@@ -138,7 +138,6 @@ class Kernel:
         return {
             "kernel_id": self.sandbox.session_id,
             "connection_info": info,
-            "container_id": self.container_id,
             **(provisioner.reattach_info() if provisioner is not None else {}),
         }
 

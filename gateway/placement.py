@@ -26,7 +26,13 @@ from .files import Workspace
 from .images import ImageBuilder
 from .limits import Limits, format_size
 from .provisioners import workspace
-from .provisioners.docker import LABEL_GATEWAY, LABEL_SESSION, SandboxSpec, update_limits
+from .provisioners.docker import (
+    LABEL_GATEWAY,
+    LABEL_SESSION,
+    SandboxSpec,
+    sandbox_name,
+    update_limits,
+)
 from .provisioners.events import ContainerWatcher, DeathCallback
 
 if TYPE_CHECKING:
@@ -70,6 +76,9 @@ class Placement(abc.ABC):
     @abc.abstractmethod
     async def prepare(self, session: Session, spec: Any) -> None:
         """Make what must exist before the kernel starts."""
+
+    async def reattach(self, session: Session) -> None:  # noqa: B027 (optional: most keep nothing)
+        """Restore what a gateway restart undid on this host; recovery calls it per session."""
 
     @abc.abstractmethod
     async def image_facts(self, session: Session) -> dict[str, Any]:
@@ -155,6 +164,10 @@ class DockerPlacement(Placement):
             workspace.create, self.sessions_dir / session.id, session.limits.disk, uid, gid
         )
 
+    async def reattach(self, session: Session) -> None:
+        """Remount the workspace, should a host reboot have unmounted it."""
+        await asyncio.to_thread(workspace.mount_again, self.sessions_dir / session.id)
+
     async def image_facts(self, session: Session) -> dict[str, Any]:
         facts = self._image_facts.get(session.image)
         if facts is None:
@@ -174,9 +187,7 @@ class DockerPlacement(Placement):
             if oom:
                 break
             await asyncio.sleep(0.1)
-        if oom:
-            return f"out of memory: limit {format_size(session.limits.memory)}"
-        return exit_reason(exit_code)
+        return oom_reason(session.limits) if oom else exit_reason(exit_code)
 
     async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
         info = await asyncio.to_thread(self.docker.api.inspect_container, sandbox_id)
@@ -193,8 +204,7 @@ class DockerPlacement(Placement):
 
     async def remove(self, session_id: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
-            container = await asyncio.to_thread(self.docker.containers.get, f"sbx-{session_id}")
-            await asyncio.to_thread(container.remove, force=True)
+            await self.remove_sandbox(sandbox_name(session_id))
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         await asyncio.to_thread(self.docker.api.remove_container, sandbox_id, force=True)
@@ -209,6 +219,11 @@ def exit_reason(exit_code: int) -> str:
     if exit_code > 128:
         reason += f" (killed by signal {exit_code - 128})"
     return reason
+
+
+def oom_reason(limits: Limits) -> str:
+    """A kernel killed for want of memory, in words."""
+    return f"out of memory: limit {format_size(limits.memory)}"
 
 
 def make_placement(

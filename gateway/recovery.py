@@ -86,7 +86,7 @@ async def _take_over(
     assert session.kernel is not None
     await session.kernel.adopt(runtime)
     manager.sessions[session.id] = session
-    await asyncio.to_thread(workspace.mount_again, manager.sandboxes.session_dir(session.id))
+    await manager.placement.reattach(session)
     container = next((c for c in containers if c.id == runtime["container_id"]), None)
     if container is not None:
         claimed.add(container.id)

@@ -24,6 +24,9 @@ from .provisioners.agent_client import AgentClient
 class RemoteWorkspace(Workspace):
     """Workspace operations forwarded to the sandbox's agent."""
 
+    # Never used here: the agent's own user owns what it writes (-1 means "leave as is").
+    uid: int = -1
+    gid: int = -1
     # The sandbox's agent client, looked up per call: a restart may bring a new sandbox.
     agent: Callable[[], AgentClient] | None = field(default=None, kw_only=True)
 

@@ -49,7 +49,6 @@ def agent(tmp_path: Path):
     secret_file.write_text(
         json.dumps(
             {
-                "key": connection["key"],
                 "agent_port": port,
                 "workspace": str(workspace),
                 "connection": {**connection, "transport": "tcp", "ip": "127.0.0.1"},

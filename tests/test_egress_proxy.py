@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import socket
 
 from gateway.egress.policy import AddressGuard, NetworkPolicy
 from gateway.egress.proxy import EgressDenial, EgressProxy
@@ -183,6 +184,36 @@ def test_a_denial_flood_is_counted_not_logged_line_by_line():
             await asyncio.sleep(1.05)
             await h.ask(f"CONNECT a.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
             assert h.denials[-1].suppressed == 30 - h.proxy.reports_per_second
+
+    run(go())
+
+
+def test_an_upstream_that_never_answers_is_reported_as_timed_out():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            h.proxy.connect_timeout = 0.5
+            # A listener whose accept queue is full: Linux drops further SYNs, so connects hang.
+            with socket.socket() as full:
+                full.bind(("127.0.0.1", 0))
+                full.listen(0)
+                port = full.getsockname()[1]
+                queued = [socket.socket() for _ in range(3)]
+                try:
+                    for client in queued:
+                        client.setblocking(False)
+                        client.connect_ex(("127.0.0.1", port))
+                    await asyncio.sleep(0.1)
+                    reply, reader, _ = await h.ask(
+                        f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{h.auth()}\r\n"
+                    )
+                    body = await reader.read()
+                finally:
+                    for client in queued:
+                        client.close()
+            assert reply.startswith(b"HTTP/1.1 502"), reply
+            assert body.strip().endswith(f"127.0.0.1:{port}: timed out".encode()), (
+                f"the sandbox was told {body!r}, not that the connection timed out"
+            )
 
     run(go())
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import time
 
+import docker.errors
 import pytest
 from helpers import run, text_of, wait_for
+
+from gateway.errors import EngineUnavailable
+from gateway.limits import Limits
+from gateway.provisioners.docker import engine_post, update_limits
 
 pytestmark = pytest.mark.docker
 
@@ -88,3 +93,16 @@ def test_cpu_limit_is_applied(api, new_session, engine):
     host = engine.api.inspect_container(f"sbx-{sid}")["HostConfig"]
     assert host["NanoCpus"] == 500_000_000
     assert wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "idle")
+
+
+def test_limits_the_engine_refuses_say_what_the_engine_said(engine):
+    limits = Limits(
+        memory=256 * 2**20, cpus=1.0, pids=64, disk=64 * 2**20, timeout=30, output_bytes=2**20
+    )
+    with pytest.raises(
+        EngineUnavailable, match=r"the engine refused new limits: .*No such container"
+    ):
+        update_limits(engine, "sbx-no-such-container", limits)
+    with pytest.raises(docker.errors.APIError) as refused:
+        engine_post(engine.api, "/containers/sbx-no-such-container/update", {"PidsLimit": 64})
+    assert "No such container" in str(refused.value), "a refusal lost the engine's words"

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -130,6 +132,22 @@ def test_what_changed_while_the_gateway_was_down_is_reported(start_gateway, engi
     assert state(expiring)["state"] == "deleted" and "ttl expired" in state(expiring)["reason"]
     assert not engine.containers.list(all=True, filters={"name": f"sbx-{expiring}"})
     assert not engine.containers.list(all=True, filters={"id": stray.id}), "a stray was left"
+
+
+def test_a_workspace_unmounted_while_the_gateway_was_down_is_mounted_again(start_gateway, engine):
+    """As after a host reboot: the container stopped, the workspace's loop mount gone."""
+    first = start_gateway(keep_sessions=True)
+    sid = make_sessions(first, 1)[0]
+    assert first.client.put(f"/v1/sessions/{sid}/files/keep.txt", content=b"keep").is_success
+    first.stop()
+    engine.containers.get(f"sbx-{sid}").kill()
+    mountpoint = first.data_dir / "sessions" / sid / "workspace"
+    assert os.path.ismount(mountpoint), "workspaces are loop-mounted only when run as root"
+    subprocess.run(["umount", str(mountpoint)], check=True)
+    second = start_gateway(data_dir=first.data_dir)
+    assert second.client.get(f"/v1/sessions/{sid}").json()["state"] == "dead"
+    r = second.client.get(f"/v1/sessions/{sid}/files/keep.txt")
+    assert r.content == b"keep", f"the dead session's file was lost after the restart: {r.text}"
 
 
 def test_end_sessions_on_stop_removes_every_container(start_gateway, engine):

@@ -41,7 +41,7 @@ _REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
 
 @dataclasses.dataclass(frozen=True)
 class EgressDenial:
-    """One refused request, for logs and (later) the audit store."""
+    """One refused request, for logs and the denial hook (the audit log)."""
 
     session_id: str | None
     method: str
@@ -94,7 +94,6 @@ class EgressProxy:
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
         self.reports_per_second = reports_per_second
-        self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._tenants: dict[str, _Tenant] = {}  # by session id
         self._handlers: set[asyncio.Task] = set()
@@ -110,9 +109,9 @@ class EgressProxy:
                 )
             except OSError:
                 continue
-            self.port = self._server.sockets[0].getsockname()[1]  # port 0 picks one
-            self.guard.own_ports.add(self.port)
-            return self.port
+            bound = self._server.sockets[0].getsockname()[1]  # port 0 picks one
+            self.guard.own_ports.add(bound)
+            return bound
         raise OSError(f"no free port for the egress proxy in {ports.start}-{ports.stop - 1}")
 
     async def stop(self) -> None:
@@ -210,7 +209,7 @@ class EgressProxy:
         headers: dict[str, str],
     ) -> None:
         if method == "CONNECT":
-            host, port = _authority(target, default_port=None)
+            host, port = _authority(target)
             up_reader, up_writer = await self._open(tenant, host, port)
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
@@ -241,7 +240,7 @@ class EgressProxy:
             except (OSError, TimeoutError) as e:
                 failure = e
         if failure is not None:
-            raise _Refused(502, f"cannot connect to {host}:{port}: {failure or 'timed out'}")
+            raise _Refused(502, f"cannot connect to {host}:{port}: {str(failure) or 'timed out'}")
         raise _Refused(403, f"{host}:{port} refused: " + "; ".join(refusals), denied=True)
 
     async def _addresses(self, host: str, port: int) -> list[IPAddress]:
@@ -308,13 +307,11 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     return parts[0].upper(), parts[1], parts[2], headers
 
 
-def _authority(target: str, default_port: int | None) -> tuple[str, int]:
-    """Split ``host:port`` / ``[v6]:port``; the port is required unless defaulted."""
+def _authority(target: str) -> tuple[str, int]:
+    """Split a CONNECT target, ``host:port`` or ``[v6]:port``."""
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit() or "]" in port:
-        if default_port is None:
-            raise _Refused(400, f"CONNECT needs host:port, not {target!r}")
-        host, port = target, str(default_port)
+        raise _Refused(400, f"CONNECT needs host:port, not {target!r}")
     host = host.strip("[]")
     if not host or not 0 < int(port) < 65536:
         raise _Refused(400, f"bad target {target!r}")

@@ -128,9 +128,10 @@ class Agent:
     """Answers the gateway's requests; file work runs in threads, so an interrupt never waits."""
 
     def __init__(self, secret: dict[str, Any]) -> None:
-        self.key = secret["key"].encode()
-        self.root = secret.get("workspace", WORKSPACE)
-        self.kernel = KernelProcess(secret["connection"], self.root)
+        connection = secret["connection"]
+        self.key = connection["key"].encode()
+        self.root = secret.get("workspace", WORKSPACE)  # tests run it on a directory here
+        self.kernel = KernelProcess(connection, self.root)
         self.workspace = Workspace(self.root, os.getuid(), os.getgid())
         self.disk = int(secret.get("disk", 0))
         self.streams: dict[str, Any] = {}
@@ -138,8 +139,8 @@ class Agent:
         self._ids = (str(i) for i in itertools.count(1))
         self.context = zmq.asyncio.Context()
         self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.curve_secretkey = secret["connection"]["curve_secretkey"].encode()
-        self.socket.curve_publickey = secret["connection"]["curve_publickey"].encode()
+        self.socket.curve_secretkey = connection["curve_secretkey"].encode()
+        self.socket.curve_publickey = connection["curve_publickey"].encode()
         self.socket.curve_server = True
         self.socket.bind(f"tcp://*:{secret['agent_port']}")
         self._tasks: set[asyncio.Task] = set()

@@ -42,6 +42,11 @@ CONTAINER_RUN_DIR = "/run/sbx"
 KERNEL_CONNECTION_FILE = "kernel-connection.json"
 
 
+def sandbox_name(session_id: str) -> str:
+    """The name of a session's sandbox (a container, or a cluster service)."""
+    return f"sbx-{session_id}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Isolation:
     """The engine runtime and network a kernel container gets (see gateway.isolation)."""
@@ -102,7 +107,7 @@ class SandboxSpec:
         return {
             "image": self.image,
             "command": cmd,
-            "name": f"sbx-{self.session_id}",
+            "name": sandbox_name(self.session_id),
             "detach": True,
             "user": self.user,
             "working_dir": self.workdir,
@@ -132,18 +137,28 @@ def update_limits(client: docker.DockerClient, container_id: str, limits: Limits
     ``update_container`` knows no NanoCpus or PidsLimit, so this posts the
     documented body itself.
     """
-    api = client.api
-    response = api.post(
-        f"{api.base_url}/v{api.api_version}/containers/{container_id}/update",
-        json={
-            "Memory": limits.memory,
-            "MemorySwap": limits.memory,
-            "NanoCpus": int(limits.cpus * 1e9),
-            "PidsLimit": limits.pids,
-        },
-    )
+    body = {
+        "Memory": limits.memory,
+        "MemorySwap": limits.memory,
+        "NanoCpus": int(limits.cpus * 1e9),
+        "PidsLimit": limits.pids,
+    }
+    try:
+        engine_post(client.api, f"/containers/{container_id}/update", body)
+    except docker.errors.APIError as e:
+        raise EngineUnavailable(f"the engine refused new limits: {e.explanation}") from e
+
+
+def engine_post(api: docker.APIClient, path: str, body: dict[str, Any]) -> Any:
+    """POST a raw Engine API body, for fields docker-py's types do not know (pids, caps).
+
+    A refusal raises ``APIError`` whose explanation is the engine's own words.
+    """
+    response = api.post(f"{api.base_url}/v{api.api_version}{path}", json=body)
     if response.status_code >= 400:
-        raise EngineUnavailable(f"the engine refused new limits: {response.text.strip()}")
+        text = response.text.strip()
+        raise docker.errors.APIError(text, response=response, explanation=text)
+    return response.json()
 
 
 class SandboxProvisioner(KernelProvisionerBase):
@@ -156,13 +171,13 @@ class SandboxProvisioner(KernelProvisionerBase):
         return self.container_id is not None
 
     def reattach_info(self) -> dict[str, Any]:
-        """What a restarted gateway needs besides the connection info."""
+        """What a restarted gateway needs besides the connection info (``Kernel.runtime_info``)."""
         return {"container_id": self.container_id}
 
-    async def get_provisioner_info(self) -> dict[str, Any]:
-        info = await super().get_provisioner_info()
-        info.update(self.reattach_info())
-        return info
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        """Take over the sandbox a previous gateway started (``Kernel.adopt`` calls it)."""
+        await super().load_provisioner_info(provisioner_info)
+        self.container_id = provisioner_info.get("container_id")
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return min(recommended, 2.0)
@@ -275,10 +290,6 @@ class DockerProvisioner(SandboxProvisioner):
         except docker.errors.DockerException:
             return ""
         return raw.decode(errors="replace").strip()
-
-    async def load_provisioner_info(self, provisioner_info: dict) -> None:
-        await super().load_provisioner_info(provisioner_info)
-        self.container_id = provisioner_info.get("container_id")
 
 
 def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:

@@ -41,10 +41,10 @@ from ..errors import (
     NotAllowed,
     SandboxUnavailable,
 )
-from ..limits import Limits, format_size
-from ..placement import exit_reason
+from ..limits import Limits
+from ..placement import exit_reason, oom_reason
 from .agent_client import AgentClient
-from .docker import LABEL_GATEWAY, LABEL_SESSION, SandboxProvisioner
+from .docker import LABEL_GATEWAY, LABEL_SESSION, SandboxProvisioner, engine_post, sandbox_name
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,6 @@ QUICK = 3.0
 DeathReport = Callable[[str, str, int, str], None]
 
 
-def service_name(session_id: str) -> str:
-    return f"sbx-{session_id}"
-
-
 @dataclasses.dataclass
 class SwarmSpec:
     """Everything that makes one session's service what it is."""
@@ -85,13 +81,13 @@ class SwarmSpec:
     agent_configs: list[dict[str, Any]]  # ConfigReferences of the agent's files
     tmp_bytes: int
     on_death: DeathReport
-    connection_file: str  # never written: jupyter_client wants a name
+    connection_file: str  # jupyter_client writes it after launch; it holds the keys
     start_timeout: float = 120.0  # pulling the image onto a new node takes a while
     user: str = "1000:1000"
 
     @property
     def name(self) -> str:
-        return service_name(self.session_id)
+        return sandbox_name(self.session_id)
 
     @property
     def provisioner_class(self) -> type[SwarmProvisioner]:
@@ -242,31 +238,31 @@ class SwarmProvisioner(SandboxProvisioner):
         if self.container_id is not None:
             await self._remove_service()
         secret = {
-            "key": self.connection_info["key"].decode(),
             "agent_port": AGENT_PORT,
             "disk": spec.limits.disk,
             # The kernel binds every interface of its task; the overlay is internal.
             "connection": {
-                **{k: v for k, v in self.connection_info.items() if k != "key"},
+                **self.connection_info,
                 "key": self.connection_info["key"].decode(),
                 "ip": "0.0.0.0",
             },
         }
+        secret_name = f"{spec.name}-{self.generation + 1}"
         api = spec.docker.api
         image = await self._pinned(spec)
         try:
             created = await asyncio.to_thread(
-                _post, api, "/secrets/create",
-                {"Name": f"{spec.name}-{self.generation + 1}",
+                engine_post, api, "/secrets/create",
+                {"Name": secret_name,
                  "Labels": {LABEL_GATEWAY: spec.gateway_id, LABEL_SESSION: spec.session_id},
                  "Data": base64.b64encode(json.dumps(secret).encode()).decode()},
             )  # fmt: skip
             self.secret_id = created["ID"]
             service = await asyncio.to_thread(
-                _post,
+                engine_post,
                 api,
                 "/services/create",
-                spec.service_spec(image, self.secret_id, f"{spec.name}-{self.generation + 1}"),
+                spec.service_spec(image, self.secret_id, secret_name),
             )
         except docker.errors.DockerException as e:
             raise EngineUnavailable(f"the swarm manager refused the kernel's service: {e}") from e
@@ -358,7 +354,7 @@ class SwarmProvisioner(SandboxProvisioner):
     @staticmethod
     def _reason(result: dict[str, Any], limits: Limits) -> str:
         if result.get("oom"):
-            return f"out of memory: limit {format_size(limits.memory)}"
+            return oom_reason(limits)
         return exit_reason(int(result["exit_code"]))
 
     async def poll(self) -> int | None:
@@ -433,9 +429,7 @@ class SwarmProvisioner(SandboxProvisioner):
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         """Take over a kernel a previous gateway started; watch its current generation."""
         await super().load_provisioner_info(provisioner_info)
-        self.container_id = provisioner_info.get("container_id")
         self.secret_id = provisioner_info.get("secret_id")
-        self.connection_info = provisioner_info["connection_info"]
         if isinstance(self.connection_info.get("key"), str):
             self.connection_info["key"] = self.connection_info["key"].encode()
         if self.container_id is not None:
@@ -445,14 +439,6 @@ class SwarmProvisioner(SandboxProvisioner):
                 if not status["running"]:
                     self.exit_code = -1
             self._watch = asyncio.create_task(self._watch_exit(self.generation))
-
-
-def _post(api: docker.APIClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST a raw Engine API body: docker-py's service types know no pids limit or caps."""
-    response = api.post(f"{api.base_url}/v{api.api_version}{path}", json=body)
-    if response.status_code >= 400:
-        raise docker.errors.APIError(response.text.strip(), response=response)
-    return response.json()
 
 
 def _task_failure(tasks: list[dict[str, Any]]) -> str | None:
