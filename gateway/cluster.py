@@ -199,7 +199,7 @@ class SwarmPlacement(Placement):
             network=s.swarm_network,
             constraints=s.swarm_constraint_list,
             agent_configs=self._configs,
-            tmp_bytes=min(s.tmp_bytes, session.limits.memory // 4),
+            tmp_bytes=s.tmp_bytes_for(session.limits),
             on_death=self.report,
             connection_file=str(self.data_dir / "sessions" / session.id / "connection.json"),
             start_timeout=max(session.start_timeout or 0, s.kernel_start_timeout, 120.0),

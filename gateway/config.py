@@ -253,6 +253,10 @@ class Settings:
     def tmp_bytes(self) -> int:
         return parse_size(self.tmp_size, "tmp_size")
 
+    def tmp_bytes_for(self, limits: Limits) -> int:
+        """A sandbox's /tmp size: the setting, but at most a quarter of its memory."""
+        return min(self.tmp_bytes, limits.memory // 4)
+
     @functools.cached_property
     def runtime_names(self) -> list[str]:
         return _csv(self.runtimes)

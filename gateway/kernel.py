@@ -1,7 +1,7 @@
 """One running kernel: start it, run code on it, interrupt, restart, stop.
 
 Wraps jupyter_client's async kernel manager and client. Knows nothing of
-sessions, HTTP or storage; ``Session`` decides when to call what.
+sessions, HTTP or storage; ``SessionManager`` decides when to call what.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ class Kernel:
         busy_since = float("inf")
         while True:
             if self.died.is_set():
-                return self._result("dead", collector, started)
+                return ExecutionResult.collected("dead", collector, started)
             now = time.monotonic()
             if now >= deadline:
                 if timed_out:  # the interrupt did not stop it within the grace period
@@ -307,7 +307,7 @@ class Kernel:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
             collector.execution_count = reply.get("execution_count")
-        return self._result(self._outcome(collector, reply), collector, started)
+        return ExecutionResult.collected(self._outcome(collector, reply), collector, started)
 
     def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:
         """ok, error or interrupted, from the outputs and the kernel's execute_reply.
@@ -347,7 +347,7 @@ class Kernel:
             if restarted
             else "it was interrupted; the session's state is kept"
         )
-        result = self._result("timeout", collector, started)
+        result = ExecutionResult.collected("timeout", collector, started)
         result.error = {
             "ename": "ExecutionTimeout",
             "evalue": f"execution exceeded its {timeout:g} s timeout: {action}",
@@ -355,6 +355,3 @@ class Kernel:
             "kernel_restarted": restarted,
         }
         return result
-
-    def _result(self, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
-        return ExecutionResult.collected(status, collector, started)

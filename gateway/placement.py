@@ -148,7 +148,7 @@ class DockerPlacement(Placement):
             env=session.env,
             run_dir=session_dir / "run",
             workspace=session_dir / "workspace",
-            tmp_bytes=min(self.settings.tmp_bytes, session.limits.memory // 4),
+            tmp_bytes=self.settings.tmp_bytes_for(session.limits),
             user=sandbox_cfg.get("user", "1000:1000"),
             isolation=session.isolation,
         )

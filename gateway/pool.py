@@ -8,10 +8,12 @@ kernel process as a cold start would have it. A request the pool cannot
 satisfy starts cold: another image, runtime or network policy, another
 workspace size (its filesystem is made at pool time, and online resizing
 is not permitted everywhere), a memory limit that changes /tmp's size, a
-client-chosen id, or env for a kernel that cannot take it late. A pooled kernel serves exactly one
-session, ever. Refills run in the background, a bounded number at a time,
-so they do not starve live sessions; pooled sandboxes count against the
-server's session limit and give way to real sessions when it is reached.
+client-chosen id, env for a kernel that cannot take it late, or, where the
+placement cannot resize a running sandbox (swarm), any other limits. A
+pooled kernel serves exactly one session, ever. Refills run in the
+background, a bounded number at a time, so they do not starve live sessions;
+pooled sandboxes count against the server's session limit and give way to
+real sessions when it is reached.
 """
 
 from __future__ import annotations
@@ -95,20 +97,18 @@ class WarmPool:
             return None
         pooled = ready[0]
         language = pooled.language_info.get("name", "")
+        settings = self.manager.settings
         if (
             session.image != pooled.image
             or session.runtime != pooled.runtime
             or not session.network.is_none
             or session.limits.disk != pooled.limits.disk
-            or self._tmp_bytes(session) != self._tmp_bytes(pooled)
+            or settings.tmp_bytes_for(session.limits) != settings.tmp_bytes_for(pooled.limits)
             or (session.env and language not in _SET_ENV)
             or not (self.manager.placement.resizes_in_place or _same_box(session, pooled))
         ):
             return None
         return ready.pop(0)
-
-    def _tmp_bytes(self, session: Session) -> int:
-        return min(self.manager.settings.tmp_bytes, session.limits.memory // 4)
 
     async def _fit(self, pooled: Session, session: Session) -> None:
         """Move the pooled sandbox to ``session`` and apply what it asked for."""

@@ -33,9 +33,7 @@ class ExecutionRecorder:
     ) -> None:
         """Queue the ``running`` row; make one before the kernel gets the code."""
         self.store = store
-        self.code = code
-        self.started = time.time()
-        record = {"code": code, "description": description, "started_at": iso(self.started)}
+        record = {"code": code, "description": description, "started_at": iso(time.time())}
         self.id, self._begun = store.start_execution(session_id, record)
 
     def listener(self, forward: OutputListener | None = None) -> OutputListener:
@@ -62,12 +60,7 @@ class ExecutionRecorder:
         """Queue the outcome in place of the running row; returns the write to await."""
         if self._begun.done() and self._begun.exception() is not None:
             log.error("execution %s was never recorded: %s", self.id, self._begun.exception())
-        record = {
-            "code": self.code,
-            **result.to_json(),
-            "started_at": iso(self.started),
-            "ended_at": iso(time.time()),
-        }
+        record = {**result.to_json(), "ended_at": iso(time.time())}
         return self.store.finish_execution(self.id, record)
 
 

@@ -7,8 +7,9 @@ A session owns one kernel in one container. States::
          +-------> dead (reason) --restart--> starting
     any state --delete / ttl / idle timeout--> deleted (reason)
 
-``SessionManager`` is what the HTTP handlers call; it talks to Docker only
-through the kernel/provisioner layer and to SQLite only through ``Store``.
+``SessionManager`` is what the HTTP handlers call. It reaches sandboxes only
+through ``Sandboxes`` (building them) and ``Placement`` (where they run), and
+SQLite only through ``Store``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,6 @@ class SessionManager:
         quota: Callable[[str], Quota],
     ) -> None:
         self.settings = settings
-        self.docker = client
         self.store = store
         self.quota = quota  # a tenant's quota, by tenant name
         self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
@@ -516,12 +516,8 @@ class SessionManager:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def death_reason(self, session: Session, container_id: str, exit_code: int) -> str:
-        """Why a container stopped, in words a user understands."""
-        return await self.placement.death_reason(session, container_id, exit_code)
-
     async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
-        reason = await self.death_reason(session, container_id, exit_code)
+        reason = await self.placement.death_reason(session, container_id, exit_code)
         kernel = session.kernel
         if session.state == "deleted" or kernel is None or kernel.container_id != container_id:
             return  # ended or restarted meanwhile

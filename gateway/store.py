@@ -296,14 +296,13 @@ class Store:
 
         return self._submit(update)
 
-    async def running_executions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+    async def running_executions(self) -> list[dict[str, Any]]:
         """Executions still marked running, each with the outputs recorded so far."""
 
         def select() -> list[dict[str, Any]]:
-            where = "status = 'running'" + (" AND session_id = ?" if session_id else "")
             rows = self._exec(
-                f"SELECT id, session_id, started_at FROM executions WHERE {where} ORDER BY id",
-                (session_id,) if session_id else (),
+                "SELECT id, session_id, started_at FROM executions"
+                " WHERE status = 'running' ORDER BY id"
             )
             return [{**dict(row), "outputs": self._running_outputs(row["id"])} for row in rows]
 
