@@ -14,6 +14,8 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from .access.audit import AuditLog
+from .access.auth import Authenticator
 from .api import (
     audit,
     files,
@@ -27,12 +29,10 @@ from .api import (
     stream,
 )
 from .api.base import NotFoundHandler, log_request
-from .audit import AuditLog
-from .auth import Authenticator
 from .config import Settings
 from .errors import EngineUnavailable
-from .sessions import SessionManager
-from .store import Store
+from .sessions.manager import SessionManager
+from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import seccomp
-from .egress.policy import IPNetwork, Rule, parse_ranges
 from .errors import BadRequest, GatewayError
 from .limits import Limits, parse_size
-from .runtimes import RUNTIMES
+from .sandbox.egress.policy import IPNetwork, Rule, parse_ranges
+from .sandbox.isolation import seccomp
+from .sandbox.isolation.runtimes import RUNTIMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,9 +126,10 @@ class Settings:
     )
     seccomp_profile: str = _opt(
         "gateway",
-        "seccomp profile for runc kernels: 'gateway' (the gateway's own, gateway/seccomp.py: "
-        "no ptrace, namespaces, keyrings, bpf, io_uring, ...), 'docker-default' (the engine's "
-        "default), or a file in Docker's JSON format (docs/SECURITY.md); gVisor ignores it",
+        "seccomp profile for runc kernels: 'gateway' (the gateway's own, "
+        "gateway/sandbox/isolation/seccomp.py: no ptrace, namespaces, keyrings, bpf, io_uring, "
+        "...), 'docker-default' (the engine's default), or a file in Docker's JSON format "
+        "(docs/SECURITY.md); gVisor ignores it",
     )
     placement: str = _opt(
         "docker",

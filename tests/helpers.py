@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from tornado.websocket import websocket_connect
 
-from gateway.provisioners import workspace
+from gateway.sandbox.docker import volume
 
 
 class GatewayProcess:
@@ -107,7 +107,7 @@ def remove_leftovers(engine, data_dir: Path) -> None:
     sessions = data_dir / "sessions"
     if sessions.exists():
         for session_dir in sessions.iterdir():
-            workspace.destroy(session_dir)
+            volume.destroy(session_dir)
     shutil.rmtree(data_dir, ignore_errors=True)
 
 

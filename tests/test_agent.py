@@ -22,9 +22,9 @@ import zmq.asyncio
 
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, FileNotFound, PathForbidden, SandboxUnavailable
-from gateway.provisioners import agent as agent_module
-from gateway.provisioners.agent_client import AgentClient, _error
-from gateway.remote_files import RemoteWorkspace
+from gateway.sandbox.inside import agent as agent_module
+from gateway.sandbox.swarm.agent_client import AgentClient, _error
+from gateway.sandbox.swarm.workspace import RemoteWorkspace
 
 
 def free_port() -> int:

@@ -7,8 +7,8 @@ import base64
 import ipaddress
 import socket
 
-from gateway.egress.policy import AddressGuard, NetworkPolicy
-from gateway.egress.proxy import EgressDenial, EgressProxy
+from gateway.sandbox.egress.policy import AddressGuard, NetworkPolicy
+from gateway.sandbox.egress.proxy import EgressDenial, EgressProxy
 
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gateway.config import ROOT
-from gateway.images import ImageBuilder, host_debian_mirror
+from gateway.sandbox.images import ImageBuilder, host_debian_mirror
 
 
 def test_tag_changes_with_content_and_base_only(tmp_path, engine):
@@ -64,7 +64,7 @@ def test_python_image_runs_locked_down(engine):
 
 
 def test_missing_image_directory_is_a_clear_error(engine, tmp_path):
-    from gateway.images import ImageBuildError
+    from gateway.sandbox.images import ImageBuildError
 
     with pytest.raises(ImageBuildError, match="Dockerfile is missing"):
         ImageBuilder(engine, tmp_path).tag_for("nope")

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from helpers import run, text_of
 
-from gateway import runtimes
 from gateway.config import Settings
 from gateway.errors import RuntimeUnavailable
-from gateway.runtimes import EngineRuntimes, Runtimes
+from gateway.sandbox.isolation import runtimes
+from gateway.sandbox.isolation.runtimes import EngineRuntimes, Runtimes
 
 pytestmark = pytest.mark.docker
 

@@ -10,7 +10,7 @@ from helpers import run, text_of, wait_for
 
 from gateway.errors import EngineUnavailable
 from gateway.limits import Limits
-from gateway.provisioners.docker import engine_post, update_limits
+from gateway.sandbox.docker.provisioner import engine_post, update_limits
 
 pytestmark = pytest.mark.docker
 

@@ -10,11 +10,11 @@ import pytest
 
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, LimitExceeded
-from gateway.files import SMALL_WORKSPACE, Workspace
+from gateway.execution.outputs import OutputCollector
 from gateway.limits import Limits, format_size, parse_size
-from gateway.outputs import OutputCollector
-from gateway.store import Store
-from gateway.streams import ReplayBuffer
+from gateway.relays.agent_stream import ReplayBuffer
+from gateway.sandbox.workspace import SMALL_WORKSPACE, Workspace
+from gateway.store.sqlite import Store
 
 
 def msg(kind: str, **content) -> dict:
@@ -142,7 +142,7 @@ def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():
 
 
 def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
-    from gateway.recorder import CUT_BY_RESTART, close_cut_executions
+    from gateway.execution.recorder import CUT_BY_RESTART, close_cut_executions
 
     async def scenario():
         store = Store(tmp_path / "db.sqlite3")
@@ -189,7 +189,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
 def test_store_migrates_a_database_made_before_schema_versions(tmp_path):
     import sqlite3
 
-    from gateway.store import MIGRATIONS
+    from gateway.store.sqlite import MIGRATIONS
 
     db = sqlite3.connect(tmp_path / "db.sqlite3")
     db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
@@ -222,7 +222,7 @@ def png(color: tuple[int, int, int], size=(20, 10)) -> str:
 
 
 def test_compare_normalises_volatile_text():
-    from gateway.compare import diff_outputs, normalize_text
+    from gateway.notebooks.compare import diff_outputs, normalize_text
 
     assert normalize_text("<object at 0x7f3a1b2c3d4e>") == "<object at 0x…>"
     assert normalize_text("Cell In[12], line 1") == "Cell In[N], line 1"
@@ -235,7 +235,7 @@ def test_compare_normalises_volatile_text():
 
 
 def test_compare_images_exactly_or_within_tolerance():
-    from gateway.compare import diff_outputs
+    from gateway.notebooks.compare import diff_outputs
 
     out = lambda data: [{"output_type": "display_data", "data": {"image/png": data}}]  # noqa: E731
     grey, near, far = png((100, 100, 100)), png((102, 100, 100)), png((250, 0, 0))
@@ -250,7 +250,7 @@ def test_plain_outputs_match_nbformat_and_odd_ones_still_validate():
     import nbformat
     from nbformat.v4 import output_from_msg
 
-    from gateway.outputs import _output
+    from gateway.execution.outputs import _output
 
     messages = [
         msg("stream", name="stdout", text="hi\n"),

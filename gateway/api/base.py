@@ -22,8 +22,8 @@ from typing import Any
 import tornado.web
 import tornado.websocket
 
-from ..audit import AuditLog, code_facts
-from ..auth import Authenticator, Principal, presented_token, token_id
+from ..access.audit import AuditLog, code_facts
+from ..access.auth import Authenticator, Principal, presented_token, token_id
 from ..errors import (
     BadRequest,
     Forbidden,
@@ -33,7 +33,7 @@ from ..errors import (
     Unauthorized,
 )
 from ..limits import format_size
-from ..sessions import SessionManager
+from ..sessions.manager import SessionManager
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tornado.access")

@@ -9,7 +9,7 @@ from typing import Any
 import tornado.web
 
 from ..errors import BadRequest, FileTooLarge, GatewayError
-from ..files import CHUNK, Upload, Workspace
+from ..sandbox.workspace import CHUNK, Upload, Workspace
 from .base import JSONHandler
 
 _SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..channels import KernelChannels
 from ..errors import BadRequest, NotFound
-from ..sessions import Session
+from ..relays.jupyter_channels import KernelChannels
+from ..sessions.manager import Session
 from .base import JSONHandler, JSONWebSocketHandler
 
 log = logging.getLogger(__name__)

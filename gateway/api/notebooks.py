@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadRequest
-from ..notebook import export_notebook, read_notebook, replay_notebook
+from ..notebooks.export import export_notebook, read_notebook, replay_notebook
 from .base import JSONHandler
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..audit import code_facts
+from ..access.audit import code_facts
 from .base import JSONHandler
 
 _ID = r"(?P<session_id>[^/]+)"

@@ -7,7 +7,7 @@ output (``stream``, ``display_data``, ``execute_result``, ``error``,
 ``clear_output``), then ``done`` with the HTTP execute reply; ``rejected``
 with ``{"error": {code, message}}`` when a request cannot run; ``gap`` when
 a resuming client asked for events no longer buffered. Queueing, resuming
-and abandoning live in ``gateway.streams``.
+and abandoning live in ``gateway.relays.agent_stream``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import uuid
 
 from ..errors import BadRequest
-from ..streams import StreamHub, rejection
+from ..relays.agent_stream import StreamHub, rejection
 from .base import JSONWebSocketHandler
 
 

@@ -417,7 +417,7 @@ GVISOR_SERVES = {
 
 def test_kernel_interfaces_a_sandbox_has_no_use_for_are_refused(attack, engine):
     """Under runc the gateway's seccomp profile answers EPERM (clone3: ENOSYS, so libc
-    falls back to clone, whose flags it can check); see gateway/seccomp.py."""
+    falls back to clone, whose flags it can check); see gateway/sandbox/isolation/seccomp.py."""
     sid = attack.session()
     nr = syscalls.numbers(
         "process_vm_readv", "pidfd_open", "pidfd_getfd", "kcmp", "clone", "clone3", "keyctl",

@@ -1,4 +1,4 @@
-"""The gateway's seccomp profile (gateway/seccomp.py), the default for runc kernels.
+"""The gateway's seccomp profile (sandbox/isolation/seccomp.py), the default for runc kernels.
 
 It must decide every system call, refuse at least what Docker's default
 refuses, refuse more only where it says so, and leave real work alone: the data
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import pytest
 from helpers import GatewayProcess, run, text_of
 
-from gateway import seccomp
 from gateway.config import ROOT
+from gateway.sandbox.isolation import seccomp
 
 from . import syscalls
 
@@ -70,7 +70,7 @@ def test_the_profile_decides_every_system_call_this_host_knows():
     table = syscalls.table()
     newest = max(nr for nr, name in table.items() if name in decided)
     undecided = sorted(name for nr, name in table.items() if nr <= newest and name not in decided)
-    assert not undecided, f"gateway/seccomp.py does not say whether to allow {undecided}"
+    assert not undecided, f"sandbox/isolation/seccomp.py does not say whether to allow {undecided}"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""Who may call (tokens, tenants, quotas) and the audit log of what they did."""

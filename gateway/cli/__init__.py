@@ -1,0 +1,1 @@
+"""The `sbx` command line: serve the gateway, drive it as a client."""

@@ -1,0 +1,120 @@
+"""The ``sbx`` command: ``serve`` the gateway, ``images build|ls``, and the client
+commands of ``gateway.cli.commands`` (run, exec, sessions, files, export, replay, mcp)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import GatewayError
+from .commands import add_client_commands
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from ..app import Gateway
+
+    asyncio.run(Gateway(settings).serve())
+    return 0
+
+
+def _builder(settings: Settings):
+    import docker
+
+    from ..sandbox.images import ImageBuilder
+
+    return ImageBuilder(
+        docker.from_env(),
+        Path(settings.images_dir),
+        base=settings.base_image,
+        progress=lambda line: print(line, flush=True),
+    )
+
+
+def _images_build(settings: Settings, args: argparse.Namespace) -> int:
+    builder = _builder(settings)
+    names = builder.names() if args.all else args.names or settings.default_image_names
+    for name in names:
+        started = time.monotonic()
+        tag = builder.build(name, force=args.force)
+        print(f"{name}: {tag} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+def _images_push(settings: Settings, args: argparse.Namespace) -> int:
+    registry = args.to or settings.registry
+    if not registry:
+        raise GatewayError("say where to push: --to HOST:PORT, or set registry")
+    builder = _builder(settings)
+    for name in args.names or settings.default_image_names:
+        builder.push(name, registry)
+    return 0
+
+
+def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
+    rows = _builder(settings).list()
+    print(f"{'NAME':<12} {'TAG':<28} {'BUILT':<6} {'SIZE':>10}")
+    for row in rows:
+        size = f"{row['size'] / 1e6:.0f} MB" if row.get("size") else "-"
+        print(f"{row['name']:<12} {row['tag']:<28} {'yes' if row['built'] else 'no':<6} {size:>10}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sbx", description="Sandboxed Jupyter kernel gateway.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
+    Settings.add_arguments(serve)
+    serve.set_defaults(func=_serve)
+
+    images = commands.add_parser("images", help="build and list kernel images")
+    image_commands = images.add_subparsers(dest="images_command", required=True)
+    build = image_commands.add_parser("build", help="build kernel images (skips unchanged ones)")
+    build.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
+    build.add_argument("--all", action="store_true", help="build every image in images/")
+    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    Settings.add_arguments(build)
+    build.set_defaults(func=_images_build)
+    push = image_commands.add_parser(
+        "push", help="push built images to the registry a swarm's nodes pull from"
+    )
+    push.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
+    push.add_argument(
+        "--to", help="registry to push to, as this host reaches it (default: registry)"
+    )
+    Settings.add_arguments(push)
+    push.set_defaults(func=_images_push)
+    ls = image_commands.add_parser("ls", help="list kernel images and whether they are built")
+    Settings.add_arguments(ls)
+    ls.set_defaults(func=_images_ls)
+
+    add_client_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.load(args)
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("urllib3").setLevel(logging.WARNING)  # the engine API, polled
+        return args.func(settings, args)
+    except GatewayError as e:
+        print(f"sbx: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

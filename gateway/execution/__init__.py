@@ -1,0 +1,1 @@
+"""Running code on a kernel: the kernel client, output caps, the recorder."""

@@ -1,0 +1,357 @@
+"""One running kernel: start it, run code on it, interrupt, restart, stop.
+
+Wraps jupyter_client's async kernel manager and client. Knows nothing of
+sessions, HTTP or storage; ``SessionManager`` decides when to call what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq.asyncio
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from ..errors import KernelStartFailed
+from .outputs import OutputCollector, OutputListener
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExecutionResult:
+    """What one execute produced, in the API's reply shape."""
+
+    status: str  # ok | error | timeout | interrupted | dead
+    execution_count: int | None
+    outputs: list[dict[str, Any]]
+    error: dict[str, Any] | None
+    duration_ms: float
+    truncated: bool = False
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
+        """The result of a finished collection; ``started`` is a monotonic time."""
+        return cls(
+            status=status,
+            execution_count=collector.execution_count,
+            outputs=collector.finish(),
+            error=collector.error,
+            duration_ms=(time.monotonic() - started) * 1000,
+            truncated=collector.truncated,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "execution_count": self.execution_count,
+            "outputs": self.outputs,
+            "error": self.error,
+            "duration_ms": round(self.duration_ms, 3),
+            "truncated": self.truncated,
+            "artifacts": self.artifacts,
+        }
+
+
+@functools.cache
+def shared_context() -> zmq.asyncio.Context:
+    """One ZeroMQ context for every kernel's sockets.
+
+    By default each manager and each client makes its own, with an I/O
+    thread each: two per session. One context needs room for all sockets
+    (libzmq's default is 1023, about 150 sessions' worth), set before its first.
+    """
+    context = zmq.asyncio.Context()
+    context.set(zmq.MAX_SOCKETS, 65536)
+    return context
+
+
+# iopub messages that say the kernel is running a cell's code now; a kernel
+# that sends none of them is taken to have begun this long after it went busy.
+_CELL_BEGUN = {"execute_input", "stream", "display_data", "execute_result", "error"}
+_SILENT_START = 1.0
+
+
+class Kernel:
+    """A kernel process in its sandbox, and the client that talks to it."""
+
+    def __init__(
+        self,
+        kernel_name: str,
+        spec_manager: KernelSpecManager,
+        sandbox: Any,  # a placement's spec: where and how the kernel runs
+        start_timeout: float,
+    ) -> None:
+        self.sandbox = sandbox
+        self.start_timeout = start_timeout
+        self.manager = AsyncKernelManager(
+            context=shared_context(),
+            kernel_name=kernel_name,
+            kernel_spec_manager=spec_manager,
+            **sandbox.manager_options(),
+            # The gateway watches container deaths itself; no auto-restarts behind its back.
+            autorestart=False,
+        )
+        self.manager.kernel_id = sandbox.session_id
+        self.client = None
+        self.died = asyncio.Event()
+        self.restarting = False  # its old container's death is expected, not news
+        self._interrupting = False
+        # An interrupt asked for before the kernel began the cell would be lost
+        # (SIGINT to an idle kernel does nothing); it is held until it begins.
+        self._awaiting_start = False
+        self._deferred_interrupt = False
+
+    @property
+    def container_id(self) -> str | None:
+        provisioner = self.manager.provisioner
+        return getattr(provisioner, "container_id", None)
+
+    def _new_provisioner(self) -> Any:
+        """The spec's provisioner, whatever the kernelspec names: the placement decides."""
+        km = self.manager
+        return self.sandbox.provisioner_class(
+            kernel_id=self.sandbox.session_id, kernel_spec=km.kernel_spec, parent=km
+        )
+
+    async def start(self) -> None:
+        """Start the container and wait until the kernel answers."""
+        if self.manager.provisioner is None:
+            self.manager.provisioner = self._new_provisioner()
+        await self.manager.start_kernel(sandbox=self.sandbox)
+        await self.connect()
+
+    def runtime_info(self) -> dict[str, Any]:
+        """What a restarted gateway needs to reattach: connection info (with key), container."""
+        info = dict(self.manager.get_connection_info())
+        info["key"] = self.manager.session.key.decode()
+        # The shape of the provisioner's get/load_provisioner_info, JSON-safe.
+        provisioner = self.manager.provisioner
+        return {
+            "kernel_id": self.sandbox.session_id,
+            "connection_info": info,
+            **(provisioner.reattach_info() if provisioner is not None else {}),
+        }
+
+    async def adopt(self, runtime: dict[str, Any]) -> None:
+        """Take over a kernel a previous gateway process started (its ``runtime_info``).
+
+        The kernel keeps running across the gateway's restart; only this side
+        is rebuilt, so the kernel's state survives. ``connect`` then talks to it;
+        an adopted kernel whose container is gone can still be restarted.
+        """
+        km = self.manager
+        km.load_connection_info(runtime["connection_info"])
+        provisioner = self._new_provisioner()
+        provisioner.use_sandbox(self.sandbox)
+        await provisioner.load_provisioner_info(runtime)
+        km.provisioner = provisioner
+        # The kernel was started, by another process. jupyter_client keeps this
+        # flag privately; left False, the first restart reuses a settled
+        # readiness future and fails with InvalidStateError.
+        km._attempted_start = True
+
+    def detach(self) -> None:
+        """Let go of the kernel without stopping it, for the next gateway process."""
+        if self.client is not None:
+            self.client.stop_channels()
+
+    async def connect(self) -> None:
+        """Open the client's channels (once) and wait until the kernel answers."""
+        self.died.clear()
+        if self.client is not None and self.client.ip != self.manager.ip:
+            # Restarted elsewhere (a cluster sandbox replaced on another node).
+            self.client.stop_channels()
+            self.client = None
+        if self.client is None:
+            # Its own Session: verified signatures are remembered per Session, and
+            # relays of Jupyter clients see the same iopub messages.
+            self.client = self.manager.client(
+                session=self.manager.session.clone(), context=self.manager.context
+            )
+            self.client.start_channels()
+        try:
+            await self.client.wait_for_ready(timeout=self.start_timeout)
+        except RuntimeError as e:
+            output = await self._container_output()
+            raise KernelStartFailed(
+                f"the kernel did not start ({e}); its last output: {output or '(none)'}"
+            ) from e
+
+    async def _container_output(self) -> str:
+        """The sandbox's last output lines, to say why a start failed."""
+        provisioner = self.manager.provisioner
+        return await provisioner.output_tail() if provisioner is not None else ""
+
+    async def run_silently(self, code: str) -> None:
+        """Run setup code that leaves no trace: no execution count, history or output."""
+        assert self.client is not None
+        msg_id = self.client.execute(code, silent=True, store_history=False, allow_stdin=False)
+        reply = await self._reply(msg_id)
+        if reply is None or reply.get("status") != "ok":
+            raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
+
+    async def kernel_info(self) -> dict[str, Any]:
+        """The kernel's kernel_info_reply content (language_info, implementation)."""
+        assert self.client is not None
+        reply = await self.client.kernel_info(reply=True, timeout=self.start_timeout)
+        return reply["content"]
+
+    async def restart(self) -> None:
+        """Replace the kernel process with a fresh one (state is lost).
+
+        Shutdown plus start rather than ``restart_kernel``: that one needs the
+        launch arguments of a start in this process, which a reattached kernel
+        never had.
+        """
+        self.restarting = True
+        try:
+            await self.manager.shutdown_kernel(now=True, restart=True)
+            await self.start()
+        finally:
+            self.restarting = False
+
+    async def interrupt(self) -> None:
+        self._interrupting = True
+        if self._awaiting_start:
+            self._deferred_interrupt = True
+            return
+        await self.manager.interrupt_kernel()
+
+    async def shutdown(self) -> None:
+        """Stop the kernel now and remove its container."""
+        if self.client is not None:
+            self.client.stop_channels()
+        await self.manager.shutdown_kernel(now=True)
+
+    async def execute(
+        self,
+        code: str,
+        timeout: float,
+        cap_bytes: int,
+        grace: float,
+        on_output: OutputListener | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> ExecutionResult:
+        """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
+
+        ``on_output`` hears of each output kept and each clear as they happen;
+        ``on_start`` runs once an interrupt would be honoured for this cell.
+        """
+        self._interrupting = self._deferred_interrupt = False
+        self._awaiting_start = True
+        if on_start is not None:
+            on_start()
+        try:
+            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes, on_output))
+        finally:
+            self._awaiting_start = False
+
+    async def _execute(
+        self,
+        code: str,
+        timeout: float,
+        grace: float,
+        collector: OutputCollector,
+    ) -> ExecutionResult:
+        assert self.client is not None
+        started = time.monotonic()
+        deadline = started + timeout
+        msg_id = self.client.execute(code, allow_stdin=False)
+        timed_out = restarted = False
+        busy_since = float("inf")
+        while True:
+            if self.died.is_set():
+                return ExecutionResult.collected("dead", collector, started)
+            now = time.monotonic()
+            if now >= deadline:
+                if timed_out:  # the interrupt did not stop it within the grace period
+                    await self.restart()
+                    restarted = True
+                    break
+                timed_out = True
+                deadline = now + grace
+                await self.manager.interrupt_kernel()
+            if self._awaiting_start and now - busy_since > _SILENT_START:
+                await self._begun()
+            try:
+                msg = await self.client.get_iopub_msg(timeout=min(0.25, deadline - now))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if self._awaiting_start and msg["msg_type"] in _CELL_BEGUN:
+                # The cell's code is about to run: an interrupt now stops it. One
+                # sent earlier (on the busy status) can land in the kernel's own
+                # handling, which swallows it and skips the cell without a word.
+                await self._begun()
+            elif self._awaiting_start and msg["msg_type"] == "status":
+                busy_since = time.monotonic()  # a kernel that never says more begins soon
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            collector.add_message(msg)
+        if timed_out:
+            return self._timeout_result(collector, started, timeout, restarted)
+        # No reply at all: the kernel dropped the request (an interrupt landed
+        # before the code ran); the reply is short in coming then, not 5 s.
+        reply = await self._reply(msg_id, 0.5 if self._interrupting else 5.0)
+        if reply is None:
+            reply = {"status": "abort"} if self._interrupting else {}
+        if collector.execution_count is None:
+            collector.execution_count = reply.get("execution_count")
+        return ExecutionResult.collected(self._outcome(collector, reply), collector, started)
+
+    def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:
+        """ok, error or interrupted, from the outputs and the kernel's execute_reply.
+
+        Kernels tell an interrupt differently: ipykernel raises KeyboardInterrupt
+        (an error), bash_kernel and IRkernel reply ``abort`` with no error at all.
+        """
+        if reply.get("status") in ("abort", "aborted"):
+            return "interrupted"
+        if collector.error is None:
+            return "ok"
+        return "interrupted" if self._interrupting else "error"
+
+    async def _begun(self) -> None:
+        """The cell is running: send an interrupt that was asked for before."""
+        self._awaiting_start = False
+        if self._deferred_interrupt:
+            await self.manager.interrupt_kernel()
+
+    async def _reply(self, msg_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
+        """Fetch the execute_reply (it may trail the idle status slightly)."""
+        assert self.client is not None
+        try:
+            while True:
+                msg = await self.client.get_shell_msg(timeout=timeout)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return msg["content"]
+        except queue.Empty:
+            log.warning("no execute_reply for %s", msg_id)
+            return None
+
+    def _timeout_result(
+        self, collector: OutputCollector, started: float, timeout: float, restarted: bool
+    ) -> ExecutionResult:
+        action = (
+            "it did not stop when interrupted, so the kernel was restarted and its state is lost"
+            if restarted
+            else "it was interrupted; the session's state is kept"
+        )
+        result = ExecutionResult.collected("timeout", collector, started)
+        result.error = {
+            "ename": "ExecutionTimeout",
+            "evalue": f"execution exceeded its {timeout:g} s timeout: {action}",
+            "traceback": [],
+            "kernel_restarted": restarted,
+        }
+        return result

@@ -1,0 +1,254 @@
+"""Kernel iopub messages -> nbformat v4 outputs, under a per-execution byte cap.
+
+Outputs are kept in notebook shape from the start so an export is a copy.
+Whatever exceeds the cap is counted and dropped as it arrives, never held,
+and a visible marker says how much was cut; errors are always kept because
+they are what a caller most needs to see.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from nbformat import ValidationError
+from nbformat.v4 import new_output, output_from_msg
+
+from ..limits import format_size
+
+_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
+_MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
+OUTPUT_MSG_TYPES = {"stream", "display_data", "execute_result", "error", "update_display_data"}
+
+# An error's traceback is kept even past the cap, but not without bound.
+_ERROR_BUDGET = 64 * 1024
+
+
+def output_size(output: dict[str, Any]) -> int:
+    """Characters an output costs against the cap; cheap even for huge streams."""
+    if output["output_type"] == "stream":
+        return len(output["text"])
+    return len(json.dumps(output, ensure_ascii=False))
+
+
+# Told of every output kept (a copy, safe to hold) and, as None, of every clear.
+OutputListener = Callable[[dict[str, Any] | None], None]
+
+
+class OutputCollector:
+    """Accumulates one execution's outputs as notebook outputs."""
+
+    def __init__(self, cap_bytes: int, listener: OutputListener | None = None) -> None:
+        self.cap = cap_bytes
+        self.listener = listener
+        self.outputs: list[dict[str, Any]] = []
+        # Text that continues the last output's stream; joined once, not per chunk
+        # (appending chunk by chunk copies a long stream over and over).
+        self._tail: list[str] = []
+        self.used = 0
+        self.dropped = 0
+        self.execution_count: int | None = None
+        self.error: dict[str, Any] | None = None
+        self._clear_pending = False
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped > 0
+
+    def add_message(self, msg: dict[str, Any]) -> None:
+        """Fold one iopub message in; the listener hears of what it changed."""
+        kind = msg["header"]["msg_type"]
+        content = msg["content"]
+        if kind == "clear_output":
+            if content.get("wait"):
+                self._clear_pending = True
+            else:
+                self._clear()
+            return
+        if kind == "execute_input":
+            self.execution_count = content.get("execution_count")
+            return
+        if kind not in OUTPUT_MSG_TYPES:
+            return
+        if kind == "update_display_data":
+            self._update_display(content)
+            return
+        if self._clear_pending:
+            self._clear()
+        output = _output(msg)
+        display_id = content.get("transient", {}).get("display_id")
+        if display_id:
+            output["metadata"]["sbx_display_id"] = display_id
+        if kind == "error":
+            self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
+            self._append(output, budget=self.used + _ERROR_BUDGET)
+        else:
+            self._append(output, budget=self.cap)
+
+    def _append(self, output: dict[str, Any], budget: int) -> None:
+        size = output_size(output)
+        room = budget - self.used
+        if size > room:
+            if output["output_type"] == "stream" and room > 0:
+                # Keep what fits of a stream so the cut lands at a visible spot.
+                kept = {**output, "text": output["text"][:room]}
+                self.dropped += size - output_size(kept)
+            elif output["output_type"] == "error":
+                kept = {**output, "traceback": output["traceback"][-20:]}
+            else:
+                self.dropped += size
+                return
+            output, size = kept, output_size(kept)
+        if self.listener is not None:
+            self.listener(dict(output))  # a copy: the stored one may grow by merging
+        self._store(output, size)
+
+    def _store(self, output: dict[str, Any], size: int) -> None:
+        last = self.outputs[-1] if self.outputs else None
+        if (
+            output["output_type"] == "stream"
+            and last is not None
+            and last["output_type"] == "stream"
+            and last["name"] == output["name"]
+        ):
+            self._tail.append(output["text"])
+        else:
+            self._join_tail()
+            self.outputs.append(output)
+        self.used += size
+
+    def _join_tail(self) -> None:
+        if self._tail:
+            self.outputs[-1]["text"] += "".join(self._tail)
+            self._tail.clear()
+
+    def _clear(self) -> None:
+        self._tail.clear()
+        self.outputs.clear()
+        self.used = 0
+        self._clear_pending = False
+        if self.listener is not None:
+            self.listener(None)
+
+    def _update_display(self, content: dict[str, Any]) -> None:
+        display_id = content.get("transient", {}).get("display_id")
+        for output in self.outputs:
+            if output.get("metadata", {}).get("sbx_display_id") == display_id:
+                output["data"] = {k: _as_text(k, v) for k, v in content.get("data", {}).items()}
+                output["metadata"] = {**content.get("metadata", {}), "sbx_display_id": display_id}
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Return the final outputs, with the truncation marker when anything was cut."""
+        self._join_tail()
+        if self.truncated:
+            self.outputs.append(
+                {
+                    "output_type": "stream",
+                    "name": "stderr",
+                    "text": (
+                        f"\n[sbx: output truncated: {format_size(self.dropped)} dropped, "
+                        f"over this execution's limit of {format_size(self.cap)} "
+                        "(raise limits.output_bytes, or write large results to a file)]\n"
+                    ),
+                }
+            )
+        return self.outputs
+
+
+def _output(msg: dict[str, Any]) -> dict[str, Any]:
+    """The message as a notebook output, even when the kernel sent what nbformat refuses.
+
+    Messages of the usual, evidently valid shapes are converted directly:
+    validating each against nbformat's schema costs more than the rest of
+    an execute's handling together.
+
+    Kernels may publish a MIME bundle with a non-text value (``display({'x': 1},
+    raw=True)``); such values are kept as JSON text, and an output that still
+    does not fit the notebook format becomes a visible note, never an error of
+    the whole execution.
+    """
+    plain = _plain_output(msg["header"]["msg_type"], msg["content"])
+    if plain is not None:
+        return plain
+    try:
+        return output_from_msg(msg)
+    except ValidationError:
+        pass
+    content = dict(msg["content"])
+    if isinstance(content.get("data"), dict):
+        content["data"] = {k: _as_text(k, v) for k, v in content["data"].items()}
+    if not isinstance(content.get("metadata"), dict):
+        content["metadata"] = {}
+    try:
+        return output_from_msg({**msg, "content": content})
+    except ValidationError as e:
+        kind = msg["header"]["msg_type"]
+        reason = str(e).splitlines()[0]
+        return new_output(
+            "stream",
+            name="stderr",
+            text=f"[sbx: dropped a {kind} output the notebook format cannot hold: {reason}]\n",
+        )
+
+
+def _plain_output(kind: str, content: dict[str, Any]) -> dict[str, Any] | None:
+    """The output of a message whose shape the notebook format accepts as it is, else None."""
+    if kind == "stream":
+        if content.get("name") in ("stdout", "stderr") and isinstance(content.get("text"), str):
+            return {"output_type": "stream", "name": content["name"], "text": content["text"]}
+        return None
+    if kind == "error":
+        traceback = content.get("traceback")
+        if (
+            isinstance(content.get("ename"), str)
+            and isinstance(content.get("evalue"), str)
+            and isinstance(traceback, list)
+            and all(isinstance(line, str) for line in traceback)
+        ):
+            return {
+                "output_type": "error",
+                "ename": content["ename"],
+                "evalue": content["evalue"],
+                "traceback": list(traceback),
+            }
+        return None
+    data, metadata = content.get("data"), content.get("metadata", {})
+    if not (isinstance(data, dict) and isinstance(metadata, dict)):
+        return None
+    for mime, value in data.items():
+        if not _MIME.match(mime) or not (isinstance(value, str) or _JSON_MIME.match(mime)):
+            return None
+    output = {"output_type": kind, "data": dict(data), "metadata": dict(metadata)}
+    if kind == "execute_result":
+        count = content.get("execution_count")
+        if not isinstance(count, int):
+            return None
+        output["execution_count"] = count
+    return output
+
+
+def _as_text(mime: str, value: Any) -> Any:
+    """A MIME bundle value nbformat accepts: text, or any JSON under a JSON type."""
+    if _JSON_MIME.match(mime) or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return value
+    return json.dumps(value, default=str)
+
+
+def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Rebuild the outputs of an execution cut short from what was recorded as it ran.
+
+    ``recorded`` holds each output as it was released (already capped), and
+    ``None`` where the kernel cleared the outputs.
+    """
+    collector = OutputCollector(cap_bytes=sys.maxsize)
+    for output in recorded:
+        if output is None:
+            collector._clear()
+        else:
+            collector._store(dict(output), output_size(output))
+    return collector.finish()

@@ -1,0 +1,92 @@
+"""Executions recorded while they run, so a crash or restart loses no output.
+
+A row is written as ``running`` before the kernel sees the code, each output
+is appended the moment it is kept, and the outcome replaces the row at the
+end. Outputs reach a streaming client only once they are stored, so nothing
+a client was shown can be missing from the history. A gateway that dies
+mid-execution leaves a running row with its outputs, which the next start
+closes as ``interrupted_by_gateway_restart`` (``close_cut_executions``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..sandbox.workspace import iso, parse_iso
+from ..store.sqlite import Store
+from .kernel import ExecutionResult
+from .outputs import OutputListener, replay_outputs
+
+log = logging.getLogger(__name__)
+
+CUT_BY_RESTART = "interrupted_by_gateway_restart"
+
+
+class ExecutionRecorder:
+    """One execution's row in the store, kept current while it runs."""
+
+    def __init__(
+        self, store: Store, session_id: str, code: str, description: str | None = None
+    ) -> None:
+        """Queue the ``running`` row; make one before the kernel gets the code."""
+        self.store = store
+        record = {"code": code, "description": description, "started_at": iso(time.time())}
+        self.id, self._begun = store.start_execution(session_id, record)
+
+    def listener(self, forward: OutputListener | None = None) -> OutputListener:
+        """An output listener that stores each change, then passes it on once stored."""
+
+        def hear(output: dict[str, Any] | None) -> None:
+            written = self.store.add_output(self.id, output, shown=forward is not None)
+            written.add_done_callback(lambda done: self._written(done, output, forward))
+
+        return hear
+
+    def _written(
+        self,
+        done: asyncio.Future,
+        output: dict[str, Any] | None,
+        forward: OutputListener | None,
+    ) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.error("execution %s: an output could not be stored: %s", self.id, done.exception())
+        if forward is not None:
+            forward(output)
+
+    def finish(self, result: ExecutionResult) -> asyncio.Future:
+        """Queue the outcome in place of the running row; returns the write to await."""
+        if self._begun.done() and self._begun.exception() is not None:
+            log.error("execution %s was never recorded: %s", self.id, self._begun.exception())
+        record = {**result.to_json(), "ended_at": iso(time.time())}
+        return self.store.finish_execution(self.id, record)
+
+
+async def close_cut_executions(store: Store) -> set[str]:
+    """Close executions a previous gateway process left running; return their sessions."""
+    now = time.time()
+    sessions = set()
+    for row in await store.running_executions():
+        sessions.add(row["session_id"])
+        await store.finish_execution(
+            row["id"],
+            {
+                "execution_count": None,
+                "status": CUT_BY_RESTART,
+                "outputs": replay_outputs(row["outputs"]),
+                "truncated": False,
+                "error": {
+                    "ename": "GatewayRestarted",
+                    "evalue": (
+                        "the gateway stopped while this cell ran; the outputs recorded up to "
+                        "then are kept, and the cell was interrupted when the gateway came back"
+                    ),
+                    "traceback": [],
+                },
+                "ended_at": iso(now),
+                "duration_ms": max(0.0, (now - parse_iso(row["started_at"])) * 1000),
+            },
+        )
+    return sessions

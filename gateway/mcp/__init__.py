@@ -1,0 +1,1 @@
+"""The MCP server: the gateway as tools for an agent, through the SDK."""

@@ -1,0 +1,1 @@
+"""Sessions as notebooks: export, replay, and comparing outputs."""

@@ -1,0 +1,199 @@
+"""Sessions as notebooks: export the recorded history, and replay it.
+
+Export reads only the store, so it works for live and ended sessions alike,
+and copies outputs exactly as the client got them. Replay runs a notebook's
+code cells in a fresh session of the recorded kernel, image and limits and
+says, cell by cell, whether the outputs reproduced (rules in ``compare``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from .. import __version__
+from ..access.auth import Principal
+from ..errors import BadRequest
+from ..execution.recorder import CUT_BY_RESTART
+from ..sessions.manager import SessionManager
+from .compare import diff_outputs
+
+log = logging.getLogger(__name__)
+
+# Statuses whose cells a notebook runner must not stop at ("running": exported mid-run).
+_FAILED = ("error", "timeout", "interrupted", "dead", CUT_BY_RESTART, "running")
+
+
+def export_notebook(
+    session: dict[str, Any], history: list[dict[str, Any]], descriptions: bool = True
+) -> dict[str, Any]:
+    """Build an nbformat v4 notebook from a session record and its executions."""
+    language_info = session.get("language_info") or {}
+    nb = new_notebook(
+        metadata={
+            "kernelspec": {
+                "name": session["kernel"],
+                "display_name": session.get("display_name") or session["kernel"],
+                "language": language_info.get("name", ""),
+            },
+            "language_info": language_info,
+            "sbx": {
+                "session_id": session["id"],
+                "image": session["image"],
+                "image_digest": session.get("image_digest"),
+                "limits": session["limits"],
+                "created_at": session["created_at"],
+                "ended_at": session.get("ended_at"),
+                "state": session["state"],
+                "reason": session.get("reason"),
+                "packages": session.get("packages", []),
+                "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "gateway_version": __version__,
+            },
+        }
+    )
+    for execution in history:
+        if descriptions and execution.get("description"):
+            nb.cells.append(
+                new_markdown_cell(execution["description"], id=f"note-{execution['id']}")
+            )
+        nb.cells.append(_code_cell(execution))
+    return nb
+
+
+def _code_cell(execution: dict[str, Any]) -> Any:
+    status = execution["status"]
+    cell = new_code_cell(
+        execution["code"],
+        id=f"exec-{execution['id']}",
+        execution_count=execution["execution_count"],
+        outputs=[nbformat.from_dict(o) for o in execution["outputs"]],
+    )
+    started, ended = execution["started_at"], execution["ended_at"]
+    # The keys JupyterLab's "record timing" writes, so its tooling reads ours.
+    timing = {
+        "iopub.status.busy": started,
+        "iopub.execute_input": started,
+        "shell.execute_reply": ended,
+        "iopub.status.idle": ended,
+    }
+    cell.metadata["execution"] = {k: v for k, v in timing.items() if v is not None}
+    sbx: dict[str, Any] = {"status": status, "duration_ms": execution["duration_ms"]}
+    if execution.get("truncated"):
+        sbx["truncated"] = True
+    if status in _FAILED:
+        sbx["error"] = execution["error"]
+        cell.metadata["tags"] = ["raises-exception"]
+    cell.metadata["sbx"] = sbx
+    return cell
+
+
+def read_notebook(body: Any) -> Any:
+    """Parse and validate a client's notebook, as a 400 when it is not one.
+
+    Only version 4 is taken, as exports are: nbformat would read anything
+    without a version as a version 1 notebook and convert it, so a stray JSON
+    object would replay as an empty notebook.
+    """
+    try:
+        if isinstance(body, bytes):
+            body = body.decode()
+        data = json.loads(body) if isinstance(body, str) else body
+        if not isinstance(data, dict) or data.get("nbformat") != 4:
+            version = data.get("nbformat") if isinstance(data, dict) else None
+            raise ValueError(f"nbformat is {version!r}, not 4 (save it in a current Jupyter)")
+        nb = nbformat.from_dict(data)
+        nbformat.validate(nb)
+    except Exception as e:  # nbformat raises several unrelated types
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise BadRequest(f"not a valid nbformat v4 notebook: {reason}") from e
+    return nb
+
+
+async def replay_notebook(
+    manager: SessionManager, nb: Any, who: Principal, image_tolerance: float | None = None
+) -> dict[str, Any]:
+    """Run a notebook's code cells in a fresh session of ``who``'s and compare every cell."""
+    recorded = nb.metadata.get("sbx", {})
+    kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
+    warnings: list[str] = []
+    image = recorded.get("image")
+    if image and not await manager.image_available(image):
+        warnings.append(f"the recorded image {image} is not available here; using the current one")
+        image = None
+    session = await manager.create(
+        {
+            "kernel": kernel,
+            "image": image,
+            "limits": recorded.get("limits"),
+            "metadata": {"replay_of": str(recorded.get("session_id", ""))},
+        },
+        who,
+    )
+    warnings += _environment_warnings(recorded, session.image_digest, session.packages)
+    executed = nbformat.from_dict(nb)
+    cells = []
+    try:
+        for index, cell in enumerate(executed.cells):
+            if cell.cell_type != "code":
+                continue
+            result = await manager.execute(session.id, who, cell.source)
+            verdict = _verdict(cell, result.status, result.outputs, image_tolerance)
+            cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
+            cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
+            cell.execution_count = result.execution_count
+            cell.metadata["sbx"] = {"status": result.status, "duration_ms": result.duration_ms}
+    finally:
+        await manager.delete(session.id, who)
+    executed.metadata["sbx"] = {
+        **recorded,
+        "replayed_in": session.id,
+        "replay_image": session.image,
+    }
+    counts = {
+        kind: sum(c["result"] == kind for c in cells) for kind in ("same", "different", "error")
+    }
+    return {
+        "reproduced": counts["different"] == counts["error"] == 0,
+        "summary": counts,
+        "cells": cells,
+        "warnings": warnings,
+        "image": session.image,
+        "image_digest": session.image_digest,
+        "notebook": executed,
+    }
+
+
+def _verdict(
+    cell: Any, status: str, outputs: list[dict[str, Any]], image_tolerance: float | None
+) -> dict[str, Any]:
+    recorded_status = cell.metadata.get("sbx", {}).get("status") or (
+        "error" if any(o.get("output_type") == "error" for o in cell.outputs) else "ok"
+    )
+    diff = diff_outputs(cell.outputs, outputs, image_tolerance)
+    if status != recorded_status and status in _FAILED:
+        result = "error"  # it failed now where it had not, or failed differently
+    else:
+        result = "different" if diff else "same"
+    return {"result": result, "status": status, "recorded_status": recorded_status, "diff": diff}
+
+
+def _environment_warnings(
+    recorded: dict[str, Any], digest: str | None, packages: list[str]
+) -> list[str]:
+    warnings = []
+    if recorded.get("image_digest") and recorded["image_digest"] != digest:
+        warnings.append(
+            f"image digest differs: recorded {recorded['image_digest']}, replaying on {digest}; "
+            "differences may come from the environment"
+        )
+    before, after = set(recorded.get("packages") or []), set(packages)
+    if before and before != after:
+        changed = sorted(before ^ after)
+        warnings.append(f"installed packages differ: {', '.join(changed[:10])}")
+    return warnings

@@ -1,1 +1,0 @@
-"""Where kernels run. ``docker``: one locked-down container per kernel."""

@@ -1,0 +1,1 @@
+"""Live relays of a session's kernel to clients: the agent stream, Jupyter channels."""

@@ -1,0 +1,216 @@
+"""A session's agent stream: queued executes, numbered events, and resuming.
+
+Every event gets an ``event_id`` and the last ones are kept (bounded by
+count and bytes), so a client whose connection drops reconnects with the
+last id it saw and gets what it missed, then the live events. A client that
+does not come back within the reconnect grace has its queued executes
+dropped and its running cell interrupted, so abandoned work does not keep
+burning the sandbox. WebSocket handling lives in ``api.stream``; this class
+knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..access.auth import Principal
+from ..errors import BadRequest, GatewayError
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..sessions.manager import Session, SessionManager
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[str], None]  # gets each event as JSON text
+
+
+class ReplayBuffer:
+    """The latest messages, kept for a client that reconnects; bounded by count and bytes.
+
+    Past either bound the oldest go first; ``dropped`` counts them, so a
+    numbered stream knows the number of the oldest message still kept.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_events = settings.replay_buffer_events
+        self.max_bytes = settings.replay_buffer_size_bytes
+        self.texts: deque[str] = deque()
+        self.size = 0
+        self.dropped = 0
+
+    def append(self, text: str) -> None:
+        """Keep one message, dropping the oldest past the bounds."""
+        self.texts.append(text)
+        self.size += len(text)
+        while self.texts and (len(self.texts) > self.max_events or self.size > self.max_bytes):
+            self.size -= len(self.texts.popleft())
+            self.dropped += 1
+
+    def drain(self) -> list[str]:
+        """Everything kept, oldest first, leaving the buffer empty."""
+        texts = list(self.texts)
+        self.texts.clear()
+        self.size = 0
+        self.dropped += len(texts)
+        return texts
+
+
+class StreamHub:
+    """Runs one session's streamed executes and fans their events out to clients."""
+
+    def __init__(self, manager: SessionManager, session: Session) -> None:
+        settings = manager.settings
+        self.manager = manager
+        self.session = session
+        self.grace = settings.reconnect_grace
+        # Ids carry the hub's identity, so an id from before a gateway restart
+        # (or another session) is recognised as unknown rather than mistaken.
+        self.epoch = uuid.uuid4().hex[:8]
+        self.seq = 0
+        self.buffer = ReplayBuffer(settings)  # every event, numbered from 1
+        self.subscribers: list[Subscriber] = []
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.running: str | None = None
+        self._abandon: asyncio.TimerHandle | None = None
+
+    # -- clients -----------------------------------------------------------------------
+
+    def subscribe(self, send: Subscriber, last_event_id: str | None = None) -> None:
+        """Add a client; with ``last_event_id``, first replay what it missed."""
+        if self._abandon is not None:
+            self._abandon.cancel()
+            self._abandon = None
+        if last_event_id is not None:
+            for text in self._since(last_event_id):
+                send(text)
+        self.subscribers.append(send)
+        self.session.connections += 1
+        self.session.touch()
+
+    def unsubscribe(self, send: Subscriber) -> None:
+        """Remove a client; when the last one leaves, its work is abandoned after the grace."""
+        self.subscribers.remove(send)
+        self.session.connections -= 1
+        self.session.touch()
+        if not self.subscribers and self.tasks:
+            loop = asyncio.get_running_loop()
+            self._abandon = loop.call_later(self.grace, self._abandon_work)
+
+    def _since(self, last_event_id: str) -> list[str]:
+        epoch, _, seq_text = last_event_id.rpartition("-")
+        seq = int(seq_text) if seq_text.isdigit() else -1
+        oldest = self.buffer.dropped + 1  # every event is buffered, in order, from number 1
+        kept = list(self.buffer.texts)
+        if epoch == self.epoch and oldest - 1 <= seq <= self.seq:
+            return kept[seq + 1 - oldest :]
+        gap = {
+            "type": "gap",
+            "message": (
+                f"events after {last_event_id!r} are no longer buffered (the gateway keeps "
+                f"the last {self.buffer.max_events} events of a session, and none from before it "
+                "restarted); every execution's outputs are in "
+                f"GET /v1/sessions/{self.session.id}/history"
+            ),
+        }
+        return [json.dumps(gap), *kept]
+
+    # -- requests ----------------------------------------------------------------------
+
+    def submit(self, request_id: str, request: dict[str, Any], who: Principal) -> bool:
+        """Queue an execute request, its events going to every client; False if refused."""
+        if request_id in self.tasks:
+            self.reject(request_id, BadRequest(f"request id {request_id!r} is already running"))
+            return False
+        task = self.manager.spawn(self._run(request_id, request, who))
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+        return True
+
+    def interrupt(self, request_id: str | None, who: Principal) -> None:
+        self.manager.spawn(self._interrupt(request_id, who))
+
+    def reject(self, request_id: str | None, error: GatewayError) -> None:
+        self.publish(rejection(request_id, error))
+
+    async def _run(self, request_id: str, request: dict[str, Any], who: Principal) -> None:
+        def started() -> None:
+            self.running = request_id
+            self.publish({"type": "status", "state": "busy", "id": request_id})
+
+        def output(out: dict[str, Any] | None) -> None:
+            if out is None:
+                self.publish({"type": "clear_output", "id": request_id})
+                return
+            event = {k: v for k, v in out.items() if k != "output_type"}
+            self.publish({"type": out["output_type"], **event, "id": request_id})
+
+        try:
+            result = await self.manager.execute(
+                self.session.id,
+                who,
+                request.get("code"),
+                request.get("timeout"),
+                on_output=output,
+                description=request.get("description"),
+                on_start=started,
+            )
+        except GatewayError as e:
+            self.reject(request_id, e)
+            return
+        finally:
+            if self.running == request_id:
+                self.running = None
+        self.publish({"type": "status", "state": "idle", "id": request_id})
+        self.publish({"type": "done", "id": request_id, **result.to_json()})
+
+    async def _interrupt(self, request_id: str | None, who: Principal) -> None:
+        try:
+            await self.manager.interrupt(self.session.id, who)
+        except GatewayError as e:
+            self.reject(request_id, e)
+
+    def _abandon_work(self) -> None:
+        self._abandon = None
+        for request_id, task in list(self.tasks.items()):
+            if request_id != self.running:
+                task.cancel()  # still queued: never runs
+        if self.running is not None:
+            log.info("stream clients left during %s; interrupting it", self.running)
+            self.interrupt(self.running, self.session.owner)
+
+    # -- events ------------------------------------------------------------------------
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Number an event, keep it for reconnecting clients, and send it to all."""
+        text = self._number(event)
+        self.buffer.append(text)
+        for send in list(self.subscribers):
+            send(text)
+
+    def _number(self, event: dict[str, Any]) -> str:
+        self.seq += 1
+        event["event_id"] = f"{self.epoch}-{self.seq}"
+        return json.dumps(event, default=str)
+
+    def close(self) -> None:
+        """Stop everything: the session has ended."""
+        if self._abandon is not None:
+            self._abandon.cancel()
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+
+def rejection(request_id: str | None, error: GatewayError) -> dict[str, Any]:
+    """The event that tells a client its request cannot run, and why."""
+    return {
+        "type": "rejected",
+        "id": request_id,
+        "error": {"code": error.code, "message": error.message},
+    }

@@ -1,0 +1,1 @@
+"""Where and how kernels run: the sandbox interface, images, isolation, Docker and Swarm."""

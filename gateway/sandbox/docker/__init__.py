@@ -1,0 +1,1 @@
+"""Kernels in containers on this host's Docker engine."""

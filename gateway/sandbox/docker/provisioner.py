@@ -1,0 +1,313 @@
+"""Run a kernel in a locked-down Docker container (jupyter_client provisioner).
+
+The container has no network (with an egress allowlist, only the gateway's
+egress network: see gateway.sandbox.egress), and runs under runc or gVisor
+(gateway.sandbox.isolation.runtimes). The kernel binds ZeroMQ ``ipc`` sockets in the session's
+run directory, which is bind-mounted into the container, so the gateway
+connects to the same Unix sockets and no port is opened. Inside, the directory
+is at a short fixed path with a connection file of its own: some kernels
+(xeus-based ones) read socket names back into 32-byte buffers, and the host
+path is long.
+The jupyter_client kernel manager drives this class through the standard
+provisioner hooks; per-session parameters arrive as ``sandbox=`` keyword
+argument of ``start_kernel`` (kept by the manager for restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.types import Mount
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning import KernelProvisionerBase
+from jupyter_core.paths import secure_write
+
+from ...errors import EngineUnavailable, ImageNotBuilt
+from ...limits import Limits
+
+LABEL_GATEWAY = "sbx.gateway"
+LABEL_SESSION = "sbx.session"
+# Where the session's run directory appears in the container, and the
+# connection file that names the sockets by that path.
+CONTAINER_RUN_DIR = "/run/sbx"
+KERNEL_CONNECTION_FILE = "kernel-connection.json"
+
+
+def sandbox_name(session_id: str) -> str:
+    """The name of a session's sandbox (a container, or a cluster service)."""
+    return f"sbx-{session_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """The engine runtime and network a kernel container gets (``isolation.manager`` picks)."""
+
+    runtime: str = "runc"  # the engine's name: runc, runsc, runsc-net
+    network: str = "none"  # "none", or the egress network's name
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
+    resolv_conf: Path | None = None  # replaces the engine's resolver config
+    seccomp: str | None = None  # a profile's JSON instead of the engine's default
+
+
+@dataclasses.dataclass
+class SandboxSpec:
+    """Everything that makes one session's container what it is."""
+
+    docker: docker.DockerClient
+    image: str
+    session_id: str
+    gateway_id: str
+    limits: Limits
+    env: dict[str, str]
+    run_dir: Path
+    workspace: Path  # host directory mounted at /workspace
+    tmp_bytes: int
+    user: str = "1000:1000"
+    workdir: str = "/workspace"
+    isolation: Isolation = dataclasses.field(default_factory=Isolation)
+
+    @property
+    def provisioner_class(self) -> type[DockerProvisioner]:
+        return DockerProvisioner
+
+    def manager_options(self) -> dict[str, Any]:
+        """How jupyter_client reaches the kernel: ipc sockets in the run directory."""
+        return {
+            "transport": "ipc",
+            "ip": str(self.run_dir / "k"),
+            "connection_file": str(self.run_dir / "connection.json"),
+        }
+
+    @property
+    def uid_gid(self) -> tuple[int, int]:
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid or uid)
+
+    def run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Arguments for ``containers.run``: the hardening lives here, in one place."""
+        limits = self.limits
+        isolation = self.isolation
+        mounts = [
+            Mount(CONTAINER_RUN_DIR, str(self.run_dir), type="bind"),
+            Mount(self.workdir, str(self.workspace), type="bind"),
+        ]
+        if isolation.resolv_conf is not None:
+            mounts.append(
+                Mount("/etc/resolv.conf", str(isolation.resolv_conf), type="bind", read_only=True)
+            )
+        return {
+            "image": self.image,
+            "command": cmd,
+            "name": sandbox_name(self.session_id),
+            "detach": True,
+            "user": self.user,
+            "working_dir": self.workdir,
+            "environment": {**env, **isolation.env},
+            "runtime": isolation.runtime,
+            "network_mode": isolation.network,
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"]
+            + ([f"seccomp={isolation.seccomp}"] if isolation.seccomp else []),
+            "init": True,
+            "mem_limit": limits.memory,
+            "memswap_limit": limits.memory,
+            "nano_cpus": int(limits.cpus * 1e9),
+            "pids_limit": limits.pids,
+            "ipc_mode": "private",
+            "mounts": mounts,
+            "tmpfs": {"/tmp": f"size={self.tmp_bytes},mode=1777,nosuid,nodev"},
+            "labels": {LABEL_GATEWAY: self.gateway_id, LABEL_SESSION: self.session_id},
+        }
+
+
+def update_limits(client: docker.DockerClient, container_id: str, limits: Limits) -> None:
+    """Apply new limits to a running container (a claimed warm-pool sandbox).
+
+    The Engine API updates memory, swap, CPU and pids in place; docker-py's
+    ``update_container`` knows no NanoCpus or PidsLimit, so this posts the
+    documented body itself.
+    """
+    body = {
+        "Memory": limits.memory,
+        "MemorySwap": limits.memory,
+        "NanoCpus": int(limits.cpus * 1e9),
+        "PidsLimit": limits.pids,
+    }
+    try:
+        engine_post(client.api, f"/containers/{container_id}/update", body)
+    except docker.errors.APIError as e:
+        raise EngineUnavailable(f"the engine refused new limits: {e.explanation}") from e
+
+
+def engine_post(api: docker.APIClient, path: str, body: dict[str, Any]) -> Any:
+    """POST a raw Engine API body, for fields docker-py's types do not know (pids, caps).
+
+    A refusal raises ``APIError`` whose explanation is the engine's own words.
+    """
+    response = api.post(f"{api.base_url}/v{api.api_version}{path}", json=body)
+    if response.status_code >= 400:
+        text = response.text.strip()
+        raise docker.errors.APIError(text, response=response, explanation=text)
+    return response.json()
+
+
+class SandboxProvisioner(KernelProvisionerBase):
+    """What every placement's provisioner shares: a sandbox id, and how it is kept."""
+
+    container_id: str | None = None  # the sandbox: a container, or a cluster service
+
+    @property
+    def has_process(self) -> bool:
+        return self.container_id is not None
+
+    def reattach_info(self) -> dict[str, Any]:
+        """What a restarted gateway needs besides the connection info (``Kernel.runtime_info``)."""
+        return {"container_id": self.container_id}
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        """Take over the sandbox a previous gateway started (``Kernel.adopt`` calls it)."""
+        await super().load_provisioner_info(provisioner_info)
+        self.container_id = provisioner_info.get("container_id")
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return min(recommended, 2.0)
+
+
+class DockerProvisioner(SandboxProvisioner):
+    """Kernel lifecycle hooks mapped onto one Docker container."""
+
+    _client: docker.DockerClient | None = None
+
+    def use_sandbox(self, spec: SandboxSpec) -> None:
+        """Bind to a session's sandbox: on every launch, and when reattaching."""
+        self._client = spec.docker
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Write the connection file where the container can read it; build cmd and env.
+
+        Called by the kernel manager before every (re)start. The gateway's own
+        environment is deliberately not passed on: only the kernelspec's env and
+        the session's env reach the kernel.
+        """
+        spec: SandboxSpec = kwargs.pop("sandbox")
+        self.use_sandbox(spec)
+        km = self.parent
+        km.write_connection_file()
+        kernel_file = _write_kernel_connection_file(km.connection_file, spec.run_dir)
+        uid, gid = spec.uid_gid
+        for path in (spec.run_dir, kernel_file):
+            os.chown(path, uid, gid)
+        self.connection_info = km.get_connection_info()
+        cmd = [
+            arg.replace(km.connection_file, f"{CONTAINER_RUN_DIR}/{KERNEL_CONNECTION_FILE}")
+            for arg in km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
+        ]
+        env = {**self.kernel_spec.env, **spec.env}
+        return {"cmd": cmd, "env": env, "sandbox": spec}
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        """Start the container; the kernel inside binds the ipc sockets."""
+        spec: SandboxSpec = kwargs["sandbox"]
+        run_kwargs = spec.run_kwargs(cmd, kwargs["env"])
+        try:
+            container = await asyncio.to_thread(_create_and_start, spec.docker, run_kwargs)
+        except docker.errors.ImageNotFound as e:
+            name = spec.image.removeprefix("sbx/").split(":")[0]
+            raise ImageNotBuilt(
+                f"kernel image {spec.image} is not built; run `sbx images build {name}`"
+            ) from e
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine refused the kernel: {e}") from e
+        self.container_id = container.id
+        return self.connection_info
+
+    async def _inspect(self) -> dict[str, Any] | None:
+        assert self._client is not None and self.container_id is not None
+        try:
+            return await asyncio.to_thread(self._client.api.inspect_container, self.container_id)
+        except docker.errors.NotFound:
+            return None
+
+    async def poll(self) -> int | None:
+        """Return None while the container runs, else its exit code."""
+        if self.container_id is None:
+            return 0
+        info = await self._inspect()
+        if info is None:
+            return -1
+        return None if info["State"]["Running"] else int(info["State"]["ExitCode"])
+
+    async def wait(self) -> int | None:
+        while (status := await self.poll()) is None:  # noqa: ASYNC110 (engine is the truth)
+            await asyncio.sleep(0.1)
+        return status
+
+    async def send_signal(self, signum: int) -> None:
+        """Signal the kernel; the container's init forwards it to the kernel process."""
+        if self.container_id is None or signum == 0:
+            return
+        assert self._client is not None
+        try:
+            await asyncio.to_thread(self._client.api.kill, self.container_id, signum)
+        except docker.errors.APIError:
+            pass  # already stopped: nothing left to signal
+
+    async def kill(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGKILL)
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Remove the container, so a stopped kernel leaves nothing behind."""
+        if self.container_id is None:
+            return
+        assert self._client is not None
+        try:
+            await asyncio.to_thread(
+                self._client.api.remove_container, self.container_id, force=True
+            )
+        except docker.errors.NotFound:
+            pass
+        self.container_id = None
+
+    async def output_tail(self, lines: int = 20) -> str:
+        """The container's last output lines, to say why a start failed."""
+        if self.container_id is None or self._client is None:
+            return ""
+        try:
+            raw = await asyncio.to_thread(self._client.api.logs, self.container_id, tail=lines)
+        except docker.errors.DockerException:
+            return ""
+        return raw.decode(errors="replace").strip()
+
+
+def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:
+    """Start a container without pulling: an image that is not here was never built."""
+    container = client.containers.create(**kwargs)
+    try:
+        container.start()
+    except docker.errors.DockerException:
+        container.remove(force=True)
+        raise
+    return container
+
+
+def _write_kernel_connection_file(connection_file: str, run_dir: Path) -> Path:
+    """Write the kernel's copy of the connection file: the same sockets, seen from inside."""
+    info = json.loads(Path(connection_file).read_text())
+    info["ip"] = f"{CONTAINER_RUN_DIR}/{Path(info['ip']).name}"
+    path = run_dir / KERNEL_CONNECTION_FILE
+    with secure_write(str(path)) as f:  # it holds the session's key
+        json.dump(info, f)
+    return path

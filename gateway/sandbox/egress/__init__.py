@@ -1,0 +1,134 @@
+"""Egress for sessions whose network policy is an allowlist.
+
+Such a kernel joins the gateway's internal egress network (``network``), gets
+the proxy's URL with its own credentials in ``HTTP(S)_PROXY`` and a resolver
+that answers nothing (names are resolved by the proxy, and only names on the
+list), so the filtering proxy (``proxy``) is its only way out. Everything is
+set up on the first allowlist session, so gateways that never see one need
+neither root nor iptables for it. The token key and the proxy's port are kept
+in the data directory: a restarted gateway that reattaches to a running kernel
+serves it at the same URL with the same credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+
+from ...errors import EgressUnavailable, NotAllowed
+from .network import EgressNetwork
+from .policy import AddressGuard, NetworkPolicy
+from .proxy import DenialHook, EgressDenial, EgressProxy
+
+if TYPE_CHECKING:
+    from ...config import Settings
+
+__all__ = ["Egress", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
+
+log = logging.getLogger(__name__)
+
+# No resolver inside the sandbox: lookups fail at once instead of timing out.
+_RESOLV_CONF = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxNetwork:
+    """How a kernel container is attached: Docker network, extra env, resolv.conf."""
+
+    mode: str = "none"
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    resolv_conf: Path | None = None
+
+
+class Egress:
+    """Admits sessions to the egress network and the proxy, and lets them go."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
+        self.policies = settings.network_policy_names
+        self.always_allow = settings.egress_always_allow_rules
+        self.guard = AddressGuard(settings.egress_ranges, own_ports=set())
+        self.network = EgressNetwork(
+            client, settings.egress_network, settings.egress_proxy_port_range
+        )
+        self.state_dir = Path(settings.data_dir) / "egress"
+        self.proxy: EgressProxy | None = None
+        self._on_denied: DenialHook | None = None
+        self._endpoint: tuple[str, int] | None = None
+        self._lock = asyncio.Lock()
+
+    def set_denial_hook(self, hook: DenialHook | None) -> None:
+        """Route every reported denial to ``hook`` too (the audit log plugs in here)."""
+        self._on_denied = hook
+        if self.proxy is not None:
+            self.proxy.on_denied = hook
+
+    def protect_port(self, port: int) -> None:
+        """Never let a sandbox reach ``port`` on this host (the gateway's API port)."""
+        self.guard.own_ports.add(port)
+
+    def policy(self, value: Any) -> NetworkPolicy:
+        """Parse a create request's ``network`` and check the server offers that policy."""
+        policy = NetworkPolicy.parse(value)
+        kind = "none" if policy.is_none else "allowlist"
+        if kind not in self.policies:
+            raise NotAllowed(
+                f"network policy {kind!r} is not offered by this server; "
+                f"allowed: {', '.join(self.policies)}"
+            )
+        return policy
+
+    async def admit(self, session_id: str, policy: NetworkPolicy) -> SandboxNetwork:
+        """The network a session's container gets; allowlists get the proxy."""
+        if policy.is_none:
+            return SandboxNetwork()
+        address, port = await self._start()
+        assert self.proxy is not None
+        token = self.proxy.admit(session_id, policy.extended(self.always_allow))
+        url = f"http://{session_id}:{token}@{address}:{port}"
+        env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        env |= {"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1"}
+        return SandboxNetwork(self.network.name, env, self.state_dir / "resolv.conf")
+
+    def release(self, session_id: str) -> None:
+        """Revoke a session's proxy access and cut its connections."""
+        if self.proxy is not None:
+            self.proxy.release(session_id)
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+
+    async def _start(self) -> tuple[str, int]:
+        async with self._lock:
+            if self._endpoint is None:
+                address = await asyncio.to_thread(self.network.ensure)
+                key, preferred = await asyncio.to_thread(self._load_state)
+                proxy = EgressProxy(self.guard, key, on_denied=self._on_denied)
+                try:
+                    port = await proxy.start(address, self.network.ports, preferred)
+                except OSError as e:
+                    raise EgressUnavailable(f"cannot start the egress proxy: {e}") from e
+                await asyncio.to_thread((self.state_dir / "port").write_text, str(port))
+                self.proxy, self._endpoint = proxy, (address, port)
+                log.info("egress proxy on %s:%d for network %s", address, port, self.network.name)
+        return self._endpoint
+
+    def _load_state(self) -> tuple[bytes, int | None]:
+        """The token key (made once, private) and the port used last time."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.state_dir / "resolv.conf").write_text(_RESOLV_CONF)
+        key_file = self.state_dir / "key"
+        if not key_file.exists():
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        port_file = self.state_dir / "port"
+        port = port_file.read_text().strip() if port_file.exists() else ""
+        return bytes.fromhex(key_file.read_text().strip()), int(port) if port.isdigit() else None

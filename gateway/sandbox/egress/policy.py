@@ -1,0 +1,212 @@
+"""What a session may reach: its network policy, and the ranges nobody may reach.
+
+A policy is ``none`` (no network at all) or an allowlist of rules. A rule is
+a host name (``files.example.org``), a wildcard for its subdomains
+(``*.example.org``), an IP address or a CIDR, each optionally with a port
+(``example.org:443``, ``[2001:db8::1]:443``). Names match names only and
+addresses match IP literals only: the proxy never resolves a name that is not
+on the list, so DNS cannot be used to smuggle data out, and a CIDR cannot be
+reached through some other name that happens to point into it.
+
+Whatever the list says, ``AddressGuard`` refuses every address that is not
+globally routable (private, loopback, link-local such as cloud metadata,
+shared, reserved, multicast) and every address of the host itself, unless the
+operator's ``egress_allow_ranges`` permits the range; the gateway's own ports
+on the host are refused even then. It checks the addresses a name resolves
+to, and the proxy connects to exactly the address it checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+from ...errors import BadRequest
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAX_RULES = 64
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*$")
+_WITH_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>\d{1,5}))?$")
+# Prefixes that carry an IPv4 address inside IPv6 (6to4, Teredo, NAT64):
+# a connection to them can end at any IPv4 address, so they are never global.
+_TUNNELS = [ipaddress.ip_network(n) for n in ("2002::/16", "2001::/32", "64:ff9b::/96")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One allowlist entry: a name, a ``*.`` wildcard, or a network; any port if None."""
+
+    text: str
+    name: str | None = None
+    network: IPNetwork | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> Rule:
+        if not isinstance(raw, str) or not raw.strip():
+            raise BadRequest("network.allow entries must be host names, IPs or CIDRs as strings")
+        text = raw.strip().lower().rstrip(".")
+        network_part, port = text, None
+        if "/" not in text:
+            match = _WITH_PORT.match(text)
+            if match is None:
+                raise _bad(raw)
+            network_part = match["v6"] or match["host"]
+            if match["port"] is not None:
+                port = int(match["port"])
+                if not 0 < port < 65536:
+                    raise BadRequest(f"network.allow entry {raw!r}: port must be 1-65535")
+        try:
+            network = ipaddress.ip_network(network_part, strict=False)
+        except ValueError:
+            network = None
+        if network is not None:
+            return cls(text=text, network=network, port=port)
+        if len(network_part) > 253 or not _HOSTNAME.match(network_part):
+            raise _bad(raw)
+        return cls(text=text, name=network_part, port=port)
+
+    def matches_name(self, host: str, port: int) -> bool:
+        if self.name is None or (self.port is not None and self.port != port):
+            return False
+        if self.name.startswith("*."):
+            return host.endswith(self.name[1:])
+        return host == self.name
+
+    def matches_address(self, address: IPAddress, port: int) -> bool:
+        if self.network is None or (self.port is not None and self.port != port):
+            return False
+        return address in self.network
+
+
+def _bad(raw: str) -> BadRequest:
+    return BadRequest(
+        f"network.allow entry {raw!r} is not a host name, '*.domain', IP address or CIDR "
+        "(optionally with ':port')"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicy:
+    """A session's network: ``rules is None`` means no network at all."""
+
+    rules: tuple[Rule, ...] | None = None
+
+    @property
+    def is_none(self) -> bool:
+        return self.rules is None
+
+    @classmethod
+    def parse(cls, value: Any) -> NetworkPolicy:
+        """Read the create request's ``network``: ``"none"`` or ``{"allow": [...]}``."""
+        if value is None or value == "none":
+            return cls()
+        if not isinstance(value, dict) or set(value) != {"allow"}:
+            raise BadRequest(
+                'network must be "none" or {"allow": ["host.example", "10.0.0.0/8", ...]}'
+            )
+        entries = value["allow"]
+        if not isinstance(entries, list):
+            raise BadRequest("network.allow must be a list of host names, IPs or CIDRs")
+        if len(entries) > MAX_RULES:
+            raise BadRequest(f"network.allow has {len(entries)} entries; at most {MAX_RULES}")
+        return cls(tuple(Rule.parse(e) for e in entries))
+
+    def extended(self, rules: Iterable[Rule]) -> NetworkPolicy:
+        """This allowlist plus ``rules`` (the operator's ``egress_always_allow``)."""
+        assert self.rules is not None
+        return NetworkPolicy((*self.rules, *rules))
+
+    def to_json(self) -> str | dict[str, list[str]]:
+        if self.rules is None:
+            return "none"
+        return {"allow": [r.text for r in self.rules]}
+
+    def permits(self, host: str, port: int) -> bool:
+        """Whether ``host:port`` (a name or an IP literal) is on the list."""
+        if not self.rules:
+            return False
+        address = parse_address(host)
+        if address is None:
+            host = host.lower().rstrip(".")
+            return any(r.matches_name(host, port) for r in self.rules)
+        return any(r.matches_address(address, port) for r in self.rules)
+
+
+def parse_address(host: str) -> IPAddress | None:
+    """The IP address ``host`` spells (brackets allowed), or None for a name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def parse_ranges(text: str, what: str) -> list[IPNetwork]:
+    """Comma-separated CIDRs from a setting; raises ValueError naming the bad one."""
+    ranges = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            ranges.append(ipaddress.ip_network(part, strict=False))
+        except ValueError as e:
+            raise ValueError(f"{what}: {part!r} is not a CIDR ({e})") from None
+    return ranges
+
+
+class AddressGuard:
+    """Decides whether the proxy may connect to an address at all."""
+
+    def __init__(self, allowed_ranges: list[IPNetwork], own_ports: set[int]) -> None:
+        self.allowed_ranges = allowed_ranges
+        self.own_ports = own_ports  # the gateway's listening ports; the proxy adds its own
+
+    def refusal(self, address: IPAddress, port: int) -> str | None:
+        """Why ``address:port`` is off limits, or None when it may be reached."""
+        if address.version == 6 and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        local = address.is_unspecified or is_host_address(address)
+        if local and port in self.own_ports:
+            return f"{address} port {port} is the gateway itself"
+        kind = _special_kind(address) or ("this host" if local else None)
+        if kind is None:
+            return None
+        if any(address in r for r in self.allowed_ranges if r.version == address.version):
+            return None
+        return f"{address} is {kind}, which sandboxes may not reach"
+
+
+def _special_kind(address: IPAddress) -> str | None:
+    """A name for a non-public address, or None for a globally routable one."""
+    checks = (
+        ("is_loopback", "loopback"),
+        ("is_link_local", "link-local (cloud metadata lives here)"),
+        ("is_multicast", "multicast"),
+        ("is_unspecified", "unspecified"),
+        ("is_private", "a private range"),
+        ("is_reserved", "a reserved range"),
+    )
+    if any(address in net for net in _TUNNELS if net.version == address.version):
+        return "an IPv6 tunnel to IPv4"
+    for attribute, kind in checks:
+        if getattr(address, attribute):
+            return kind
+    if not address.is_global:
+        return "not globally routable"
+    return None
+
+
+def is_host_address(address: IPAddress) -> bool:
+    """Whether ``address`` belongs to this host: only then can a socket bind to it."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:  # EADDRNOTAVAIL, or EINVAL for a link-local address without scope
+            return False
+    return True

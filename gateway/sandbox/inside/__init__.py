@@ -1,0 +1,1 @@
+"""Code that runs inside a sandbox, not in the gateway."""

@@ -1,0 +1,1 @@
+"""What walls a sandbox: container runtimes, seccomp, and the choice per session."""

@@ -1,0 +1,1 @@
+"""Kernels as one-task services across a Docker Swarm."""

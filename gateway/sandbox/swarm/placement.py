@@ -1,0 +1,284 @@
+"""Kernels across a Docker Swarm: the ``swarm`` placement.
+
+Each session's kernel is a one-task service (``provisioners.swarm``) that the
+Swarm scheduler puts on the node with the fewest tasks, so sessions (and the
+warm pool) spread over the nodes. The gateway talks to one manager's engine
+API only; it never reaches a worker's engine. What it learns about
+sandboxes it cannot reach comes from the manager: one poll of nodes and tasks
+every ``swarm_poll_interval`` seconds finds a node lost (its tasks' sessions
+die with that reason) and a task that ended without its kernel reporting it
+(the agent's container killed or removed). Kernel deaths inside a running
+sandbox (out of memory, a crash) the agent reports at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+
+from ...config import ConfigError, Settings
+from ...execution.kernel import shared_context
+from ..docker.events import DeathCallback
+from ..docker.placement import Placement, SandboxState, exit_reason
+from ..docker.provisioner import LABEL_GATEWAY, LABEL_SESSION, sandbox_name
+from ..images import ImageBuilder
+from .provisioner import AGENT_DIR, SwarmSpec
+from .workspace import RemoteWorkspace
+
+if TYPE_CHECKING:
+    from ...sessions.model import Session
+
+log = logging.getLogger(__name__)
+
+_PACKAGE = Path(__file__).resolve().parent.parent.parent
+# The agent and the gateway code it runs, shipped to every sandbox as Swarm configs.
+AGENT_FILES = {
+    "agent.py": _PACKAGE / "sandbox" / "inside" / "agent.py",
+    "gateway/__init__.py": None,
+    "gateway/sandbox/__init__.py": None,
+    "gateway/errors.py": _PACKAGE / "errors.py",
+    "gateway/sandbox/workspace.py": _PACKAGE / "sandbox" / "workspace.py",
+}
+_ENDED = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
+_NODE_LOST = ("down", "unknown", "disconnected")
+
+
+class SwarmPlacement(Placement):
+    """Sessions' kernels as Swarm services on any node, reached over the kernel overlay."""
+
+    name = "swarm"
+    resizes_in_place = False  # a service update replaces the task, and so the kernel
+
+    def __init__(self, settings: Settings, client: docker.DockerClient, images: ImageBuilder):
+        self.settings = settings
+        self.docker = client
+        self.images = images
+        self.data_dir = Path(settings.data_dir)
+        self._configs: list[dict[str, Any]] = []
+        self._reasons: dict[str, str] = {}  # by service id: why it died, once known
+        self._reported: set[str] = set()  # task ids whose end was reported
+        self._gateway_id = ""
+        self._on_death: DeathCallback | None = None
+        self._poller: asyncio.Task | None = None
+
+    # -- watching ----------------------------------------------------------------------
+
+    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
+        """Check the manager and the network, ship the agent, and watch nodes and tasks."""
+        self._gateway_id, self._on_death = gateway_id, on_death
+        try:
+            info = await asyncio.to_thread(self.docker.info)
+            network = await asyncio.to_thread(
+                self.docker.api.inspect_network, self.settings.swarm_network
+            )
+        except docker.errors.NotFound:
+            raise ConfigError(
+                f"there is no network {self.settings.swarm_network!r}: create it on a manager "
+                "with `docker network create --driver overlay --attachable --internal "
+                f"{self.settings.swarm_network}` (docs/SCALING.md)"
+            ) from None
+        if not info.get("Swarm", {}).get("ControlAvailable"):
+            raise ConfigError(
+                "placement swarm needs a swarm manager's engine API; this engine is not one"
+            )
+        if network.get("Driver") != "overlay" or not network.get("Internal"):
+            log.warning(
+                "network %s is not an internal overlay: kernels could reach beyond the cluster",
+                self.settings.swarm_network,
+            )
+        self._configs = await asyncio.to_thread(self._agent_configs)
+        self._poller = asyncio.create_task(self._poll_forever(), name="sbx-swarm-watch")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+
+    def _agent_configs(self) -> list[dict[str, Any]]:
+        """Config references of the agent's files, made once per content (named by its hash)."""
+        contents = {
+            target: path.read_bytes() if path else b'"""Shipped to sandboxes."""\n'
+            for target, path in AGENT_FILES.items()
+        }
+        digest = hashlib.sha256(b"".join(contents.values())).hexdigest()[:12]
+        configs = self.docker.api.configs(filters={"label": "sbx.agent"})
+        for old in configs:  # an earlier version's, once no sandbox uses it
+            if old["Spec"]["Labels"]["sbx.agent"] != digest:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.docker.api.remove_config(old["ID"])
+        existing = {c["Spec"]["Name"]: c["ID"] for c in configs}
+        references = []
+        for index, (target, content) in enumerate(contents.items()):
+            name = f"sbx-agent-{digest}-{index}"
+            if name not in existing:
+                existing[name] = self.docker.api.create_config(
+                    name, content, labels={"sbx.agent": digest}
+                )["ID"]
+            references.append(
+                {
+                    "ConfigID": existing[name],
+                    "ConfigName": name,
+                    "File": {
+                        "Name": f"{AGENT_DIR}/{target}",
+                        "UID": "0",
+                        "GID": "0",
+                        "Mode": 0o444,
+                    },
+                }
+            )
+        return references
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except docker.errors.DockerException as e:
+                log.warning("could not ask the swarm manager about tasks (%s); will retry", e)
+            await asyncio.sleep(self.settings.swarm_poll_interval)
+
+    async def poll(self) -> None:
+        """Report every task of ours that ended, or whose node was lost, once."""
+        api = self.docker.api
+        label = f"{LABEL_GATEWAY}={self._gateway_id}"
+        nodes, services, tasks = await asyncio.gather(
+            asyncio.to_thread(api.nodes),
+            asyncio.to_thread(api.services, filters={"label": label}),
+            asyncio.to_thread(api.tasks, filters={"label": label}),
+        )
+        lost = {
+            n["ID"]: n.get("Description", {}).get("Hostname", n["ID"][:12])
+            for n in nodes
+            if n.get("Status", {}).get("State") in _NODE_LOST
+        }
+        sessions = {s["ID"]: s["Spec"]["Labels"].get(LABEL_SESSION) for s in services}
+        for task in _latest(tasks):
+            service_id, task_id = task["ServiceID"], task["ID"]
+            session_id = sessions.get(service_id)
+            if session_id is None or task_id in self._reported:
+                continue
+            status = task.get("Status", {})
+            if task.get("NodeID") in lost and status.get("State") not in _ENDED:
+                host = lost[task["NodeID"]]
+                reason = f"node {host} was lost: its engine stopped answering the swarm"
+                exit_code = -1
+            elif status.get("State") in _ENDED and task.get("DesiredState") == "running":
+                exit_code = int(status.get("ContainerStatus", {}).get("ExitCode", -1))
+                reason = f"its sandbox stopped: {status.get('Err') or exit_reason(exit_code)}"
+            else:
+                continue
+            self._reported.add(task_id)
+            self._reasons[service_id] = reason
+            assert self._on_death is not None
+            self._on_death(session_id, service_id, exit_code)
+
+    def report(self, session_id: str, service_id: str, exit_code: int, reason: str) -> None:
+        """A kernel death the agent reported (out of memory, a crash)."""
+        self._reasons[service_id] = reason
+        if self._on_death is not None:
+            self._on_death(session_id, service_id, exit_code)
+
+    # -- sandboxes ---------------------------------------------------------------------
+
+    def sandbox(self, session: Session, sandbox_cfg: dict[str, Any], gateway_id: str) -> SwarmSpec:
+        s = self.settings
+        return SwarmSpec(
+            docker=self.docker,
+            context=shared_context(),
+            image=f"{s.registry}/{session.image}" if s.registry else session.image,
+            session_id=session.id,
+            gateway_id=gateway_id,
+            limits=session.limits,
+            env=session.env,
+            network=s.swarm_network,
+            constraints=s.swarm_constraint_list,
+            agent_configs=self._configs,
+            tmp_bytes=s.tmp_bytes_for(session.limits),
+            on_death=self.report,
+            connection_file=str(self.data_dir / "sessions" / session.id / "connection.json"),
+            start_timeout=max(session.start_timeout or 0, s.kernel_start_timeout, 120.0),
+            user=sandbox_cfg.get("user", "1000:1000"),
+        )
+
+    def workspace(self, session: Session, spec: SwarmSpec) -> RemoteWorkspace:
+        def agent() -> Any:
+            assert session.kernel is not None
+            return session.kernel.manager.provisioner.agent
+
+        return RemoteWorkspace("/workspace", agent=agent)
+
+    async def prepare(self, session: Session, spec: SwarmSpec) -> None:
+        """The session's directory here: jupyter_client keeps the connection file in it."""
+        Path(spec.connection_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    async def image_facts(self, session: Session) -> dict[str, Any]:
+        """The image digest Swarm pinned the service to, and the packages the agent reads."""
+        assert session.kernel is not None
+        provisioner = session.kernel.manager.provisioner
+        packages, _ = await provisioner.agent.call("facts")
+        service = await asyncio.to_thread(self.docker.api.inspect_service, provisioner.container_id)
+        image = service["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        return {"digest": image.partition("@")[2] or image, "packages": packages}
+
+    async def death_reason(self, session: Session, sandbox_id: str, exit_code: int) -> str:
+        return self._reasons.pop(sandbox_id, None) or exit_reason(exit_code)
+
+    async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
+        tasks = await asyncio.to_thread(self.docker.api.tasks, filters={"service": sandbox_id})
+        latest = _latest(tasks)
+        if not latest:
+            return "its task is gone"
+        status = latest[0].get("Status", {})
+        return f"its sandbox stopped: {status.get('Err') or status.get('State')}"
+
+    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+        label = f"{LABEL_GATEWAY}={gateway_id}"
+        api = self.docker.api
+        services, tasks, nodes = await asyncio.gather(
+            asyncio.to_thread(api.services, filters={"label": label}),
+            asyncio.to_thread(api.tasks, filters={"label": label}),
+            asyncio.to_thread(api.nodes),
+        )
+        up = {n["ID"] for n in nodes if n.get("Status", {}).get("State") == "ready"}
+        running = {
+            t["ServiceID"]
+            for t in _latest(tasks)
+            if t.get("Status", {}).get("State") == "running" and t.get("NodeID") in up
+        }
+        return [
+            SandboxState(s["ID"], s["Spec"]["Labels"].get(LABEL_SESSION, "?"), s["ID"] in running)
+            for s in services
+        ]
+
+    async def remove(self, session_id: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            await self.remove_sandbox(sandbox_name(session_id))
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        api = self.docker.api
+        with contextlib.suppress(docker.errors.NotFound):
+            service = await asyncio.to_thread(api.inspect_service, sandbox_id)
+            await asyncio.to_thread(api.remove_service, service["ID"])
+            session_id = service["Spec"]["Labels"].get(LABEL_SESSION)
+            for secret in await asyncio.to_thread(
+                api.secrets, filters={"label": f"{LABEL_SESSION}={session_id}"}
+            ):
+                with contextlib.suppress(docker.errors.APIError):
+                    await asyncio.to_thread(api.remove_secret, secret["ID"])
+
+
+def _latest(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each service's newest task (one-task services keep their ended ones for a while)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        seen = newest.get(task["ServiceID"])
+        if seen is None or task["CreatedAt"] > seen["CreatedAt"]:
+            newest[task["ServiceID"]] = task
+    return list(newest.values())

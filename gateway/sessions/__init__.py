@@ -1,0 +1,1 @@
+"""Sessions: the manager, the session model, the warm pool, recovery after a restart."""

@@ -1,0 +1,161 @@
+"""One session: a sandboxed kernel, what it may use, and how it is doing.
+
+A plain model. ``SessionManager`` (``gateway.sessions.manager``) changes its state;
+``Sandboxes`` (``gateway.sandbox.factory``) gives it its kernel and workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..access.auth import Principal
+from ..execution.kernel import Kernel
+from ..execution.recorder import ExecutionRecorder
+from ..limits import Limits
+from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
+from ..sandbox.workspace import Workspace, iso, parse_iso
+
+if TYPE_CHECKING:
+    from ..relays.agent_stream import StreamHub
+    from ..relays.jupyter_channels import KernelChannels
+
+
+class Session:
+    """One sandboxed kernel and what the gateway knows about it."""
+
+    def __init__(
+        self,
+        kernel_name: str,
+        image: str,
+        limits: Limits,
+        ttl: float,
+        idle_timeout: float,
+        env: dict[str, str],
+        metadata: dict[str, Any],
+        session_id: str | None = None,
+        start_timeout: float | None = None,
+        runtime: str = "runc",
+        network: NetworkPolicy | None = None,
+        tenant: str = "default",
+    ) -> None:
+        self.id = session_id or str(uuid.uuid4())
+        self.tenant = tenant
+        self.start_timeout = start_timeout
+        self.runtime = runtime
+        self.network = network or NetworkPolicy()
+        self.isolation = baseline_isolation(runtime)  # until the manager prepares it
+        self.kernel_name = kernel_name
+        self.image = image
+        self.limits = limits
+        self.ttl = ttl
+        self.idle_timeout = idle_timeout
+        self.env = env
+        self.metadata = metadata
+        self.created_at = time.time()
+        self.last_activity = self.created_at
+        self.ended_at: float | None = None
+        self.state = "starting"
+        self.reason: str | None = None
+        # What a notebook export records so a replay can check its environment.
+        self.image_digest: str | None = None
+        self.packages: list[str] = []
+        self.language_info: dict[str, Any] = {}
+        self.display_name = kernel_name
+        self.kernel: Kernel | None = None
+        self.workspace: Workspace | None = None
+        self.lock = asyncio.Lock()
+        self.connections = 0  # open streams; while any is open the session is not idle
+        self.executions = 0
+        self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.stream: StreamHub | None = None  # the agent stream, made on first use
+        # Jupyter clients gone for a moment, by client session id: their relays
+        # keep buffering so a reconnect replays what it missed.
+        self.parked: dict[str, KernelChannels] = {}
+
+    @classmethod
+    def from_record(cls, doc: dict[str, Any]) -> Session:
+        """A session as the store last saw it, for a restarted gateway to take over."""
+        session = cls(
+            kernel_name=doc["kernel"],
+            image=doc["image"],
+            limits=Limits.from_json(doc["limits"]),
+            ttl=doc["ttl"],
+            idle_timeout=doc["idle_timeout"],
+            env=doc["env"],
+            metadata=doc["metadata"],
+            session_id=doc["id"],
+            runtime=doc.get("runtime", "runc"),
+            network=NetworkPolicy.parse(doc.get("network", "none")),
+            tenant=doc.get("tenant", "default"),
+        )
+        session.created_at = parse_iso(doc["created_at"])
+        session.last_activity = parse_iso(doc["last_activity"])
+        session.state = doc["state"]
+        session.reason = doc.get("reason")
+        session.image_digest = doc.get("image_digest")
+        session.packages = doc.get("packages", [])
+        session.language_info = doc.get("language_info") or {}
+        session.display_name = doc.get("display_name") or session.kernel_name
+        session.executions = doc.get("executions", 0)
+        return session
+
+    def take_sandbox(self, pooled: Session) -> None:
+        """Become the one owner of a pooled sandbox: its id, kernel, workspace and facts."""
+        self.id = pooled.id
+        self.kernel, self.workspace, self.isolation = (
+            pooled.kernel,
+            pooled.workspace,
+            pooled.isolation,
+        )
+        self.image_digest, self.packages = pooled.image_digest, pooled.packages
+        self.language_info, self.display_name = pooled.language_info, pooled.display_name
+
+    @property
+    def owner(self) -> Principal:
+        """The gateway acting for the session's tenant, when no caller is there to ask."""
+        return Principal(tenant=self.tenant, token_id="gateway")
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + self.ttl
+
+    @property
+    def idle_deadline(self) -> float:
+        return self.last_activity + self.idle_timeout
+
+    def touch(self) -> None:
+        self.last_activity = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "kernel": self.kernel_name,
+            "image": self.image,
+            "image_digest": self.image_digest,
+            "display_name": self.display_name,
+            "language_info": self.language_info,
+            "state": self.state,
+            "reason": self.reason,
+            "limits": self.limits.to_json(),
+            "ttl": self.ttl,
+            "idle_timeout": self.idle_timeout,
+            "runtime": self.runtime,
+            "network": self.network.to_json(),
+            "env": self.env,
+            "metadata": self.metadata,
+            "created_at": iso(self.created_at),
+            "expires_at": iso(self.expires_at),
+            "last_activity": iso(self.last_activity),
+            "idle_expires_at": iso(self.idle_deadline),
+            "ended_at": iso(self.ended_at),
+            "executions": self.executions,
+            "container_id": self.kernel.container_id if self.kernel else None,
+        }
+
+    def record(self) -> dict[str, Any]:
+        """What the store keeps: the API view plus the image's package list."""
+        return {**self.to_json(), "packages": self.packages}

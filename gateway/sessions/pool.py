@@ -1,0 +1,214 @@
+"""Warm pool: kernels started ahead of time, so a create returns in milliseconds.
+
+Per kernelspec (``pool`` setting, e.g. ``python3=2``) a few sandboxes wait
+with their kernel answering. A create that fits one claims it: the
+requested limits are applied to the running container (Docker updates
+memory, swap, CPU and pids in place) and the session's env is set in the
+kernel process as a cold start would have it. A request the pool cannot
+satisfy starts cold: another image, runtime or network policy, another
+workspace size (its filesystem is made at pool time, and online resizing
+is not permitted everywhere), a memory limit that changes /tmp's size, a
+client-chosen id, env for a kernel that cannot take it late, or, where the
+placement cannot resize a running sandbox (swarm), any other limits. A
+pooled kernel serves exactly one session, ever. Refills run in the
+background, a bounded number at a time, so they do not starve live sessions;
+pooled sandboxes count against the server's session limit and give way to
+real sessions when it is reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from ..sandbox.docker import volume
+from .model import Session
+
+if TYPE_CHECKING:
+    from .manager import SessionManager
+
+log = logging.getLogger(__name__)
+
+# How a kernel of each language takes env after it started, as a cold start would set it.
+_SET_ENV = {"python": "import os as _o; _o.environ.update({env}); del _o"}
+
+
+class WarmPool:
+    """Ready sandboxes per kernelspec, each claimed by at most one session."""
+
+    def __init__(self, manager: SessionManager, sizes: dict[str, int]) -> None:
+        self.manager = manager
+        self.sizes = sizes
+        self.ready: dict[str, list[Session]] = {name: [] for name in sizes}
+        self.starting: Counter[str] = Counter()
+        self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
+        self._refills = asyncio.Semaphore(manager.settings.pool_refill_concurrency)
+        self._wake = asyncio.Event()
+        self._filler: asyncio.Task | None = None
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.ready.values()) + sum(self.starting.values())
+
+    def start(self) -> None:
+        if self.sizes:
+            self._filler = asyncio.create_task(self._fill_forever(), name="sbx-pool")
+
+    async def stop(self) -> None:
+        """Stop refilling and remove every unclaimed sandbox: they belong to no session."""
+        if self._filler is not None:
+            self._filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filler
+        entries = [entry for ready in self.ready.values() for entry in ready]
+        for ready in self.ready.values():
+            ready.clear()
+        await asyncio.gather(*(self._discard(e) for e in entries), return_exceptions=True)
+
+    # -- claiming ----------------------------------------------------------------------
+
+    async def claim(self, session: Session, request: dict[str, Any]) -> bool:
+        """Give ``session`` a ready sandbox if one fits; False means start it cold.
+
+        On success the session has taken the pooled sandbox's id, kernel and
+        workspace, with its own limits and env applied.
+        """
+        entry = self._take(session, request)
+        self.claims[(session.kernel_name, "hit" if entry else "miss")] += 1
+        self._wake.set()
+        if entry is None:
+            return False
+        try:
+            await self._fit(entry, session)
+        except Exception as e:  # the sandbox is spent either way; a cold start still works
+            log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
+            self.claims[(session.kernel_name, "hit")] -= 1
+            self.claims[(session.kernel_name, "miss")] += 1
+            await self._discard(entry)
+            return False
+        return True
+
+    def _take(self, session: Session, request: dict[str, Any]) -> Session | None:
+        ready = self.ready.get(session.kernel_name)
+        if not ready or request.get("id") is not None:
+            return None
+        pooled = ready[0]
+        language = pooled.language_info.get("name", "")
+        settings = self.manager.settings
+        if (
+            session.image != pooled.image
+            or session.runtime != pooled.runtime
+            or not session.network.is_none
+            or session.limits.disk != pooled.limits.disk
+            or settings.tmp_bytes_for(session.limits) != settings.tmp_bytes_for(pooled.limits)
+            or (session.env and language not in _SET_ENV)
+            or not (self.manager.placement.resizes_in_place or _same_box(session, pooled))
+        ):
+            return None
+        return ready.pop(0)
+
+    async def _fit(self, pooled: Session, session: Session) -> None:
+        """Move the pooled sandbox to ``session`` and apply what it asked for."""
+        kernel, spec = pooled.kernel, pooled.kernel.sandbox if pooled.kernel else None
+        assert kernel is not None and spec is not None and kernel.container_id is not None
+        if not _same_box(session, pooled):
+            await self.manager.placement.update_limits(kernel.container_id, session.limits)
+        if session.env:
+            language = pooled.language_info.get("name", "")
+            await kernel.run_silently(_SET_ENV[language].format(env=json.dumps(session.env)))
+        spec.limits, spec.env = session.limits, session.env  # what a restart starts with
+        session.take_sandbox(pooled)
+
+    # -- refilling ---------------------------------------------------------------------
+
+    async def _fill_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            for name, size in self.sizes.items():
+                while len(self.ready[name]) + self.starting[name] < size and self._has_room():
+                    self.starting[name] += 1
+                    self.manager.spawn(self._refill(name))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 5.0)
+
+    def _has_room(self) -> bool:
+        return len(self.manager.sessions) + len(self) < self.manager.settings.max_sessions
+
+    async def _refill(self, name: str) -> None:
+        try:
+            async with self._refills:
+                entry = await self._start(name)
+            if len(self.manager.sessions) + len(self) > self.manager.settings.max_sessions:
+                await self._discard(entry)  # sessions took the room while it started
+            else:
+                self.ready[name].append(entry)
+        except Exception:
+            log.exception("could not start a pooled %s kernel; will retry", name)
+            await asyncio.sleep(5)
+        finally:
+            self.starting[name] -= 1
+            self._wake.set()
+
+    async def _start(self, name: str) -> Session:
+        """A sandbox with the server's default limits, its kernel answering."""
+        sandboxes = self.manager.sandboxes
+        entry = sandboxes.new_session({"kernel": name}, tenant="")
+        entry.state = "pooled"
+        try:
+            await sandboxes.launch(entry)
+        except BaseException:
+            await self._discard(entry)
+            raise
+        log.debug("pooled %s kernel %s ready", name, entry.id)
+        return entry
+
+    async def _discard(self, entry: Session) -> None:
+        if entry.kernel is not None:
+            with contextlib.suppress(Exception):
+                await entry.kernel.shutdown()
+        await self.manager.remove_container(entry.id)
+        self.manager.isolation.release(entry.id)
+        await asyncio.to_thread(volume.destroy, self.manager.sandboxes.session_dir(entry.id))
+
+    # -- upkeep ------------------------------------------------------------------------
+
+    def forget(self, session_id: str) -> bool:
+        """A pooled sandbox's container died: drop it (a refill replaces it)."""
+        for ready in self.ready.values():
+            for entry in ready:
+                if entry.id == session_id:
+                    ready.remove(entry)
+                    self.manager.spawn(self._discard(entry))
+                    self._wake.set()
+                    return True
+        return False
+
+    async def make_room(self) -> None:
+        """Give up a pooled sandbox when live sessions need the server's last slot."""
+        if self._has_room():
+            return
+        for ready in self.ready.values():
+            if ready:
+                await self._discard(ready.pop())
+                return
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            name: {
+                "target": self.sizes[name],
+                "ready": len(self.ready[name]),
+                "starting": self.starting[name],
+                "hits": self.claims[(name, "hit")],
+                "misses": self.claims[(name, "miss")],
+            }
+            for name in self.sizes
+        }
+
+
+def _same_box(session: Session, pooled: Session) -> bool:
+    """Whether the container limits match (the rest of the limits are the gateway's own)."""
+    a, b = session.limits, pooled.limits
+    return (a.memory, a.cpus, a.pids) == (b.memory, b.cpus, b.pids)

@@ -1,0 +1,1 @@
+"""Persistence: sessions, executions and the audit log."""
