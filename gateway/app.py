@@ -31,6 +31,12 @@ from .api import (
 from .api.base import NotFoundHandler, log_request
 from .config import Settings
 from .errors import EngineUnavailable
+from .execution.kernel import shared_context
+from .sandbox.factory import make_placement
+from .sandbox.images import ImageBuilder
+from .sandbox.isolation.manager import IsolationManager
+from .sandbox.kernelspecs import KernelSpecs
+from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .store.sqlite import Store
 
@@ -90,7 +96,9 @@ class Gateway:
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = AuditLog(self.store)
-        self.manager = SessionManager(self.settings, client, self.store, auth.quota)
+        self.manager = SessionManager(
+            self.settings, build_lifecycle(self.settings, client), self.store, auth.quota
+        )
         await self.manager.start()
         sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
@@ -142,6 +150,27 @@ class Gateway:
         verb = "ending" if self.settings.end_sessions_on_stop else "keeping"
         log.info("stopping: %s %d session(s)", verb, len(self.manager.sessions))
         await self.stop()
+
+
+def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:
+    """Wire the sandbox side from the settings: the one place that reads them for it."""
+    images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
+    placement = make_placement(
+        settings.placement,
+        client,
+        images,
+        sessions_dir=Path(settings.data_dir) / "sessions",
+        tmp_size=settings.tmp_bytes,
+        swarm=settings.swarm_options(),
+        context=shared_context(),
+    )
+    return SandboxLifecycle(
+        settings,
+        KernelSpecs(Path(settings.kernels_dir)),
+        images,
+        IsolationManager(settings.isolation_options(), client),
+        placement,
+    )
 
 
 def _warn_unauthenticated(host: str) -> None:

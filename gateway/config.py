@@ -17,11 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import BadRequest, GatewayError
+from .errors import BadRequest, ConfigError
 from .limits import Limits, parse_size
+from .sandbox.egress import EgressOptions
 from .sandbox.egress.policy import IPNetwork, Rule, parse_ranges
 from .sandbox.isolation import seccomp
+from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.isolation.runtimes import RUNTIMES
+from .sandbox.swarm.placement import SwarmOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,10 +36,6 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 def _default_data_dir() -> str:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return str(Path(base) / "sandbox-gateway")
-
-
-class ConfigError(GatewayError):
-    code = "config_error"
 
 
 @dataclasses.dataclass
@@ -358,6 +357,31 @@ class Settings:
     @functools.cached_property
     def cors_origin_list(self) -> list[str]:
         return [origin.rstrip("/") for origin in _csv(self.cors_origins)]
+
+    def isolation_options(self) -> IsolationOptions:
+        """The isolation layer's settings, as values (sandbox code never reads Settings)."""
+        return IsolationOptions(
+            runtimes=tuple(self.runtime_names),
+            default_runtime=self.default_runtime,
+            seccomp=self.seccomp_profile_json,
+            egress=EgressOptions(
+                policies=tuple(self.network_policy_names),
+                network=self.egress_network,
+                proxy_ports=self.egress_proxy_port_range,
+                allow_ranges=tuple(self.egress_ranges),
+                always_allow=tuple(self.egress_always_allow_rules),
+                state_dir=Path(self.data_dir) / "egress",
+            ),
+        )
+
+    def swarm_options(self) -> SwarmOptions:
+        """The swarm placement's settings, as values."""
+        return SwarmOptions(
+            network=self.swarm_network,
+            registry=self.registry,
+            constraints=tuple(self.swarm_constraint_list),
+            poll_interval=self.swarm_poll_interval,
+        )
 
     @classmethod
     def add_arguments(

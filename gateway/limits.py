@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import BadRequest, LimitExceeded
@@ -60,21 +61,25 @@ class Limits:
     def from_json(cls, data: dict[str, Any]) -> Limits:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
 
-    def resolve(self, requested: Any, maximum: Limits) -> Limits:
-        """Apply a client's request over these defaults, refusing anything above ``maximum``."""
-        if requested is None:
-            requested = {}
-        if not isinstance(requested, dict):
+    @classmethod
+    def requested(cls, raw: Any) -> dict[str, int | float]:
+        """Read a client's ``limits`` object: known names, numbers and sizes, no ranges yet."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
             raise BadRequest('limits must be an object, e.g. {"memory": "512m"}')
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(requested) - known)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
         if unknown:
             raise BadRequest(f"unknown limit(s) {unknown}; known limits: {sorted(known)}")
-        values = dataclasses.asdict(self)
-        for name, raw in requested.items():
-            if raw is None:
-                continue
-            values[name] = _coerce(name, raw)
+        return {name: _coerce(name, value) for name, value in raw.items() if value is not None}
+
+    def resolve(self, requested: Mapping[str, Any] | None, maximum: Limits) -> Limits:
+        """Apply requested limits over these defaults, refusing anything above ``maximum``.
+
+        ``requested`` is what ``requested()`` read (reading it again changes nothing).
+        """
+        values = {**dataclasses.asdict(self), **self.requested(requested)}
         for name, value in values.items():
             ceiling = getattr(maximum, name)
             shown = format_size if name in self._SIZES else str

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from tornado.websocket import websocket_connect
 
-from gateway.sandbox.docker import volume
+from gateway.sandbox import volume
 
 
 class GatewayProcess:

@@ -188,7 +188,8 @@ def test_an_operator_seccomp_profile_refuses_ptrace_under_runc(start_gateway, tm
 
 def test_an_allowed_runtime_the_engine_lacks_is_a_clear_error(engine, monkeypatch, tmp_path):
     monkeypatch.setitem(runtimes.RUNTIMES, "gvisor", EngineRuntimes("sbx-absent", "sbx-absent"))
-    catalog = Runtimes(Settings.from_mapping({"data_dir": str(tmp_path)}), engine)
+    options = Settings.from_mapping({"data_dir": str(tmp_path)}).isolation_options()
+    catalog = Runtimes(options.runtimes, options.default_runtime, engine)
     with pytest.raises(RuntimeUnavailable, match="scripts/setup-gvisor") as caught:
         asyncio.run(catalog.engine_name("gvisor", networked=False))
     assert caught.value.status == 503 and caught.value.code == "runtime_unavailable"

@@ -18,7 +18,8 @@ from typing import Any
 from .. import __version__
 from ..errors import BadRequest, NotFound
 from ..relays.jupyter_channels import KernelChannels
-from ..sessions.manager import Session
+from ..sessions.model import Session
+from ..sessions.requests import CreateSession
 from .base import JSONHandler, JSONWebSocketHandler
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class KernelsHandler(JSONHandler):
                 request["start_timeout"] = float(env["KERNEL_LAUNCH_TIMEOUT"])
             except ValueError:
                 raise BadRequest("KERNEL_LAUNCH_TIMEOUT must be a number of seconds") from None
-        session = await self.manager.create(request, self.principal)
+        session = await self.manager.create(CreateSession.from_json(request), self.principal)
         self.audit_session = session.id
         self.set_header("Location", f"/api/kernels/{session.id}")
         self.send(kernel_model(session), status=201)

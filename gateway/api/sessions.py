@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..access.audit import code_facts
+from ..sessions.requests import CreateSession, ExecuteCode, UpdateSession
 from .base import JSONHandler
 
 _ID = r"(?P<session_id>[^/]+)"
@@ -26,7 +27,8 @@ class SessionsHandler(JSONHandler):
         self.send({"sessions": [s.to_json() for s in sessions]})
 
     async def post(self) -> None:
-        session = await self.manager.create(self.json_body(), self.principal)
+        request = CreateSession.from_json(self.json_body())
+        session = await self.manager.create(request, self.principal)
         self.audit_session = session.id
         self.set_header("Location", f"/v1/sessions/{session.id}")
         self.send(session.to_json(), status=201)
@@ -39,7 +41,8 @@ class SessionHandler(JSONHandler):
         self.send(await self.manager.describe(session_id, self.principal))
 
     async def patch(self, session_id: str) -> None:
-        session = await self.manager.update(session_id, self.principal, self.json_body())
+        request = UpdateSession.from_json(self.json_body())
+        session = await self.manager.update(session_id, self.principal, request)
         self.send(session.to_json())
 
     async def delete(self, session_id: str) -> None:
@@ -55,13 +58,8 @@ class ExecuteHandler(JSONHandler):
         body = self.json_body()
         if isinstance(body.get("code"), str):
             self.audit_detail.update(code_facts(body["code"]))
-        result = await self.manager.execute(
-            session_id,
-            self.principal,
-            body.get("code"),
-            body.get("timeout"),
-            description=body.get("description"),
-        )
+        request = ExecuteCode.from_json(body)
+        result = await self.manager.execute(session_id, self.principal, request)
         self.audit_detail["execution_status"] = result.status
         self.send(result.to_json())
 

@@ -16,7 +16,7 @@ import json
 import uuid
 
 from ..errors import BadRequest
-from ..relays.agent_stream import StreamHub, rejection
+from ..relays.agent_stream import StreamHub, hub_for, rejection
 from .base import JSONWebSocketHandler
 
 
@@ -30,7 +30,7 @@ class StreamHandler(JSONWebSocketHandler):
     transport = "stream"
 
     def prepare_socket(self, session_id: str) -> None:
-        self.hub = self.manager.stream_hub(session_id, self.principal)
+        self.hub = hub_for(self.manager, session_id, self.principal)
 
     def open(self, session_id: str) -> None:
         self.set_nodelay(True)  # see JSONWebSocketHandler

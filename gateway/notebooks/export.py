@@ -21,6 +21,7 @@ from ..access.auth import Principal
 from ..errors import BadRequest
 from ..execution.recorder import CUT_BY_RESTART
 from ..sessions.manager import SessionManager
+from ..sessions.requests import CreateSession, ExecuteCode
 from .compare import diff_outputs
 
 log = logging.getLogger(__name__)
@@ -126,15 +127,15 @@ async def replay_notebook(
     if image and not await manager.image_available(image):
         warnings.append(f"the recorded image {image} is not available here; using the current one")
         image = None
-    session = await manager.create(
+    request = CreateSession.from_json(
         {
             "kernel": kernel,
             "image": image,
             "limits": recorded.get("limits"),
             "metadata": {"replay_of": str(recorded.get("session_id", ""))},
-        },
-        who,
+        }
     )
+    session = await manager.create(request, who)
     warnings += _environment_warnings(recorded, session.image_digest, session.packages)
     executed = nbformat.from_dict(nb)
     cells = []
@@ -142,7 +143,7 @@ async def replay_notebook(
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
                 continue
-            result = await manager.execute(session.id, who, cell.source)
+            result = await manager.execute(session.id, who, ExecuteCode(cell.source))
             verdict = _verdict(cell, result.status, result.outputs, image_tolerance)
             cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]

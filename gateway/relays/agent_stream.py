@@ -17,14 +17,14 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..access.auth import Principal
+from ..config import Settings
 from ..errors import BadRequest, GatewayError
-
-if TYPE_CHECKING:
-    from ..config import Settings
-    from ..sessions.manager import Session, SessionManager
+from ..sessions.manager import SessionManager
+from ..sessions.model import Session
+from ..sessions.requests import ExecuteCode
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +155,8 @@ class StreamHub:
             result = await self.manager.execute(
                 self.session.id,
                 who,
-                request.get("code"),
-                request.get("timeout"),
+                ExecuteCode.from_json(request),
                 on_output=output,
-                description=request.get("description"),
                 on_start=started,
             )
         except GatewayError as e:
@@ -214,3 +212,12 @@ def rejection(request_id: str | None, error: GatewayError) -> dict[str, Any]:
         "id": request_id,
         "error": {"code": error.code, "message": error.message},
     }
+
+
+def hub_for(manager: SessionManager, session_id: str, who: Principal) -> StreamHub:
+    """The session's agent stream, made on first use."""
+    session = manager.get(session_id, who)
+    if session.stream is None:
+        session.stream = StreamHub(manager, session)
+    assert isinstance(session.stream, StreamHub)
+    return session.stream

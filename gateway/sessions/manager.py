@@ -7,9 +7,11 @@ A session owns one kernel in one container. States::
          +-------> dead (reason) --restart--> starting
     any state --delete / ttl / idle timeout--> deleted (reason)
 
-``SessionManager`` is what the HTTP handlers call. It reaches sandboxes only
-through ``Sandboxes`` (building them) and ``Placement`` (where they run), and
-SQLite only through ``Store``.
+``SessionManager`` is what the HTTP handlers call. It is handed its
+collaborators: the ``SandboxLifecycle`` (how sandboxes are made, adopted and
+removed), the ``Store``, the ``WarmPool``, a clock and the settings. The
+composition root (``gateway.app``) builds them; a unit test can build them
+with a fake placement.
 """
 
 from __future__ import annotations
@@ -21,16 +23,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import docker
-import docker.errors
+from typing import Any
 
 from ..access.auth import Principal, Quota
-from ..config import ConfigError, Settings
+from ..config import Settings
 from ..errors import (
     BadRequest,
+    ConfigError,
     Conflict,
     GatewayError,
     KernelDied,
@@ -44,20 +43,18 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
-from ..sandbox.docker import volume
-from ..sandbox.docker.placement import make_placement
-from ..sandbox.factory import Sandboxes
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
 from ..sandbox.workspace import Workspace
 from ..store.sqlite import Store
 from ..validation import seconds
+from .lifecycle import SandboxLifecycle
 from .model import Session
 from .pool import WarmPool
-
-if TYPE_CHECKING:
-    from ..relays.agent_stream import StreamHub
+from .recovery import recover
+from .requests import CreateSession, ExecuteCode, UpdateSession
+from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -72,36 +69,48 @@ class SessionManager:
     def __init__(
         self,
         settings: Settings,
-        client: docker.DockerClient,
+        lifecycle: SandboxLifecycle,
         store: Store,
         quota: Callable[[str], Quota],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.lifecycle = lifecycle
         self.store = store
         self.quota = quota  # a tenant's quota, by tenant name
-        self.kernelspecs = KernelSpecs(Path(settings.kernels_dir))
-        self.images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
-        self.isolation = IsolationManager(settings, client)
-        self.placement = make_placement(settings, client, self.images)
-        self.sandboxes = Sandboxes(
-            settings, client, self.kernelspecs, self.images, self.isolation, self.placement
-        )
+        self.clock = clock
         self.sessions: dict[str, Session] = {}
-        self.sessions_dir = self.sandboxes.sessions_dir
-        self.pool = WarmPool(self, settings.pool_sizes)
+        self.tasks = TaskSet()
+        self.pool = WarmPool(
+            lifecycle,
+            settings.pool_sizes,
+            refill_concurrency=settings.pool_refill_concurrency,
+            max_sandboxes=settings.max_sessions,
+            live_sessions=lambda: len(self.sessions),
+            tasks=self.tasks,
+        )
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
-        self.gateway_id = ""
         self._culler: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._saving: set[str] = set()  # sessions whose record is due to be saved
+
+    @property
+    def kernelspecs(self) -> KernelSpecs:
+        return self.lifecycle.kernelspecs
+
+    @property
+    def images(self) -> ImageBuilder:
+        return self.lifecycle.images
+
+    @property
+    def isolation(self) -> IsolationManager:
+        return self.lifecycle.isolation
 
     # -- lifecycle of the manager itself -------------------------------------------------
 
     async def start(self) -> None:
         """Take over what a previous run left (reattach or reap), then watch and cull."""
-        from .recovery import recover
-
-        socket_path = self.sessions_dir / str(uuid.uuid4()) / "run" / "k-10"
+        placement = self.lifecycle.placement
+        socket_path = placement.sessions_dir / str(uuid.uuid4()) / "run" / "k-10"
         if len(str(socket_path)) > _MAX_SOCKET_PATH:
             raise ConfigError(
                 f"data_dir {self.settings.data_dir} is too long for kernel sockets; "
@@ -109,10 +118,10 @@ class SessionManager:
             )
         for name in self.pool.sizes:
             self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
-        self.gateway_id = self.sandboxes.gateway_id = await self.store.gateway_id()
+        self.lifecycle.gateway_id = await self.store.gateway_id()
         # Watch before recovering, so a container dying meanwhile is not missed.
-        await self.placement.start(self.gateway_id, self._on_container_death)
-        await recover(self)
+        await placement.start(self.lifecycle.gateway_id, self._on_container_death)
+        await recover(self, self.store, self.lifecycle)
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
 
@@ -136,14 +145,10 @@ class SessionManager:
         else:
             await self._drain(drain_timeout)
             await asyncio.gather(*(self._detach(s) for s in sessions), return_exceptions=True)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
         # Let them clean up after themselves (a pooled kernel half started, say).
-        if tasks:
-            await asyncio.wait(tasks, timeout=30)
-        await self.placement.stop()
-        await self.isolation.stop()
+        await self.tasks.cancel(timeout=30)
+        await self.lifecycle.placement.stop()
+        await self.lifecycle.isolation.stop()
 
     async def _drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -212,17 +217,8 @@ class SessionManager:
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
 
-    def stream_hub(self, session_id: str, who: Principal) -> StreamHub:
-        """The session's agent stream, made on first use."""
-        from ..relays.agent_stream import StreamHub
-
-        session = self.get(session_id, who)
-        if session.stream is None:
-            session.stream = StreamHub(self, session)
-        return session.stream
-
     async def image_available(self, ref: str) -> bool:
-        return await asyncio.to_thread(self.images.exists, ref)
+        return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 
     async def history(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
@@ -230,16 +226,16 @@ class SessionManager:
 
     # -- commands -----------------------------------------------------------------------
 
-    async def create(self, request: dict[str, Any], who: Principal) -> Session:
-        """Validate a create request and start its kernel; the session is idle on return."""
-        session = self.sandboxes.new_session(request, who.tenant)
+    async def create(self, request: CreateSession, who: Principal) -> Session:
+        """Check a create request against the server and start its kernel; idle on return."""
+        session = self.lifecycle.new_session(request, who.tenant)
         if len(self.sessions) >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
                 "delete one you no longer need or try again later"
             )
         self._check_quota(session)
-        if request.get("id") is not None and await self.store.get_session(session.id):
+        if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         # Registered at once, so concurrent creates count it against the limits.
         self.sessions[session.id] = session
@@ -254,7 +250,7 @@ class SessionManager:
             await self.save(session)
             try:
                 async with self._ended_meanwhile(session, "started"):
-                    await self.sandboxes.launch(session)
+                    await self.lifecycle.launch(session)
             except BaseException as e:
                 await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
                 raise
@@ -304,36 +300,33 @@ class SessionManager:
         self,
         session_id: str,
         who: Principal,
-        code: Any,
-        timeout: Any = None,
+        request: ExecuteCode,
         on_output: OutputListener | None = None,
-        description: Any = None,
         on_start: Callable[[], None] | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
-        ``description`` is the caller's markdown narrative for this step; it is
-        recorded and becomes a markdown cell in the notebook export. ``on_start``
-        is called when this execution's turn comes (others may be queued ahead).
-        ``on_output`` hears of each output once it is stored.
+        The request's ``description`` is the caller's markdown narrative for this
+        step; it is recorded and becomes a markdown cell in the notebook export.
+        ``on_start`` is called when this execution's turn comes (others may be
+        queued ahead). ``on_output`` hears of each output once it is stored.
         """
         session = self.get(session_id, who)
-        if not isinstance(code, str):
-            raise BadRequest("code must be a string of source code")
+        code = request.code
         if len(code.encode(errors="surrogatepass")) > self.settings.max_code_bytes:
             raise PayloadTooLarge(
                 f"the code is larger than the limit of {format_size(self.settings.max_code_bytes)}"
                 "; put large data in a file (PUT /v1/sessions/{id}/files/...) and read it"
             )
-        if description is not None and not isinstance(description, str):
-            raise BadRequest("description must be a markdown string")
-        limit = seconds(timeout, "timeout", session.limits.timeout, self.settings.max_timeout)
+        limit = seconds(
+            request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
+        )
         async with session.lock:
             self._check_usable(session)
             session.state = "busy"
             session.touch()
             assert session.kernel is not None and session.workspace is not None
-            recorder = self.begin_execution(session, code, description)
+            recorder = self.begin_execution(session, code, request.description)
             if session.workspace.seen is None:
                 await asyncio.to_thread(session.workspace.baseline)
             result = await session.kernel.execute(
@@ -395,7 +388,7 @@ class SessionManager:
         def flush() -> None:
             self._saving.discard(session.id)
             if session.state != "deleted":
-                self.spawn(self.save(session))
+                self.tasks.spawn(self.save(session))
 
         asyncio.get_running_loop().call_later(1.0, flush)
 
@@ -436,19 +429,14 @@ class SessionManager:
         await self.save(session)
         return session
 
-    async def update(self, session_id: str, who: Principal, request: dict[str, Any]) -> Session:
+    async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity)."""
         session = self.get(session_id, who)
-        unknown = set(request) - {"ttl", "idle_timeout"}
-        if unknown:
-            raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
         s = self.settings
-        if "ttl" in request:
-            session.ttl = seconds(request["ttl"], "ttl", session.ttl, s.max_ttl)
-        if "idle_timeout" in request:
-            session.idle_timeout = seconds(
-                request["idle_timeout"], "idle_timeout", session.idle_timeout, s.max_idle_timeout
-            )
+        session.ttl = seconds(request.ttl, "ttl", session.ttl, s.max_ttl)
+        session.idle_timeout = seconds(
+            request.idle_timeout, "idle_timeout", session.idle_timeout, s.max_idle_timeout
+        )
         session.touch()
         await self.save(session)
         return session
@@ -471,32 +459,22 @@ class SessionManager:
             return
         session.state = "deleted"
         session.reason = reason
-        session.ended_at = time.time()
+        session.ended_at = self.clock()
         self.sessions.pop(session.id, None)
-        self.isolation.release(session.id)
         if session.stream is not None:
             session.stream.close()
         for relay in list(session.parked.values()):
             relay.close()
-        kernel = session.kernel
-        if kernel is not None:
-            kernel.died.set()  # lets an in-flight execute return instead of hanging
+        if session.kernel is not None:
+            session.kernel.died.set()  # lets an in-flight execute return instead of hanging
             # Give that execute a moment to finish and record itself.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     async with session.lock:
                         pass
-            try:
-                await kernel.shutdown()
-            except Exception:
-                log.exception("session %s: kernel shutdown failed", session.id)
-                await self.remove_container(session.id)
-        await asyncio.to_thread(volume.destroy, self.sandboxes.session_dir(session.id))
+        await self.lifecycle.teardown(session)
         await self.save(session)
         log.info("session %s ended: %s", session.id, reason)
-
-    async def remove_container(self, session_id: str) -> None:
-        await self.placement.remove(session_id)
 
     def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
         """Called on the loop by the watcher when one of our containers stops."""
@@ -510,14 +488,12 @@ class SessionManager:
         self.spawn(self._mark_dead(session, container_id, exit_code))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        """Run a background task that shutdown cancels instead of leaking."""
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        """Run a background task that shutdown cancels instead of leaking (relays use it)."""
+        return self.tasks.spawn(coro)
 
     async def _mark_dead(self, session: Session, container_id: str, exit_code: int) -> None:
-        reason = await self.placement.death_reason(session, container_id, exit_code)
+        placement = self.lifecycle.placement
+        reason = await placement.death_reason(session.limits, container_id, exit_code)
         kernel = session.kernel
         if session.state == "deleted" or kernel is None or kernel.container_id != container_id:
             return  # ended or restarted meanwhile
@@ -542,7 +518,7 @@ class SessionManager:
 
     async def cull(self) -> None:
         """End sessions past their TTL, and idle ones past their idle timeout."""
-        now = time.time()
+        now = self.clock()
         for session in list(self.sessions.values()):
             if now >= session.expires_at:
                 await self.end(session, f"ttl expired after {session.ttl:g} s")

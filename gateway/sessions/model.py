@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..access.auth import Principal
 from ..execution.kernel import Kernel
@@ -18,9 +18,11 @@ from ..limits import Limits
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import Workspace, iso, parse_iso
 
-if TYPE_CHECKING:
-    from ..relays.agent_stream import StreamHub
-    from ..relays.jupyter_channels import KernelChannels
+
+class Relay(Protocol):
+    """A live relay of the session's kernel to clients; ending the session closes it."""
+
+    def close(self) -> None: ...
 
 
 class Session:
@@ -70,10 +72,10 @@ class Session:
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
-        self.stream: StreamHub | None = None  # the agent stream, made on first use
+        self.stream: Relay | None = None  # the agent stream, made on first use
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
-        self.parked: dict[str, KernelChannels] = {}
+        self.parked: dict[str, Relay] = {}
 
     @classmethod
     def from_record(cls, doc: dict[str, Any]) -> Session:

@@ -23,13 +23,13 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from ..sandbox.docker import volume
+from .lifecycle import SandboxLifecycle
 from .model import Session
-
-if TYPE_CHECKING:
-    from .manager import SessionManager
+from .requests import CreateSession
+from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,25 @@ _SET_ENV = {"python": "import os as _o; _o.environ.update({env}); del _o"}
 class WarmPool:
     """Ready sandboxes per kernelspec, each claimed by at most one session."""
 
-    def __init__(self, manager: SessionManager, sizes: dict[str, int]) -> None:
-        self.manager = manager
+    def __init__(
+        self,
+        lifecycle: SandboxLifecycle,
+        sizes: dict[str, int],
+        refill_concurrency: int,
+        max_sandboxes: int,
+        live_sessions: Callable[[], int],
+        tasks: TaskSet,
+    ) -> None:
+        """``live_sessions`` counts the sessions that share ``max_sandboxes`` with the pool."""
+        self.lifecycle = lifecycle
         self.sizes = sizes
+        self.max_sandboxes = max_sandboxes
+        self.live_sessions = live_sessions
+        self.tasks = tasks
         self.ready: dict[str, list[Session]] = {name: [] for name in sizes}
         self.starting: Counter[str] = Counter()
         self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
-        self._refills = asyncio.Semaphore(manager.settings.pool_refill_concurrency)
+        self._refills = asyncio.Semaphore(refill_concurrency)
         self._wake = asyncio.Event()
         self._filler: asyncio.Task | None = None
 
@@ -70,7 +82,7 @@ class WarmPool:
 
     # -- claiming ----------------------------------------------------------------------
 
-    async def claim(self, session: Session, request: dict[str, Any]) -> bool:
+    async def claim(self, session: Session, request: CreateSession) -> bool:
         """Give ``session`` a ready sandbox if one fits; False means start it cold.
 
         On success the session has taken the pooled sandbox's id, kernel and
@@ -91,21 +103,21 @@ class WarmPool:
             return False
         return True
 
-    def _take(self, session: Session, request: dict[str, Any]) -> Session | None:
+    def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)
-        if not ready or request.get("id") is not None:
+        if not ready or request.session_id is not None:
             return None
         pooled = ready[0]
         language = pooled.language_info.get("name", "")
-        settings = self.manager.settings
+        placement = self.lifecycle.placement
         if (
             session.image != pooled.image
             or session.runtime != pooled.runtime
             or not session.network.is_none
             or session.limits.disk != pooled.limits.disk
-            or settings.tmp_bytes_for(session.limits) != settings.tmp_bytes_for(pooled.limits)
+            or placement.tmp_bytes(session.limits) != placement.tmp_bytes(pooled.limits)
             or (session.env and language not in _SET_ENV)
-            or not (self.manager.placement.resizes_in_place or _same_box(session, pooled))
+            or not (placement.resizes_in_place or _same_box(session, pooled))
         ):
             return None
         return ready.pop(0)
@@ -115,7 +127,7 @@ class WarmPool:
         kernel, spec = pooled.kernel, pooled.kernel.sandbox if pooled.kernel else None
         assert kernel is not None and spec is not None and kernel.container_id is not None
         if not _same_box(session, pooled):
-            await self.manager.placement.update_limits(kernel.container_id, session.limits)
+            await self.lifecycle.placement.update_limits(kernel.container_id, session.limits)
         if session.env:
             language = pooled.language_info.get("name", "")
             await kernel.run_silently(_SET_ENV[language].format(env=json.dumps(session.env)))
@@ -130,18 +142,18 @@ class WarmPool:
             for name, size in self.sizes.items():
                 while len(self.ready[name]) + self.starting[name] < size and self._has_room():
                     self.starting[name] += 1
-                    self.manager.spawn(self._refill(name))
+                    self.tasks.spawn(self._refill(name))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 5.0)
 
     def _has_room(self) -> bool:
-        return len(self.manager.sessions) + len(self) < self.manager.settings.max_sessions
+        return self.live_sessions() + len(self) < self.max_sandboxes
 
     async def _refill(self, name: str) -> None:
         try:
             async with self._refills:
                 entry = await self._start(name)
-            if len(self.manager.sessions) + len(self) > self.manager.settings.max_sessions:
+            if self.live_sessions() + len(self) > self.max_sandboxes:
                 await self._discard(entry)  # sessions took the room while it started
             else:
                 self.ready[name].append(entry)
@@ -154,11 +166,10 @@ class WarmPool:
 
     async def _start(self, name: str) -> Session:
         """A sandbox with the server's default limits, its kernel answering."""
-        sandboxes = self.manager.sandboxes
-        entry = sandboxes.new_session({"kernel": name}, tenant="")
+        entry = self.lifecycle.new_session(CreateSession(kernel=name), tenant="")
         entry.state = "pooled"
         try:
-            await sandboxes.launch(entry)
+            await self.lifecycle.launch(entry)
         except BaseException:
             await self._discard(entry)
             raise
@@ -166,12 +177,7 @@ class WarmPool:
         return entry
 
     async def _discard(self, entry: Session) -> None:
-        if entry.kernel is not None:
-            with contextlib.suppress(Exception):
-                await entry.kernel.shutdown()
-        await self.manager.remove_container(entry.id)
-        self.manager.isolation.release(entry.id)
-        await asyncio.to_thread(volume.destroy, self.manager.sandboxes.session_dir(entry.id))
+        await self.lifecycle.teardown(entry)
 
     # -- upkeep ------------------------------------------------------------------------
 
@@ -181,7 +187,7 @@ class WarmPool:
             for entry in ready:
                 if entry.id == session_id:
                     ready.remove(entry)
-                    self.manager.spawn(self._discard(entry))
+                    self.tasks.spawn(self._discard(entry))
                     self._wake.set()
                     return True
         return False

@@ -6,6 +6,10 @@ whose container stopped or vanished meanwhile, ends those that expired or
 never finished starting, closes the executions the restart cut short, and
 removes every container and session directory of its own that no open
 session accounts for: nothing it started leaks across restarts.
+
+Recovery is handed the store, the sandbox lifecycle and a ``Registry`` (the
+few session commands it needs; the session manager is one), never the
+manager itself.
 """
 
 from __future__ import annotations
@@ -13,28 +17,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import GatewayError
 from ..execution.recorder import close_cut_executions
-from ..sandbox.docker import volume
-from ..sandbox.docker.placement import SandboxState
-from .manager import Session, SessionManager
+from ..sandbox.base import SandboxState
+from ..store.sqlite import Store
+from .lifecycle import SandboxLifecycle
+from .model import Session
 
 log = logging.getLogger(__name__)
 
 _WHILE_DOWN = "while the gateway was down"
 
 
-async def recover(manager: SessionManager) -> None:
+class Registry(Protocol):
+    """Where recovered sessions go, and how they end or die."""
+
+    sessions: dict[str, Session]
+
+    async def end(self, session: Session, reason: str) -> None: ...
+
+    async def mark_dead(self, session: Session, reason: str) -> None: ...
+
+    async def save(self, session: Session) -> None: ...
+
+
+async def recover(registry: Registry, store: Store, lifecycle: SandboxLifecycle) -> None:
     """Reattach, mark dead or end each open session; remove whatever is left over."""
-    cut = await close_cut_executions(manager.store)
-    containers = await manager.placement.sandboxes(manager.gateway_id)
+    placement = lifecycle.placement
+    cut = await close_cut_executions(store)
+    containers = await placement.sandboxes(lifecycle.gateway_id)
     claimed: set[str] = set()
     outcomes = await asyncio.gather(
         *(
-            _take_over(manager, doc, runtime, containers, claimed, doc["id"] in cut)
-            for doc, runtime in await manager.store.open_sessions()
+            _take_over(registry, lifecycle, doc, runtime, containers, claimed, doc["id"] in cut)
+            for doc, runtime in await store.open_sessions()
         ),
         return_exceptions=True,
     )
@@ -44,12 +62,11 @@ async def recover(manager: SessionManager) -> None:
     for container in containers:
         if container.id not in claimed:
             log.info("removing leftover container of session %s", container.session_id)
-            await manager.placement.remove_sandbox(container.id)
-    if manager.sessions_dir.exists():
-        for leftover in manager.sessions_dir.iterdir():
-            if leftover.name not in manager.sessions:
-                await asyncio.to_thread(volume.destroy, leftover)
-    states = [s.state for s in manager.sessions.values()]
+            await placement.remove_sandbox(container.id)
+    for session_id in placement.directories():
+        if session_id not in registry.sessions:
+            await placement.remove_directory(session_id)
+    states = [s.state for s in registry.sessions.values()]
     if states:
         log.info(
             "took over %d session(s) from the previous run: %d idle, %d dead",
@@ -60,7 +77,8 @@ async def recover(manager: SessionManager) -> None:
 
 
 async def _take_over(
-    manager: SessionManager,
+    registry: Registry,
+    lifecycle: SandboxLifecycle,
     doc: dict[str, Any],
     runtime: dict[str, Any] | None,
     containers: list[SandboxState],
@@ -69,39 +87,32 @@ async def _take_over(
 ) -> None:
     session = Session.from_record(doc)
     if session.state == "starting" or not runtime or not runtime.get("container_id"):
-        await manager.end(session, "the gateway restarted while the session was starting")
+        await registry.end(session, "the gateway restarted while the session was starting")
         return
     if time.time() >= session.expires_at:
-        await manager.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
+        await registry.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
         return
     try:
-        # The egress proxy lives in this process: let the session's kernel back in.
-        session.isolation = await manager.isolation.prepare(
-            session.id, session.runtime, session.network, session.limits.pids
-        )
+        await lifecycle.adopt(session, runtime)
     except GatewayError as e:
-        await manager.end(session, f"its sandbox cannot be restored here: {e.message}")
+        await registry.end(session, f"its sandbox cannot be restored here: {e.message}")
         return
-    manager.sandboxes.equip(session)
-    assert session.kernel is not None
-    await session.kernel.adopt(runtime)
-    manager.sessions[session.id] = session
-    await manager.placement.reattach(session)
+    registry.sessions[session.id] = session
     container = next((c for c in containers if c.id == runtime["container_id"]), None)
     if container is not None:
         claimed.add(container.id)
     if session.state == "dead":
-        await manager.save(session)  # died before the restart: keep its reason
+        await registry.save(session)  # died before the restart: keep its reason
     elif container is None:
-        await manager.mark_dead(session, f"its container was removed {_WHILE_DOWN}")
+        await registry.mark_dead(session, f"its container was removed {_WHILE_DOWN}")
     elif not container.running:
-        reason = await manager.placement.stopped_reason(session, container.id)
-        await manager.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
+        reason = await lifecycle.placement.stopped_reason(session.limits, container.id)
+        await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
     else:
-        await _reattach(manager, session, was_cut)
+        await _reattach(registry, session, was_cut)
 
 
-async def _reattach(manager: SessionManager, session: Session, was_cut: bool) -> None:
+async def _reattach(registry: Registry, session: Session, was_cut: bool) -> None:
     kernel = session.kernel
     assert kernel is not None
     if was_cut:
@@ -111,10 +122,10 @@ async def _reattach(manager: SessionManager, session: Session, was_cut: bool) ->
     try:
         await kernel.connect()
     except GatewayError as e:
-        await manager.mark_dead(
+        await registry.mark_dead(
             session, f"the kernel did not answer after the gateway restarted ({e.message})"
         )
         return
     session.state = "idle"
-    await manager.save(session)
+    await registry.save(session)
     log.info("session %s reattached", session.id)

@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
 
 import docker
 import docker.errors
 
+from ..base import DeathCallback
 from .provisioner import LABEL_GATEWAY, LABEL_SESSION
 
 log = logging.getLogger(__name__)
-
-# session id, container id, exit code
-DeathCallback = Callable[[str, str, int], None]
 
 
 class ContainerWatcher:

@@ -1,112 +1,38 @@
-"""Where sessions' kernels run, chosen by the ``placement`` setting: one seam, two answers.
+"""The ``docker`` placement: each kernel in a container on this host's engine.
 
-``DockerPlacement`` (the default) runs each kernel in a container on this
-host's engine, its workspace a host directory. ``SwarmPlacement``
-(``gateway.sandbox.swarm.placement``) runs each as a one-task service on any node of a Docker
-Swarm, its workspace reached through the agent in the sandbox. The session
-manager, the sandbox factory, recovery and the warm pool call only this
-interface, so none of them knows which it has.
+Its workspace is a host directory (a loop-mounted, size-limited filesystem
+where the host allows it) under ``sessions_dir``, bind-mounted into the
+container next to the kernel's socket directory.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 import docker.errors
 
-from ...config import Settings
-from ...limits import Limits, format_size
+from ...limits import Limits
+from .. import volume
+from ..base import (
+    DeathCallback,
+    Placement,
+    ProvisionerRef,
+    SandboxRequest,
+    SandboxState,
+    exit_reason,
+    oom_reason,
+)
 from ..images import ImageBuilder
 from ..workspace import Workspace
-from . import volume
-from .events import ContainerWatcher, DeathCallback
-from .provisioner import (
-    LABEL_GATEWAY,
-    LABEL_SESSION,
-    SandboxSpec,
-    sandbox_name,
-    update_limits,
-)
-
-if TYPE_CHECKING:
-    from ...sessions.model import Session
+from .events import ContainerWatcher
+from .provisioner import LABEL_GATEWAY, LABEL_SESSION, SandboxSpec, sandbox_name, update_limits
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxState:
-    """One sandbox of this gateway as the engine lists it, for recovery."""
-
-    id: str
-    session_id: str
-    running: bool
-
-
-class Placement(abc.ABC):
-    """The interface: what the gateway asks of wherever kernels run."""
-
-    name = ""
-    # Whether a running sandbox's limits can change in place (a warm-pool claim needs it).
-    resizes_in_place = False
-
-    @abc.abstractmethod
-    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
-        """Begin reporting sandbox deaths as ``on_death(session, sandbox, exit_code)``."""
-
-    @abc.abstractmethod
-    async def stop(self) -> None:
-        """Stop watching."""
-
-    @abc.abstractmethod
-    def sandbox(self, session: Session, sandbox_cfg: dict[str, Any], gateway_id: str) -> Any:
-        """The session's sandbox spec (what its kernel's provisioner runs)."""
-
-    @abc.abstractmethod
-    def workspace(self, session: Session, spec: Any) -> Workspace:
-        """How the gateway reaches the session's files."""
-
-    @abc.abstractmethod
-    async def prepare(self, session: Session, spec: Any) -> None:
-        """Make what must exist before the kernel starts."""
-
-    async def reattach(self, session: Session) -> None:  # noqa: B027 (optional: most keep nothing)
-        """Restore what a gateway restart undid on this host; recovery calls it per session."""
-
-    @abc.abstractmethod
-    async def image_facts(self, session: Session) -> dict[str, Any]:
-        """The digest and package list of the session's image, for notebooks."""
-
-    @abc.abstractmethod
-    async def death_reason(self, session: Session, sandbox_id: str, exit_code: int) -> str:
-        """Why a sandbox stopped, in words a user understands."""
-
-    @abc.abstractmethod
-    async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
-        """Why a sandbox found stopped at start-up stopped."""
-
-    @abc.abstractmethod
-    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
-        """Every sandbox labelled with this gateway's id, running or not."""
-
-    @abc.abstractmethod
-    async def remove(self, session_id: str) -> None:
-        """Remove the session's sandbox, if any is left."""
-
-    @abc.abstractmethod
-    async def remove_sandbox(self, sandbox_id: str) -> None:
-        """Remove a sandbox no session accounts for."""
-
-    async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
-        """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
-        raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")
 
 
 class DockerPlacement(Placement):
@@ -115,11 +41,16 @@ class DockerPlacement(Placement):
     name = "docker"
     resizes_in_place = True
 
-    def __init__(self, settings: Settings, client: docker.DockerClient, images: ImageBuilder):
-        self.settings = settings
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        images: ImageBuilder,
+        sessions_dir: Path,
+        tmp_size: int,
+    ) -> None:
+        super().__init__(sessions_dir, tmp_size)
         self.docker = client
         self.images = images
-        self.sessions_dir = Path(settings.data_dir) / "sessions"
         self._watcher: ContainerWatcher | None = None
         self._image_facts: dict[str, dict[str, Any]] = {}
 
@@ -135,47 +66,45 @@ class DockerPlacement(Placement):
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
 
-    def sandbox(
-        self, session: Session, sandbox_cfg: dict[str, Any], gateway_id: str
-    ) -> SandboxSpec:
-        session_dir = self.sessions_dir / session.id
+    def sandbox(self, request: SandboxRequest, gateway_id: str) -> SandboxSpec:
+        session_dir = self.sessions_dir / request.session_id
         return SandboxSpec(
             docker=self.docker,
-            image=session.image,
-            session_id=session.id,
+            image=request.image,
+            session_id=request.session_id,
             gateway_id=gateway_id,
-            limits=session.limits,
-            env=session.env,
+            limits=request.limits,
+            env=request.env,
             run_dir=session_dir / "run",
             workspace=session_dir / "workspace",
-            tmp_bytes=self.settings.tmp_bytes_for(session.limits),
-            user=sandbox_cfg.get("user", "1000:1000"),
-            isolation=session.isolation,
+            tmp_bytes=self.tmp_bytes(request.limits),
+            user=request.user,
+            isolation=request.isolation,
         )
 
-    def workspace(self, session: Session, spec: SandboxSpec) -> Workspace:
+    def workspace(self, spec: SandboxSpec, provisioner: ProvisionerRef) -> Workspace:
         uid, gid = spec.uid_gid
         return Workspace(str(spec.workspace), uid, gid)
 
-    async def prepare(self, session: Session, spec: SandboxSpec) -> None:
+    async def prepare(self, spec: SandboxSpec) -> None:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         uid, gid = spec.uid_gid
         await asyncio.to_thread(
-            volume.create, self.sessions_dir / session.id, session.limits.disk, uid, gid
+            volume.create, self.sessions_dir / spec.session_id, spec.limits.disk, uid, gid
         )
 
-    async def reattach(self, session: Session) -> None:
+    async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
-        await asyncio.to_thread(volume.mount_again, self.sessions_dir / session.id)
+        await asyncio.to_thread(volume.mount_again, self.sessions_dir / session_id)
 
-    async def image_facts(self, session: Session) -> dict[str, Any]:
-        facts = self._image_facts.get(session.image)
+    async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
+        facts = self._image_facts.get(image)
         if facts is None:
-            facts = await asyncio.to_thread(self.images.facts, session.image)
-            self._image_facts[session.image] = facts
+            facts = await asyncio.to_thread(self.images.facts, image)
+            self._image_facts[image] = facts
         return facts
 
-    async def death_reason(self, session: Session, sandbox_id: str, exit_code: int) -> str:
+    async def death_reason(self, limits: Limits, sandbox_id: str, exit_code: int) -> str:
         oom = False
         # The engine may flag the OOM kill a moment after it reports the death.
         for _ in range(5 if exit_code == 137 else 1):
@@ -187,11 +116,11 @@ class DockerPlacement(Placement):
             if oom:
                 break
             await asyncio.sleep(0.1)
-        return oom_reason(session.limits) if oom else exit_reason(exit_code)
+        return oom_reason(limits) if oom else exit_reason(exit_code)
 
-    async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
+    async def stopped_reason(self, limits: Limits, sandbox_id: str) -> str:
         info = await asyncio.to_thread(self.docker.api.inspect_container, sandbox_id)
-        return await self.death_reason(session, sandbox_id, int(info["State"].get("ExitCode", -1)))
+        return await self.death_reason(limits, sandbox_id, int(info["State"].get("ExitCode", -1)))
 
     async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
         containers = await asyncio.to_thread(
@@ -203,35 +132,11 @@ class DockerPlacement(Placement):
         ]
 
     async def remove(self, session_id: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            await self.remove_sandbox(sandbox_name(session_id))
+        await self.remove_sandbox(sandbox_name(session_id))
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
-        await asyncio.to_thread(self.docker.api.remove_container, sandbox_id, force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            await asyncio.to_thread(self.docker.api.remove_container, sandbox_id, force=True)
 
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         await asyncio.to_thread(update_limits, self.docker, sandbox_id, limits)
-
-
-def exit_reason(exit_code: int) -> str:
-    """A kernel's exit code in words."""
-    reason = f"kernel process exited with code {exit_code}"
-    if exit_code > 128:
-        reason += f" (killed by signal {exit_code - 128})"
-    return reason
-
-
-def oom_reason(limits: Limits) -> str:
-    """A kernel killed for want of memory, in words."""
-    return f"out of memory: limit {format_size(limits.memory)}"
-
-
-def make_placement(
-    settings: Settings, client: docker.DockerClient, images: ImageBuilder
-) -> Placement:
-    """The placement the settings name."""
-    if settings.placement == "swarm":
-        from ..swarm.placement import SwarmPlacement
-
-        return SwarmPlacement(settings, client, images)
-    return DockerPlacement(settings, client, images)

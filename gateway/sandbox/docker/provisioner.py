@@ -33,6 +33,7 @@ from jupyter_core.paths import secure_write
 
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
+from ..base import Isolation
 
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
@@ -45,17 +46,6 @@ KERNEL_CONNECTION_FILE = "kernel-connection.json"
 def sandbox_name(session_id: str) -> str:
     """The name of a session's sandbox (a container, or a cluster service)."""
     return f"sbx-{session_id}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """The engine runtime and network a kernel container gets (``isolation.manager`` picks)."""
-
-    runtime: str = "runc"  # the engine's name: runc, runsc, runsc-net
-    network: str = "none"  # "none", or the egress network's name
-    env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
-    resolv_conf: Path | None = None  # replaces the engine's resolver config
-    seccomp: str | None = None  # a profile's JSON instead of the engine's default
 
 
 @dataclasses.dataclass

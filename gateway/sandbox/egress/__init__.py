@@ -18,17 +18,13 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import docker
 
 from ...errors import EgressUnavailable, NotAllowed
 from .network import EgressNetwork
-from .policy import AddressGuard, NetworkPolicy
+from .policy import AddressGuard, IPNetwork, NetworkPolicy, Rule
 from .proxy import DenialHook, EgressDenial, EgressProxy
-
-if TYPE_CHECKING:
-    from ...config import Settings
 
 __all__ = ["Egress", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
 
@@ -47,17 +43,27 @@ class SandboxNetwork:
     resolv_conf: Path | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class EgressOptions:
+    """The egress settings, as values."""
+
+    policies: tuple[str, ...] = ("none", "allowlist")  # what sessions may ask for
+    network: str = "sbx-egress"
+    proxy_ports: range = range(47000, 47100)
+    allow_ranges: tuple[IPNetwork, ...] = ()  # private ranges allowlists may reach anyway
+    always_allow: tuple[Rule, ...] = ()  # entries every allowlist gets
+    state_dir: Path = Path("egress")  # where the proxy keeps its per-session state
+
+
 class Egress:
     """Admits sessions to the egress network and the proxy, and lets them go."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
-        self.policies = settings.network_policy_names
-        self.always_allow = settings.egress_always_allow_rules
-        self.guard = AddressGuard(settings.egress_ranges, own_ports=set())
-        self.network = EgressNetwork(
-            client, settings.egress_network, settings.egress_proxy_port_range
-        )
-        self.state_dir = Path(settings.data_dir) / "egress"
+    def __init__(self, options: EgressOptions, client: docker.DockerClient) -> None:
+        self.policies = options.policies
+        self.always_allow = list(options.always_allow)
+        self.guard = AddressGuard(list(options.allow_ranges), own_ports=set())
+        self.network = EgressNetwork(client, options.network, options.proxy_ports)
+        self.state_dir = options.state_dir
         self.proxy: EgressProxy | None = None
         self._on_denied: DenialHook | None = None
         self._endpoint: tuple[str, int] | None = None
@@ -73,9 +79,8 @@ class Egress:
         """Never let a sandbox reach ``port`` on this host (the gateway's API port)."""
         self.guard.own_ports.add(port)
 
-    def policy(self, value: Any) -> NetworkPolicy:
-        """Parse a create request's ``network`` and check the server offers that policy."""
-        policy = NetworkPolicy.parse(value)
+    def check(self, policy: NetworkPolicy) -> NetworkPolicy:
+        """Refuse a network policy this server does not offer."""
         kind = "none" if policy.is_none else "allowlist"
         if kind not in self.policies:
             raise NotAllowed(

@@ -7,18 +7,32 @@ before a (re)start, and letting go when the session ends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import Any
 
 import docker
 
-from ..docker.provisioner import Isolation
-from ..egress import Egress, NetworkPolicy
+from ..base import Isolation
+from ..egress import Egress, EgressOptions, NetworkPolicy
 from .runtimes import RUNTIMES, Runtimes
 
-if TYPE_CHECKING:
-    from ...config import Settings
+__all__ = [
+    "Isolation",
+    "IsolationManager",
+    "IsolationOptions",
+    "NetworkPolicy",
+    "baseline_isolation",
+]
 
-__all__ = ["Isolation", "IsolationManager", "NetworkPolicy", "baseline_isolation"]
+
+@dataclasses.dataclass(frozen=True)
+class IsolationOptions:
+    """The isolation settings, as values."""
+
+    runtimes: tuple[str, ...] = ("runc", "gvisor")
+    default_runtime: str = "runc"
+    seccomp: str | None = None  # runc kernels' profile JSON; None: the engine's default
+    egress: EgressOptions = dataclasses.field(default_factory=EgressOptions)
 
 
 def baseline_isolation(runtime: str) -> Isolation:
@@ -33,17 +47,16 @@ def baseline_isolation(runtime: str) -> Isolation:
 class IsolationManager:
     """Runtimes and egress for sessions, behind three calls."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
-        self.runtimes = Runtimes(settings, client)
-        self.egress = Egress(settings, client)
-        self.seccomp = settings.seccomp_profile_json
+    def __init__(self, options: IsolationOptions, client: docker.DockerClient) -> None:
+        self.runtimes = Runtimes(options.runtimes, options.default_runtime, client)
+        self.egress = Egress(options.egress, client)
+        self.seccomp = options.seccomp
 
-    def choose(self, request: dict[str, Any], sandbox: dict[str, Any]) -> tuple[str, NetworkPolicy]:
-        """The runtime and network policy a create request asks for, validated."""
-        return (
-            self.runtimes.choose(request.get("runtime"), sandbox),
-            self.egress.policy(request.get("network")),
-        )
+    def choose(
+        self, runtime: str | None, network: NetworkPolicy, sandbox: dict[str, Any]
+    ) -> tuple[str, NetworkPolicy]:
+        """The runtime and network policy a create request asks for, checked against offers."""
+        return self.runtimes.choose(runtime, sandbox), self.egress.check(network)
 
     async def prepare(
         self, session_id: str, runtime: str, policy: NetworkPolicy, pids: int

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import docker
 import docker.errors
 
 from ...errors import BadRequest, EngineUnavailable, LimitExceeded, NotAllowed, RuntimeUnavailable
-
-if TYPE_CHECKING:
-    from ...config import Settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +43,9 @@ GVISOR_MIN_PIDS = 128
 class Runtimes:
     """Picks a session's runtime and checks the engine has it."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
-        self.allowed = settings.runtime_names
-        self.default = settings.default_runtime
+    def __init__(self, allowed: Sequence[str], default: str, client: docker.DockerClient) -> None:
+        self.allowed = list(allowed)
+        self.default = default
         self.client = client
         self._engine: set[str] = set()
 

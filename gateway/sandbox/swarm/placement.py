@@ -1,6 +1,6 @@
 """Kernels across a Docker Swarm: the ``swarm`` placement.
 
-Each session's kernel is a one-task service (``provisioners.swarm``) that the
+Each session's kernel is a one-task service (``swarm.provisioner``) that the
 Swarm scheduler puts on the node with the fewest tasks, so sessions (and the
 warm pool) spread over the nodes. The gateway talks to one manager's engine
 API only; it never reaches a worker's engine. What it learns about
@@ -15,25 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 import docker.errors
+import zmq.asyncio
 
-from ...config import ConfigError, Settings
-from ...execution.kernel import shared_context
-from ..docker.events import DeathCallback
-from ..docker.placement import Placement, SandboxState, exit_reason
+from ...errors import ConfigError
+from ...limits import Limits
+from ..base import (
+    DeathCallback,
+    Placement,
+    ProvisionerRef,
+    SandboxRequest,
+    SandboxState,
+    exit_reason,
+)
 from ..docker.provisioner import LABEL_GATEWAY, LABEL_SESSION, sandbox_name
 from ..images import ImageBuilder
 from .provisioner import AGENT_DIR, SwarmSpec
 from .workspace import RemoteWorkspace
-
-if TYPE_CHECKING:
-    from ...sessions.model import Session
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +55,36 @@ _ENDED = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
 _NODE_LOST = ("down", "unknown", "disconnected")
 
 
+@dataclasses.dataclass(frozen=True)
+class SwarmOptions:
+    """The swarm placement's settings, as values."""
+
+    network: str  # the attachable internal overlay kernels listen on
+    registry: str = ""  # where the nodes pull images from; empty: already on every node
+    constraints: tuple[str, ...] = ()
+    poll_interval: float = 1.0
+
+
 class SwarmPlacement(Placement):
     """Sessions' kernels as Swarm services on any node, reached over the kernel overlay."""
 
     name = "swarm"
     resizes_in_place = False  # a service update replaces the task, and so the kernel
 
-    def __init__(self, settings: Settings, client: docker.DockerClient, images: ImageBuilder):
-        self.settings = settings
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        images: ImageBuilder,
+        sessions_dir: Path,
+        options: SwarmOptions,
+        tmp_size: int,
+        context: zmq.asyncio.Context,
+    ) -> None:
+        super().__init__(sessions_dir, tmp_size)
         self.docker = client
         self.images = images
-        self.data_dir = Path(settings.data_dir)
+        self.options = options
+        self.context = context
         self._configs: list[dict[str, Any]] = []
         self._reasons: dict[str, str] = {}  # by service id: why it died, once known
         self._reported: set[str] = set()  # task ids whose end was reported
@@ -76,13 +100,13 @@ class SwarmPlacement(Placement):
         try:
             info = await asyncio.to_thread(self.docker.info)
             network = await asyncio.to_thread(
-                self.docker.api.inspect_network, self.settings.swarm_network
+                self.docker.api.inspect_network, self.options.network
             )
         except docker.errors.NotFound:
             raise ConfigError(
-                f"there is no network {self.settings.swarm_network!r}: create it on a manager "
+                f"there is no network {self.options.network!r}: create it on a manager "
                 "with `docker network create --driver overlay --attachable --internal "
-                f"{self.settings.swarm_network}` (docs/SCALING.md)"
+                f"{self.options.network}` (docs/SCALING.md)"
             ) from None
         if not info.get("Swarm", {}).get("ControlAvailable"):
             raise ConfigError(
@@ -91,7 +115,7 @@ class SwarmPlacement(Placement):
         if network.get("Driver") != "overlay" or not network.get("Internal"):
             log.warning(
                 "network %s is not an internal overlay: kernels could reach beyond the cluster",
-                self.settings.swarm_network,
+                self.options.network,
             )
         self._configs = await asyncio.to_thread(self._agent_configs)
         self._poller = asyncio.create_task(self._poll_forever(), name="sbx-swarm-watch")
@@ -142,7 +166,7 @@ class SwarmPlacement(Placement):
                 await self.poll()
             except docker.errors.DockerException as e:
                 log.warning("could not ask the swarm manager about tasks (%s); will retry", e)
-            await asyncio.sleep(self.settings.swarm_poll_interval)
+            await asyncio.sleep(self.options.poll_interval)
 
     async def poll(self) -> None:
         """Report every task of ours that ended, or whose node was lost, once."""
@@ -187,50 +211,46 @@ class SwarmPlacement(Placement):
 
     # -- sandboxes ---------------------------------------------------------------------
 
-    def sandbox(self, session: Session, sandbox_cfg: dict[str, Any], gateway_id: str) -> SwarmSpec:
-        s = self.settings
+    def sandbox(self, request: SandboxRequest, gateway_id: str) -> SwarmSpec:
+        o = self.options
         return SwarmSpec(
             docker=self.docker,
-            context=shared_context(),
-            image=f"{s.registry}/{session.image}" if s.registry else session.image,
-            session_id=session.id,
+            context=self.context,
+            image=f"{o.registry}/{request.image}" if o.registry else request.image,
+            session_id=request.session_id,
             gateway_id=gateway_id,
-            limits=session.limits,
-            env=session.env,
-            network=s.swarm_network,
-            constraints=s.swarm_constraint_list,
+            limits=request.limits,
+            env=request.env,
+            network=o.network,
+            constraints=list(o.constraints),
             agent_configs=self._configs,
-            tmp_bytes=s.tmp_bytes_for(session.limits),
+            tmp_bytes=self.tmp_bytes(request.limits),
             on_death=self.report,
-            connection_file=str(self.data_dir / "sessions" / session.id / "connection.json"),
-            start_timeout=max(session.start_timeout or 0, s.kernel_start_timeout, 120.0),
-            user=sandbox_cfg.get("user", "1000:1000"),
+            connection_file=str(self.sessions_dir / request.session_id / "connection.json"),
+            # Pulling the image onto a new node takes a while.
+            start_timeout=max(request.start_timeout, 120.0),
+            user=request.user,
         )
 
-    def workspace(self, session: Session, spec: SwarmSpec) -> RemoteWorkspace:
-        def agent() -> Any:
-            assert session.kernel is not None
-            return session.kernel.manager.provisioner.agent
+    def workspace(self, spec: SwarmSpec, provisioner: ProvisionerRef) -> RemoteWorkspace:
+        return RemoteWorkspace("/workspace", agent=lambda: provisioner().agent)
 
-        return RemoteWorkspace("/workspace", agent=agent)
-
-    async def prepare(self, session: Session, spec: SwarmSpec) -> None:
+    async def prepare(self, spec: SwarmSpec) -> None:
         """The session's directory here: jupyter_client keeps the connection file in it."""
         Path(spec.connection_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
 
-    async def image_facts(self, session: Session) -> dict[str, Any]:
+    async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         """The image digest Swarm pinned the service to, and the packages the agent reads."""
-        assert session.kernel is not None
-        provisioner = session.kernel.manager.provisioner
-        packages, _ = await provisioner.agent.call("facts")
-        service = await asyncio.to_thread(self.docker.api.inspect_service, provisioner.container_id)
-        image = service["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
-        return {"digest": image.partition("@")[2] or image, "packages": packages}
+        running = provisioner()
+        packages, _ = await running.agent.call("facts")
+        service = await asyncio.to_thread(self.docker.api.inspect_service, running.container_id)
+        pinned = service["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        return {"digest": pinned.partition("@")[2] or pinned, "packages": packages}
 
-    async def death_reason(self, session: Session, sandbox_id: str, exit_code: int) -> str:
+    async def death_reason(self, limits: Limits, sandbox_id: str, exit_code: int) -> str:
         return self._reasons.pop(sandbox_id, None) or exit_reason(exit_code)
 
-    async def stopped_reason(self, session: Session, sandbox_id: str) -> str:
+    async def stopped_reason(self, limits: Limits, sandbox_id: str) -> str:
         tasks = await asyncio.to_thread(self.docker.api.tasks, filters={"service": sandbox_id})
         latest = _latest(tasks)
         if not latest:

@@ -42,7 +42,7 @@ from ...errors import (
     SandboxUnavailable,
 )
 from ...limits import Limits
-from ..docker.placement import exit_reason, oom_reason
+from ..base import exit_reason, oom_reason
 from ..docker.provisioner import (
     LABEL_GATEWAY,
     LABEL_SESSION,

@@ -1,0 +1,166 @@
+"""The sandbox interface: what the sessions layer asks of wherever kernels run.
+
+A ``Placement`` receives plain values (a ``SandboxRequest``: image, limits,
+env, isolation) and answers with a provisioner spec, a workspace and facts; it
+knows no session and no kernel client. ``DockerPlacement``
+(``sandbox.docker``) runs each kernel in a container on this host's engine;
+``SwarmPlacement`` (``sandbox.swarm``) runs each as a one-task service on any
+node of a Docker Swarm. Like jupyter_client's provisioner hooks, each method
+says who calls it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..limits import Limits, format_size
+from . import volume
+from .workspace import Workspace
+
+# Called on the loop when a sandbox stops: (session id, sandbox id, exit code).
+DeathCallback = Callable[[str, str, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """The engine runtime and network a kernel's sandbox gets (``isolation.manager`` picks)."""
+
+    runtime: str = "runc"  # the engine's name: runc, runsc, runsc-net
+    network: str = "none"  # "none", or the egress network's name
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
+    resolv_conf: Path | None = None  # replaces the engine's resolver config
+    seccomp: str | None = None  # a profile's JSON instead of the engine's default
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxState:
+    """One sandbox of this gateway as the engine lists it, for recovery."""
+
+    id: str
+    session_id: str
+    running: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxRequest:
+    """What one session's sandbox is made of, as the sessions layer asks for it."""
+
+    session_id: str
+    image: str
+    limits: Limits
+    env: dict[str, str]
+    isolation: Isolation
+    user: str  # uid:gid the kernel runs as (the kernelspec's sandbox.user)
+    start_timeout: float  # seconds the kernel may take to answer
+
+
+# Hands a placement the kernel's provisioner once it exists (a swarm workspace
+# and its image facts are reached through the sandbox's agent).
+ProvisionerRef = Callable[[], Any]
+
+
+class Placement(abc.ABC):
+    """Where kernels run: one interface, an implementation per backend."""
+
+    name = ""
+    # Whether a running sandbox's limits can change in place (a warm-pool claim needs it).
+    resizes_in_place = False
+
+    def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
+        self.sessions_dir = sessions_dir  # one directory per session on this host
+        self.tmp_size = tmp_size
+
+    def tmp_bytes(self, limits: Limits) -> int:
+        """A sandbox's /tmp size: the setting, but at most a quarter of its memory."""
+        return min(self.tmp_size, limits.memory // 4)
+
+    @abc.abstractmethod
+    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
+        """Begin reporting sandbox deaths as ``on_death(session, sandbox, exit_code)``.
+
+        The session manager calls it once, before recovery.
+        """
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop watching; the session manager calls it last on shutdown."""
+
+    @abc.abstractmethod
+    def sandbox(self, request: SandboxRequest, gateway_id: str) -> Any:
+        """The provisioner spec for ``request`` (what the kernel's provisioner runs)."""
+
+    @abc.abstractmethod
+    def workspace(self, spec: Any, provisioner: ProvisionerRef) -> Workspace:
+        """How the gateway reaches the sandbox's files."""
+
+    @abc.abstractmethod
+    async def prepare(self, spec: Any) -> None:
+        """Make what must exist before the kernel starts; called before each first start."""
+
+    async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
+        """Restore what a gateway restart undid on this host; recovery calls it per session."""
+
+    @abc.abstractmethod
+    async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
+        """The digest and package list of a running sandbox's image, for notebooks."""
+
+    @abc.abstractmethod
+    async def death_reason(self, limits: Limits, sandbox_id: str, exit_code: int) -> str:
+        """Why a sandbox stopped, in words a user understands."""
+
+    @abc.abstractmethod
+    async def stopped_reason(self, limits: Limits, sandbox_id: str) -> str:
+        """Why a sandbox found stopped at start-up stopped."""
+
+    @abc.abstractmethod
+    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+        """Every sandbox labelled with this gateway's id, running or not."""
+
+    @abc.abstractmethod
+    async def remove(self, session_id: str) -> None:
+        """Remove the session's sandbox, if any is left."""
+
+    @abc.abstractmethod
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Remove a sandbox no session accounts for."""
+
+    async def discard(self, session_id: str) -> None:
+        """Remove the session's sandbox and its directory here: the one teardown.
+
+        Sessions ending, pooled sandboxes given up and recovery's leftovers all
+        end this way; every step is safe to repeat.
+        """
+        await self.remove(session_id)
+        await self.remove_directory(session_id)
+
+    async def remove_directory(self, session_id: str) -> None:
+        """Unmount and delete a session's directory (its workspace, its sockets)."""
+        await asyncio.to_thread(volume.destroy, self.sessions_dir / session_id)
+
+    def directories(self) -> list[str]:
+        """The session ids that have a directory here, for recovery to account for."""
+        if not self.sessions_dir.exists():
+            return []
+        return [entry.name for entry in self.sessions_dir.iterdir()]
+
+    async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
+        """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
+        raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")
+
+
+def exit_reason(exit_code: int) -> str:
+    """A kernel's exit code in words."""
+    reason = f"kernel process exited with code {exit_code}"
+    if exit_code > 128:
+        reason += f" (killed by signal {exit_code - 128})"
+    return reason
+
+
+def oom_reason(limits: Limits) -> str:
+    """A kernel killed for want of memory, in words."""
+    return f"out of memory: limit {format_size(limits.memory)}"

@@ -1,0 +1,167 @@
+"""One sandbox lifecycle for every session: build, launch, adopt, tear down.
+
+New sessions, the warm pool and recovery all go through ``SandboxLifecycle``,
+so a sandbox is made, started, reattached after a gateway restart and
+removed one way only::
+
+    new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
+    from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
+
+It turns a session into the plain ``SandboxRequest`` the placement takes, and
+the placement's answer into the session's ``Kernel`` and workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import docker
+import docker.errors
+
+from ..config import Settings
+from ..errors import BadRequest, EngineUnavailable
+from ..execution.kernel import Kernel
+from ..sandbox.base import Placement, SandboxRequest
+from ..sandbox.images import ImageBuilder
+from ..sandbox.isolation.manager import IsolationManager
+from ..sandbox.kernelspecs import KernelSpecs
+from ..validation import seconds
+from .model import Session
+from .requests import CreateSession
+
+log = logging.getLogger(__name__)
+
+
+class SandboxLifecycle:
+    """Makes, starts, adopts and removes sessions' sandboxes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        kernelspecs: KernelSpecs,
+        images: ImageBuilder,
+        isolation: IsolationManager,
+        placement: Placement,
+    ) -> None:
+        self.settings = settings
+        self.kernelspecs = kernelspecs
+        self.images = images
+        self.isolation = isolation
+        self.placement = placement
+        self.gateway_id = ""  # set once the store is open
+
+    def new_session(self, request: CreateSession, tenant: str) -> Session:
+        """A session as a create request asks for it, checked against the server's limits."""
+        s = self.settings
+        sandbox = self.kernelspecs.sandbox(request.kernel)
+        runtime, network = self.isolation.choose(request.runtime, request.network, sandbox)
+        return Session(
+            kernel_name=request.kernel,
+            image=request.image or self.kernel_image(request.kernel),
+            limits=s.default_limits.resolve(request.limits, s.max_limits),
+            ttl=seconds(request.ttl, "ttl", s.default_ttl, s.max_ttl),
+            idle_timeout=seconds(
+                request.idle_timeout,
+                "idle_timeout",
+                s.default_idle_timeout,
+                s.max_idle_timeout,
+            ),
+            env=dict(request.env),
+            metadata=dict(request.metadata),
+            session_id=request.session_id,
+            start_timeout=seconds(
+                request.start_timeout,
+                "start_timeout",
+                s.kernel_start_timeout,
+                max(s.kernel_start_timeout, 600.0),
+            ),
+            runtime=runtime,
+            network=network,
+            tenant=tenant,
+        )
+
+    def kernel_image(self, kernel_name: str) -> str:
+        """The tag of the image a kernel's sessions run in unless they name another."""
+        return self.images.tag_for(self.kernelspecs.sandbox(kernel_name).get("image", kernel_name))
+
+    def _equip(self, session: Session) -> None:
+        """Give a session its Kernel and workspace objects (no sandbox is started)."""
+        sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
+        request = SandboxRequest(
+            session_id=session.id,
+            image=session.image,
+            limits=session.limits,
+            env=session.env,
+            isolation=session.isolation,
+            user=sandbox_cfg.get("user", "1000:1000"),
+            start_timeout=session.start_timeout or self.settings.kernel_start_timeout,
+        )
+        spec = self.placement.sandbox(request, self.gateway_id)
+        kernel = Kernel(
+            session.kernel_name, self.kernelspecs.manager, spec, request.start_timeout
+        )
+        session.kernel = kernel
+        session.workspace = self.placement.workspace(spec, lambda: kernel.manager.provisioner)
+
+    async def _check_image(self, session: Session) -> None:
+        """Refuse a named image this gateway does not have: the client's mistake, a 400."""
+        if session.image == self.kernel_image(session.kernel_name):
+            return  # the kernel's own image not built yet is the operator's (503 image_not_built)
+        try:
+            found = await asyncio.to_thread(self.images.exists, session.image)
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine failed: {e}") from e
+        if not found:
+            raise BadRequest(
+                f"there is no image {session.image} on this gateway; GET /v1/kernels lists the "
+                "built ones, or ask for image null to get the kernel's own"
+            )
+
+    async def _isolate(self, session: Session) -> None:
+        session.isolation = await self.isolation.prepare(
+            session.id, session.runtime, session.network, session.limits.pids
+        )
+
+    async def launch(self, session: Session) -> None:
+        """Start the session's sandbox and wait for its kernel; fill in what it reports."""
+        await self._check_image(session)
+        await self._isolate(session)
+        self._equip(session)
+        assert session.kernel is not None
+        await self.placement.prepare(session.kernel.sandbox)
+        try:
+            await session.kernel.start()
+            facts = await self.placement.image_facts(
+                session.image, lambda: session.kernel.manager.provisioner
+            )
+        except docker.errors.DockerException as e:
+            raise EngineUnavailable(f"the container engine failed: {e}") from e
+        session.image_digest = facts["digest"]
+        session.packages = facts["packages"]
+        session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
+        session.display_name = self.kernelspecs.get(session.kernel_name).display_name
+
+    async def adopt(self, session: Session, runtime: dict[str, Any]) -> None:
+        """Take over a sandbox a previous gateway process started (its kernel's runtime info).
+
+        Raises GatewayError when this host can no longer give the sandbox what it had.
+        """
+        # The egress proxy lives in this process: let the session's kernel back in.
+        await self._isolate(session)
+        self._equip(session)
+        assert session.kernel is not None
+        await session.kernel.adopt(runtime)
+        await self.placement.reattach(session.id)
+
+    async def teardown(self, session: Session) -> None:
+        """Stop the kernel and remove the sandbox and its directory: the one way out."""
+        self.isolation.release(session.id)
+        kernel = session.kernel
+        if kernel is not None:
+            try:
+                await kernel.shutdown()
+            except Exception as e:  # its sandbox is removed below all the same
+                log.warning("session %s: kernel shutdown failed: %r", session.id, e)
+        await self.placement.discard(session.id)
