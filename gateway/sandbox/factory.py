@@ -23,6 +23,7 @@ from ..execution.kernel import Kernel
 from ..sessions.model import Session
 from ..validation import env_vars, image_ref, metadata_dict, seconds
 from .docker.placement import Placement
+from .files import AsyncWorkspace
 from .images import ImageBuilder
 from .isolation.manager import IsolationManager
 from .kernelspecs import KernelSpecs
@@ -100,7 +101,7 @@ class Sandboxes:
         """Give a session its Kernel and Workspace objects (no container is started)."""
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
         spec = self.placement.sandbox(session, sandbox_cfg, self.gateway_id)
-        session.workspace = self.placement.workspace(session, spec)
+        session.workspace = AsyncWorkspace(self.placement.workspace(session, spec))
         session.kernel = Kernel(
             session.kernel_name,
             self.kernelspecs.manager,
