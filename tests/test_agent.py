@@ -17,14 +17,23 @@ import time
 from pathlib import Path
 
 import pytest
+import tornado.httpserver
+import tornado.iostream
+import tornado.netutil
+import tornado.web
 import zmq
 import zmq.asyncio
 
+from gateway.access.audit import AuditLog
+from gateway.access.auth import Authenticator, Quota
+from gateway.api import files
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, FileNotFound, PathForbidden, SandboxUnavailable
+from gateway.sandbox.files import AsyncWorkspace
 from gateway.sandbox.inside import agent as agent_module
 from gateway.sandbox.swarm.agent_client import AgentClient, _error
 from gateway.sandbox.swarm.workspace import RemoteWorkspace
+from gateway.store.sqlite import Store
 
 
 def free_port() -> int:
@@ -137,6 +146,97 @@ def _exercise(ws: RemoteWorkspace) -> None:
     ws.remove("sub/new.bin")
     with pytest.raises(FileNotFound):
         ws.open_read("sub/new.bin")
+
+
+class _OneSession:
+    """What the files handlers ask of the session manager: settings, and one session's files."""
+
+    def __init__(self, workspace: RemoteWorkspace) -> None:
+        self.settings = Settings()
+        self.workspace = AsyncWorkspace(workspace)  # as Sandboxes.equip makes it
+
+    def files(self, session_id: str, who: object) -> AsyncWorkspace:
+        return self.workspace
+
+
+async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Path):
+    """The real files handlers on a real port, the session's workspace behind a real agent."""
+    client = AgentClient(zmq.asyncio.Context.instance(), url, connection)
+    await client.call("status")  # connected, as a session's agent is once its kernel started
+    store = Store(tmp_path / "gateway.sqlite3")
+    await store.open()
+    app = tornado.web.Application(
+        files.routes,
+        sbx_manager=_OneSession(RemoteWorkspace(str(workspace), agent=lambda: client)),
+        sbx_auth=Authenticator(None, {}, Quota(max_sessions=1, max_memory=2**30)),
+        sbx_audit=AuditLog(store),
+    )
+    sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    server = tornado.httpserver.HTTPServer(app)
+    server.add_sockets(sockets)
+    return sockets[0].getsockname()[1], server, client, store
+
+
+def _held_open(workspace: Path) -> list[str]:
+    """Workspace files the agent process (the fixture's only child) still has open."""
+    held = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and f"{workspace.parent}/secret.json" in _cmdline(pid):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(str(workspace)):
+                    held.append(target)
+    return held
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_swarm_upload_or_download_cut_short_is_dropped_in_the_sandbox(agent, tmp_path, caplog):
+    """A client that goes away mid-transfer: the sandbox's half-file and open files go too."""
+    url, connection, workspace = agent
+    (workspace / "big.bin").write_bytes(os.urandom(4 * 2**20))
+
+    async def go():
+        port, server, client, store = await _serve_files(tmp_path, url, connection, workspace)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"PUT /v1/sessions/s/files/half.bin HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: 3000000\r\n\r\n" + os.urandom(600 * 1024)
+            )
+            await writer.drain()
+            await asyncio.sleep(0.5)
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /v1/sessions/s/files/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readexactly(300 * 1024)
+            writer.close()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                left = [p.name for p in workspace.iterdir() if p.name != "big.bin"]
+                if not left and not _held_open(workspace):
+                    break
+            return left, _held_open(workspace)
+        finally:
+            server.stop()
+            client.close()
+            await store.close()
+
+    left, held = asyncio.run(go())
+    assert left == [], f"an upload the client gave up on left {left} in the sandbox's workspace"
+    assert held == [], f"the sandbox agent still holds {held} open after the client went away"
+    failures = [
+        r.exc_info[1]
+        for r in caplog.records
+        if r.exc_info and not isinstance(r.exc_info[1], tornado.iostream.StreamClosedError)
+    ]
+    assert failures == [], f"the gateway failed where the client went away: {failures}"
 
 
 def test_an_agents_answer_maps_only_to_gateway_errors():

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import sqlite3
+import tarfile
+import threading
 
 import pytest
 
@@ -13,6 +16,7 @@ from gateway.errors import BadRequest, LimitExceeded
 from gateway.execution.outputs import OutputCollector
 from gateway.limits import Limits, format_size, parse_size
 from gateway.relays.agent_stream import ReplayBuffer
+from gateway.sandbox.files import AsyncWorkspace
 from gateway.sandbox.workspace import SMALL_WORKSPACE, Workspace
 from gateway.store.sqlite import Store
 
@@ -300,6 +304,89 @@ def test_archiving_a_subdirectory_leaves_the_workspace_count_alone(tmp_path):
         "downloading a small directory made a big workspace pass for small: the next execute "
         "would walk it on the event loop, stalling every session"
     )
+
+
+class _Watched(Workspace):
+    """A real workspace that notes the threads its directories are opened on."""
+
+    threads: set[int]
+
+    def _open_dir(self, parts: list[str], create: bool = False) -> int:
+        self.threads.add(threading.get_ident())
+        return super()._open_dir(parts, create)
+
+
+def test_the_async_workspace_does_its_file_work_off_the_event_loop(tmp_path):
+    sync = _Watched(str(tmp_path), os.getuid(), os.getgid())
+    sync.threads = set()
+    workspace = AsyncWorkspace(sync)
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        await workspace.baseline()
+        assert await workspace.save("d/a.txt", b"hello") == 5
+        upload = await workspace.open_write("d/b.bin")
+        await upload.write(b"x" * 1000)
+        await upload.finish(True)
+        await upload.finish(True)  # a second finish must not close a descriptor again
+        listing = [e["path"] for e in await workspace.list("d")]
+        async with (await workspace.open_read("d/a.txt"))[0] as reader:
+            text = await reader.read()
+        async with await workspace.archive("d", "tar") as reader:
+            archive = b"".join([chunk async for chunk in _chunks(reader)])
+        await workspace.remove("d/b.bin")
+        assert await workspace.free_bytes() > 0
+        return loop_thread, listing, text, archive
+
+    loop_thread, listing, text, archive = asyncio.run(scenario())
+    assert (listing, text) == (["d/a.txt", "d/b.bin"], b"hello")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert sorted(tar.getnames()) == ["a.txt", "b.bin"]
+    assert loop_thread not in sync.threads, "a workspace call blocked the event loop"
+
+
+async def _chunks(reader):
+    while chunk := await reader.read():
+        yield chunk
+
+
+def test_artifacts_of_a_small_workspace_are_found_on_the_loop(tmp_path):
+    """Quick enough to skip the worker thread, which would slow every execute."""
+    sync = _Watched(str(tmp_path), os.getuid(), os.getgid())
+    sync.threads = set()
+    workspace = AsyncWorkspace(sync)
+
+    async def scenario():
+        await workspace.baseline()
+        (tmp_path / "plot.png").write_bytes(b"png")
+        first = await workspace.changes()  # the baseline walked in a thread: not known small
+        sync.threads.clear()
+        await workspace.baseline()  # the last changes() still hold: no walk at all
+        (tmp_path / "plot.png").write_bytes(b"png2")
+        return first, await workspace.changes(), threading.get_ident()
+
+    first, second, loop_thread = asyncio.run(scenario())
+    assert [(a["path"], a["change"], a["mime_type"]) for a in first] == [
+        ("plot.png", "created", "image/png")
+    ]
+    assert [(a["path"], a["change"], a["size"]) for a in second] == [("plot.png", "modified", 4)]
+    assert sync.threads == {loop_thread}
+
+
+def test_an_upload_discarded_mid_write_leaves_nothing(tmp_path):
+    """As when a client hangs up while a chunk is still being written in a thread."""
+    workspace = AsyncWorkspace(Workspace(str(tmp_path), os.getuid(), os.getgid()))
+
+    async def scenario():
+        upload = await workspace.open_write("big.bin")
+        writing = asyncio.ensure_future(upload.write(os.urandom(8 * 2**20)))
+        await asyncio.sleep(0)
+        upload.discard()  # from a synchronous callback: must neither block nor race the write
+        await writing
+        await upload.finish(False)  # waits for the discard; then does nothing
+        return await workspace.list("")
+
+    assert asyncio.run(scenario()) == [] and os.listdir(tmp_path) == []
 
 
 def test_replay_buffer_drops_the_oldest_past_either_bound(tmp_path):

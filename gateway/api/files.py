@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import urllib.parse
-from typing import Any
 
 import tornado.web
 
 from ..errors import BadRequest, FileTooLarge, GatewayError
-from ..sandbox.workspace import CHUNK, Upload, Workspace
+from ..sandbox.files import AsyncReader, AsyncUpload, AsyncWorkspace
 from .base import JSONHandler
 
 _SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"
@@ -34,7 +32,7 @@ class FilesHandler(JSONHandler):
         if fmt is not None:
             await _send_archive(self, workspace, path, fmt)
             return
-        self.send({"path": path, "entries": await asyncio.to_thread(workspace.list, path)})
+        self.send({"path": path, "entries": await workspace.list(path)})
 
     async def post(self, session_id: str) -> None:
         workspace = self.manager.files(session_id, self.principal)
@@ -42,20 +40,20 @@ class FilesHandler(JSONHandler):
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
             raise BadRequest("send the files as multipart/form-data parts with a filename")
-        if sum(len(f.body) for f in files) > await asyncio.to_thread(workspace.free_bytes):
+        if sum(len(f.body) for f in files) > await workspace.free_bytes():
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
         saved = []
         for part in files:
             path = f"{directory}/{part.filename}" if directory else part.filename
-            upload = await asyncio.to_thread(workspace.open_write, path)
-            await _finish(upload, part.body)
-            saved.append({"path": path, "size": upload.size})
+            saved.append({"path": path, "size": await workspace.save(path, part.body)})
         self.audit_detail["files"] = saved
         self.send({"files": saved}, status=201)
 
 
-async def _send_archive(handler: JSONHandler, workspace: Workspace, path: str, fmt: str) -> None:
-    source = await asyncio.to_thread(workspace.archive, path, fmt)
+async def _send_archive(
+    handler: JSONHandler, workspace: AsyncWorkspace, path: str, fmt: str
+) -> None:
+    source = await workspace.archive(path, fmt)
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
@@ -72,22 +70,13 @@ def _attachment(handler: JSONHandler, name: str) -> None:
     )
 
 
-async def _stream(handler: JSONHandler, source: Any) -> None:
+async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
     """Copy a file to the response a chunk at a time, waiting for the client."""
-    with source:
-        while chunk := await asyncio.to_thread(source.read, CHUNK):
+    async with source:
+        while chunk := await source.read():
             handler.write(chunk)
             await handler.flush()
     handler.finish()
-
-
-async def _finish(upload: Upload, body: bytes) -> None:
-    ok = False
-    try:
-        await asyncio.to_thread(upload.write, body)
-        ok = True
-    finally:
-        await asyncio.to_thread(upload.finish, ok)
 
 
 @tornado.web.stream_request_body
@@ -100,7 +89,7 @@ class FileHandler(JSONHandler):
     """
 
     actions = {"PUT": "files.upload", "DELETE": "files.delete"}
-    upload: Upload | None = None
+    upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
 
@@ -118,7 +107,7 @@ class FileHandler(JSONHandler):
 
     async def _start_upload(self) -> None:
         workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
-        free = await asyncio.to_thread(workspace.free_bytes)
+        free = await workspace.free_bytes()
         declared = int(self.request.headers.get("Content-Length", 0) or 0)
         if declared > free:
             raise FileTooLarge(
@@ -126,13 +115,13 @@ class FileHandler(JSONHandler):
                 "(its size is the session's disk limit)"
             )
         self.request.connection.set_max_body_size(max(free, 1))
-        self.upload = await asyncio.to_thread(workspace.open_write, self.path_kwargs["path"])
+        self.upload = await workspace.open_write(self.path_kwargs["path"])
 
     async def data_received(self, chunk: bytes) -> None:
         if self.upload is None or self.failure is not None:
             return
         try:
-            await asyncio.to_thread(self.upload.write, chunk)
+            await self.upload.write(chunk)
         except OSError as e:  # ENOSPC: remember it, answer once the body is in
             self.failure = e
 
@@ -140,7 +129,7 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         upload, self.upload = self.upload, None
         assert upload is not None
-        await asyncio.to_thread(upload.finish, self.failure is None)
+        await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
         self.audit_detail.update(path=path, size=upload.size)
@@ -156,7 +145,7 @@ class FileHandler(JSONHandler):
     def _discard(self) -> None:
         if self.upload is not None:
             upload, self.upload = self.upload, None
-            upload.finish(False)
+            upload.discard()
 
     async def get(self, session_id: str, path: str) -> None:
         self._answer_refusal()
@@ -165,7 +154,7 @@ class FileHandler(JSONHandler):
         if fmt is not None:
             await _send_archive(self, workspace, path, fmt)
             return
-        source, info = await asyncio.to_thread(workspace.open_read, path)
+        source, info = await workspace.open_read(path)
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         _attachment(self, path.rsplit("/", 1)[-1])
@@ -175,7 +164,7 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
-        await asyncio.to_thread(workspace.remove, path)
+        await workspace.remove(path)
         self.set_status(204)
         self.finish()
 

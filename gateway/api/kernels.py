@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from .base import JSONHandler
 
 
 class KernelCatalogHandler(JSONHandler):
     async def get(self) -> None:
         specs = self.manager.kernelspecs
-        kernels = await asyncio.to_thread(specs.catalog, self.manager.images)
+        kernels = await specs.catalog(self.manager.images)
         self.send({"default": specs.default, "kernels": kernels})
 
 

@@ -6,6 +6,7 @@ Each kernelspec names, under ``metadata.sandbox``, the image directory (in
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,12 @@ class KernelSpecs:
         """The ``metadata.sandbox`` section: image directory, user."""
         return dict(self.get(name).metadata.get("sandbox", {}))
 
-    def catalog(self, images: ImageBuilder) -> list[dict[str, Any]]:
-        """Each kernel: its names, language, image and whether that image is built.
+    async def catalog(self, images: ImageBuilder) -> list[dict[str, Any]]:
+        """Each kernel: its names, language, image and whether that image is built."""
+        # It asks the engine about every image: a thread, not the loop.
+        return await asyncio.to_thread(self._catalog, images)
 
-        Blocking (it asks the engine about every image): call it from a thread.
-        """
+    def _catalog(self, images: ImageBuilder) -> list[dict[str, Any]]:
         rows = []
         for name in self.names():
             spec = self.get(name)

@@ -32,7 +32,7 @@ CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
 # Artifact scans stop here so a workspace of millions of files cannot stall executes.
 MAX_SCAN_ENTRIES = 10_000
-# Up to this many entries, a workspace is walked on the event loop (see sessions._artifacts).
+# Up to this many entries, a workspace is walked on the event loop (see files.AsyncWorkspace).
 SMALL_WORKSPACE = 64
 
 

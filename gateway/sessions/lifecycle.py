@@ -24,6 +24,7 @@ from ..config import Settings
 from ..errors import BadRequest, EngineUnavailable
 from ..execution.kernel import Kernel
 from ..sandbox.base import Placement, SandboxRequest
+from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
@@ -103,7 +104,8 @@ class SandboxLifecycle:
             session.kernel_name, self.kernelspecs.manager, spec, request.start_timeout
         )
         session.kernel = kernel
-        session.workspace = self.placement.workspace(spec, lambda: kernel.manager.provisioner)
+        workspace = self.placement.workspace(spec, lambda: kernel.manager.provisioner)
+        session.workspace = AsyncWorkspace(workspace)
 
     async def _check_image(self, session: Session) -> None:
         """Refuse a named image this gateway does not have: the client's mistake, a 400."""

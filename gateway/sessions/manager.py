@@ -43,10 +43,10 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
-from ..sandbox.workspace import Workspace
 from ..store.sqlite import Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
@@ -327,8 +327,7 @@ class SessionManager:
             session.touch()
             assert session.kernel is not None and session.workspace is not None
             recorder = self.begin_execution(session, code, request.description)
-            if session.workspace.seen is None:
-                await asyncio.to_thread(session.workspace.baseline)
+            await session.workspace.baseline()
             result = await session.kernel.execute(
                 code,
                 timeout=limit,
@@ -346,7 +345,7 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts = await _artifacts(session.workspace)
+            result.artifacts = await session.workspace.changes()
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -441,7 +440,7 @@ class SessionManager:
         await self.save(session)
         return session
 
-    def files(self, session_id: str, who: Principal) -> Workspace:
+    def files(self, session_id: str, who: Principal) -> AsyncWorkspace:
         """The session's files; usable while its kernel is busy or dead."""
         session = self.get(session_id, who)
         if session.workspace is None:
@@ -533,15 +532,3 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
-
-
-async def _artifacts(workspace: Workspace) -> list[dict[str, Any]]:
-    """What an execution created or changed in the workspace.
-
-    A small workspace is walked right here: a few directory entries cost less
-    than a trip to a worker thread, which would add to every execute's round
-    trip. A larger one is walked in a thread, never blocking the loop.
-    """
-    if workspace.small:
-        return workspace.changes()
-    return await asyncio.to_thread(workspace.changes)

@@ -15,8 +15,9 @@ from ..access.auth import Principal
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
+from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
-from ..sandbox.workspace import Workspace, iso, parse_iso
+from ..sandbox.workspace import iso, parse_iso
 
 
 class Relay(Protocol):
@@ -67,7 +68,7 @@ class Session:
         self.language_info: dict[str, Any] = {}
         self.display_name = kernel_name
         self.kernel: Kernel | None = None
-        self.workspace: Workspace | None = None
+        self.workspace: AsyncWorkspace | None = None
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0

@@ -6,7 +6,9 @@ sandbox runs the real ``Workspace`` on ``/workspace`` (the same code, shipped
 to it), so links, devices, ``..`` and absolute paths are refused there exactly
 as on one host. Paths are checked here too, before anything is sent.
 Downloads and uploads move a chunk per request, so neither side ever holds a
-whole file. Blocking, like ``Workspace``: handlers call it from a thread.
+whole file. Blocking, like ``Workspace``, and callable only from a worker
+thread (``AgentClient.call_sync`` refuses the event loop): the gateway uses it
+through ``AsyncWorkspace``, which runs it there.
 """
 
 from __future__ import annotations

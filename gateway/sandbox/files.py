@@ -1,0 +1,146 @@
+"""The one async face of a session's workspace, on this host or on a Swarm node.
+
+``Workspace`` and ``RemoteWorkspace`` block: the first is shipped into Swarm
+sandboxes and run there by the agent, so it stays plain synchronous code, and
+the second answers each call with a round trip to that agent (through
+``AgentClient.call_sync``, which only works off the event loop). Handlers and
+the session manager use ``AsyncWorkspace`` instead; it alone decides what runs
+in a worker thread, so nothing that blocks, or needs the loop free, runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
+
+from .workspace import CHUNK, Upload, Workspace
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Uploads being discarded for a closed connection; held so the loop does not drop them.
+_discarding: set[asyncio.Task] = set()
+
+
+async def _blocking(call: Callable[..., T], *args: Any) -> T:
+    """Run a workspace call in a worker thread: the one way this module blocks."""
+    return await asyncio.to_thread(call, *args)
+
+
+class AsyncWorkspace:
+    """A session's files, awaitable; wraps a ``Workspace`` or a ``RemoteWorkspace``."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.sync = workspace
+
+    async def list(self, path: str) -> list[dict[str, Any]]:
+        return await _blocking(self.sync.list, path)
+
+    async def free_bytes(self) -> int:
+        return await _blocking(self.sync.free_bytes)
+
+    async def remove(self, path: str) -> None:
+        await _blocking(self.sync.remove, path)
+
+    async def open_read(self, path: str) -> tuple[AsyncReader, os.stat_result]:
+        file, info = await _blocking(self.sync.open_read, path)
+        return AsyncReader(file), info
+
+    async def archive(self, path: str, fmt: str) -> AsyncReader:
+        return AsyncReader(await _blocking(self.sync.archive, path, fmt))
+
+    async def open_write(self, path: str) -> AsyncUpload:
+        return AsyncUpload(await _blocking(self.sync.open_write, path))
+
+    async def save(self, path: str, data: bytes) -> int:
+        """Write a whole file (renamed into place only once complete); return its size."""
+        upload = await self.open_write(path)
+        try:
+            await upload.write(data)
+        except BaseException:
+            await upload.finish(False)
+            raise
+        await upload.finish(True)
+        return upload.size
+
+    async def baseline(self) -> None:
+        """Remember the files before an execution, unless the last one's end still holds."""
+        if self.sync.seen is None:
+            await _blocking(self.sync.baseline)
+
+    async def changes(self) -> list[dict[str, Any]]:
+        """What an execution created or changed, as artifacts.
+
+        A small workspace is walked right here: a few directory entries cost
+        less than a trip to a worker thread, which would add to every
+        execute's round trip. A larger one (or a remote one, never small) is
+        walked in a thread, never blocking the loop.
+        """
+        if self.sync.small:
+            return self.sync.changes()
+        return await _blocking(self.sync.changes)
+
+
+class AsyncReader:
+    """A file or archive being downloaded, read a chunk at a time."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+
+    async def read(self, size: int = CHUNK) -> bytes:
+        return await _blocking(self._file.read, size)
+
+    async def aclose(self) -> None:
+        # A remote download cut short tells the agent to close its end: a round trip.
+        await _blocking(self._file.close)
+
+    async def __aenter__(self) -> AsyncReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncUpload:
+    """A file being uploaded: written, then renamed into place or discarded, exactly once.
+
+    Each step waits for the one before, so a discard never races a chunk
+    still being written in a thread.
+    """
+
+    def __init__(self, upload: Upload) -> None:
+        self._upload = upload
+        self._lock = asyncio.Lock()
+        self._finished = False
+
+    @property
+    def size(self) -> int:
+        return self._upload.size
+
+    async def write(self, chunk: bytes) -> None:
+        async with self._lock:
+            await _blocking(self._upload.write, chunk)
+
+    async def finish(self, ok: bool) -> None:
+        """Rename into place (``ok``) or discard; later calls do nothing."""
+        async with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            await _blocking(self._upload.finish, ok)
+
+    def discard(self) -> None:
+        """Discard in the background, for callbacks that cannot wait (a closed connection)."""
+        task = asyncio.get_running_loop().create_task(self.finish(False))
+        _discarding.add(task)
+        task.add_done_callback(_discarded)
+
+
+def _discarded(task: asyncio.Task) -> None:
+    _discarding.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not discard an unfinished upload: %s", task.exception())
