@@ -5,6 +5,7 @@ Domain code raises these; one place (``gateway.api.base``) turns them into
 codes themselves. The tree::
 
     GatewayError                      500 internal_error
+    ├── ConfigError                       config_error (a setting or config file is unusable)
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
     │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
@@ -44,6 +45,10 @@ class GatewayError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ConfigError(GatewayError):
+    code = "config_error"
 
 
 class BadRequest(GatewayError):
