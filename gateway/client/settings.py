@@ -39,7 +39,7 @@ class ClientSettings:
         config: str | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> ClientSettings:
-        """Merge the layers (a None argument is not given); no token in any, the generated one."""
+        """Merge the layers, None meaning not given; with a token in none, the generated one."""
         environ = os.environ if environ is None else environ
         values: dict[str, str] = {}
         config = config or environ.get("SBX_CONFIG")
