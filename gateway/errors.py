@@ -5,7 +5,7 @@ Domain code raises these; one place (``gateway.api.base``) turns them into
 codes themselves. The tree::
 
     GatewayError                      500 internal_error
-    ├── ConfigError                   500 config_error (the operator's settings; at start)
+    ├── ConfigError                       config_error (a setting or config file is unusable)
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
     │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
@@ -48,7 +48,7 @@ class GatewayError(Exception):
 
 
 class ConfigError(GatewayError):
-    """A setting the operator gave is invalid: the gateway refuses to start with it."""
+    """A setting or config file is unusable: the gateway (or the SDK) refuses it."""
 
     code = "config_error"
 

@@ -1,13 +1,15 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
 ``run``, ``exec``, ``sessions``, ``files``, ``export``, ``replay`` and ``mcp``.
-Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``). Exit codes:
+Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``) and needs
+nothing else of the settings: handlers get the SDK's ``ClientSettings``. Exit codes:
 0 done, 1 the code (or a replay) failed, 2 the gateway refused or was unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -15,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ..client import Client, Execution, Session
+from ..client.settings import ClientSettings
 from ..config import Settings
 from ..errors import BadRequest
 from . import terminal
 
-Handler = Callable[[Settings, argparse.Namespace], int]
+Handler = Callable[[ClientSettings, argparse.Namespace], int]
 
 
-def _client(settings: Settings) -> Client:
-    return Client(settings.url, settings.client_token)
+def _client(settings: ClientSettings) -> Client:
+    return Client(settings.url, settings.token)
 
 
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
@@ -92,7 +95,7 @@ def _execute(session: Session, code: str, args: argparse.Namespace, stem: str) -
 # -- commands ---------------------------------------------------------------------------
 
 
-def _run(settings: Settings, args: argparse.Namespace) -> int:
+def _run(settings: ClientSettings, args: argparse.Namespace) -> int:
     code = _read_code(args.script)
     stem = "stdin" if args.script == "-" else Path(args.script).stem
     with _client(settings) as client:
@@ -109,7 +112,7 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if execution.ok else 1
 
 
-def _exec(settings: Settings, args: argparse.Namespace) -> int:
+def _exec(settings: ClientSettings, args: argparse.Namespace) -> int:
     code = args.code if args.file is None else _read_code(args.file)
     if code is None:
         raise BadRequest("give the code to run, or --file SCRIPT ('-' for standard input)")
@@ -118,7 +121,7 @@ def _exec(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if execution.ok else 1
 
 
-def _sessions_ls(settings: Settings, args: argparse.Namespace) -> int:
+def _sessions_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         sessions = client.list_sessions(
             state=args.state, metadata=_pairs(args.metadata, "--metadata")
@@ -132,14 +135,14 @@ def _sessions_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _sessions_new(settings: Settings, args: argparse.Namespace) -> int:
+def _sessions_new(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("starting a session"):
         session = client.create_session(keep=True, **_session_options(args))
     print(session.id)
     return 0
 
 
-def _sessions_show(settings: Settings, args: argparse.Namespace) -> int:
+def _sessions_show(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         info = client.connect(args.session).info
     if args.json:
@@ -149,7 +152,7 @@ def _sessions_show(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _sessions_rm(settings: Settings, args: argparse.Namespace) -> int:
+def _sessions_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         for session_id in args.sessions:
             client.session(session_id).delete()
@@ -157,19 +160,19 @@ def _sessions_rm(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _files_put(settings: Settings, args: argparse.Namespace) -> int:
+def _files_put(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         _upload(client.session(args.session), args.local, args.remote)
     return 0
 
 
-def _files_get(settings: Settings, args: argparse.Namespace) -> int:
+def _files_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         _download(client.session(args.session), args.remote, args.local or Path(args.remote).name)
     return 0
 
 
-def _files_ls(settings: Settings, args: argparse.Namespace) -> int:
+def _files_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         entries = client.session(args.session).files.list(args.path)
     if args.json:
@@ -179,13 +182,13 @@ def _files_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _files_rm(settings: Settings, args: argparse.Namespace) -> int:
+def _files_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         client.session(args.session).files.remove(args.path)
     return 0
 
 
-def _export(settings: Settings, args: argparse.Namespace) -> int:
+def _export(settings: ClientSettings, args: argparse.Namespace) -> int:
     output = Path(args.output or f"session-{args.session}.ipynb")
     with _client(settings) as client:
         notebook = client.session(args.session).export(output, descriptions=args.descriptions)
@@ -194,7 +197,7 @@ def _export(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(settings: Settings, args: argparse.Namespace) -> int:
+def _replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     source = Path(args.notebook)
     try:
         content = source.read_bytes()
@@ -219,7 +222,7 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if report["reproduced"] else 1
 
 
-def _mcp(settings: Settings, args: argparse.Namespace) -> int:
+def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
     serve(settings, http=args.http, host=args.host, port=args.port, path=args.path)
@@ -234,8 +237,13 @@ def _command(
 ) -> argparse.ArgumentParser:
     parser = parent.add_parser(name, help=help, description=description or help)
     Settings.add_arguments(parser, only=("url", "token"))
-    parser.set_defaults(func=handler)
+    parser.set_defaults(func=functools.partial(_with_client_settings, handler))
     return parser
+
+
+def _with_client_settings(handler: Handler, _server: Settings, args: argparse.Namespace) -> int:
+    """Call ``handler`` with the client's settings; ``main`` loads the server's for logging."""
+    return handler(ClientSettings.load(args.url, args.token, config=args.config), args)
 
 
 def _add_session_options(parser: argparse.ArgumentParser) -> None:

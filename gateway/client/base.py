@@ -22,10 +22,10 @@ import httpx
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from .. import __version__
-from ..config import Settings
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
 from .models import FileInfo, SessionInfo
+from .settings import ClientSettings
 from .stream import Run
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,9 @@ class Retry:
 def resolve(url: str | None, token: str | None) -> tuple[str, str]:
     """Fill what the caller left out from the settings (``SBX_URL``, ``SBX_TOKEN``, config)."""
     if url is None or token is None:
-        settings = Settings.load()
+        settings = ClientSettings.load()
         url = settings.url if url is None else url
-        token = settings.client_token if token is None else token
+        token = settings.token if token is None else token
     return url.rstrip("/"), token
 
 

@@ -43,7 +43,7 @@ from ..client import (
     Result,
 )
 from ..client.models import IMAGE_TYPES
-from ..config import Settings
+from ..client.settings import ClientSettings
 
 log = logging.getLogger(__name__)
 
@@ -282,11 +282,11 @@ def build_server(client: AsyncClient) -> MCPServer:
     return server
 
 
-def serve(settings: Settings, *, http: bool, host: str, port: int, path: str) -> None:
+def serve(settings: ClientSettings, *, http: bool, host: str, port: int, path: str) -> None:
     """Run the MCP server until stdin closes (stdio) or it is interrupted (HTTP)."""
 
     async def main() -> None:
-        async with AsyncClient(settings.url, settings.client_token) as client:
+        async with AsyncClient(settings.url, settings.token) as client:
             server = build_server(client)
             if http:
                 await _serve_http(server, host, port, path)
