@@ -140,10 +140,10 @@ def _ipv4(labels: list[str], text: str) -> ipaddress.IPv4Address:
         raise refusal
     try:
         values = [
-            int(p[2:] or "0", 16) if p.startswith("0x") else int(p, 8 if p[0] == "0" else 10)
+            int(p[2:], 16) if p.startswith("0x") else int(p, 8 if p[0] == "0" else 10)
             for p in labels
         ]
-    except ValueError:  # 08, 09: not octal
+    except ValueError:  # 08 is not octal, 0x is no number
         raise refusal from None
     *head, last = values
     if any(v > 255 for v in head) or last >= 256 ** (4 - len(head)):
