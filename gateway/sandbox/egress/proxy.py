@@ -5,10 +5,11 @@ It speaks just the HTTP/1.1 that clients send proxies: ``CONNECT host:port``
 (``GET http://host/path``) for plain HTTP. Each session authenticates with its
 own token (Basic ``Proxy-Authorization``, from the proxy URL in its
 environment; derived from a key, so a restarted gateway accepts the tokens
-of the kernels it reattaches to), which selects its allowlist. A target off the list, or one
-resolving only to addresses ``AddressGuard`` refuses, gets 403 and is reported
-as an ``EgressDenial``. It runs on the gateway's event loop: name lookups go
-to the loop's resolver thread, all else is non-blocking sockets.
+of the kernels it reattaches to), which selects its allowlist. A target whose
+host ``parse_authority`` refuses gets 400; one off the list, or resolving only
+to addresses ``AddressGuard`` refuses, 403; each is reported as an
+``EgressDenial``. It runs on the gateway's event loop: name lookups go to the
+loop's resolver thread, all else is non-blocking sockets.
 """
 
 from __future__ import annotations
@@ -235,8 +236,8 @@ class EgressProxy:
         self, tenant: _Tenant, host: Host, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to ``host:port`` if the policy and the guard allow it."""
+        target = format_authority(host, port)
         if not tenant.policy.permits(host, port):
-            target = format_authority(host, port)
             raise _Refused(403, f"{target} is not on this session's allowlist", denied=True)
         refusals, failure = [], None
         for address in await self._addresses(host, port):
@@ -250,8 +251,8 @@ class EgressProxy:
             except (OSError, TimeoutError) as e:
                 failure = e
         if failure is not None:
-            raise _Refused(502, f"cannot connect to {host}:{port}: {str(failure) or 'timed out'}")
-        raise _Refused(403, f"{host}:{port} refused: " + "; ".join(refusals), denied=True)
+            raise _Refused(502, f"cannot connect to {target}: {str(failure) or 'timed out'}")
+        raise _Refused(403, f"{target} refused: " + "; ".join(refusals), denied=True)
 
     async def _addresses(self, host: Host, port: int) -> list[IPAddress]:
         if not isinstance(host, str):
