@@ -245,3 +245,76 @@ def test_one_address_cannot_hold_more_than_its_share_of_connections():
             assert reply.startswith(b"HTTP/1.1 200"), "closed connections still counted"
 
     run(go())
+
+
+def test_a_nul_in_the_target_cannot_cut_the_name_short_to_an_unlisted_host():
+    """libc reads ``localhost\\0.allowed.example`` as ``localhost``: refused before matching."""
+
+    async def go():
+        async with Harness(["*.allowed.example"]) as h:
+            target = f"localhost\x00.allowed.example:{h.up_port}"
+            reply, reader, _ = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 400"), f"the sandbox reached localhost: {reply!r}"
+            assert b"U+0000" in await reader.read()
+            assert h.received == []
+            (denial,) = h.denials
+            assert denial.target == f"localhost\\x00.allowed.example:{h.up_port}", denial
+            assert denial.target.isprintable() and "U+0000" in denial.reason
+
+    run(go())
+
+
+def test_bad_hosts_and_ports_in_targets_get_400_saying_why():
+    async def go():
+        async with Harness(["127.0.0.1", "*.allowed.example"]) as h:
+            port = h.up_port
+            for line, reason in [
+                (f"CONNECT [allowed.example]:{port}", b"IPv6"),
+                (f"CONNECT a..allowed.example:{port}", b"empty label"),
+                (f"CONNECT user:pw@127.0.0.1:{port}", b"userinfo"),
+                ("CONNECT 127.0.0.1:99999", b"port"),
+                ("GET http://127.0.0.1:99999/ ", b"port"),
+                (f"GET http://127.0.0.1:{port}:{port}/ ", b"':'"),
+                (f"GET http://user@127.0.0.1:{port}/ ", b"userinfo"),
+                (f"GET http://a\tb.allowed.example:{port}/ ", b"U+0009"),
+            ]:
+                reply, reader, _ = await h.ask(f"{line.strip()} HTTP/1.1\r\n{h.auth()}\r\n")
+                assert reply.startswith(b"HTTP/1.1 400"), (line, reply)
+                body = await reader.read()
+                assert reason in body, (line, body)
+            assert h.received == [] and len(h.denials) == 8
+
+    run(go())
+
+
+def test_an_ip_literal_in_another_notation_reaches_only_the_listed_address():
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            for target in ("2130706433", "0x7f.1", "017700000001", "127.1", "[::ffff:127.0.0.1]"):
+                reply, _, writer = await h.ask(
+                    f"CONNECT {target}:{h.up_port} HTTP/1.1\r\n{h.auth()}\r\n"
+                )
+                assert reply.startswith(b"HTTP/1.1 200"), (target, reply)
+                writer.close()
+            reply, _, _ = await h.ask(f"CONNECT 127.2:{h.up_port} HTTP/1.1\r\n{h.auth()}\r\n")
+            assert reply.startswith(b"HTTP/1.1 403"), reply
+
+    run(go())
+
+
+def test_plain_http_sends_the_checked_host_not_the_clients_host_header():
+    """Else a listed address on a shared server would serve any virtual host it has."""
+
+    async def go():
+        async with Harness(["127.0.0.1"]) as h:
+            url = f"http://127.0.0.1:{h.up_port}/"
+            reply, reader, _ = await h.ask(
+                f"GET {url} HTTP/1.1\r\nHost: evil.example\r\n{h.auth()}\r\n"
+            )
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+            await reader.read()
+            sent = h.received[0].decode().lower()
+            assert f"\r\nhost: 127.0.0.1:{h.up_port}\r\n" in sent, sent
+            assert "evil.example" not in sent, f"the upstream was asked for evil.example: {sent}"
+
+    run(go())

@@ -5,10 +5,11 @@ It speaks just the HTTP/1.1 that clients send proxies: ``CONNECT host:port``
 (``GET http://host/path``) for plain HTTP. Each session authenticates with its
 own token (Basic ``Proxy-Authorization``, from the proxy URL in its
 environment; derived from a key, so a restarted gateway accepts the tokens
-of the kernels it reattaches to), which selects its allowlist. A target off the list, or one
-resolving only to addresses ``AddressGuard`` refuses, gets 403 and is reported
-as an ``EgressDenial``. It runs on the gateway's event loop: name lookups go
-to the loop's resolver thread, all else is non-blocking sockets.
+of the kernels it reattaches to), which selects its allowlist. A target whose
+host ``parse_authority`` refuses gets 400; one off the list, or resolving only
+to addresses ``AddressGuard`` refuses, 403; each is reported as an
+``EgressDenial``. It runs on the gateway's event loop: name lookups go to the
+loop's resolver thread, all else is non-blocking sockets.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from ipaddress import ip_address
 from urllib.parse import urlsplit
 
-from .policy import AddressGuard, IPAddress, NetworkPolicy, parse_address
+from .policy import AddressGuard, Host, IPAddress, NetworkPolicy, format_authority, parse_authority
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +170,7 @@ class EgressProxy:
             await self._relay(tenant, reader, writer, method, target, version, headers)
         except _Refused as refused:
             if refused.denied:
-                self._report(tenant, method, target, refused.reason)
+                self._report(tenant, method, _printable(target), refused.reason)
             else:
                 log.debug("egress %s %s failed: %s", method, target, refused.reason)
             await _answer(writer, refused.status, refused.reason)
@@ -208,26 +210,35 @@ class EgressProxy:
         version: str,
         headers: dict[str, str],
     ) -> None:
+        # Refused whole, before urlsplit quietly drops tabs and newlines from a URL.
+        odd = next((c for c in target if not c.isprintable()), None)
+        if odd is not None:
+            reason = f"control, space or invisible character U+{ord(odd):04X} in the target"
+            raise _Refused(400, reason, denied=True)
         if method == "CONNECT":
-            host, port = _authority(target)
+            host, port = _target(target, None)
             up_reader, up_writer = await self._open(tenant, host, port)
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
-            url = urlsplit(target)
-            if url.scheme != "http" or not url.hostname:
+            url = None
+            with contextlib.suppress(ValueError):  # a stray '[' or ']'
+                url = urlsplit(target)
+            if url is None or url.scheme != "http" or not url.netloc:
                 raise _Refused(400, "send http://host/path, or CONNECT host:port for HTTPS")
-            host, port = url.hostname, url.port or 80
+            host, port = _target(url.netloc, 80)
             up_reader, up_writer = await self._open(tenant, host, port)
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-            up_writer.write(_origin_head(method, path, version, headers, url.netloc))
+            authority = format_authority(host, None if port == 80 else port)
+            up_writer.write(_origin_head(method, path, version, headers, authority))
         await _splice(reader, writer, up_reader, up_writer)
 
     async def _open(
-        self, tenant: _Tenant, host: str, port: int
+        self, tenant: _Tenant, host: Host, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to ``host:port`` if the policy and the guard allow it."""
+        target = format_authority(host, port)
         if not tenant.policy.permits(host, port):
-            raise _Refused(403, f"{host}:{port} is not on this session's allowlist", denied=True)
+            raise _Refused(403, f"{target} is not on this session's allowlist", denied=True)
         refusals, failure = [], None
         for address in await self._addresses(host, port):
             refusal = self.guard.refusal(address, port)
@@ -240,20 +251,19 @@ class EgressProxy:
             except (OSError, TimeoutError) as e:
                 failure = e
         if failure is not None:
-            raise _Refused(502, f"cannot connect to {host}:{port}: {str(failure) or 'timed out'}")
-        raise _Refused(403, f"{host}:{port} refused: " + "; ".join(refusals), denied=True)
+            raise _Refused(502, f"cannot connect to {target}: {str(failure) or 'timed out'}")
+        raise _Refused(403, f"{target} refused: " + "; ".join(refusals), denied=True)
 
-    async def _addresses(self, host: str, port: int) -> list[IPAddress]:
-        address = parse_address(host)
-        if address is not None:
-            return [address]
+    async def _addresses(self, host: Host, port: int) -> list[IPAddress]:
+        if not isinstance(host, str):
+            return [host]
         loop = asyncio.get_running_loop()
         try:
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as e:
             raise _Refused(502, f"cannot resolve {host}: {e.strerror}") from None
-        found = [parse_address(str(info[4][0])) for info in infos]
-        return list(dict.fromkeys(a for a in found if a is not None))
+        inet = (socket.AF_INET, socket.AF_INET6)
+        return list(dict.fromkeys(ip_address(i[4][0]) for i in infos if i[0] in inet))
 
     def _report(self, tenant: _Tenant | None, method: str, target: str, reason: str) -> None:
         """Log a denial and pass it to the hook, at most ``reports_per_second`` per session.
@@ -294,6 +304,11 @@ class EgressProxy:
                 log.exception("the egress denial hook failed")
 
 
+def _printable(text: str) -> str:
+    """``text`` with what could forge or hide a log line escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -307,25 +322,25 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     return parts[0].upper(), parts[1], parts[2], headers
 
 
-def _authority(target: str) -> tuple[str, int]:
-    """Split a CONNECT target, ``host:port`` or ``[v6]:port``."""
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or "]" in port:
-        raise _Refused(400, f"CONNECT needs host:port, not {target!r}")
-    host = host.strip("[]")
-    if not host or not 0 < int(port) < 65536:
-        raise _Refused(400, f"bad target {target!r}")
-    return host, int(port)
+def _target(authority: str, default_port: int | None) -> tuple[Host, int]:
+    """The host and port of a CONNECT target or URL: the only ones matched and resolved."""
+    try:
+        host, port = parse_authority(authority)
+    except ValueError as e:
+        raise _Refused(400, str(e), denied=True) from None
+    if port is None and default_port is None:
+        raise _Refused(400, f"CONNECT needs host:port, not {authority!r}", denied=True)
+    return host, port or default_port
 
 
 def _origin_head(
-    method: str, path: str, version: str, headers: dict[str, str], netloc: str
+    method: str, path: str, version: str, headers: dict[str, str], authority: str
 ) -> bytes:
     """The request as the origin server expects it, without the proxy's headers."""
     listed = {h.strip().lower() for h in headers.get("connection", "").split(",")}
     lines = [f"{method} {path} {version}"]
     kept = {k: v for k, v in headers.items() if k not in _HOP_BY_HOP | listed}
-    kept.setdefault("host", netloc)
+    kept["host"] = authority  # the host checked, never a Host header naming another one
     lines += [f"{name}: {value}" for name, value in kept.items()]
     lines += ["connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1")
