@@ -62,7 +62,7 @@ def make_app(
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
-        websocket_max_message_size=settings.max_request_body_bytes,
+        websocket_max_message_size=settings.max_request_body,
     )
 
 

@@ -88,7 +88,7 @@ class SessionManager:
         )
         self.sessions: dict[str, Session] = {}
         self.sessions_dir = self.sandboxes.sessions_dir
-        self.pool = WarmPool(self, settings.pool_sizes)
+        self.pool = WarmPool(self, settings.pool)
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self.gateway_id = ""
         self._culler: asyncio.Task | None = None
@@ -320,9 +320,9 @@ class SessionManager:
         session = self.get(session_id, who)
         if not isinstance(code, str):
             raise BadRequest("code must be a string of source code")
-        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_bytes:
+        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_size:
             raise PayloadTooLarge(
-                f"the code is larger than the limit of {format_size(self.settings.max_code_bytes)}"
+                f"the code is larger than the limit of {format_size(self.settings.max_code_size)}"
                 "; put large data in a file (PUT /v1/sessions/{id}/files/...) and read it"
             )
         if description is not None and not isinstance(description, str):

@@ -51,12 +51,10 @@ class Egress:
     """Admits sessions to the egress network and the proxy, and lets them go."""
 
     def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
-        self.policies = settings.network_policy_names
-        self.always_allow = settings.egress_always_allow_rules
-        self.guard = AddressGuard(settings.egress_ranges, own_ports=set())
-        self.network = EgressNetwork(
-            client, settings.egress_network, settings.egress_proxy_port_range
-        )
+        self.policies = settings.network_policies
+        self.always_allow = settings.egress_always_allow
+        self.guard = AddressGuard(settings.egress_allow_ranges, own_ports=set())
+        self.network = EgressNetwork(client, settings.egress_network, settings.egress_proxy_ports)
         self.state_dir = Path(settings.data_dir) / "egress"
         self.proxy: EgressProxy | None = None
         self._on_denied: DenialHook | None = None

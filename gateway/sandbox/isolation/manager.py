@@ -36,7 +36,7 @@ class IsolationManager:
     def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
         self.runtimes = Runtimes(settings, client)
         self.egress = Egress(settings, client)
-        self.seccomp = settings.seccomp_profile_json
+        self.seccomp = settings.seccomp_profile.json
 
     def choose(self, request: dict[str, Any], sandbox: dict[str, Any]) -> tuple[str, NetworkPolicy]:
         """The runtime and network policy a create request asks for, validated."""

@@ -46,7 +46,7 @@ class Runtimes:
     """Picks a session's runtime and checks the engine has it."""
 
     def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
-        self.allowed = settings.runtime_names
+        self.allowed = settings.runtimes
         self.default = settings.default_runtime
         self.client = client
         self._engine: set[str] = set()

@@ -198,7 +198,7 @@ class SwarmPlacement(Placement):
             limits=session.limits,
             env=session.env,
             network=s.swarm_network,
-            constraints=s.swarm_constraint_list,
+            constraints=s.swarm_constraints,
             agent_configs=self._configs,
             tmp_bytes=s.tmp_bytes_for(session.limits),
             on_death=self.report,
