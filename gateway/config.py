@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import ipaddress
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Any
 
 from .errors import BadRequest, GatewayError, LimitExceeded
 from .limits import Limits, parse_size
-from .sandbox.egress.policy import IPNetwork, Rule
+from .sandbox.egress.policy import IPNetwork, Rule, parse_ranges
 from .sandbox.isolation import seccomp
 from .sandbox.isolation.runtimes import RUNTIMES
 
@@ -85,7 +84,7 @@ def _origins(value: Any) -> tuple[str, ...]:
 
 
 def _cidrs(value: Any) -> tuple[IPNetwork, ...]:
-    return tuple(ipaddress.ip_network(item, strict=False) for item in _items(value))
+    return tuple(parse_ranges(",".join(map(str, _items(value))), "in the list"))
 
 
 def _rules(value: Any) -> tuple[Rule, ...]:
