@@ -68,7 +68,7 @@ def make_app(
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
-        websocket_max_message_size=settings.max_request_body_bytes,
+        websocket_max_message_size=settings.max_request_body,
     )
 
 
@@ -160,7 +160,7 @@ def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxL
         client,
         images,
         sessions_dir=Path(settings.data_dir) / "sessions",
-        tmp_size=settings.tmp_bytes,
+        tmp_size=settings.tmp_size,
         swarm=settings.swarm_options(),
         context=shared_context(),
     )

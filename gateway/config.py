@@ -1,7 +1,8 @@
 """The one settings object: defaults < config file < ``SBX_*`` env < CLI flags.
 
-Every option is a dataclass field whose ``help`` doubles as CLI help, so the
-flag list, env names and file keys can never drift apart.
+Every option is a dataclass field declared once with its help, its ``--help``
+group and its kind (how text becomes the typed value, and back), so the flag
+list, env names, file keys and help can never drift apart.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import BadRequest, ConfigError
+from .errors import BadRequest, ConfigError, LimitExceeded
 from .limits import Limits, parse_size
 from .sandbox.egress import EgressOptions
 from .sandbox.egress.policy import IPNetwork, Rule, parse_ranges
@@ -29,8 +30,176 @@ from .sandbox.swarm.placement import SwarmOptions
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _opt(default: Any, help: str, **kw: Any) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, **kw})
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """How an option's text (flag, env var or file) becomes its value, and how help shows it.
+
+    ``parse`` also takes the value it made, unchanged, so settings built in code
+    from typed values and from text end up alike.
+    """
+
+    parse: Callable[[Any], Any]
+    show: Callable[[Any], str] = str
+    metavar: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SeccompProfile:
+    """The ``seccomp_profile`` setting: as the user named it, and the JSON the engine gets."""
+
+    source: str
+    json: str | None = dataclasses.field(repr=False)  # None: the engine's default
+
+    @classmethod
+    def load(cls, value: Any) -> SeccompProfile:
+        """Read the profile a name or file stands for, once, at load time."""
+        if isinstance(value, cls):
+            return value
+        source = str(value)
+        if source == "gateway":
+            return cls(source, seccomp.profile_json())
+        if source == "docker-default":
+            return cls(source, None)
+        text = Path(source).read_text()
+        profile = json.loads(text)
+        if not isinstance(profile, dict) or "defaultAction" not in profile:
+            raise ValueError(f"{source} is not a seccomp profile")
+        return cls(source, text)
+
+
+def _items(value: Any) -> list[Any]:
+    """A list option's entries: from ``a, b`` text, or a TOML array (or tuple) as it is."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return list(value)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(item).strip() for item in _items(value))
+
+
+def _origins(value: Any) -> tuple[str, ...]:
+    return tuple(origin.rstrip("/") for origin in _names(value))
+
+
+def _cidrs(value: Any) -> tuple[IPNetwork, ...]:
+    return tuple(parse_ranges(",".join(map(str, _items(value))), "in the list"))
+
+
+def _rules(value: Any) -> tuple[Rule, ...]:
+    try:
+        return tuple(item if isinstance(item, Rule) else Rule.parse(item) for item in _items(value))
+    except BadRequest as e:
+        raise ValueError(e.message) from None
+
+
+def _size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except LimitExceeded:
+        raise ValueError("use a size like '512m', '1g' or a number of bytes") from None
+
+
+def _show_size(n: int) -> str:
+    """Bytes as people write them in a setting: the largest unit that divides them exactly."""
+    for unit, scale in (("t", 2**40), ("g", 2**30), ("m", 2**20), ("k", 2**10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _show_pool(sizes: Mapping[str, int]) -> str:
+    return ",".join(f"{name}={count}" for name, count in sizes.items())
+
+
+def _pool(value: Any) -> dict[str, int]:
+    """``python3=2,bash=1`` (or a TOML table) -> {"python3": 2, "bash": 1}; a bare name is 1."""
+    if isinstance(value, Mapping):
+        value = _show_pool(value)
+    sizes = {}
+    try:
+        for part in _items(value):
+            name, _, count = part.partition("=")
+            sizes[name.strip()] = int(count or 1)
+    except ValueError:
+        raise ValueError("use the form 'python3=2,bash=1'") from None
+    return sizes
+
+
+def _show_ports(ports: range) -> str:
+    last = ports.stop - 1
+    return str(last) if ports.start == last else f"{ports.start}-{last}"
+
+
+def _ports(value: Any) -> range:
+    text = _show_ports(value) if isinstance(value, range) else str(value)
+    low, _, high = text.partition("-")
+    try:
+        ports = range(int(low), int(high or low) + 1)
+    except ValueError:
+        ports = range(0)
+    if not ports or ports.start < 1 or ports.stop > 65536:
+        raise ValueError("use a port or a range like 47000-47099")
+    return ports
+
+
+def _boolean(value: Any) -> bool:
+    """Read a switch from a flag, env var or file: true/false, yes/no, on/off, 1/0."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean; use true or false")
+
+
+def _show_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+TEXT = Kind(str)
+INT = Kind(int, metavar="N")
+NUMBER = Kind(float, _show_number, "N")
+SECONDS = Kind(float, _show_number, "SECONDS")
+SWITCH = Kind(_boolean, lambda on: "true" if on else "false", "BOOL")
+SIZE = Kind(_size, _show_size, "SIZE")
+NAMES = Kind(_names, ",".join, "A,B")
+ORIGINS = Kind(_origins, ",".join, "ORIGIN,...")
+POOL = Kind(_pool, _show_pool, "KERNEL=N,...")
+PORTS = Kind(_ports, _show_ports, "PORT[-PORT]")
+CIDRS = Kind(_cidrs, lambda networks: ",".join(map(str, networks)), "CIDR,...")
+RULES = Kind(_rules, lambda rules: ",".join(rule.text for rule in rules), "ENTRY,...")
+SECCOMP = Kind(SeccompProfile.load, lambda profile: profile.source, "PROFILE")
+_BY_TYPE = {str: TEXT, int: INT, float: NUMBER, bool: SWITCH}
+
+# The --help groups, in the order the fields below declare them.
+LISTENING = "listening"
+AUTH = "auth"
+LIMITS = "sessions & limits"
+POOLING = "pool"
+KERNELS = "kernels & images"
+ISOLATION = "isolation & egress"
+SWARM = "swarm"
+STORAGE = "storage & lifecycle"
+CLIENT = "client (the SDK, client commands and sbx mcp)"
+
+
+def _opt(default: Any, help: str, group: str, kind: Kind | None = None) -> Any:
+    """Declare an option: ``default`` as a user writes it, parsed here once."""
+    kind = kind or _BY_TYPE[type(default)]
+    value = kind.parse(default)
+    metadata = {"help": help, "group": group, "kind": kind}
+    if value.__hash__ is None:  # the pool's dict: each Settings gets its own
+        return dataclasses.field(
+            default_factory=functools.partial(kind.parse, default), metadata=metadata
+        )
+    return dataclasses.field(default=value, metadata=metadata)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def _default_data_dir() -> str:
@@ -42,146 +211,247 @@ def _default_data_dir() -> str:
 class Settings:
     """Gateway configuration, validated at load time.
 
-    Nothing assigns a field after construction, so derived values (sizes in
-    bytes, parsed lists) are worked out once: some are read on every request.
+    Each field holds its typed value (sizes in bytes, lists as tuples), parsed
+    once when the settings are built: some are read on every request.
     """
 
-    host: str = _opt("127.0.0.1", "address to listen on")
-    port: int = _opt(8765, "port to listen on (0 picks a free one)")
+    # -- listening
+    host: str = _opt("127.0.0.1", "address to listen on", LISTENING)
+    port: int = _opt(8765, "port to listen on (0 picks a free one)", LISTENING)
+    cors_origins: tuple[str, ...] = _opt(
+        "",
+        "comma-separated browser origins allowed to call the API (CORS); off when empty",
+        LISTENING,
+        ORIGINS,
+    )
+    max_request_body: int = _opt(
+        "16m", "largest JSON request body (uploads stream separately)", LISTENING, SIZE
+    )
+    ws_ping_interval: float = _opt(
+        30.0, "seconds between WebSocket pings that find dead clients", LISTENING, SECONDS
+    )
+    reconnect_grace: float = _opt(
+        10.0,
+        "seconds a dropped stream or Jupyter client may take to reconnect and resume; "
+        "then its buffer is dropped and, on the agent stream, its running cell interrupted",
+        LISTENING,
+        SECONDS,
+    )
+    replay_buffer_events: int = _opt(
+        1000,
+        "events kept per session stream (and per parked Jupyter client) for reconnects",
+        LISTENING,
+    )
+    replay_buffer_size: int = _opt(
+        "8m", "bytes of events kept for reconnects, per buffer", LISTENING, SIZE
+    )
+
+    # -- auth
     auth: str = _opt(
         "token",
         "'token' (callers need an API token) or 'none' (no authentication: only for a "
         "single user on this machine; the gateway warns loudly)",
+        AUTH,
     )
-    tokens_file: str = _opt("", "TOML file of API tokens, their tenants and tenant quotas")
-    token_tenant: str = _opt("default", "tenant of the single `token` (and of a generated one)")
-    tenant_max_sessions: int = _opt(32, "live sessions one tenant may hold at once")
-    tenant_max_memory: str = _opt("16g", "memory limits one tenant's live sessions may add up to")
-    max_request_body: str = _opt("16m", "largest JSON request body (uploads stream separately)")
-    max_code_size: str = _opt("2m", "largest code of one execute")
-    cors_origins: str = _opt(
-        "", "comma-separated browser origins allowed to call the API (CORS); off when empty"
+    tokens_file: str = _opt("", "TOML file of API tokens, their tenants and tenant quotas", AUTH)
+    token_tenant: str = _opt(
+        "default", "tenant of the single `token` (and of a generated one)", AUTH
     )
-    data_dir: str = _opt("", "where the SQLite store and session directories live")
-    kernels_dir: str = _opt(str(ROOT / "kernels"), "directory of kernelspecs offered")
-    images_dir: str = _opt(str(ROOT / "images"), "directory of kernel image Dockerfiles")
-    base_image: str = _opt(
-        "debian:bookworm-slim", "base image for kernel images (debootstrapped if not pullable)"
+    tenant_max_sessions: int = _opt(32, "live sessions one tenant may hold at once", AUTH)
+    tenant_max_memory: int = _opt(
+        "16g", "memory limits one tenant's live sessions may add up to", AUTH, SIZE
     )
-    default_images: str = _opt(
-        "python", "comma-separated images `sbx images build` builds when given no names"
+    token: str = _opt(
+        "",
+        "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
+        "tokens file, and the one the SDK, client commands and `sbx mcp` send",
+        AUTH,
     )
-    max_sessions: int = _opt(64, "live sessions allowed at once, server-wide")
-    pool: str = _opt(
+
+    # -- sessions & limits
+    max_sessions: int = _opt(64, "live sessions allowed at once, server-wide", LIMITS)
+    default_ttl: float = _opt(
+        3600.0, "session lifetime in seconds when none is asked for", LIMITS, SECONDS
+    )
+    max_ttl: float = _opt(86400.0, "longest lifetime a session may ask for", LIMITS, SECONDS)
+    default_idle_timeout: float = _opt(
+        600.0, "seconds without activity before a session ends", LIMITS, SECONDS
+    )
+    max_idle_timeout: float = _opt(
+        86400.0, "longest idle timeout a session may ask for", LIMITS, SECONDS
+    )
+    default_memory: int = _opt(
+        "512m", "memory limit per session (swap is not allowed)", LIMITS, SIZE
+    )
+    max_memory: int = _opt("8g", "largest memory limit a session may ask for", LIMITS, SIZE)
+    default_cpus: float = _opt(1.0, "CPU quota per session, in cores", LIMITS)
+    max_cpus: float = _opt(4.0, "largest CPU quota a session may ask for", LIMITS)
+    default_pids: int = _opt(256, "process/thread limit per session", LIMITS)
+    max_pids: int = _opt(4096, "largest pids limit a session may ask for", LIMITS)
+    default_disk: int = _opt("1g", "size of a session's writable workspace", LIMITS, SIZE)
+    max_disk: int = _opt("20g", "largest workspace a session may ask for", LIMITS, SIZE)
+    default_timeout: float = _opt(60.0, "execution timeout in seconds", LIMITS, SECONDS)
+    max_timeout: float = _opt(
+        3600.0, "longest execution timeout a client may ask for", LIMITS, SECONDS
+    )
+    default_output_bytes: int = _opt(
+        "1m", "output kept per execution; the rest is cut", LIMITS, SIZE
+    )
+    max_output_bytes: int = _opt("64m", "largest output cap a session may ask for", LIMITS, SIZE)
+    max_code_size: int = _opt("2m", "largest code of one execute", LIMITS, SIZE)
+    tmp_size: int = _opt("64m", "size of the in-memory /tmp of each kernel container", LIMITS, SIZE)
+
+    # -- pool
+    pool: Mapping[str, int] = _opt(
         "python3=2",
         "warm pool: ready kernels kept per kernelspec, e.g. 'python3=2,bash=1' ('' for none); "
         "they count against max_sessions",
+        POOLING,
+        POOL,
     )
-    pool_refill_concurrency: int = _opt(1, "pooled kernels started at once while refilling")
-    default_ttl: float = _opt(3600.0, "session lifetime in seconds when none is asked for")
-    max_ttl: float = _opt(86400.0, "longest lifetime a session may ask for")
-    default_idle_timeout: float = _opt(600.0, "seconds without activity before a session ends")
-    max_idle_timeout: float = _opt(86400.0, "longest idle timeout a session may ask for")
-    default_memory: str = _opt("512m", "memory limit per session (swap is not allowed)")
-    max_memory: str = _opt("8g", "largest memory limit a session may ask for")
-    default_cpus: float = _opt(1.0, "CPU quota per session, in cores")
-    max_cpus: float = _opt(4.0, "largest CPU quota a session may ask for")
-    default_pids: int = _opt(256, "process/thread limit per session")
-    max_pids: int = _opt(4096, "largest pids limit a session may ask for")
-    default_disk: str = _opt("1g", "size of a session's writable workspace")
-    max_disk: str = _opt("20g", "largest workspace a session may ask for")
-    default_timeout: float = _opt(60.0, "execution timeout in seconds")
-    max_timeout: float = _opt(3600.0, "longest execution timeout a client may ask for")
-    default_output_bytes: str = _opt("1m", "output kept per execution; the rest is cut")
-    max_output_bytes: str = _opt("64m", "largest output cap a session may ask for")
-    tmp_size: str = _opt("64m", "size of the in-memory /tmp of each kernel container")
-    runtimes: str = _opt(
+    pool_refill_concurrency: int = _opt(
+        1, "pooled kernels started at once while refilling", POOLING
+    )
+
+    # -- kernels & images
+    kernels_dir: str = _opt(str(ROOT / "kernels"), "directory of kernelspecs offered", KERNELS)
+    images_dir: str = _opt(str(ROOT / "images"), "directory of kernel image Dockerfiles", KERNELS)
+    base_image: str = _opt(
+        "debian:bookworm-slim",
+        "base image for kernel images (debootstrapped if not pullable)",
+        KERNELS,
+    )
+    default_images: tuple[str, ...] = _opt(
+        "python",
+        "comma-separated images `sbx images build` builds when given no names",
+        KERNELS,
+        NAMES,
+    )
+    kernel_start_timeout: float = _opt(
+        60.0, "seconds to wait for a new kernel to answer", KERNELS, SECONDS
+    )
+    interrupt_grace: float = _opt(
+        5.0, "seconds a timed-out cell gets to stop before restart", KERNELS, SECONDS
+    )
+
+    # -- isolation & egress
+    runtimes: tuple[str, ...] = _opt(
         "runc,gvisor",
         "container runtimes sessions may ask for (runc, gvisor), comma-separated; a "
         "kernelspec's metadata.sandbox.runtimes narrows it per kernel",
+        ISOLATION,
+        NAMES,
     )
-    default_runtime: str = _opt("runc", "runtime of sessions that ask for none")
-    network_policies: str = _opt(
-        "none,allowlist", "network policies sessions may ask for (none, allowlist)"
-    )
-    egress_network: str = _opt(
-        "sbx-egress",
-        "internal Docker network (and bridge device) of allowlist sessions, shared by "
-        "this host's gateways",
-    )
-    egress_proxy_ports: str = _opt(
-        "47000-47099",
-        "host ports the egress proxy may listen on; the firewall lets sandboxes reach only these",
-    )
-    egress_allow_ranges: str = _opt(
-        "",
-        "CIDRs allowlists may reach although private, loopback, link-local or this host "
-        "(comma-separated; the gateway's own ports stay unreachable); empty: none",
-    )
-    egress_always_allow: str = _opt(
-        "",
-        "allowlist entries every allowlist session gets, e.g. your package index host "
-        "(comma-separated)",
-    )
-    seccomp_profile: str = _opt(
+    default_runtime: str = _opt("runc", "runtime of sessions that ask for none", ISOLATION)
+    seccomp_profile: SeccompProfile = _opt(  # noqa: RUF009 (frozen, so shared safely)
         "gateway",
         "seccomp profile for runc kernels: 'gateway' (the gateway's own, "
         "gateway/sandbox/isolation/seccomp.py: no ptrace, namespaces, keyrings, bpf, io_uring, "
         "...), 'docker-default' (the engine's default), or a file in Docker's JSON format "
         "(docs/SECURITY.md); gVisor ignores it",
+        ISOLATION,
+        SECCOMP,
     )
+    network_policies: tuple[str, ...] = _opt(
+        "none,allowlist",
+        "network policies sessions may ask for (none, allowlist)",
+        ISOLATION,
+        NAMES,
+    )
+    egress_network: str = _opt(
+        "sbx-egress",
+        "internal Docker network (and bridge device) of allowlist sessions, shared by "
+        "this host's gateways",
+        ISOLATION,
+    )
+    egress_proxy_ports: range = _opt(
+        "47000-47099",
+        "host ports the egress proxy may listen on; the firewall lets sandboxes reach only these",
+        ISOLATION,
+        PORTS,
+    )
+    egress_allow_ranges: tuple[IPNetwork, ...] = _opt(
+        "",
+        "CIDRs allowlists may reach although private, loopback, link-local or this host "
+        "(comma-separated; the gateway's own ports stay unreachable); empty: none",
+        ISOLATION,
+        CIDRS,
+    )
+    egress_always_allow: tuple[Rule, ...] = _opt(
+        "",
+        "allowlist entries every allowlist session gets, e.g. your package index host "
+        "(comma-separated)",
+        ISOLATION,
+        RULES,
+    )
+
+    # -- swarm
     placement: str = _opt(
         "docker",
         "where kernels run: 'docker' (containers on this host's engine) or 'swarm' (one-task "
         "services on any node of the Docker Swarm whose manager the engine API reaches; the "
         "gateway then runs as a container on swarm_network: docs/SCALING.md)",
+        SWARM,
     )
     registry: str = _opt(
         "",
         "registry the swarm's nodes pull kernel images from, e.g. 'manager.example:5000' "
         "(`sbx images push` puts them there); empty: images must already be on every node",
+        SWARM,
     )
     swarm_network: str = _opt(
-        "sbx-kernels", "attachable internal overlay network that cluster kernels listen on"
+        "sbx-kernels",
+        "attachable internal overlay network that cluster kernels listen on",
+        SWARM,
     )
-    swarm_constraints: str = _opt(
+    swarm_constraints: tuple[str, ...] = _opt(
         "",
         "Swarm placement constraints for kernel services, comma-separated, e.g. "
         "'node.role==worker'",
+        SWARM,
+        NAMES,
     )
     swarm_poll_interval: float = _opt(
-        1.0, "seconds between the cluster checks that find lost nodes and ended tasks"
+        1.0,
+        "seconds between the cluster checks that find lost nodes and ended tasks",
+        SWARM,
+        SECONDS,
     )
-    kernel_start_timeout: float = _opt(60.0, "seconds to wait for a new kernel to answer")
-    interrupt_grace: float = _opt(5.0, "seconds a timed-out cell gets to stop before restart")
-    ws_ping_interval: float = _opt(30.0, "seconds between WebSocket pings that find dead clients")
-    reconnect_grace: float = _opt(
-        10.0,
-        "seconds a dropped stream or Jupyter client may take to reconnect and resume; "
-        "then its buffer is dropped and, on the agent stream, its running cell interrupted",
+
+    # -- storage & lifecycle
+    data_dir: str = _opt(
+        "",
+        "where the SQLite store and session directories live (empty: "
+        "$XDG_DATA_HOME/sandbox-gateway, or ~/.local/share/sandbox-gateway)",
+        STORAGE,
     )
-    replay_buffer_events: int = _opt(
-        1000, "events kept per session stream (and per parked Jupyter client) for reconnects"
-    )
-    replay_buffer_size: str = _opt("8m", "bytes of events kept for reconnects, per buffer")
     end_sessions_on_stop: bool = _opt(
         False,
         "end every session when the gateway stops; by default they keep running and the "
         "next start on the same data dir reattaches to them",
+        STORAGE,
     )
     drain_timeout: float = _opt(
-        10.0, "seconds a stopping gateway lets running cells finish before cutting them"
+        10.0,
+        "seconds a stopping gateway lets running cells finish before cutting them",
+        STORAGE,
+        SECONDS,
     )
-    cull_interval: float = _opt(1.0, "how often TTL and idle timeouts are checked, seconds")
-    log_level: str = _opt("info", "debug, info, warning or error")
-    url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use")
-    token: str = _opt(
-        "",
-        "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
-        "tokens file, and the one the SDK, client commands and `sbx mcp` send",
+    cull_interval: float = _opt(
+        1.0, "how often TTL and idle timeouts are checked, seconds", STORAGE, SECONDS
     )
+    log_level: str = _opt("info", "debug, info, warning or error", STORAGE)
+
+    # -- client
+    url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use", CLIENT)
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            raw = getattr(self, f.name)
+            try:
+                setattr(self, f.name, f.metadata["kind"].parse(raw))
+            except (TypeError, ValueError, OSError) as e:
+                raise ConfigError(f"setting {f.name}={raw!r} is invalid: {e}") from None
         if not self.data_dir:
             self.data_dir = _default_data_dir()
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -192,19 +462,9 @@ class Settings:
             raise ConfigError("max_sessions must be at least 1")
         if self.pool_refill_concurrency < 1:
             raise ConfigError("pool_refill_concurrency must be at least 1")
-        try:
-            self.pool_sizes  # noqa: B018
-        except ValueError:
-            raise ConfigError(
-                f"pool must look like 'python3=2,bash=1', not {self.pool!r}"
-            ) from None
-        # Parsing both limit sets here makes a bad size fail at start, not on first use.
-        self.default_limits.resolve({}, self.max_limits)
+        self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now
         self._check_isolation()
         self._check_placement()
-        self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
-        self.max_request_body_bytes  # noqa: B018
-        self.max_code_bytes  # noqa: B018
 
     @functools.cached_property
     def default_limits(self) -> Limits:
@@ -215,114 +475,21 @@ class Settings:
         return self._limits("max")
 
     def _limits(self, prefix: str) -> Limits:
-        get = lambda name: getattr(self, f"{prefix}_{name}")  # noqa: E731
         return Limits(
-            memory=parse_size(get("memory"), f"{prefix}_memory"),
-            cpus=float(get("cpus")),
-            pids=int(get("pids")),
-            disk=parse_size(get("disk"), f"{prefix}_disk"),
-            timeout=float(get("timeout")),
-            output_bytes=parse_size(get("output_bytes"), f"{prefix}_output_bytes"),
+            **{f.name: getattr(self, f"{prefix}_{f.name}") for f in dataclasses.fields(Limits)}
         )
 
-    @property
-    def client_token(self) -> str:
-        """The token clients send: ``token``, else the one a local gateway generated."""
-        if self.token:
-            return self.token
-        generated = Path(self.data_dir) / "token"
-        try:
-            return generated.read_text().strip()
-        except OSError:
-            return ""
-
-    @functools.cached_property
-    def pool_sizes(self) -> dict[str, int]:
-        """``python3=2,bash=1`` -> {"python3": 2, "bash": 1}."""
-        sizes = {}
-        for part in _csv(self.pool):
-            name, _, count = part.partition("=")
-            sizes[name.strip()] = int(count or 1)
-        return sizes
-
-    @functools.cached_property
-    def default_image_names(self) -> list[str]:
-        return _csv(self.default_images)
-
-    @functools.cached_property
-    def tmp_bytes(self) -> int:
-        return parse_size(self.tmp_size, "tmp_size")
-
-    def tmp_bytes_for(self, limits: Limits) -> int:
-        """A sandbox's /tmp size: the setting, but at most a quarter of its memory."""
-        return min(self.tmp_bytes, limits.memory // 4)
-
-    @functools.cached_property
-    def runtime_names(self) -> list[str]:
-        return _csv(self.runtimes)
-
-    @functools.cached_property
-    def network_policy_names(self) -> list[str]:
-        return _csv(self.network_policies)
-
-    @functools.cached_property
-    def egress_proxy_port_range(self) -> range:
-        low, _, high = self.egress_proxy_ports.partition("-")
-        try:
-            ports = range(int(low), int(high or low) + 1)
-        except ValueError:
-            raise ConfigError(
-                "egress_proxy_ports must be a port or a range like 47000-47099"
-            ) from None
-        if not ports or ports.start < 1 or ports.stop > 65536:
-            raise ConfigError(f"egress_proxy_ports {self.egress_proxy_ports!r} is not a range")
-        return ports
-
-    @functools.cached_property
-    def egress_ranges(self) -> list[IPNetwork]:
-        try:
-            return parse_ranges(self.egress_allow_ranges, "egress_allow_ranges")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    @functools.cached_property
-    def egress_always_allow_rules(self) -> list[Rule]:
-        try:
-            return [Rule.parse(entry) for entry in _csv(self.egress_always_allow)]
-        except BadRequest as e:
-            raise ConfigError(f"egress_always_allow: {e.message}") from None
-
-    @property
-    def seccomp_profile_json(self) -> str | None:
-        """The profile's JSON text, checked, for the engine; None for the engine's default."""
-        if self.seccomp_profile == "gateway":
-            return seccomp.profile_json()
-        if self.seccomp_profile == "docker-default":
-            return None
-        try:
-            text = Path(self.seccomp_profile).read_text()
-            profile = json.loads(text)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"seccomp_profile {self.seccomp_profile}: {e}") from None
-        if not isinstance(profile, dict) or "defaultAction" not in profile:
-            raise ConfigError(f"seccomp_profile {self.seccomp_profile} is not a seccomp profile")
-        return text
-
     def _check_isolation(self) -> None:
-        unknown = set(self.runtime_names) - set(RUNTIMES)
-        if unknown or not self.runtime_names:
+        unknown = set(self.runtimes) - set(RUNTIMES)
+        if unknown or not self.runtimes:
             raise ConfigError(f"runtimes must name some of {', '.join(RUNTIMES)}")
-        if self.default_runtime not in self.runtime_names:
+        if self.default_runtime not in self.runtimes:
             raise ConfigError(f"default_runtime {self.default_runtime!r} is not in runtimes")
-        policies = set(self.network_policy_names)
+        policies = set(self.network_policies)
         if not policies or policies - {"none", "allowlist"}:
             raise ConfigError("network_policies must name some of none, allowlist")
         if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,14}", self.egress_network):
             raise ConfigError("egress_network must be a network name of at most 15 characters")
-        self.egress_proxy_port_range  # noqa: B018 (each fails now on a bad value)
-        self.egress_ranges  # noqa: B018
-        self.egress_always_allow_rules  # noqa: B018
-        self.seccomp_profile_json  # noqa: B018
 
     def _check_placement(self) -> None:
         if self.placement not in ("docker", "swarm"):
@@ -330,7 +497,7 @@ class Settings:
         if self.placement != "swarm":
             return
         # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
-        if self.runtime_names != ["runc"] or self.network_policy_names != ["none"]:
+        if self.runtimes != ("runc",) or self.network_policies != ("none",):
             raise ConfigError(
                 "placement swarm offers runtime runc and network policy none only: set "
                 "runtimes=runc and network_policies=none (docs/SCALING.md says why)"
@@ -338,38 +505,18 @@ class Settings:
         if self.swarm_poll_interval <= 0:
             raise ConfigError("swarm_poll_interval must be positive")
 
-    @functools.cached_property
-    def swarm_constraint_list(self) -> list[str]:
-        return _csv(self.swarm_constraints)
-
-    @functools.cached_property
-    def replay_buffer_size_bytes(self) -> int:
-        return parse_size(self.replay_buffer_size, "replay_buffer_size")
-
-    @functools.cached_property
-    def max_request_body_bytes(self) -> int:
-        return parse_size(self.max_request_body, "max_request_body")
-
-    @functools.cached_property
-    def max_code_bytes(self) -> int:
-        return parse_size(self.max_code_size, "max_code_size")
-
-    @functools.cached_property
-    def cors_origin_list(self) -> list[str]:
-        return [origin.rstrip("/") for origin in _csv(self.cors_origins)]
-
     def isolation_options(self) -> IsolationOptions:
         """The isolation layer's settings, as values (sandbox code never reads Settings)."""
         return IsolationOptions(
-            runtimes=tuple(self.runtime_names),
+            runtimes=self.runtimes,
             default_runtime=self.default_runtime,
-            seccomp=self.seccomp_profile_json,
+            seccomp=self.seccomp_profile.json,
             egress=EgressOptions(
-                policies=tuple(self.network_policy_names),
+                policies=self.network_policies,
                 network=self.egress_network,
-                proxy_ports=self.egress_proxy_port_range,
-                allow_ranges=tuple(self.egress_ranges),
-                always_allow=tuple(self.egress_always_allow_rules),
+                proxy_ports=self.egress_proxy_ports,
+                allow_ranges=self.egress_allow_ranges,
+                always_allow=self.egress_always_allow,
                 state_dir=Path(self.data_dir) / "egress",
             ),
         )
@@ -379,7 +526,7 @@ class Settings:
         return SwarmOptions(
             network=self.swarm_network,
             registry=self.registry,
-            constraints=tuple(self.swarm_constraint_list),
+            constraints=self.swarm_constraints,
             poll_interval=self.swarm_poll_interval,
         )
 
@@ -387,18 +534,26 @@ class Settings:
     def add_arguments(
         cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None
     ) -> None:
-        """Add one ``--flag`` per field (or per ``only`` field); unset flags stay ``None``."""
+        """Add one ``--flag`` per field (or per ``only`` field) under its group; unset stay None.
+
+        Flags keep the text as typed: the settings parse it, as they do env and file values.
+        """
         parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
+        groups: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if only is not None and f.name not in only:
                 continue
-            switch = {"nargs": "?", "const": "true"} if isinstance(f.default, bool) else {}
-            parser.add_argument(
+            title, kind = f.metadata["group"], f.metadata["kind"]
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title)
+            switch = {"nargs": "?", "const": "true"} if kind is SWITCH else {}
+            shown = kind.show(_default(f)) or "''"
+            groups[title].add_argument(
                 "--" + f.name.replace("_", "-"),
                 dest=f.name,
                 default=None,
-                type=_parser_type(f),
-                help=f"{f.metadata['help']} (env SBX_{f.name.upper()}, default {f.default!r})",
+                metavar=kind.metavar,
+                help=f"{f.metadata['help']} (env SBX_{f.name.upper()}, default {shown})",
                 **switch,
             )
 
@@ -424,38 +579,11 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Settings:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
+        """Build settings from option names to text (or typed) values, e.g. a config file's."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ConfigError(f"unknown setting(s) {unknown}")
-        typed = {}
-        for name, raw in values.items():
-            try:
-                typed[name] = _parser_type(fields[name])(raw)
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"setting {name}={raw!r} is invalid: {e}") from e
-        return cls(**typed)
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _parser_type(f: dataclasses.Field) -> Any:
-    kind = type(f.default)
-    return {bool: _boolean, int: int, float: float}.get(kind, str)
-
-
-def _boolean(value: Any) -> bool:
-    """Read a switch from a flag, env var or file: true/false, yes/no, on/off, 1/0."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean; use true or false")
+        return cls(**values)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -108,8 +108,8 @@ def test_settings_validate_runtimes_policies_and_egress_options():
     s = Settings.from_mapping(
         {"runtimes": "runc", "egress_allow_ranges": "127.0.0.0/8, 10.0.0.0/8"}
     )
-    assert s.runtime_names == ["runc"] and len(s.egress_ranges) == 2
-    assert s.egress_proxy_port_range == range(47000, 47100)
+    assert s.runtimes == ("runc",) and len(s.egress_allow_ranges) == 2
+    assert s.egress_proxy_ports == range(47000, 47100)
     for bad, message in [
         ({"runtimes": "kata"}, "runtimes must name"),
         ({"runtimes": "runc", "default_runtime": "gvisor"}, "default_runtime"),

@@ -88,7 +88,7 @@ class Authenticator:
         """Load the tokens; generate one in the data dir when none is configured."""
         default_quota = Quota(
             max_sessions=settings.tenant_max_sessions,
-            max_memory=parse_size(settings.tenant_max_memory, "tenant_max_memory"),
+            max_memory=settings.tenant_max_memory,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)

@@ -112,7 +112,7 @@ class GatewayHandlerMixin:
         host = self.request.headers.get("Host", "")
         if origin.split("://", 1)[-1] == host:
             return True
-        return origin in self.manager.settings.cors_origin_list
+        return origin in self.manager.settings.cors_origins
 
     def allowed_methods(self) -> list[str]:
         """The methods this handler implements, for a 405's ``Allow`` header."""
@@ -154,7 +154,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         origin = self.request.headers.get("Origin")
-        if origin and origin.rstrip("/") in self.manager.settings.cors_origin_list:
+        if origin and origin.rstrip("/") in self.manager.settings.cors_origins:
             self.set_header("Access-Control-Allow-Origin", origin)
             self.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
             self.set_header(
@@ -176,7 +176,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         return None
 
     def body_limit(self) -> int:
-        return self.manager.settings.max_request_body_bytes
+        return self.manager.settings.max_request_body
 
     def require_admin(self, what: str) -> None:
         """Refuse a caller whose token is not an admin's (403); ``what`` names what it asked for.

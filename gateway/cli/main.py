@@ -38,7 +38,7 @@ def _builder(settings: Settings):
 
 def _images_build(settings: Settings, args: argparse.Namespace) -> int:
     builder = _builder(settings)
-    names = builder.names() if args.all else args.names or settings.default_image_names
+    names = builder.names() if args.all else args.names or settings.default_images
     for name in names:
         started = time.monotonic()
         tag = builder.build(name, force=args.force)
@@ -51,7 +51,7 @@ def _images_push(settings: Settings, args: argparse.Namespace) -> int:
     if not registry:
         raise GatewayError("say where to push: --to HOST:PORT, or set registry")
     builder = _builder(settings)
-    for name in args.names or settings.default_image_names:
+    for name in args.names or settings.default_images:
         builder.push(name, registry)
     return 0
 

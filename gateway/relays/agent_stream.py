@@ -40,7 +40,7 @@ class ReplayBuffer:
 
     def __init__(self, settings: Settings) -> None:
         self.max_events = settings.replay_buffer_events
-        self.max_bytes = settings.replay_buffer_size_bytes
+        self.max_bytes = settings.replay_buffer_size
         self.texts: deque[str] = deque()
         self.size = 0
         self.dropped = 0

@@ -83,7 +83,7 @@ class SessionManager:
         self.tasks = TaskSet()
         self.pool = WarmPool(
             lifecycle,
-            settings.pool_sizes,
+            settings.pool,
             refill_concurrency=settings.pool_refill_concurrency,
             max_sandboxes=settings.max_sessions,
             live_sessions=lambda: len(self.sessions),
@@ -313,9 +313,9 @@ class SessionManager:
         """
         session = self.get(session_id, who)
         code = request.code
-        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_bytes:
+        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_size:
             raise PayloadTooLarge(
-                f"the code is larger than the limit of {format_size(self.settings.max_code_bytes)}"
+                f"the code is larger than the limit of {format_size(self.settings.max_code_size)}"
                 "; put large data in a file (PUT /v1/sessions/{id}/files/...) and read it"
             )
         limit = seconds(

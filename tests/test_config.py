@@ -1,0 +1,192 @@
+"""Settings: every option reads the same from a flag, an env var and the config file."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.main import build_parser
+from gateway.config import ConfigError, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = dataclasses.fields(Settings)
+
+# One value for each option, none its default, all consistent with each other
+# (swarm placement wants runc only and no egress).
+SAMPLES = {
+    "host": "0.0.0.0",
+    "port": "9000",
+    "cors_origins": "https://a.example/, https://b.example",
+    "max_request_body": "32m",
+    "ws_ping_interval": "15",
+    "reconnect_grace": "2.5",
+    "replay_buffer_events": "50",
+    "replay_buffer_size": "1m",
+    "auth": "none",
+    "tokens_file": "/etc/sbx/tokens.toml",
+    "token_tenant": "team",
+    "tenant_max_sessions": "4",
+    "tenant_max_memory": "2g",
+    "token": "secret",
+    "max_sessions": "8",
+    "default_ttl": "60",
+    "max_ttl": "120",
+    "default_idle_timeout": "30",
+    "max_idle_timeout": "90",
+    "default_memory": "256m",
+    "max_memory": "1g",
+    "default_cpus": "0.5",
+    "max_cpus": "2",
+    "default_pids": "128",
+    "max_pids": "512",
+    "default_disk": "512m",
+    "max_disk": "2g",
+    "default_timeout": "30",
+    "max_timeout": "300",
+    "default_output_bytes": "512k",
+    "max_output_bytes": "8m",
+    "max_code_size": "1m",
+    "tmp_size": "32m",
+    "pool": "python3=1,bash",
+    "pool_refill_concurrency": "2",
+    "kernels_dir": "/srv/kernels",
+    "images_dir": "/srv/images",
+    "base_image": "debian:trixie-slim",
+    "default_images": "python, r",
+    "kernel_start_timeout": "30",
+    "interrupt_grace": "1",
+    "runtimes": "runc",
+    "default_runtime": "runc",
+    "seccomp_profile": "docker-default",
+    "network_policies": "none",
+    "egress_network": "sbx-test",
+    "egress_proxy_ports": "48000-48009",
+    "egress_allow_ranges": "10.1.0.0/16, 127.0.0.0/8",
+    "egress_always_allow": "pkg.example:443, *.mirror.example",
+    "placement": "swarm",
+    "registry": "manager.example:5000",
+    "swarm_network": "sbx-test-net",
+    "swarm_constraints": "node.role==worker, node.labels.kernels==yes",
+    "swarm_poll_interval": "0.5",
+    "data_dir": "/srv/sbx",
+    "end_sessions_on_stop": "true",
+    "drain_timeout": "3",
+    "cull_interval": "0.25",
+    "log_level": "debug",
+    "url": "http://gateway.example:8765",
+}
+
+
+def values(settings: Settings) -> dict:
+    return {f.name: getattr(settings, f.name) for f in FIELDS}
+
+
+def test_every_option_has_a_sample():
+    assert set(SAMPLES) == {f.name for f in FIELDS}
+
+
+def test_flags_env_and_file_give_the_same_typed_values(tmp_path):
+    flags = [part for name, raw in SAMPLES.items() for part in (f"--{name.replace('_', '-')}", raw)]
+    from_flags = Settings.load(build_parser().parse_args(["serve", *flags]), {})
+    from_env = Settings.load(None, {f"SBX_{name.upper()}": raw for name, raw in SAMPLES.items()})
+    config = tmp_path / "sbx.toml"
+    config.write_text("".join(f"{name} = {raw!r}\n" for name, raw in SAMPLES.items()))
+    from_file = Settings.load(None, {"SBX_CONFIG": str(config)})
+    assert values(from_flags) == values(from_env) == values(from_file)
+
+    s = from_file
+    assert (s.port, s.max_request_body, s.default_output_bytes) == (9000, 32 * 2**20, 512 * 2**10)
+    assert s.cors_origins == ("https://a.example", "https://b.example")
+    assert s.pool == {"python3": 1, "bash": 1} and s.runtimes == ("runc",)
+    assert s.egress_proxy_ports == range(48000, 48010)
+    assert s.egress_allow_ranges[0] == ipaddress.ip_network("10.1.0.0/16")
+    assert [rule.text for rule in s.egress_always_allow] == ["pkg.example:443", "*.mirror.example"]
+    assert s.seccomp_profile.json is None and s.end_sessions_on_stop is True
+    assert s.default_limits.memory == 256 * 2**20 and s.max_limits.cpus == 2.0
+
+
+def test_toml_native_values_read_like_text(tmp_path):
+    config = tmp_path / "sbx.toml"
+    config.write_text(
+        'port = 9000\ntmp-size = 1048576\nruntimes = ["runc"]\nend_sessions_on_stop = true\n'
+        "pool = {python3 = 3}\n"
+    )
+    native = Settings.load(None, {"SBX_CONFIG": str(config)})
+    text = Settings.from_mapping(
+        {
+            "port": "9000",
+            "tmp_size": "1m",
+            "runtimes": "runc",
+            "end_sessions_on_stop": "yes",
+            "pool": "python3=3",
+        }
+    )
+    assert values(native) == values(text)
+
+
+def test_settings_built_from_typed_values_equal_those_built_from_text():
+    typed = Settings.from_mapping(SAMPLES)
+    assert values(Settings(**values(typed))) == values(typed)
+
+
+@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
+def test_a_default_as_help_shows_it_reads_back_as_the_default(f):
+    kind = f.metadata["kind"]
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    assert kind.parse(kind.show(default)) == default
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("max_request_body", "lots"),
+        ("tmp_size", "64q"),
+        ("default_memory", "1.5.m"),
+        ("default_ttl", "soon"),
+        ("drain_timeout", "10s"),
+        ("max_sessions", "many"),
+        ("end_sessions_on_stop", "maybe"),
+        ("pool", "python3=two"),
+        ("egress_proxy_ports", "47099-47000"),
+        ("egress_allow_ranges", "10.0.0.0/8,everything"),
+        ("egress_always_allow", "pkg.example,not a host"),
+        ("seccomp_profile", "/nonexistent/profile.json"),
+    ],
+)
+def test_a_bad_value_is_a_config_error_naming_the_option(name, raw):
+    flag = "--" + name.replace("_", "-")
+    for load in (
+        lambda: Settings.load(None, {f"SBX_{name.upper()}": raw}),
+        lambda: Settings.load(build_parser().parse_args(["serve", flag, raw]), {}),
+    ):
+        with pytest.raises(ConfigError, match=f"setting {name}="):
+            load()
+
+
+def test_serve_help_lists_every_option_under_its_group():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")} | {"COLUMNS": "100"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--help"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    group_of, group = {}, None
+    for line in result.stdout.splitlines():
+        if re.fullmatch(r"\S.*:", line):
+            group = line[:-1]
+        elif flag := re.match(r" {2}(--[a-z-]+)", line):
+            group_of[flag[1]] = group
+    for f in FIELDS:
+        flag = "--" + f.name.replace("_", "-")
+        assert group_of.get(flag) == f.metadata["group"], (
+            f"sbx serve --help shows {flag} under {group_of.get(flag)!r}, "
+            f"not under {f.metadata['group']!r}"
+        )
+    assert "(env SBX_MAX_REQUEST_BODY, default 16m)" in " ".join(result.stdout.split())
