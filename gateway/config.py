@@ -60,6 +60,23 @@ class Settings:
     tenant_max_memory: str = _opt("16g", "memory limits one tenant's live sessions may add up to")
     max_request_body: str = _opt("16m", "largest JSON request body (uploads stream separately)")
     max_code_size: str = _opt("2m", "largest code of one execute")
+    max_anonymous_body: str = _opt(
+        "64k",
+        "largest request body of a caller without a valid API token; a bigger one is "
+        "refused with 401 from its headers, unread",
+    )
+    max_header_size: str = _opt("64k", "largest request line plus headers")
+    idle_connection_timeout: float = _opt(
+        60.0, "seconds a connection may sit idle, or take to send a request's headers"
+    )
+    body_timeout: float = _opt(
+        10.0,
+        "seconds a caller without a valid API token gets to send its request body "
+        "(authenticated bodies and uploads are not timed)",
+    )
+    loop_lag_warning: float = _opt(
+        0.5, "log a warning when the event loop stalls for longer than this many seconds"
+    )
     cors_origins: str = _opt(
         "", "comma-separated browser origins allowed to call the API (CORS); off when empty"
     )
@@ -206,6 +223,12 @@ class Settings:
         self.replay_buffer_size_bytes  # noqa: B018 (fails now on a bad size)
         self.max_request_body_bytes  # noqa: B018
         self.max_code_bytes  # noqa: B018
+        self.max_anonymous_body_bytes  # noqa: B018
+        self.max_header_bytes  # noqa: B018
+        if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
+            raise ConfigError(
+                "idle_connection_timeout, body_timeout and loop_lag_warning must be positive"
+            )
 
     @functools.cached_property
     def default_limits(self) -> Limits:
@@ -354,6 +377,14 @@ class Settings:
     @functools.cached_property
     def max_code_bytes(self) -> int:
         return parse_size(self.max_code_size, "max_code_size")
+
+    @functools.cached_property
+    def max_anonymous_body_bytes(self) -> int:
+        return parse_size(self.max_anonymous_body, "max_anonymous_body")
+
+    @functools.cached_property
+    def max_header_bytes(self) -> int:
+        return parse_size(self.max_header_size, "max_header_size")
 
     @functools.cached_property
     def cors_origin_list(self) -> list[str]:
