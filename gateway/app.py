@@ -29,9 +29,11 @@ from .api import (
     stream,
 )
 from .api.base import NotFoundHandler, log_request
+from .api.edge import Edge
 from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import shared_context
+from .observe.loop_lag import LoopLagMonitor
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
@@ -42,9 +44,16 @@ from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
 
+# The largest body a handler buffers (a multipart batch); uploads stream to disk instead.
+MAX_BUFFERED_BODY = 64 * 2**20
+
 
 def make_app(
-    manager: SessionManager, auth: Authenticator, audit_log: AuditLog, settings: Settings
+    manager: SessionManager,
+    auth: Authenticator,
+    audit_log: AuditLog,
+    settings: Settings,
+    loop_lag: LoopLagMonitor,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -65,6 +74,7 @@ def make_app(
         sbx_manager=manager,
         sbx_auth=auth,
         sbx_audit=audit_log,
+        sbx_loop_lag=loop_lag,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
@@ -81,9 +91,12 @@ class Gateway:
         self.manager: SessionManager | None = None
         self.server: tornado.httpserver.HTTPServer | None = None
         self.port: int | None = None
+        self.audit: AuditLog | None = None
+        self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
 
     async def start(self) -> None:
         _raise_file_limit()
+        self.loop_lag.start()
         try:
             client = await asyncio.to_thread(docker.from_env)
             await asyncio.to_thread(client.ping)
@@ -95,7 +108,7 @@ class Gateway:
         auth = Authenticator.from_settings(self.settings)
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
-        audit_log = AuditLog(self.store)
+        audit_log = self.audit = AuditLog(self.store)
         self.manager = SessionManager(
             self.settings, build_lifecycle(self.settings, client), self.store, auth.quota
         )
@@ -107,11 +120,15 @@ class Gateway:
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
-        # Uploads stream to disk and set their own limit; buffered bodies stay small.
+        # Until the edge knows the caller, a body may be max_anonymous_body at most.
+        settings = self.settings
+        app = make_app(self.manager, auth, audit_log, settings, self.loop_lag)
         self.server = tornado.httpserver.HTTPServer(
-            make_app(self.manager, auth, audit_log, self.settings),
-            max_body_size=64 * 2**20,
-            max_buffer_size=64 * 2**20,
+            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
+            max_body_size=settings.max_anonymous_body,
+            max_buffer_size=MAX_BUFFERED_BODY,
+            max_header_size=settings.max_header_size,
+            idle_connection_timeout=settings.idle_connection_timeout,
         )
         self.server.add_sockets(sockets)
 
@@ -124,6 +141,9 @@ class Gateway:
                 end_sessions=self.settings.end_sessions_on_stop,
                 drain_timeout=self.settings.drain_timeout,
             )
+        if self.audit is not None:
+            self.audit.close()
+        self.loop_lag.stop()
         await self.store.close()
 
     async def serve(self) -> None:

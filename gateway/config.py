@@ -227,6 +227,27 @@ class Settings:
     max_request_body: int = _opt(
         "16m", "largest JSON request body (uploads stream separately)", LISTENING, SIZE
     )
+    max_anonymous_body: int = _opt(
+        "64k",
+        "largest request body of a caller without a valid API token; a bigger one is "
+        "refused with 401 from its headers, unread",
+        LISTENING,
+        SIZE,
+    )
+    max_header_size: int = _opt("64k", "largest request line plus headers", LISTENING, SIZE)
+    idle_connection_timeout: float = _opt(
+        60.0,
+        "seconds a connection may sit idle, or take to send a request's headers",
+        LISTENING,
+        SECONDS,
+    )
+    body_timeout: float = _opt(
+        10.0,
+        "seconds a caller without a valid API token gets to send its request body "
+        "(authenticated bodies and uploads are not timed)",
+        LISTENING,
+        SECONDS,
+    )
     ws_ping_interval: float = _opt(
         30.0, "seconds between WebSocket pings that find dead clients", LISTENING, SECONDS
     )
@@ -441,6 +462,12 @@ class Settings:
         1.0, "how often TTL and idle timeouts are checked, seconds", STORAGE, SECONDS
     )
     log_level: str = _opt("info", "debug, info, warning or error", STORAGE)
+    loop_lag_warning: float = _opt(
+        0.5,
+        "log a warning when the event loop stalls for longer than this many seconds",
+        STORAGE,
+        SECONDS,
+    )
 
     # -- client
     url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use", CLIENT)
@@ -465,6 +492,10 @@ class Settings:
         self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now
         self._check_isolation()
         self._check_placement()
+        if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
+            raise ConfigError(
+                "idle_connection_timeout, body_timeout and loop_lag_warning must be positive"
+            )
 
     @functools.cached_property
     def default_limits(self) -> Limits:

@@ -25,6 +25,10 @@ SAMPLES = {
     "port": "9000",
     "cors_origins": "https://a.example/, https://b.example",
     "max_request_body": "32m",
+    "max_anonymous_body": "32k",
+    "max_header_size": "32k",
+    "idle_connection_timeout": "30",
+    "body_timeout": "5",
     "ws_ping_interval": "15",
     "reconnect_grace": "2.5",
     "replay_buffer_events": "50",
@@ -80,6 +84,7 @@ SAMPLES = {
     "drain_timeout": "3",
     "cull_interval": "0.25",
     "log_level": "debug",
+    "loop_lag_warning": "0.25",
     "url": "http://gateway.example:8765",
 }
 

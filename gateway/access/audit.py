@@ -6,10 +6,17 @@ one event, stored in SQLite and written to the log as one JSON line (logger
 (the history holds it for those allowed to read it); tokens only by the
 short id of their digest. Writes go to the store's thread without holding
 up the request.
+
+Authentication failures are folded: the first from an address is one event
+at once, the rest from that address in the same minute one more event when
+the minute ends (or the gateway stops), whose ``detail.count`` says how many
+it stands for. A caller guessing tokens in a loop so costs two rows and two
+log lines a minute, not one per guess.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -19,9 +26,12 @@ from typing import Any
 from ..sandbox.egress.proxy import EgressDenial
 from ..sandbox.workspace import iso
 from ..store.sqlite import Store
-from .auth import Principal
+from .auth import Principal, token_id
 
 log = logging.getLogger("gateway.audit")
+
+FOLD_SECONDS = 60.0  # authentication failures from one address become one event per this long
+MAX_FOLDS = 4096  # addresses folded separately at once; failures from more fold under "*"
 
 
 def code_facts(code: str) -> dict[str, Any]:
@@ -33,8 +43,10 @@ def code_facts(code: str) -> dict[str, Any]:
 class AuditLog:
     """Records audit events; the admin API reads them back."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, fold_seconds: float = FOLD_SECONDS) -> None:
         self.store = store
+        self.fold_seconds = fold_seconds
+        self._folds: dict[str | None, _Fold] = {}
 
     def record(
         self,
@@ -63,6 +75,41 @@ class AuditLog:
         written = self.store.add_audit(event)
         written.add_done_callback(_report_failure)
 
+    def auth_failure(
+        self, remote: str | None, method: str, path: str, token: str | None
+    ) -> bool:
+        """Record a refused token (401), folded per address and minute.
+
+        Returns whether it was logged now (the first from its address this
+        minute): callers keep their own log lines for those only.
+        """
+        detail = {"method": method, "path": path, "token_id": token_id(token) if token else None}
+        if remote not in self._folds and len(self._folds) >= MAX_FOLDS:
+            remote = "*"
+        fold = self._folds.get(remote)
+        if fold is not None:
+            fold.count += 1
+            fold.detail = detail
+            return False
+        timer = asyncio.get_running_loop().call_later(self.fold_seconds, self._unfold, remote)
+        self._folds[remote] = _Fold(detail, timer)
+        self.record(
+            "auth.failure", None, "denied", status=401, remote=remote, detail={**detail, "count": 1}
+        )
+        return True
+
+    def _unfold(self, remote: str | None) -> None:
+        fold = self._folds.pop(remote)
+        fold.timer.cancel()
+        if fold.count:
+            detail = {**fold.detail, "count": fold.count, "seconds": self.fold_seconds}
+            self.record("auth.failure", None, "denied", status=401, remote=remote, detail=detail)
+
+    def close(self) -> None:
+        """Write the failures still being folded; the gateway calls it before closing the store."""
+        for remote in list(self._folds):
+            self._unfold(remote)
+
     def egress_denied(self, denial: EgressDenial, owner: Principal | None) -> None:
         """Record a request a session's network policy refused, under its owner's tenant."""
         self.record(
@@ -83,6 +130,15 @@ class AuditLog:
     ) -> list[dict[str, Any]]:
         """Stored events matching every filter, newest first: what the admin API reads."""
         return await self.store.audit_events(filters, since, until, limit)
+
+
+class _Fold:
+    """Failures from one address after its first, this minute: how many, and the latest."""
+
+    def __init__(self, detail: dict[str, Any], timer: asyncio.TimerHandle) -> None:
+        self.count = 0
+        self.detail = detail
+        self.timer = timer
 
 
 def _report_failure(done: Any) -> None:

@@ -9,7 +9,11 @@ handler names.
 
 Handlers read the whole body before ``prepare``: an answer given before
 the body is read makes Tornado close the connection, and a client reusing
-it meanwhile sees a reset instead of the answer.
+it meanwhile sees a reset instead of the answer. That holds for callers
+with a valid token only: the edge (``api/edge.py``) refuses a bigger body
+than ``max_anonymous_body`` from anyone else before it is read.
+
+Nothing here logs a query string unmasked: ``?token=`` may carry a token.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import tornado.web
 import tornado.websocket
 
 from ..access.audit import AuditLog, code_facts
-from ..access.auth import Authenticator, Principal, presented_token, token_id
+from ..access.auth import Authenticator, Principal, presented_token
 from ..errors import (
     BadRequest,
     Forbidden,
@@ -40,13 +44,14 @@ access_log = logging.getLogger("tornado.access")
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """Tornado's access log line, with any ``?token=`` value masked."""
+    """Tornado's access log line, with any ``?token=`` value masked.
+
+    A refused token's line is left to the audit log, which folds them per
+    address (``AuditLog.auth_failure``).
+    """
+    if getattr(handler, "quiet", False):
+        return
     request = handler.request
-    uri = request.uri or request.path
-    if "token=" in request.query:
-        query = urllib.parse.parse_qsl(request.query, keep_blank_values=True)
-        masked = [(k, "***" if k == "token" else v) for k, v in query]
-        uri = request.path + "?" + urllib.parse.urlencode(masked)
     status = handler.get_status()
     level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
     access_log.log(
@@ -54,10 +59,19 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
         "%d %s %s (%s) %.2fms",
         status,
         request.method,
-        uri,
+        masked_uri(request.path, request.query),
         request.remote_ip,
         1000.0 * request.request_time(),
     )
+
+
+def masked_uri(path: str, query: str) -> str:
+    """``path?query`` with the value of every ``token`` argument masked, however it is encoded."""
+    if not query:
+        return path
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    masked = [(k, "***" if k.lower() == "token" else v) for k, v in pairs]
+    return path + "?" + urllib.parse.urlencode(masked)
 
 
 class GatewayHandlerMixin:
@@ -65,6 +79,7 @@ class GatewayHandlerMixin:
 
     public = False  # True: answers without a token (health, the API document)
     principal: Principal | None = None
+    quiet = False  # True: a refused token already logged this minute, so no access line
 
     request: Any
     settings: Any
@@ -89,20 +104,29 @@ class GatewayHandlerMixin:
         try:
             self.principal = self.auth.authenticate(token)
         except Unauthorized:
-            self.audit.record(
-                "auth.failure",
-                None,
-                "denied",
-                status=401,
-                remote=self.request.remote_ip,
-                detail={
-                    "method": self.request.method,
-                    "path": self.request.path,
-                    "token_id": token_id(token) if token else None,
-                },
+            request = self.request
+            self.quiet = not self.audit.auth_failure(
+                request.remote_ip, request.method, request.path, token
             )
             raise
         return self.principal
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """Log a failure by its path, never its query (a ``?token=`` may be there).
+
+        User-caused errors are answers, not server faults: no traceback. A
+        refused token is the audit log's to report. Tornado's own log line
+        would quote the whole URI, and an argument it cannot decode.
+        """
+        method, path = self.request.method, self.request.path
+        if isinstance(value, Unauthorized):
+            return
+        if isinstance(value, GatewayError):
+            log.info("%s %s -> %s", method, path, value)
+        elif isinstance(value, tornado.web.HTTPError):
+            log.info("%s %s -> HTTP %d", method, path, value.status_code)
+        else:
+            log.error("uncaught exception in %s %s", method, path, exc_info=(typ, value, tb))
 
     def allowed_origin(self, origin: str | None) -> bool:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
@@ -141,7 +165,7 @@ class GatewayHandlerMixin:
             self.set_header("WWW-Authenticate", 'Bearer realm="sandbox-gateway"')
         elif status == 405:
             self.set_header("Allow", ", ".join(self.allowed_methods()))
-        self.finish(json.dumps({"error": {"code": code, "message": message}}))
+        self.finish(error_json(code, message))
 
 
 class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
@@ -232,13 +256,6 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
             detail=self.audit_detail,
         )
 
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        # User-caused errors are answers, not server faults: keep tracebacks out of the log.
-        if isinstance(value, GatewayError | tornado.web.HTTPError):
-            log.info("%s %s -> %s", self.request.method, self.request.path, value)
-        else:
-            super().log_exception(typ, value, tb)
-
 
 class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandler):
     """A WebSocket whose refusals before the upgrade are the API's JSON errors.
@@ -296,6 +313,11 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         if self.ws_connection is None or self.ws_connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
         self.write_message(text)
+
+
+def error_json(code: str, message: str) -> str:
+    """The API's error body."""
+    return json.dumps({"error": {"code": code, "message": message}})
 
 
 def _not_json(constant: str) -> None:

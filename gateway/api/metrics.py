@@ -40,6 +40,9 @@ class MetricsHandler(JSONHandler):
                 f'sbx_pool_claims_total{{kernel="{kernel}",result="{result}"}} {count}'
                 for (kernel, result), count in sorted(manager.pool.claims.items())
             ),
+            "# HELP sbx_event_loop_lag_max_seconds Longest event-loop stall in the last minute.",
+            "# TYPE sbx_event_loop_lag_max_seconds gauge",
+            f"sbx_event_loop_lag_max_seconds {self.settings['sbx_loop_lag'].max_lag():.6f}",
         ]
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.finish("\n".join(lines) + "\n")

@@ -1,0 +1,1 @@
+"""The gateway watching itself: how its own event loop keeps up."""
