@@ -6,6 +6,7 @@ import asyncio
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -15,7 +16,7 @@ import tornado.netutil
 import tornado.web
 
 from .access.audit import AuditLog
-from .access.auth import Authenticator
+from .access.auth import Authenticator, Quota
 from .api import (
     audit,
     files,
@@ -40,6 +41,8 @@ from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
 from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
+from .sessions.model import Session
+from .sessions.pool import WarmPool
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -109,9 +112,7 @@ class Gateway:
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = self.audit = AuditLog(self.store)
-        self.manager = SessionManager(
-            self.settings, build_lifecycle(self.settings, client), self.store, auth.quota
-        )
+        self.manager = build_manager(self.settings, client, self.store, auth.quota)
         await self.manager.start()
         sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
         self.port = sockets[0].getsockname()[1]
@@ -170,6 +171,22 @@ class Gateway:
         verb = "ending" if self.settings.end_sessions_on_stop else "keeping"
         log.info("stopping: %s %d session(s)", verb, len(self.manager.sessions))
         await self.stop()
+
+
+def build_manager(
+    settings: Settings, client: docker.DockerClient, store: Store, quota: Callable[[str], Quota]
+) -> SessionManager:
+    """Wire the session manager and what it is handed, from the settings."""
+    lifecycle = build_lifecycle(settings, client)
+    sessions: dict[str, Session] = {}
+    pool = WarmPool(
+        lifecycle,
+        settings.pool,
+        refill_concurrency=settings.pool_refill_concurrency,
+        max_sandboxes=settings.max_sessions,
+        live=sessions,
+    )
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions)
 
 
 def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:

@@ -30,6 +30,7 @@ from gateway.sandbox.kernelspecs import KernelSpecs
 from gateway.sandbox.workspace import Workspace
 from gateway.sessions.lifecycle import SandboxLifecycle
 from gateway.sessions.manager import SessionManager
+from gateway.sessions.pool import WarmPool
 from gateway.sessions.requests import CreateSession, ExecuteCode
 from gateway.store.sqlite import Store
 
@@ -160,7 +161,10 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     )
     lifecycle = SandboxLifecycle(s, KernelSpecs(kernels_dir), Images(), isolation, placement)
     store = Store(tmp_path / "gateway.sqlite3")
-    manager = SessionManager(s, lifecycle, store, lambda tenant: Quota(4, 8 * 2**30), clock)
+    sessions: dict = {}
+    pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
+    quota = lambda tenant: Quota(4, 8 * 2**30)  # noqa: E731
+    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock)
     return manager, placement, store
 
 

@@ -75,24 +75,20 @@ class SessionManager:
         settings: Settings,
         lifecycle: SandboxLifecycle,
         store: Store,
+        pool: WarmPool,
         quota: Callable[[str], Quota],
+        sessions: dict[str, Session],
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``sessions`` starts empty; the pool is handed the same dict to count them."""
         self.settings = settings
         self.lifecycle = lifecycle
         self.store = store
+        self.pool = pool
         self.quota = quota  # a tenant's quota, by tenant name
         self.clock = clock
-        self.sessions: dict[str, Session] = {}
+        self.sessions = sessions
         self.tasks = TaskSet()
-        self.pool = WarmPool(
-            lifecycle,
-            settings.pool,
-            refill_concurrency=settings.pool_refill_concurrency,
-            max_sandboxes=settings.max_sessions,
-            live_sessions=lambda: len(self.sessions),
-            tasks=self.tasks,
-        )
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved

@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sized
 from typing import Any
 
 from .lifecycle import SandboxLifecycle
@@ -46,15 +46,14 @@ class WarmPool:
         sizes: dict[str, int],
         refill_concurrency: int,
         max_sandboxes: int,
-        live_sessions: Callable[[], int],
-        tasks: TaskSet,
+        live: Sized,
     ) -> None:
-        """``live_sessions`` counts the sessions that share ``max_sandboxes`` with the pool."""
+        """``live`` holds the sessions that share ``max_sandboxes`` with the pool."""
         self.lifecycle = lifecycle
         self.sizes = sizes
         self.max_sandboxes = max_sandboxes
-        self.live_sessions = live_sessions
-        self.tasks = tasks
+        self.live = live
+        self.tasks = TaskSet()  # refills and discards, cancelled by ``stop``
         self.ready: dict[str, list[Session]] = {name: [] for name in sizes}
         self.starting: Counter[str] = Counter()
         self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
@@ -75,6 +74,8 @@ class WarmPool:
             self._filler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._filler
+        # A refill cut short removes its half-started sandbox itself.
+        await self.tasks.cancel(timeout=30)
         entries = [entry for ready in self.ready.values() for entry in ready]
         for ready in self.ready.values():
             ready.clear()
@@ -147,13 +148,13 @@ class WarmPool:
                 await asyncio.wait_for(self._wake.wait(), 5.0)
 
     def _has_room(self) -> bool:
-        return self.live_sessions() + len(self) < self.max_sandboxes
+        return len(self.live) + len(self) < self.max_sandboxes
 
     async def _refill(self, name: str) -> None:
         try:
             async with self._refills:
                 entry = await self._start(name)
-            if self.live_sessions() + len(self) > self.max_sandboxes:
+            if len(self.live) + len(self) > self.max_sandboxes:
                 await self._discard(entry)  # sessions took the room while it started
             else:
                 self.ready[name].append(entry)
