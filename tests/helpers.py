@@ -35,7 +35,7 @@ class GatewayProcess:
             "--port", "0", "--data-dir", str(data_dir), "--log-level", "debug", *args,
         ]  # fmt: skip
         # Every gateway has its own admin token, passed as SBX_TOKEN as an operator would.
-        self.token = secrets.token_urlsafe(16)
+        self.token = secrets.token_hex(16)  # a leading "-" would read as a flag
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         environ.update({"SBX_TOKEN": self.token, **(env or {})})
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=environ)

@@ -179,7 +179,7 @@ def _generated_token(data_dir: Path) -> str:
     if path.is_file():
         return path.read_text().strip()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
+    token = secrets.token_hex(32)  # never starts with "-", which a --token flag would misread
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
