@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 from helpers import GatewayProcess, run, text_of, wait_for
@@ -29,6 +30,17 @@ def reset_peak_memory(pid: int) -> None:
     """Make VmHWM start again from the current RSS (Linux ``clear_refs`` 5; needs root)."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as f:
         f.write("5")
+
+
+@contextlib.contextmanager
+def canary_session(gw: GatewayProcess) -> Iterator[str]:
+    """A session of its own where ``alive = 42`` ran; deleted afterwards."""
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    run(gw.client, sid, "alive = 42")
+    yield sid
+    gw.client.delete(f"/v1/sessions/{sid}")
 
 
 class Canary:

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from canary import Canary, memory_kib
-from helpers import GatewayProcess, run, wait_for
+from canary import Canary, canary_session, memory_kib
+from helpers import GatewayProcess, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -36,12 +36,8 @@ def edge(start_gateway) -> GatewayProcess:
 
 @pytest.fixture(scope="module")
 def canary(edge) -> Iterator[str]:
-    r = edge.client.post("/v1/sessions", json={})
-    assert r.status_code == 201, r.text
-    sid = r.json()["id"]
-    run(edge.client, sid, "alive = 42")
-    yield sid
-    edge.client.delete(f"/v1/sessions/{sid}")
+    with canary_session(edge) as sid:
+        yield sid
 
 
 def connect(gw: GatewayProcess) -> socket.socket:

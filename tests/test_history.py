@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from canary import Canary, memory_kib, reset_peak_memory
+from canary import Canary, canary_session, memory_kib, reset_peak_memory
 from helpers import GatewayProcess, run, wait_for
 
 pytestmark = pytest.mark.docker
@@ -33,12 +33,8 @@ def big(start_gateway) -> GatewayProcess:
 
 @pytest.fixture(scope="module")
 def canary(big) -> Iterator[str]:
-    r = big.client.post("/v1/sessions", json={})
-    assert r.status_code == 201, r.text
-    sid = r.json()["id"]
-    run(big.client, sid, "alive = 42")
-    yield sid
-    big.client.delete(f"/v1/sessions/{sid}")
+    with canary_session(big) as sid:
+        yield sid
 
 
 @pytest.fixture(scope="module")
