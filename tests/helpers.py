@@ -200,3 +200,15 @@ async def run_over_channels(url: str, code: str, headers: dict | None = None) ->
         idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
     await closed(ws)
     return seen
+
+
+def full_history(api: httpx.Client, sid: str) -> list[dict]:
+    """Every execution of a session, following the history's pages."""
+    executions: list[dict] = []
+    params: dict = {}
+    while True:
+        page = api.get(f"/v1/sessions/{sid}/history", params=params).json()
+        executions += page["executions"]
+        if not page.get("next"):
+            return executions
+        params = {"after": page["next"]}
