@@ -154,7 +154,7 @@ def python_image() -> str:
     return tag
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def own_engine(python_image: str) -> Iterator[OwnEngine]:
     if os.geteuid() != 0:
         pytest.fail("the fault tests need root: they start a Docker engine of their own")
