@@ -29,6 +29,7 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.isolation.runtimes import RUNTIMES
 from .sandbox.swarm.placement import SwarmOptions
+from .store.sqlite import Retention
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -464,6 +465,19 @@ class Settings:
     cull_interval: float = _opt(
         1.0, "how often TTL and idle timeouts are checked, seconds", STORAGE, SECONDS
     )
+    history_max_age: float = _opt(
+        0.0,
+        "seconds an execution's record is kept (and an ended session's, once its executions "
+        "are gone); 0 keeps them forever",
+        STORAGE,
+        SECONDS,
+    )
+    history_max_executions: int = _opt(
+        0, "newest executions kept per session, older ones pruned; 0 keeps all", STORAGE
+    )
+    history_prune_interval: float = _opt(
+        60.0, "seconds between passes that prune history past its retention", STORAGE, SECONDS
+    )
     log_level: str = _opt("info", "debug, info, warning or error", STORAGE)
     loop_lag_warning: float = _opt(
         0.5,
@@ -495,6 +509,10 @@ class Settings:
         self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now
         self._check_isolation()
         self._check_placement()
+        if min(self.history_max_age, self.history_max_executions) < 0:
+            raise ConfigError("history_max_age and history_max_executions must be 0 (keep) or more")
+        if self.history_prune_interval <= 0:
+            raise ConfigError("history_prune_interval must be positive")
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
             raise ConfigError(
                 "idle_connection_timeout, body_timeout and loop_lag_warning must be positive"
@@ -553,6 +571,14 @@ class Settings:
                 always_allow=self.egress_always_allow,
                 state_dir=Path(self.data_dir) / "egress",
             ),
+        )
+
+    def retention(self) -> Retention:
+        """How much history the store keeps, as values."""
+        return Retention(
+            max_age=self.history_max_age,
+            max_executions=self.history_max_executions,
+            interval=self.history_prune_interval,
         )
 
     def swarm_options(self) -> SwarmOptions:

@@ -165,7 +165,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
         for text in ("b", "c"):
             out = {"output_type": "stream", "name": "stdout", "text": text}
             await store.add_output(cut_id, out)
-        running = (await store.history("s1"))[1]
+        running = (await store.history("s1")).executions[1]
         assert running["status"] == "running" and running["ended_at"] is None
         assert running["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
         record = {
@@ -180,7 +180,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
         assert await close_cut_executions(store) == {"s1"}
         await store.save_session({**doc, "state": "deleted", "ended_at": "t3"}, {"x": 1})
         assert await store.open_sessions() == []
-        history = await store.history("s1")
+        history = (await store.history("s1")).executions
         await store.close()
         return history
 
@@ -212,6 +212,51 @@ def test_store_migrates_a_database_made_before_schema_versions(tmp_path):
         return sessions
 
     assert [(d["id"], r) for d, r in asyncio.run(scenario())] == [("new", {"k": 1})]
+
+
+def test_store_prunes_history_past_its_retention_in_batches(tmp_path, monkeypatch):
+    from gateway.store import sqlite as store_module
+    from gateway.store.sqlite import Retention
+
+    monkeypatch.setattr(store_module, "PRUNE_BATCH", 3)
+    old, new = "2020-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
+    done = {"status": "ok", "execution_count": 1, "outputs": [], "error": None,
+            "ended_at": new, "duration_ms": 1.0}  # fmt: skip
+
+    async def record(store: Store, session_id: str, started_at: str, finish: bool = True) -> int:
+        execution_id, _ = store.start_execution(session_id, {"code": "1", "started_at": started_at})
+        if finish:
+            await store.finish_execution(execution_id, done)
+        return execution_id
+
+    async def codes(store: Store, session_id: str) -> list[int]:
+        return [e["id"] for e in (await store.history(session_id)).executions]
+
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3", Retention(max_age=3600, max_executions=4))
+        await store.open()
+        for sid, ended in (("live", None), ("gone", old), ("recent", new)):
+            doc = {"id": sid, "state": "idle", "created_at": old, "ended_at": ended}
+            await store.save_session(doc)
+        stuck = await record(store, "live", old, finish=False)  # running: never pruned
+        kept = [await record(store, "live", new) for _ in range(7)]
+        aged = [await record(store, "gone", old) for _ in range(2)]  # the newest ids
+        passes = [await store.prune() for _ in range(4)]
+        assert passes[0] is True and passes[-1] is False, "a backlog goes in bounded batches"
+        assert await codes(store, "live") == [stuck, *kept[-4:]]
+        assert await codes(store, "gone") == []
+        assert await store.get_session("gone") is None, "an ended session past the age goes"
+        assert await store.get_session("recent") and await store.get_session("live")
+        await store.close()
+        # A restart counts on: ids are never reused, even when the newest were pruned.
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        again = await record(store, "live", new)
+        await store.close()
+        return again, aged[-1]
+
+    again, newest = asyncio.run(scenario())
+    assert again == newest + 1, "a pruned execution's id was handed out again"
 
 
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:

@@ -75,9 +75,7 @@ class AuditLog:
         written = self.store.add_audit(event)
         written.add_done_callback(_report_failure)
 
-    def auth_failure(
-        self, remote: str | None, method: str, path: str, token: str | None
-    ) -> bool:
+    def auth_failure(self, remote: str | None, method: str, path: str, token: str | None) -> bool:
         """Record a refused token (401), folded per address and minute.
 
         Returns whether it was logged now (the first from its address this

@@ -226,6 +226,16 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
             raise BadRequest("request body must be a JSON object")
         return body
 
+    def int_argument(self, name: str, default: int) -> int:
+        """A whole-number query argument; anything else is a 400 naming it."""
+        value = self.get_argument(name, None)
+        if value is None:
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be a whole number, not {value!r}") from None
+
     def send(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(payload))

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+
+import tornado.iostream
 
 from ..errors import BadRequest
-from ..notebooks.export import export_notebook, read_notebook, replay_notebook
+from ..notebooks.export import export_chunks, read_notebook, replay_notebook
 from .base import JSONHandler
 
 
 class NotebookHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        session = await self.manager.record(session_id, self.principal)
-        history = await self.manager.history(session_id, self.principal)
         descriptions = self.get_argument("descriptions", "true").lower() not in ("false", "0")
-        nb = export_notebook(session, history, descriptions=descriptions)
-        self.set_header("Content-Type", "application/x-ipynb+json")
-        self.set_header("Content-Disposition", f'attachment; filename="session-{session_id}.ipynb"')
-        self.finish(json.dumps(nb, indent=1))
+        chunks = export_chunks(self.manager, session_id, self.principal, descriptions)
+        async with contextlib.aclosing(chunks):
+            head = await anext(chunks)  # a missing session is a 404 before anything is sent
+            self.set_header("Content-Type", "application/x-ipynb+json")
+            disposition = f'attachment; filename="session-{session_id}.ipynb"'
+            self.set_header("Content-Disposition", disposition)
+            self.write(head)
+            try:
+                async for chunk in chunks:  # each sent before the next is built
+                    self.write(chunk)
+                    await self.flush()
+            except tornado.iostream.StreamClosedError:
+                return  # the client went away mid-export
+        self.finish()
 
 
 class ReplayHandler(JSONHandler):
@@ -31,7 +41,7 @@ class ReplayHandler(JSONHandler):
             image_tolerance = -1.0
         if image_tolerance is not None and not 0 <= image_tolerance <= 1:
             raise BadRequest("image_tolerance must be a number between 0 and 1")
-        nb = read_notebook(self.request.body)
+        nb = await read_notebook(self.request.body)
         report = await replay_notebook(self.manager, nb, self.principal, image_tolerance)
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..access.audit import code_facts
 from ..sessions.requests import CreateSession, ExecuteCode, UpdateSession
+from ..store.sqlite import HISTORY_PAGE
 from .base import JSONHandler
 
 _ID = r"(?P<session_id>[^/]+)"
@@ -82,7 +83,13 @@ class RestartHandler(JSONHandler):
 
 class HistoryHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        self.send({"executions": await self.manager.history(session_id, self.principal)})
+        page = await self.manager.history(
+            session_id,
+            self.principal,
+            after=self.int_argument("after", 0),
+            limit=self.int_argument("limit", HISTORY_PAGE),
+        )
+        self.send({"executions": page.executions, "next": page.next})
 
 
 routes = [

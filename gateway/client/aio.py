@@ -305,7 +305,13 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.set_timeout(self._ttl_from_now(seconds))
 
     async def history(self) -> list[dict[str, Any]]:
-        return await self.client.call(self._history_call())
+        """Every recorded execution, oldest first, read a page at a time."""
+        executions: list[dict[str, Any]] = []
+        after: int | None = 0
+        while after is not None:
+            page, after = await self.client.call(self._history_call(after))
+            executions += page
+        return executions
 
     async def export(
         self, path: str | Path | None = None, *, descriptions: bool = True

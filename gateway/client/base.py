@@ -332,8 +332,18 @@ class BaseSession(Generic[C]):
         now = datetime.fromisoformat(str(self.info.last_activity).replace("Z", "+00:00"))
         return (now - created).total_seconds() + seconds
 
-    def _history_call(self) -> Call[list[dict[str, Any]]]:
-        return Call("GET", self._path("/history"), lambda r: r.json()["executions"])
+    def _history_call(self, after: int) -> Call[tuple[list[dict[str, Any]], int | None]]:
+        """One page of history and the cursor of the next (None: the last page).
+
+        A gateway that does not page answers without ``next``: one page.
+        """
+
+        def parse(response: httpx.Response) -> tuple[list[dict[str, Any]], int | None]:
+            body = response.json()
+            return body["executions"], body.get("next")
+
+        params = {"after": after} if after else None
+        return Call("GET", self._path("/history"), parse, params=params)
 
     def _notebook_call(self, descriptions: bool) -> Call[dict[str, Any]]:
         params = {} if descriptions else {"descriptions": "false"}

@@ -263,7 +263,13 @@ class Session(BaseSession[Client]):
         return self.set_timeout(self._ttl_from_now(seconds))
 
     def history(self) -> list[dict[str, Any]]:
-        return self.client.call(self._history_call())
+        """Every recorded execution, oldest first, read a page at a time."""
+        executions: list[dict[str, Any]] = []
+        after: int | None = 0
+        while after is not None:
+            page, after = self.client.call(self._history_call(after))
+            executions += page
+        return executions
 
     def export(
         self, path: str | Path | None = None, *, descriptions: bool = True

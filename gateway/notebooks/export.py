@@ -8,8 +8,10 @@ says, cell by cell, whether the outputs reproduced (rules in ``compare``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,10 +32,32 @@ log = logging.getLogger(__name__)
 _FAILED = ("error", "timeout", "interrupted", "dead", CUT_BY_RESTART, "running")
 
 
-def export_notebook(
-    session: dict[str, Any], history: list[dict[str, Any]], descriptions: bool = True
-) -> dict[str, Any]:
-    """Build an nbformat v4 notebook from a session record and its executions."""
+async def export_chunks(
+    manager: SessionManager, session_id: str, who: Principal, descriptions: bool = True
+) -> AsyncIterator[str]:
+    """The session as nbformat v4 JSON text, a page of history at a time.
+
+    Memory is bounded by a page of history (``Store.history``), not by the
+    session; cells are built (nbformat validates each) and encoded off the
+    event loop. The text is what ``json.dumps(notebook, indent=1)`` would
+    write, with the cells last.
+    """
+    session = await manager.record(session_id, who)
+    head = json.dumps(_notebook(session), indent=1)
+    yield head.removesuffix("\n}") + ',\n "cells": ['
+    after: int | None = 0
+    first = True
+    while after is not None:
+        page = await manager.history(session_id, who, after=after)
+        if page.executions:
+            yield await asyncio.to_thread(_cells_json, page.executions, descriptions, first)
+            first = False
+        after = page.next
+    yield "\n ]\n}\n"
+
+
+def _notebook(session: dict[str, Any]) -> dict[str, Any]:
+    """A notebook's top level from a session record, without its cells."""
     language_info = session.get("language_info") or {}
     nb = new_notebook(
         metadata={
@@ -58,13 +82,20 @@ def export_notebook(
             },
         }
     )
-    for execution in history:
-        if descriptions and execution.get("description"):
-            nb.cells.append(
-                new_markdown_cell(execution["description"], id=f"note-{execution['id']}")
-            )
-        nb.cells.append(_code_cell(execution))
+    del nb["cells"]
     return nb
+
+
+def _cells_json(executions: list[dict[str, Any]], descriptions: bool, first: bool) -> str:
+    """Executions as the JSON of their cells, indented to sit in the notebook's list."""
+    cells = []
+    for execution in executions:
+        if descriptions and execution.get("description"):
+            cells.append(new_markdown_cell(execution["description"], id=f"note-{execution['id']}"))
+        cells.append(_code_cell(execution))
+    # json.dumps escapes newlines inside strings: every newline here is layout.
+    text = ",".join("\n  " + json.dumps(cell, indent=1).replace("\n", "\n  ") for cell in cells)
+    return text if first else "," + text
 
 
 def _code_cell(execution: dict[str, Any]) -> Any:
@@ -94,10 +125,16 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     return cell
 
 
-def read_notebook(body: Any) -> Any:
-    """Parse and validate a client's notebook, as a 400 when it is not one.
+async def read_notebook(body: Any) -> Any:
+    """Parse and validate a client's notebook off the event loop, as a 400 when it is not one.
 
-    Only version 4 is taken, as exports are: nbformat would read anything
+    Its size is the request body's limit (``max_request_body``).
+    """
+    return await asyncio.to_thread(_parse_notebook, body)
+
+
+def _parse_notebook(body: Any) -> Any:
+    """Only version 4 is taken, as exports are: nbformat would read anything
     without a version as a version 1 notebook and convert it, so a stray JSON
     object would replay as an empty notebook.
     """
@@ -137,14 +174,17 @@ async def replay_notebook(
     )
     session = await manager.create(request, who)
     warnings += _environment_warnings(recorded, session.image_digest, session.packages)
-    executed = nbformat.from_dict(nb)
+    executed = await asyncio.to_thread(nbformat.from_dict, nb)  # a deep copy
     cells = []
     try:
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
                 continue
             result = await manager.execute(session.id, who, ExecuteCode(cell.source))
-            verdict = _verdict(cell, result.status, result.outputs, image_tolerance)
+            # Images are decoded and compared, text normalised: not on the event loop.
+            verdict = await asyncio.to_thread(
+                _verdict, cell, result.status, result.outputs, image_tolerance
+            )
             cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
             cell.execution_count = result.execution_count

@@ -103,9 +103,7 @@ class SandboxLifecycle:
             start_timeout=session.start_timeout or self.settings.kernel_start_timeout,
         )
         spec = self.placement.sandbox(request, self.gateway_id)
-        kernel = Kernel(
-            session.kernel_name, self.kernelspecs.manager, spec, request.start_timeout
-        )
+        kernel = Kernel(session.kernel_name, self.kernelspecs.manager, spec, request.start_timeout)
         session.kernel = kernel
         workspace = self.placement.workspace(spec, lambda: kernel.manager.provisioner)
         session.workspace = AsyncWorkspace(workspace)

@@ -52,7 +52,7 @@ from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
-from ..store.sqlite import Store
+from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
 from .model import Session
@@ -221,9 +221,16 @@ class SessionManager:
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 
-    async def history(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+    async def history(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> HistoryPage:
+        """A page of a session's executions after the cursor ``after`` (an execution id)."""
+        if not 1 <= limit <= HISTORY_PAGE_MAX:
+            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+        if after < 0:
+            raise BadRequest("after must be an execution id from a page's 'next', or 0")
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
-        return await self.store.history(session_id)
+        return await self.store.history(session_id, after, limit)
 
     # -- commands -----------------------------------------------------------------------
 

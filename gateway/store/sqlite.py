@@ -10,25 +10,39 @@ bookkeeping nobody waits for (an execution's running row, outputs no client
 is shown yet, audit events) rides along with the next flush, or goes within
 ``LAZY_DELAY``. Each batch is one wake-up of the store's thread and one
 commit, where an execute's writes would otherwise cost several of each.
+
+Old history is pruned in the background by the ``Retention`` the store is
+given: a bounded batch at a time, each one call on the same thread, so
+pruning a large backlog never holds up the writes around it for long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..execution.outputs import replay_outputs
+from ..sandbox.workspace import iso
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 LAZY_DELAY = 0.05  # seconds a write nobody waits for may wait for company
+HISTORY_PAGE = 100  # executions in a page of history unless asked otherwise
+HISTORY_PAGE_MAX = 1000
+PAGE_BYTES = 4 << 20  # code and outputs (as stored) a page of history holds at most
+PRUNE_BATCH = 200  # rows one pruning call deletes at most
 
 # Each entry moves the schema one version up (PRAGMA user_version); never edit
 # a shipped entry, append a new one.
@@ -88,6 +102,10 @@ MIGRATIONS = [
     CREATE INDEX audit_by_time ON audit (at);
     CREATE INDEX audit_by_session ON audit (session_id, id);
     """,
+    # Retention finds executions past their age without reading the table.
+    """
+    CREATE INDEX executions_by_start ON executions (started_at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -97,11 +115,36 @@ _EXECUTION_COLUMNS = (
 )  # fmt: skip
 
 
+class HistoryPage(NamedTuple):
+    """Executions, and the cursor (an execution id) of the next page, None at the end."""
+
+    executions: list[dict[str, Any]]
+    next: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """How much history is kept; 0 keeps everything.
+
+    ``max_age``: seconds an execution (and an ended session's record, once
+    its executions are gone) is kept after it started (ended).
+    ``max_executions``: the newest executions kept per session. Running
+    executions are never pruned. ``interval``: seconds between pruning passes.
+    """
+
+    max_age: float = 0.0
+    max_executions: int = 0
+    interval: float = 60.0
+
+
 class Store:
     """Async facade over the gateway's SQLite database."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self.path = path
+        self.retention = retention or Retention()
+        self._grown: set[str] = set()  # sessions that may hold more than max_executions
+        self._pruner: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-store")
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
@@ -111,6 +154,8 @@ class Store:
 
     async def open(self) -> None:
         await self._run(self._open)
+        if self.retention.max_age or self.retention.max_executions:
+            self._pruner = asyncio.create_task(self._prune_forever(), name="sbx-store-prune")
 
     def _open(self) -> None:
         # Kernel keys are stored here: the directory is the gateway's alone.
@@ -126,11 +171,25 @@ class Store:
             version = 1  # made before versioning, by the first schema
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
-        self._next_execution = (db.execute("SELECT max(id) FROM executions").fetchone()[0] or 0) + 1
+        newest = db.execute(
+            "SELECT max(coalesce((SELECT max(id) FROM executions), 0), coalesce("
+            " (SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'max_execution_id'), 0))"
+        ).fetchone()[0]
+        self._next_execution = newest + 1
+        if self.retention.max_executions:
+            over = db.execute(
+                "SELECT session_id FROM executions GROUP BY session_id HAVING count(*) > ?",
+                (self.retention.max_executions,),
+            )
+            self._grown.update(row[0] for row in over)
         self._db = db
 
     async def close(self) -> None:
-        """Finish what is queued, then close the connection."""
+        """Stop pruning, finish what is queued, then close the connection."""
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
         if self._db is not None:
             await self._run(lambda: None)
             db, self._db = self._db, None
@@ -249,6 +308,7 @@ class Store:
         """
         execution_id = self._next_execution
         self._next_execution += 1
+        self._grown.add(session_id)
         written = self._submit(
             self._exec,
             "INSERT INTO executions (id, session_id, status, code, description, outputs,"
@@ -360,14 +420,97 @@ class Store:
             {**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows
         ]
 
-    async def history(self, session_id: str) -> list[dict[str, Any]]:
-        """Every recorded execution of a session, oldest first (running ones so far)."""
+    async def _prune_forever(self) -> None:
+        """Prune a batch at a time: back to back while there is a backlog, else each interval."""
+        while True:
+            try:
+                backlog = await self.prune()
+            except Exception:
+                log.exception("pruning old history failed; trying again later")
+                backlog = False
+            await asyncio.sleep(LAZY_DELAY if backlog else self.retention.interval)
 
-        def select() -> list[dict[str, Any]]:
-            rows = self._exec(
-                "SELECT * FROM executions WHERE session_id = ? ORDER BY id", (session_id,)
+    async def prune(self) -> bool:
+        """Delete one batch of history past the retention; whether more may be due."""
+        retention = self.retention
+        cutoff = iso(time.time() - retention.max_age) if retention.max_age else None
+        sessions, self._grown = self._grown, set()
+
+        def delete() -> bool:
+            assert self._db is not None, "store is not open"
+            db, budget = self._db, PRUNE_BATCH
+            # Ids are never reused, even when the newest executions go.
+            db.execute(
+                "INSERT INTO meta (key, value) SELECT 'max_execution_id', max(id) FROM executions"
+                " HAVING max(id) IS NOT NULL ON CONFLICT (key) DO UPDATE"
+                " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))"
             )
-            return [self._execution(row) for row in rows]
+            if cutoff is not None:
+                budget -= db.execute(
+                    "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
+                    " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
+                    (cutoff, budget),
+                ).rowcount
+                budget -= db.execute(
+                    "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
+                    " WHERE ended_at < ? AND NOT EXISTS"
+                    " (SELECT 1 FROM executions e WHERE e.session_id = s.id) LIMIT ?)",
+                    (cutoff, max(budget, 0)),
+                ).rowcount
+            for session_id in sessions if retention.max_executions else ():
+                if budget <= 0:
+                    self._grown.add(session_id)  # not reached in this batch
+                    continue
+                newest_cut = db.execute(
+                    "SELECT id FROM executions WHERE session_id = ?"
+                    " ORDER BY id DESC LIMIT 1 OFFSET ?",
+                    (session_id, retention.max_executions),
+                ).fetchone()
+                if newest_cut is None:
+                    continue
+                deleted = db.execute(
+                    "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
+                    " WHERE session_id = ? AND id <= ? AND status != 'running'"
+                    " ORDER BY id LIMIT ?)",
+                    (session_id, newest_cut[0], budget),
+                ).rowcount
+                if deleted == budget:
+                    self._grown.add(session_id)  # more of it next time
+                budget -= deleted
+            return budget <= 0
+
+        try:
+            return await self._run(delete)
+        except Exception:
+            self._grown |= sessions  # their turn comes again
+            raise
+
+    async def history(
+        self, session_id: str, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> HistoryPage:
+        """A page of a session's executions, oldest first (running ones so far).
+
+        The page holds executions with an id above ``after``: at most
+        ``limit`` of them, and no more than ``PAGE_BYTES`` of code and
+        outputs (but always one), so a page costs the gateway that much
+        memory, whatever the session holds.
+        """
+
+        def select() -> HistoryPage:
+            assert self._db is not None, "store is not open"
+            rows = self._db.execute(
+                "SELECT *, length(code) + length(outputs) AS size FROM executions"
+                " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (session_id, after, limit + 1),
+            )
+            page: list[dict[str, Any]] = []
+            size = 0
+            for row in rows:  # one row at a time: the page stops at its budget
+                size += row["size"]
+                if len(page) == limit or (page and size > PAGE_BYTES):
+                    return HistoryPage(page, page[-1]["id"])
+                page.append(self._execution(row))
+            return HistoryPage(page, None)
 
         return await self._run(select)
 
