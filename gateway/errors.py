@@ -41,6 +41,7 @@ class GatewayError(Exception):
 
     status = 500
     code = "internal_error"
+    retry_after: int | None = None  # seconds worth waiting before a retry (a Retry-After header)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -157,7 +158,10 @@ class Unavailable(GatewayError):
 
 
 class EngineUnavailable(Unavailable):
+    """The container engine does not answer; the watcher notices within seconds when it does."""
+
     code = "engine_unavailable"
+    retry_after = 5
 
 
 class ImageNotBuilt(Unavailable):

@@ -82,7 +82,7 @@ class LocalPlacement(Placement):
         self.removed: list[str] = []
         self.deaths: Any = None
 
-    async def start(self, gateway_id: str, on_death: Any) -> None:
+    async def start(self, gateway_id: str, on_death: Any, on_resync: Any) -> None:
         self.deaths = on_death
 
     async def stop(self) -> None:

@@ -152,6 +152,8 @@ class GatewayHandlerMixin:
         error = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(error, GatewayError):
             status, code, message = error.status, error.code, error.message
+            if error.retry_after is not None:
+                self.set_header("Retry-After", str(error.retry_after))
         elif isinstance(error, tornado.web.HTTPError):
             status = error.status_code
             code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")

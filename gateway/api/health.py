@@ -1,4 +1,8 @@
-"""Liveness for load balancers and operators."""
+"""Liveness for load balancers and operators.
+
+The gateway answers 200 while its engine is down (its running sessions keep
+working); ``engine`` says so, and creates answer 503 until it is back.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,15 @@ class HealthHandler(JSONHandler):
     async def get(self) -> None:
         manager = self.manager
         pool = {name: stats["ready"] for name, stats in manager.pool.stats().items()}
-        self.send({"status": "ok", "sessions": len(manager.sessions), "pool_ready": pool})
+        engine = "down" if manager.lifecycle.placement.unavailable() else "up"
+        self.send(
+            {
+                "status": "ok",
+                "sessions": len(manager.sessions),
+                "pool_ready": pool,
+                "engine": engine,
+            }
+        )
 
 
 routes = [(r"/healthz", HealthHandler)]

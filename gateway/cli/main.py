@@ -23,6 +23,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(settings: Settings, args: argparse.Namespace) -> int:
+    from .gc import run_gc
+
+    return run_gc(settings, args)
+
+
 def _builder(settings: Settings):
     import docker
 
@@ -93,6 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     ls = image_commands.add_parser("ls", help="list kernel images and whether they are built")
     Settings.add_arguments(ls)
     ls.set_defaults(func=_images_ls)
+
+    gc = commands.add_parser(
+        "gc",
+        help="list sandboxes and workspaces no gateway will reap (--yes removes them)",
+        description="Find this host's kernel containers, session directories and loop-mounted "
+        "workspaces whose session is not open in their gateway's store, or whose data "
+        "directory is gone. Data directories of a running gateway are left alone.",
+    )
+    gc.add_argument("--yes", action="store_true", help="remove them (default: only list them)")
+    gc.add_argument("--under", metavar="PATH", help="only data directories under PATH")
+    Settings.add_arguments(gc, only=("data_dir", "log_level"))
+    gc.set_defaults(func=_gc)
 
     add_client_commands(commands)
     return parser

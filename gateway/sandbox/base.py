@@ -18,12 +18,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import docker.errors
+import requests.exceptions
+
 from ..limits import Limits, format_size
 from . import volume
 from .workspace import Workspace
 
 # Called on the loop when a sandbox stops: (session id, sandbox id, exit code).
 DeathCallback = Callable[[str, str, int], None]
+
+# What the Docker SDK raises when the engine does not answer, or breaks off: its
+# own errors, and the connection errors of the HTTP library under it.
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +87,26 @@ class Placement(abc.ABC):
         return min(self.tmp_size, limits.memory // 4)
 
     @abc.abstractmethod
-    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
+    async def start(
+        self, gateway_id: str, on_death: DeathCallback, on_resync: Callable[[], None]
+    ) -> None:
         """Begin reporting sandbox deaths as ``on_death(session, sandbox, exit_code)``.
 
+        ``on_resync()`` says deaths may have gone unreported (the engine was
+        unreachable); the caller then compares ``sandboxes()`` with its own.
         The session manager calls it once, before recovery.
         """
 
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop watching; the session manager calls it last on shutdown."""
+
+    def unavailable(self) -> str | None:
+        """Why no sandbox can be started now (the engine is down), or None.
+
+        Creates check it first, so they fail fast with 503; /healthz reports it.
+        """
+        return None
 
     @abc.abstractmethod
     def sandbox(self, request: SandboxRequest, gateway_id: str) -> Any:

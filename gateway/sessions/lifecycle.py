@@ -17,13 +17,10 @@ import asyncio
 import logging
 from typing import Any
 
-import docker
-import docker.errors
-
 from ..config import Settings
 from ..errors import BadRequest, EngineUnavailable
 from ..execution.kernel import Kernel
-from ..sandbox.base import Placement, SandboxRequest
+from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxRequest
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
@@ -55,6 +52,12 @@ class SandboxLifecycle:
 
     def new_session(self, request: CreateSession, tenant: str) -> Session:
         """A session as a create request asks for it, checked against the server's limits."""
+        down = self.placement.unavailable()
+        if down is not None:
+            raise EngineUnavailable(
+                f"{down}; no session can start until it is back (running sessions keep "
+                "working): retry in a few seconds, or ask the operator to start the engine"
+            )
         s = self.settings
         sandbox = self.kernelspecs.sandbox(request.kernel)
         runtime, network = self.isolation.choose(request.runtime, request.network, sandbox)
@@ -111,7 +114,7 @@ class SandboxLifecycle:
             return  # the kernel's own image not built yet is the operator's (503 image_not_built)
         try:
             found = await asyncio.to_thread(self.images.exists, session.image)
-        except docker.errors.DockerException as e:
+        except ENGINE_ERRORS as e:
             raise EngineUnavailable(f"the container engine failed: {e}") from e
         if not found:
             raise BadRequest(
@@ -136,7 +139,7 @@ class SandboxLifecycle:
             facts = await self.placement.image_facts(
                 session.image, lambda: session.kernel.manager.provisioner
             )
-        except docker.errors.DockerException as e:
+        except ENGINE_ERRORS as e:
             raise EngineUnavailable(f"the container engine failed: {e}") from e
         session.image_digest = facts["digest"]
         session.packages = facts["packages"]
@@ -164,4 +167,7 @@ class SandboxLifecycle:
                 await kernel.shutdown()
             except Exception as e:  # its sandbox is removed below all the same
                 log.warning("session %s: kernel shutdown failed: %r", session.id, e)
-        await self.placement.discard(session.id)
+        try:
+            await self.placement.discard(session.id)
+        except ENGINE_ERRORS as e:  # the engine is down: the next start (or `sbx gc`) reaps it
+            log.warning("session %s: its sandbox is left for later: %s", session.id, e)

@@ -47,6 +47,7 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..sandbox.base import ENGINE_ERRORS
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
@@ -120,7 +121,7 @@ class SessionManager:
             self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
         self.lifecycle.gateway_id = await self.store.gateway_id()
         # Watch before recovering, so a container dying meanwhile is not missed.
-        await placement.start(self.lifecycle.gateway_id, self._on_container_death)
+        await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle)
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
@@ -492,6 +493,36 @@ class SessionManager:
         if session.kernel.restarting or session.kernel.container_id != container_id:
             return
         self.spawn(self._mark_dead(session, container_id, exit_code))
+
+    def _resync(self) -> None:
+        """Called on the loop by the watcher when deaths may have gone unreported."""
+        self.spawn(self._reconcile())
+
+    async def _reconcile(self) -> None:
+        """Mark dead every session whose sandbox stopped or vanished while nobody watched."""
+        placement = self.lifecycle.placement
+        try:
+            found = {s.id: s for s in await placement.sandboxes(self.lifecycle.gateway_id)}
+            for sandbox in found.values():
+                if not sandbox.running:
+                    self.pool.forget(sandbox.session_id)  # a pooled one is replaced
+            for session in list(self.sessions.values()):
+                kernel = session.kernel
+                if kernel is None or session.state not in ("idle", "busy") or kernel.restarting:
+                    continue  # starting, restarting or ended: their own path decides
+                container_id = kernel.container_id
+                sandbox = found.get(container_id or "")
+                if sandbox is not None and sandbox.running:
+                    continue
+                reason = (
+                    await placement.stopped_reason(session.limits, sandbox.id)
+                    if sandbox is not None
+                    else "its container was removed"
+                )
+                if session.state in ("idle", "busy") and kernel.container_id == container_id:
+                    await self.mark_dead(session, f"{reason} (while the engine was unreachable)")
+        except ENGINE_ERRORS as e:  # down again: the watcher asks once more when it is back
+            log.warning("could not check the sessions' containers: %s", e)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run a background task that shutdown cancels instead of leaking (relays use it)."""

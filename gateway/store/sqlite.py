@@ -561,3 +561,12 @@ def _execution_values(record: dict[str, Any]) -> tuple:
         record["ended_at"],
         record["duration_ms"],
     )
+
+
+def read_open_sessions(path: Path) -> tuple[str | None, set[str]]:
+    """A store's gateway id and open session ids, read-only (``sbx gc``, beside a gateway)."""
+    uri = f"file:{path}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+        row = db.execute("SELECT value FROM meta WHERE key = 'gateway_id'").fetchone()
+        ids = {r[0] for r in db.execute("SELECT id FROM sessions WHERE ended_at IS NULL")}
+    return (row[0] if row else None), ids

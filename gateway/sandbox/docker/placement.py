@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import docker.errors
 from ...limits import Limits
 from .. import volume
 from ..base import (
+    ENGINE_ERRORS,
     DeathCallback,
     Placement,
     ProvisionerRef,
@@ -54,13 +56,18 @@ class DockerPlacement(Placement):
         self._watcher: ContainerWatcher | None = None
         self._image_facts: dict[str, dict[str, Any]] = {}
 
-    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
+    async def start(
+        self, gateway_id: str, on_death: DeathCallback, on_resync: Callable[[], None]
+    ) -> None:
         if not volume.loop_mounts_available():
             log.warning(
                 "not root: workspaces are plain directories and disk limits are not enforced"
             )
-        self._watcher = ContainerWatcher(self.docker, gateway_id, on_death)
+        self._watcher = ContainerWatcher(self.docker, gateway_id, on_death, on_resync)
         self._watcher.start()
+
+    def unavailable(self) -> str | None:
+        return self._watcher.lost if self._watcher is not None else None
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -110,7 +117,7 @@ class DockerPlacement(Placement):
         for _ in range(5 if exit_code == 137 else 1):
             try:
                 info = await asyncio.to_thread(self.docker.api.inspect_container, sandbox_id)
-            except docker.errors.NotFound:
+            except ENGINE_ERRORS:  # removed, or the engine went down with it: no OOM flag to read
                 break
             oom = bool(info["State"].get("OOMKilled"))
             if oom:

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,13 @@ class SwarmPlacement(Placement):
 
     # -- watching ----------------------------------------------------------------------
 
-    async def start(self, gateway_id: str, on_death: DeathCallback) -> None:
-        """Check the manager and the network, ship the agent, and watch nodes and tasks."""
+    async def start(
+        self, gateway_id: str, on_death: DeathCallback, on_resync: Callable[[], None]
+    ) -> None:
+        """Check the manager and the network, ship the agent, and watch nodes and tasks.
+
+        Its poll reads the tasks' state each round, so nothing needs a resync.
+        """
         self._gateway_id, self._on_death = gateway_id, on_death
         try:
             info = await asyncio.to_thread(self.docker.info)

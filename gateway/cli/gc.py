@@ -1,0 +1,179 @@
+"""``sbx gc``: find, and with ``--yes`` remove, what no gateway will reap.
+
+A gateway that stops keeps its sessions running on purpose, and the next
+start on its data directory reattaches them and removes whatever no open
+session accounts for. Nobody reaps the rest: sandboxes and workspaces of a
+gateway that never starts again on its data directory, those whose session
+ended while the engine was down, and everything of a data directory that was
+deleted (a workspace's loop mount outlives ``rm -rf``).
+
+The host is searched, not one data directory: kernel containers by their
+``sbx.gateway`` label (the data directory is where their socket directory
+is mounted from), loop-mounted workspaces in ``/proc/self/mountinfo``, and
+the session directories of every data directory found so. A data directory
+whose store a process holds open belongs to a running gateway and is left
+alone: its warm pool and sessions still starting are in no store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import sqlite3
+from pathlib import Path
+
+import docker
+
+from ..config import Settings
+from ..sandbox import volume
+from ..sandbox.docker.provisioner import CONTAINER_RUN_DIR, LABEL_GATEWAY, LABEL_SESSION
+from ..store.sqlite import read_open_sessions
+
+STORE = "gateway.sqlite3"
+# A workspace mount point: <data dir>/sessions/<session id>/workspace.
+_WORKSPACE = re.compile(r"^(?P<data>/.+)/sessions/(?P<session>[^/]+)/workspace$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    """One thing no gateway will remove, and why."""
+
+    kind: str  # "container" or "directory"
+    target: str  # a container id, or a session directory
+    session_id: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DataDir:
+    """What a data directory says about its sessions."""
+
+    path: Path
+    running: bool  # a gateway holds its store open
+    gateway_id: str | None
+    open_sessions: frozenset[str]
+
+    @classmethod
+    def read(cls, path: Path, busy: set[Path]) -> DataDir:
+        store = path / STORE
+        if not store.is_file():
+            return cls(path, False, None, frozenset())
+        try:
+            gateway_id, ids = read_open_sessions(store)
+        except sqlite3.Error:  # not a store we can read: treat it as in use, touch nothing
+            return cls(path, True, None, frozenset())
+        return cls(path, store in busy, gateway_id, frozenset(ids))
+
+    def why_orphan(self, session_id: str, gateway_id: str | None = None) -> str | None:
+        """Why a session's leftovers here are orphans; None when they are not."""
+        if self.running:
+            return None
+        if self.gateway_id is None:
+            return f"its data directory {self.path} is gone"
+        if gateway_id is not None and gateway_id != self.gateway_id:
+            return f"its gateway {gateway_id} no longer owns {self.path}"
+        if session_id not in self.open_sessions:
+            return "its session is not open"
+        return None
+
+
+def find_orphans(
+    client: docker.DockerClient, data_dirs: list[Path], under: Path | None = None
+) -> list[Orphan]:
+    """Every container and session directory under ``under`` that no gateway will reap."""
+    containers = client.api.containers(all=True, filters={"label": LABEL_GATEWAY})
+    found_dirs = set(data_dirs) | {data for data, _ in _workspace_mounts()}
+    owned: list[tuple[dict, Path]] = []
+    for container in containers:
+        data = _data_dir_of(container)
+        if data is not None:
+            owned.append((container, data))
+            found_dirs.add(data)
+    if under is not None:
+        found_dirs = {d for d in found_dirs if d.is_relative_to(under)}
+    busy = _open_stores()
+    dirs = {path: DataDir.read(path, busy) for path in found_dirs}
+    orphans = []
+    for container, data in owned:
+        labels = container["Labels"]
+        session_id = labels.get(LABEL_SESSION, "?")
+        why = data in dirs and dirs[data].why_orphan(session_id, labels[LABEL_GATEWAY])
+        if why:
+            orphans.append(Orphan("container", container["Id"], session_id, why))
+    for data_dir in dirs.values():
+        sessions = data_dir.path / "sessions"
+        entries = sorted(sessions.iterdir()) if sessions.is_dir() else []
+        for entry in entries:
+            why = data_dir.why_orphan(entry.name)
+            if why:
+                orphans.append(Orphan("directory", str(entry), entry.name, why))
+    return orphans
+
+
+def remove(client: docker.DockerClient, orphan: Orphan) -> None:
+    """Remove one orphan: a container by force, a directory unmounted first."""
+    if orphan.kind == "container":
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(orphan.target, force=True)
+        return
+    session_dir = Path(orphan.target)
+    volume.destroy(session_dir)
+    # A deleted data directory's last remains: empty once its sessions are gone.
+    for parent in (session_dir.parent, session_dir.parent.parent):
+        with contextlib.suppress(OSError):
+            if not (parent / STORE).exists():
+                parent.rmdir()
+
+
+def _data_dir_of(container: dict) -> Path | None:
+    """The data directory a kernel container's socket directory is mounted from."""
+    for mount in container.get("Mounts", []):
+        if mount.get("Destination") == CONTAINER_RUN_DIR and mount.get("Type") == "bind":
+            return Path(mount["Source"]).parents[2]  # <data>/sessions/<id>/run
+    return None
+
+
+def _workspace_mounts() -> list[tuple[Path, str]]:
+    """(data directory, session id) of every workspace mounted on this host."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # "\040" is a space
+        match = _WORKSPACE.match(point)
+        if match:
+            found.append((Path(match["data"]), match["session"]))
+    return found
+
+
+def _open_stores() -> set[Path]:
+    """Every ``gateway.sqlite3`` a process on this host holds open: a running gateway's."""
+    held = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.endswith(f"/{STORE}"):
+                        held.add(Path(target))
+    return held
+
+
+def run_gc(settings: Settings, args: argparse.Namespace) -> int:
+    """``sbx gc``: print the orphans as a table; remove them with ``--yes``."""
+    client = docker.from_env()
+    under = Path(args.under).resolve() if args.under else None
+    data_dirs = [Path(settings.data_dir)] if settings.data_dir else []
+    orphans = find_orphans(client, data_dirs, under)
+    print(f"{'KIND':<10} {'SESSION':<36}  {'WHY':<40} TARGET")
+    for orphan in orphans:
+        target = orphan.target[:12] if orphan.kind == "container" else orphan.target
+        print(f"{orphan.kind:<10} {orphan.session_id:<36}  {orphan.why:<40} {target}")
+    if not args.yes:
+        print(f"{len(orphans)} orphan(s); run `sbx gc --yes` to remove them")
+        return 0
+    for orphan in orphans:
+        remove(client, orphan)
+    print(f"removed {len(orphans)} orphan(s)")
+    return 0
