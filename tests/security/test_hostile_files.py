@@ -83,3 +83,87 @@ def test_a_restart_never_opens_what_the_kernel_planted_in_its_socket_directory(
     )
     seen = text_of(attack.run(sid, readable))
     assert "sbx-host-file-5c1e" not in seen, "a host file's content reached the sandbox"
+
+
+def timed(call, *args, **kw):
+    """A call's answer and how long it took, in seconds."""
+    started = time.monotonic()
+    answer = call(*args, **kw)
+    return answer, time.monotonic() - started
+
+
+def test_a_chain_ten_thousand_directories_deep(attack, watched):
+    sid = attack.session()
+    attack.run(sid, "1")  # a small workspace: the next walk would run on the event loop
+    code = (
+        "import os\n"
+        "os.mkdir('chain'); fd = os.open('chain', os.O_RDONLY)\n"
+        "for _ in range(10_000):\n"
+        "    os.mkdir('d', dir_fd=fd); nfd = os.open('d', os.O_RDONLY, dir_fd=fd)\n"
+        "    os.close(fd); fd = nfd\n"
+        "os.close(os.open('bottom.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n"
+        "open('top.txt', 'w').write('top')"
+    )
+    reply, took = timed(attack.run, sid, code, timeout=120)
+    assert reply["status"] == "ok", reply
+    assert took < 30, f"the execute that built the chain took {took:.0f} s (artifacts walk)"
+    assert reply["artifacts_truncated"] is True, reply
+    assert "top.txt" in [a["path"] for a in reply["artifacts"]], reply["artifacts"]
+    base = f"/v1/sessions/{sid}/files"
+    listing = attack.api.get(base).json()
+    assert {e["name"] for e in listing["entries"]} == {"chain", "top.txt"}, listing
+    assert listing["truncated"] is False
+    r = attack.api.get(base, params={"format": "tar"}, timeout=60)
+    assert r.status_code == 409 and "levels" in r.json()["error"]["message"], r.text
+    r, took = timed(attack.api.delete, f"{base}/chain", timeout=60)
+    assert r.status_code == 204, r.text
+    assert took < 20, f"deleting the chain took {took:.0f} s"
+    assert attack.api.get(base).json()["entries"][0]["name"] == "top.txt"
+    attack.run(sid, "import os; os.makedirs('again/' + '/'.join(['d'] * 1000))")
+    r, took = timed(attack.api.delete, f"/v1/sessions/{sid}", timeout=60)
+    assert r.status_code == 204 and took < 10, f"deleting the session took {took:.0f} s"
+
+
+def test_a_directory_with_a_million_entries(attack, watched):
+    sid = attack.session()
+    # Hard links: a million names need no inodes (ext4 allows 65,000 links per file).
+    code = (
+        "import os\n"
+        "os.mkdir('wide')\n"
+        "for i in range(1_000_000):\n"
+        "    if i % 60_000 == 0:\n"
+        "        src = f'wide/f{i}'; open(src, 'w').close(); continue\n"
+        "    os.link(src, f'wide/f{i}')\n"
+        "print(len(os.listdir('wide')))"
+    )
+    reply, took = timed(attack.run, sid, code, timeout=900)
+    assert text_of(reply) == "1000000\n", reply
+    print(f"made a million entries in {took:.0f} s")
+    base = f"/v1/sessions/{sid}/files"
+    r = attack.api.get(base, params={"path": "wide"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["truncated"] is True and len(r.json()["entries"]) <= 10_000, len(r.text)
+    r = attack.api.get(base, params={"path": "wide", "format": "zip"}, timeout=60)
+    assert r.status_code == 409 and "entries" in r.json()["error"]["message"], r.text
+    for _ in range(30):  # each DELETE is bounded in time; what it left, the next one takes
+        r, took = timed(attack.api.delete, f"{base}/wide", timeout=60)
+        assert took < 20, f"a DELETE took {took:.0f} s"
+        if r.status_code == 204:
+            break
+        assert r.status_code == 409 and "again" in r.json()["error"]["message"], r.text
+    assert r.status_code == 204, r.text
+    r, took = timed(attack.api.delete, f"/v1/sessions/{sid}", timeout=60)
+    assert r.status_code == 204 and took < 10, f"deleting the session took {took:.0f} s"
+
+
+def test_a_sparse_terabyte_file(attack, watched):
+    sid = attack.session()
+    attack.run(sid, "import os; os.mkdir('big'); open('big/tb', 'wb').truncate(2**40)")
+    base = f"/v1/sessions/{sid}/files"
+    for fmt in ("tar", "zip"):
+        r = attack.api.get(f"{base}/big", params={"format": fmt}, timeout=30)
+        assert r.status_code == 409 and "sparse" in r.json()["error"]["message"], r.text
+    with attack.api.stream("GET", f"{base}/big/tb") as r:
+        assert r.headers["content-length"] == str(2**40)  # streamed: the client decides
+    listing = attack.api.get(base, params={"path": "big"}).json()["entries"]
+    assert listing[0]["size"] == 2**40
