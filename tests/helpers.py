@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -212,3 +213,101 @@ def full_history(api: httpx.Client, sid: str) -> list[dict]:
         if not page.get("next"):
             return executions
         params = {"after": page["next"]}
+
+
+CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+
+
+class Canary:
+    """While an attack runs: a bystander session answers ``print(alive)`` in a loop.
+
+    It keeps the slowest answer, and samples the gateway's RSS every 0.1 s;
+    past ``max_rss_mib`` it kills the gateway (the attack would take the shared
+    host down with it) and the check fails. The session must hold ``alive = 42``.
+    """
+
+    def __init__(self, gw: GatewayProcess, sid: str, max_rss_mib: int | None = None) -> None:
+        self.gw, self.sid, self.max_rss_mib = gw, sid, max_rss_mib
+        self.slowest = 0.0
+        self.answers = 0
+        self.peak_rss_mib = 0
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._answer, daemon=True),
+            threading.Thread(target=self._sample, daemon=True),
+        ]
+
+    def _answer(self) -> None:
+        headers = {"Authorization": f"Bearer {self.gw.token}"}
+        with httpx.Client(base_url=self.gw.url, headers=headers, timeout=30) as api:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    reply = run(api, self.sid, "print(alive)")
+                except Exception as e:  # the test asserts on it
+                    self.failure = f"the canary got no answer: {e!r}"
+                    return
+                self.slowest = max(self.slowest, time.monotonic() - started)
+                self.answers += 1
+                if text_of(reply) != "42\n":
+                    self.failure = f"the canary lost its state: {reply}"
+                    return
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                rss = memory_kib(self.gw.pid)["VmRSS"] // 1024
+            except OSError:
+                return  # the gateway is gone: the answers say so
+            self.peak_rss_mib = max(self.peak_rss_mib, rss)
+            if self.max_rss_mib is not None and rss > self.max_rss_mib:
+                self.failure = f"the gateway grew to {rss} MiB (bound {self.max_rss_mib}): killed"
+                self.gw.proc.kill()
+                return
+
+    def __enter__(self) -> Canary:
+        for thread in self._threads:
+            thread.start()
+        assert wait_for(lambda: self.answers or self.failure, 30), "the canary never answered"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # One more answer once the attack is over, however fast it went.
+        after = self.answers + 1
+        wait_for(lambda: self.answers >= after or self.failure, 30)
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+        print(
+            f"canary: {self.answers} answers, slowest {self.slowest * 1000:.0f} ms; "
+            f"gateway RSS peak {self.peak_rss_mib} MiB"
+        )
+        assert self.failure is None, f"the canary session failed during the attack: {self.failure}"
+        assert self.slowest < CANARY_SECONDS, (
+            f"the canary took {self.slowest:.2f} s to answer during the attack"
+        )
+
+
+def reset_peak_memory(pid: int) -> None:
+    """Make VmHWM start again from the current RSS (Linux ``clear_refs`` 5; needs root)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+@contextlib.contextmanager
+def canary_session(gw: GatewayProcess) -> Iterator[str]:
+    """A session of its own where ``alive = 42`` ran (what ``Canary`` expects); deleted after."""
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    run(gw.client, sid, "alive = 42")
+    yield sid
+    gw.client.delete(f"/v1/sessions/{sid}")

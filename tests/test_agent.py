@@ -136,7 +136,7 @@ def _exercise(ws: RemoteWorkspace) -> None:
     upload.write(os.urandom(600 * 1024))  # more than one chunk
     upload.finish(True)
     assert upload.size == 600 * 1024
-    assert sorted(e["path"] for e in ws.list("")) == ["data.txt", "link", "sub"]
+    assert sorted(e["path"] for e in ws.list("")["entries"]) == ["data.txt", "link", "sub"]
     with pytest.raises(PathForbidden):
         ws.open_read("link")  # refused by the agent: links are never followed
     with pytest.raises(BadRequest):

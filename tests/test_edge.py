@@ -17,8 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from canary import Canary, canary_session, memory_kib
-from helpers import GatewayProcess, wait_for
+from helpers import Canary, GatewayProcess, canary_session, memory_kib, wait_for
 
 pytestmark = pytest.mark.docker
 

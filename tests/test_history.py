@@ -11,8 +11,15 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from canary import Canary, canary_session, memory_kib, reset_peak_memory
-from helpers import GatewayProcess, run, wait_for
+from helpers import (
+    Canary,
+    GatewayProcess,
+    canary_session,
+    memory_kib,
+    reset_peak_memory,
+    run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 

@@ -374,7 +374,7 @@ def test_the_async_workspace_does_its_file_work_off_the_event_loop(tmp_path):
         await upload.write(b"x" * 1000)
         await upload.finish(True)
         await upload.finish(True)  # a second finish must not close a descriptor again
-        listing = [e["path"] for e in await workspace.list("d")]
+        listing = [e["path"] for e in (await workspace.list("d"))["entries"]]
         async with (await workspace.open_read("d/a.txt"))[0] as reader:
             text = await reader.read()
         async with await workspace.archive("d", "tar") as reader:
@@ -404,11 +404,11 @@ def test_artifacts_of_a_small_workspace_are_found_on_the_loop(tmp_path):
     async def scenario():
         await workspace.baseline()
         (tmp_path / "plot.png").write_bytes(b"png")
-        first = await workspace.changes()  # the baseline walked in a thread: not known small
+        first, _ = await workspace.changes()  # the baseline walked in a thread: not known small
         sync.threads.clear()
         await workspace.baseline()  # the last changes() still hold: no walk at all
         (tmp_path / "plot.png").write_bytes(b"png2")
-        return first, await workspace.changes(), threading.get_ident()
+        return first, (await workspace.changes())[0], threading.get_ident()
 
     first, second, loop_thread = asyncio.run(scenario())
     assert [(a["path"], a["change"], a["mime_type"]) for a in first] == [
@@ -431,7 +431,7 @@ def test_an_upload_discarded_mid_write_leaves_nothing(tmp_path):
         await upload.finish(False)  # waits for the discard; then does nothing
         return await workspace.list("")
 
-    assert asyncio.run(scenario()) == [] and os.listdir(tmp_path) == []
+    assert asyncio.run(scenario())["entries"] == [] and os.listdir(tmp_path) == []
 
 
 def test_replay_buffer_drops_the_oldest_past_either_bound(tmp_path):

@@ -32,7 +32,7 @@ class FilesHandler(JSONHandler):
         if fmt is not None:
             await _send_archive(self, workspace, path, fmt)
             return
-        self.send({"path": path, "entries": await workspace.list(path)})
+        self.send({"path": path, **await workspace.list(path)})
 
     async def post(self, session_id: str) -> None:
         workspace = self.manager.files(session_id, self.principal)

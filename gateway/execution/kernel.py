@@ -36,6 +36,7 @@ class ExecutionResult:
     duration_ms: float
     truncated: bool = False
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -58,6 +59,7 @@ class ExecutionResult:
             "duration_ms": round(self.duration_ms, 3),
             "truncated": self.truncated,
             "artifacts": self.artifacts,
+            "artifacts_truncated": self.artifacts_truncated,
         }
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
-from .workspace import CHUNK, Upload, Workspace
+from .workspace import CHUNK, INLINE, Upload, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class AsyncWorkspace:
     def __init__(self, workspace: Workspace) -> None:
         self.sync = workspace
 
-    async def list(self, path: str) -> list[dict[str, Any]]:
+    async def list(self, path: str) -> dict[str, Any]:
         return await _blocking(self.sync.list, path)
 
     async def free_bytes(self) -> int:
@@ -72,17 +72,21 @@ class AsyncWorkspace:
         if self.sync.seen is None:
             await _blocking(self.sync.baseline)
 
-    async def changes(self) -> list[dict[str, Any]]:
-        """What an execution created or changed, as artifacts.
+    async def changes(self) -> tuple[list[dict[str, Any]], bool]:
+        """What an execution created or changed, as artifacts, and whether the walk was cut.
 
         A small workspace is walked right here: a few directory entries cost
         less than a trip to a worker thread, which would add to every
-        execute's round trip. A larger one (or a remote one, never small) is
-        walked in a thread, never blocking the loop.
+        execute's round trip. That walk has tight bounds (the kernel may have
+        grown the tree since): cut short, it is redone in a thread, as a larger
+        workspace (or a remote one, never small) always is.
         """
         if self.sync.small:
-            return self.sync.changes()
-        return await _blocking(self.sync.changes)
+            walk = self.sync.walk([], INLINE)
+            if walk.truncated is None:
+                return self.sync.changes(walk), False
+        artifacts = await _blocking(self.sync.changes)
+        return artifacts, self.sync.cut is not None
 
 
 class AsyncReader:

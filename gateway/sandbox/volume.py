@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .workspace import remove_tree
+
 
 def loop_mounts_available() -> bool:
     """Tell whether this process can make loop-mounted workspaces."""
@@ -51,11 +53,22 @@ def _mount(image: Path, mountpoint: Path) -> None:
 
 
 def destroy(session_dir: Path) -> None:
-    """Unmount and delete a workspace made by ``create`` (safe to call twice)."""
+    """Unmount and delete a workspace made by ``create`` (safe to call twice).
+
+    A loop-mounted workspace goes with its image, whatever tree it holds. The
+    rest (a plain workspace, the run directory the kernel can write) is removed
+    from directory descriptors, never following a link, iteratively however deep.
+    """
     mountpoint = session_dir / "workspace"
     if os.path.ismount(mountpoint):
         _run("umount", "-l", str(mountpoint))
-    shutil.rmtree(session_dir, ignore_errors=True)
+    parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        remove_tree(parent, session_dir.name)
+    except FileNotFoundError:
+        pass  # removed already
+    finally:
+        os.close(parent)
 
 
 def _run(*cmd: str) -> None:

@@ -7,6 +7,12 @@ nothing but regular files and directories is ever opened (a FIFO or device
 would block or leak). Relative names only; ``..``, absolute paths and NUL
 bytes are refused before any system call. The workspace is its own
 filesystem, so no hard link can reach outside it either.
+
+The sandbox also shapes the tree: a chain ten thousand directories deep, a
+directory of a million names, a sparse terabyte file. Every walk (listing,
+artifacts, usage, archives) goes through one walker bounded in depth, entries
+and time, which says when it stopped early; removal is iterative and bounded
+in time, so no tree shape can hold the gateway up (issue 18).
 """
 
 from __future__ import annotations
@@ -15,25 +21,55 @@ import contextlib
 import errno
 import mimetypes
 import os
-import shutil
 import stat
 import tarfile
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from ..errors import BadRequest, FileNotFound, GatewayError, NotAFile, PathForbidden
+from ..errors import BadRequest, Conflict, FileNotFound, NotAFile, PathForbidden
 
 CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
-# Artifact scans stop here so a workspace of millions of files cannot stall executes.
-MAX_SCAN_ENTRIES = 10_000
+REMOVE_PREFIX = ".sbx-remove-"  # directories too deep to hold open are moved up under this
 # Up to this many entries, a workspace is walked on the event loop (see files.AsyncWorkspace).
 SMALL_WORKSPACE = 64
+# A DELETE stops after this long; what is left, the next one removes.
+REMOVE_SECONDS = 10.0
+# Directories held open at once while removing; deeper ones are moved up first.
+REMOVE_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far one walk may go: levels below its start, entries met, seconds spent."""
+
+    depth: int = 64
+    entries: int = 10_000
+    seconds: float = 5.0
+
+
+WALK = Bounds()
+# A walk on the event loop (the workspace was small at the last one); cut short, it
+# is redone in a thread.
+INLINE = Bounds(entries=4 * SMALL_WORKSPACE, seconds=0.02)
+
+
+@dataclass
+class Walk:
+    """What one bounded walk met, in walk order, and why it stopped early (``None``: it did not)."""
+
+    entries: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    truncated: str | None = None
+
+    @property
+    def files(self) -> list[tuple[str, os.stat_result]]:
+        """The regular files met (links, FIFOs and devices are never followed or opened)."""
+        return [(rel, info) for rel, info in self.entries if stat.S_ISREG(info.st_mode)]
 
 
 def clean_path(path: str, allow_root: bool = False) -> list[str]:
@@ -72,6 +108,7 @@ class Workspace:
     # The files as of the last execution's end: (mtime, size) by path.
     seen: dict[str, tuple[int, int]] | None = field(default=None, repr=False)
     walked: int = field(default=0, repr=False)  # entries the last full walk went through
+    cut: str | None = field(default=None, repr=False)  # why the last snapshot stopped early
 
     # -- resolving --------------------------------------------------------------------
 
@@ -146,19 +183,14 @@ class Workspace:
 
     # -- listing, removing ---------------------------------------------------------------
 
-    def list(self, path: str) -> list[dict[str, Any]]:
-        """Entries of a directory: name, path, type, size, modification time."""
+    def list(self, path: str, bounds: Bounds = WALK) -> dict[str, Any]:
+        """A directory's entries (name, path, type, size, modified); ``truncated`` past bounds."""
         parts = clean_path(path, allow_root=True)
-        fd = self._open_dir(parts)
-        prefix = "/".join(parts)
-        try:
-            with os.scandir(fd) as entries:
-                rows = [_entry(e, f"{prefix}/{e.name}" if prefix else e.name) for e in entries]
-        finally:
-            os.close(fd)
-        return sorted((r for r in rows if not r["name"].startswith(UPLOAD_PREFIX)), key=_by_path)
+        walk = self.walk(parts, bounds, recurse=False)
+        rows = [_entry(rel, info) for rel, info in walk.entries]
+        return {"entries": sorted(rows, key=_by_path), "truncated": walk.truncated is not None}
 
-    def remove(self, path: str) -> None:
+    def remove(self, path: str, seconds: float = REMOVE_SECONDS) -> None:
         """Delete a file, link or directory tree (links are removed, never followed)."""
         self.seen = None
         parts = clean_path(path)
@@ -166,70 +198,133 @@ class Workspace:
         try:
             info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
-                shutil.rmtree(parts[-1], dir_fd=dir_fd)
+                remove_tree(dir_fd, parts[-1], seconds)
             else:
                 os.unlink(parts[-1], dir_fd=dir_fd)
         except FileNotFoundError:
             raise FileNotFound(f"{path!r} does not exist in the workspace") from None
+        except TimeoutError:
+            raise Conflict(
+                f"{path!r} holds too many entries to delete in {seconds:g} s; part of it is "
+                "gone: send the DELETE again to remove the rest"
+            ) from None
         finally:
             os.close(dir_fd)
 
-    def walk(self, parts: list[str], limit: int = MAX_SCAN_ENTRIES) -> Iterator[tuple[str, Any]]:
-        """Regular files under ``parts`` as (relative path, stat), links skipped."""
-        stack = [parts]
-        seen = 0
-        while stack and seen < limit:
-            current = stack.pop()
-            try:
-                fd = self._open_dir(current)
-            except (GatewayError, OSError):
-                continue  # replaced by a link or removed meanwhile: skip it
-            try:
-                with os.scandir(fd) as entries:
-                    for entry in entries:
-                        seen += 1
-                        info = entry.stat(follow_symlinks=False)
-                        if stat.S_ISDIR(info.st_mode):
-                            stack.append([*current, entry.name])
-                        elif stat.S_ISREG(info.st_mode) and not entry.name.startswith(
-                            UPLOAD_PREFIX
-                        ):
-                            yield "/".join([*current, entry.name]), info
-            finally:
-                os.close(fd)
+    def walk(self, parts: list[str], bounds: Bounds = WALK, recurse: bool = True) -> Walk:
+        """Every entry under ``parts`` with its stat, links never followed, within ``bounds``.
+
+        Directories are opened from their parent's descriptor, never by path,
+        and at most ``bounds.depth`` are held open at once. Past the entry or
+        time bound the walk stops; a directory past the depth bound is skipped.
+        """
+        walk = Walk()
+        deadline = time.monotonic() + bounds.seconds
+        top = self._open_dir(parts)  # 404 / 403 for the start itself
+        stack = [(top, parts, os.scandir(top))]
+        try:
+            while stack:
+                _fd, here, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    _close(stack.pop())
+                elif entry.name.startswith(UPLOAD_PREFIX):
+                    continue
+                elif len(walk.entries) >= bounds.entries:
+                    walk.truncated = f"more than {bounds.entries} entries"
+                    break
+                elif time.monotonic() > deadline:
+                    walk.truncated = f"more than {bounds.seconds:g} s"
+                    break
+                else:
+                    below = bounds.depth - len(here) + len(parts) if recurse else 0
+                    self._meet(walk, stack, entry, [*here, entry.name], below, bounds.depth)
+        finally:
+            for level in stack:
+                _close(level)
         if not parts:  # a subdirectory's count (an archive's) says nothing of the workspace
-            self.walked = seen
+            self.walked = len(walk.entries)
+        return walk
+
+    @staticmethod
+    def _meet(
+        walk: Walk, stack: list, entry: os.DirEntry, rel: list[str], below: int, depth: int
+    ) -> None:
+        """Record one entry; go down into a directory if ``below`` > 1 levels may follow."""
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return  # removed meanwhile
+        walk.entries.append(("/".join(rel), info))
+        if not stat.S_ISDIR(info.st_mode) or not below:
+            return
+        if below <= 1:
+            walk.truncated = walk.truncated or f"deeper than {depth} levels"
+            return
+        try:
+            fd = os.open(entry.name, _DIR_FLAGS, dir_fd=stack[-1][0])
+        except OSError:
+            return  # replaced by a link or removed meanwhile: skip it
+        stack.append((fd, rel, os.scandir(fd)))
+
+    def usage(self) -> int:
+        """Bytes in the workspace's files, as far as a bounded walk sees."""
+        return sum(info.st_size for _, info in self.walk([]).files)
 
     # -- archives and artifacts ------------------------------------------------------------
 
     def archive(self, path: str, fmt: str) -> IO[bytes]:
-        """A tar or zip of a directory, spooled to disk beyond a few MB."""
+        """A tar or zip of a directory, spooled to disk beyond a few MB.
+
+        Refused, before any work, past the walk's bounds or when the files'
+        sizes add up to more than the workspace holds (sparse files).
+        """
+        if fmt not in ("tar", "zip"):
+            raise BadRequest("format must be 'tar' or 'zip'")
         parts = clean_path(path, allow_root=True)
-        os.close(self._open_dir(parts))  # 404 / 403 before any work
+        files = self._archivable(parts, path)
         spool = tempfile.SpooledTemporaryFile(max_size=8 * 2**20)
         base = len(parts)
         if fmt == "zip":
             with zipfile.ZipFile(spool, "w", zipfile.ZIP_DEFLATED) as zf:
-                for rel, _ in self.walk(parts):
+                for rel, info in files:
                     file, _info = self.open_read(rel)
                     with file, zf.open("/".join(rel.split("/")[base:]), "w") as dest:
-                        shutil.copyfileobj(file, dest, CHUNK)
-        elif fmt == "tar":
+                        _copy(file, dest, info.st_size)  # however much it has grown since
+        else:
             with tarfile.open(fileobj=spool, mode="w:gz") as tar:
-                for rel, info in self.walk(parts):
+                for rel, info in files:
                     member = tarfile.TarInfo("/".join(rel.split("/")[base:]))
                     member.size, member.mtime, member.mode = info.st_size, info.st_mtime, 0o644
                     file, _info = self.open_read(rel)
                     with file:
                         tar.addfile(member, file)
-        else:
-            raise BadRequest("format must be 'tar' or 'zip'")
         spool.seek(0)
         return spool
 
-    def snapshot(self) -> dict[str, tuple[int, int]]:
+    def _archivable(self, parts: list[str], path: str) -> list[tuple[str, os.stat_result]]:
+        """The files an archive of ``parts`` would hold, or a 409 saying why it is refused."""
+        walk = self.walk(parts)
+        shown = path or "the workspace"
+        if walk.truncated is not None:
+            raise Conflict(
+                f"{shown!r} is too large to archive ({walk.truncated}); "
+                "download its subdirectories or files one by one"
+            )
+        files = walk.files
+        st = os.statvfs(self.root)
+        if sum(info.st_size for _, info in files) > st.f_blocks * st.f_frsize:
+            raise Conflict(
+                f"the files in {shown!r} add up to more than the workspace holds (sparse "
+                "files); download them one by one"
+            )
+        return files
+
+    def snapshot(self, walk: Walk | None = None) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every file, to tell what an execution changed."""
-        return {rel: (info.st_mtime_ns, info.st_size) for rel, info in self.walk([])}
+        walk = walk or self.walk([])
+        self.cut = walk.truncated
+        return {rel: (info.st_mtime_ns, info.st_size) for rel, info in walk.files}
 
     def baseline(self) -> None:
         """Remember the files as they are now, before an execution.
@@ -247,10 +342,14 @@ class Workspace:
         """Whether a walk of the workspace is known to be quick (few files at the last one)."""
         return self.seen is not None and self.walked <= SMALL_WORKSPACE
 
-    def changes(self) -> list[dict[str, Any]]:
-        """Files created or modified since the baseline, as artifacts."""
+    def changes(self, walk: Walk | None = None) -> list[dict[str, Any]]:
+        """Files created or modified since the baseline, as artifacts (``walk``: done already).
+
+        A walk cut short leaves ``cut`` saying why: the artifacts are then
+        those of the part it saw.
+        """
         before = self.seen or {}
-        self.seen = after = self.snapshot()
+        self.seen = after = self.snapshot(walk)
         artifacts = [
             {
                 "path": rel,
@@ -294,6 +393,75 @@ class Upload:
             os.close(self.dir_fd)
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _close(level: tuple[int, Any, Any]) -> None:
+    """Close one level of a walk: its scandir iterator (a copy of the fd) and the fd."""
+    fd, _, entries = level
+    entries.close()
+    os.close(fd)
+
+
+def _copy(src: IO[bytes], dest: IO[bytes], size: int) -> None:
+    """Copy at most ``size`` bytes: a file the kernel keeps growing does not grow the copy."""
+    while size > 0 and (chunk := src.read(min(CHUNK, size))):
+        dest.write(chunk)
+        size -= len(chunk)
+
+
+def remove_tree(parent_fd: int, name: str, seconds: float | None = None) -> None:
+    """Delete directory ``name`` under ``parent_fd`` and all below it, never following a link.
+
+    Iterative, from directory descriptors: no path is resolved twice, depth
+    costs no recursion, and at most ``REMOVE_DEPTH`` directories are open at
+    once (deeper ones are moved up under the top first, a rename each).
+    Past ``seconds`` it raises ``TimeoutError``; what is left can be removed
+    by calling again. Entries removed meanwhile by someone else are skipped.
+    """
+    deadline = None if seconds is None else time.monotonic() + seconds
+    top = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    stack = [(top, name, os.scandir(top))]
+    try:
+        while stack:
+            fd, own, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                if len(stack) == 1 and _has_entries(fd):
+                    stack[0] = (fd, own, os.scandir(fd))  # directories moved up meanwhile
+                    continue
+                stack.pop()
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(own, dir_fd=stack[-1][0] if stack else parent_fd)
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{name!r} is not yet removed")
+            with contextlib.suppress(FileNotFoundError):
+                _remove_entry(stack, entry, top)
+    finally:
+        for level in stack:
+            _close(level)
+
+
+def _has_entries(fd: int) -> bool:
+    with os.scandir(fd) as entries:
+        return next(entries, None) is not None
+
+
+def _remove_entry(stack: list, entry: os.DirEntry, top: int) -> None:
+    fd = stack[-1][0]
+    if not entry.is_dir(follow_symlinks=False):
+        os.unlink(entry.name, dir_fd=fd)
+    elif len(stack) < REMOVE_DEPTH:
+        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+        stack.append((child, entry.name, os.scandir(child)))
+    else:
+        moved = f"{REMOVE_PREFIX}{os.urandom(8).hex()}"
+        os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=top)
+
+
 def _by_path(row: dict[str, Any]) -> str:
     return row["path"]
 
@@ -301,11 +469,10 @@ def _by_path(row: dict[str, Any]) -> str:
 _KINDS = {stat.S_IFDIR: "directory", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
 
 
-def _entry(entry: os.DirEntry, path: str) -> dict[str, Any]:
-    info = entry.stat(follow_symlinks=False)
+def _entry(path: str, info: os.stat_result) -> dict[str, Any]:
     kind = _KINDS.get(stat.S_IFMT(info.st_mode), "other")
     return {
-        "name": entry.name,
+        "name": path.rsplit("/", 1)[-1],
         "path": path,
         "type": kind,
         "size": info.st_size if kind == "file" else None,

@@ -353,7 +353,7 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts = await session.workspace.changes()
+            result.artifacts, result.artifacts_truncated = await session.workspace.changes()
             await self.finish_execution(session, recorder, result)
         return result
 

@@ -5,9 +5,13 @@ egress network: see gateway.sandbox.egress), and runs under runc or gVisor
 (gateway.sandbox.isolation.runtimes). The kernel binds ZeroMQ ``ipc`` sockets in the session's
 run directory, which is bind-mounted into the container, so the gateway
 connects to the same Unix sockets and no port is opened. Inside, the directory
-is at a short fixed path with a connection file of its own: some kernels
-(xeus-based ones) read socket names back into 32-byte buffers, and the host
-path is long.
+is at a short fixed path: some kernels (xeus-based ones) read socket names back
+into 32-byte buffers, and the host path is long.
+The kernel can write its run directory (it binds sockets there), so nothing
+the gateway reads or writes lives in it: jupyter_client's connection file is
+beside it, out of the sandbox's reach, and the kernel's copy (naming the
+sockets by their path inside) is in a directory mounted read-only. A FIFO, a
+link or a huge file planted in the run directory is never opened (issue 18).
 The jupyter_client kernel manager drives this class through the standard
 provisioner hooks; per-session parameters arrive as ``sandbox=`` keyword
 argument of ``start_kernel`` (kept by the manager for restarts).
@@ -38,8 +42,9 @@ from ..base import Isolation
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
 # Where the session's run directory appears in the container, and the
-# connection file that names the sockets by that path.
+# read-only directory with the connection file that names the sockets by that path.
 CONTAINER_RUN_DIR = "/run/sbx"
+CONTAINER_KERNEL_DIR = "/run/sbx-kernel"
 KERNEL_CONNECTION_FILE = "kernel-connection.json"
 
 
@@ -69,12 +74,22 @@ class SandboxSpec:
     def provisioner_class(self) -> type[DockerProvisioner]:
         return DockerProvisioner
 
+    @property
+    def connection_file(self) -> Path:
+        """jupyter_client's connection file: out of the sandbox's reach, beside the run dir."""
+        return self.run_dir.parent / "connection.json"
+
+    @property
+    def kernel_dir(self) -> Path:
+        """The kernel's copy of the connection file lives here, mounted read-only."""
+        return self.run_dir.parent / "kernel"
+
     def manager_options(self) -> dict[str, Any]:
         """How jupyter_client reaches the kernel: ipc sockets in the run directory."""
         return {
             "transport": "ipc",
             "ip": str(self.run_dir / "k"),
-            "connection_file": str(self.run_dir / "connection.json"),
+            "connection_file": str(self.connection_file),
         }
 
     @property
@@ -88,6 +103,7 @@ class SandboxSpec:
         isolation = self.isolation
         mounts = [
             Mount(CONTAINER_RUN_DIR, str(self.run_dir), type="bind"),
+            Mount(CONTAINER_KERNEL_DIR, str(self.kernel_dir), type="bind", read_only=True),
             Mount(self.workdir, str(self.workspace), type="bind"),
         ]
         if isolation.resolv_conf is not None:
@@ -183,7 +199,7 @@ class DockerProvisioner(SandboxProvisioner):
         self._client = spec.docker
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Write the connection file where the container can read it; build cmd and env.
+        """Write the connection files (the kernel's read-only); build cmd and env.
 
         Called by the kernel manager before every (re)start. The gateway's own
         environment is deliberately not passed on: only the kernelspec's env and
@@ -192,14 +208,12 @@ class DockerProvisioner(SandboxProvisioner):
         spec: SandboxSpec = kwargs.pop("sandbox")
         self.use_sandbox(spec)
         km = self.parent
-        km.write_connection_file()
-        kernel_file = _write_kernel_connection_file(km.connection_file, spec.run_dir)
-        uid, gid = spec.uid_gid
-        for path in (spec.run_dir, kernel_file):
-            os.chown(path, uid, gid)
+        km.write_connection_file()  # in the session directory: the sandbox cannot reach it
         self.connection_info = km.get_connection_info()
+        _write_kernel_connection_file({**self.connection_info, "kernel_name": km.kernel_name}, spec)
+        os.chown(spec.run_dir, *spec.uid_gid)  # the kernel binds its sockets there
         cmd = [
-            arg.replace(km.connection_file, f"{CONTAINER_RUN_DIR}/{KERNEL_CONNECTION_FILE}")
+            arg.replace(km.connection_file, f"{CONTAINER_KERNEL_DIR}/{KERNEL_CONNECTION_FILE}")
             for arg in km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
         ]
         env = {**self.kernel_spec.env, **spec.env}
@@ -293,11 +307,20 @@ def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Co
     return container
 
 
-def _write_kernel_connection_file(connection_file: str, run_dir: Path) -> Path:
-    """Write the kernel's copy of the connection file: the same sockets, seen from inside."""
-    info = json.loads(Path(connection_file).read_text())
-    info["ip"] = f"{CONTAINER_RUN_DIR}/{Path(info['ip']).name}"
-    path = run_dir / KERNEL_CONNECTION_FILE
+def _write_kernel_connection_file(info: dict[str, Any], spec: SandboxSpec) -> None:
+    """Write the kernel's copy of the connection info: the same sockets, seen from inside.
+
+    Made from the manager's own values, never read back from a file; its
+    directory is root's and mounted read-only, so the kernel can neither plant
+    a link there nor change what it is given.
+    """
+    info = {
+        **info,
+        "key": info["key"].decode(),
+        "ip": f"{CONTAINER_RUN_DIR}/{Path(info['ip']).name}",
+    }
+    spec.kernel_dir.mkdir(mode=0o755, exist_ok=True)
+    path = spec.kernel_dir / KERNEL_CONNECTION_FILE
     with secure_write(str(path)) as f:  # it holds the session's key
         json.dump(info, f)
-    return path
+    os.chown(path, *spec.uid_gid)

@@ -198,8 +198,9 @@ class Agent:
         if op == "fs.free":
             return await asyncio.to_thread(self._free_bytes)
         if op == "fs.walk":
-            entries = await asyncio.to_thread(lambda: list(ws.walk(args["parts"])))
-            return [[rel, st.st_size, st.st_mtime_ns, st.st_mode] for rel, st in entries]
+            walk = await asyncio.to_thread(ws.walk, args["parts"])
+            entries = [[rel, st.st_size, st.st_mtime_ns, st.st_mode] for rel, st in walk.entries]
+            return {"entries": entries, "truncated": walk.truncated}
         return await self._streams(op, args, data)
 
     async def _streams(self, op: str, args: dict[str, Any], data: bytes) -> Any:
@@ -247,7 +248,7 @@ class Agent:
         free = self.workspace.free_bytes()
         if not self.disk:
             return free
-        used = sum(st.st_size for _, st in self.workspace.walk([]))
+        used = self.workspace.usage()
         return max(0, min(free, self.disk - used))
 
 

@@ -105,9 +105,7 @@ class SwarmPlacement(Placement):
         self._gateway_id, self._on_death = gateway_id, on_death
         try:
             info = await asyncio.to_thread(self.docker.info)
-            network = await asyncio.to_thread(
-                self.docker.api.inspect_network, self.options.network
-            )
+            network = await asyncio.to_thread(self.docker.api.inspect_network, self.options.network)
         except docker.errors.NotFound:
             raise ConfigError(
                 f"there is no network {self.options.network!r}: create it on a manager "

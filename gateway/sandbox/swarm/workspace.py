@@ -14,11 +14,11 @@ through ``AsyncWorkspace``, which runs it there.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..workspace import CHUNK, MAX_SCAN_ENTRIES, Workspace, clean_path
+from ..workspace import CHUNK, WALK, Bounds, Walk, Workspace, clean_path
 from .agent_client import AgentClient
 
 
@@ -57,7 +57,7 @@ class RemoteWorkspace(Workspace):
     def free_bytes(self) -> int:
         return int(self._call("fs.free")[0])
 
-    def list(self, path: str) -> list[dict[str, Any]]:
+    def list(self, path: str, bounds: Bounds = WALK) -> dict[str, Any]:
         clean_path(path, allow_root=True)
         return self._call("fs.list", path=path)[0]
 
@@ -66,10 +66,11 @@ class RemoteWorkspace(Workspace):
         clean_path(path)
         self._call("fs.remove", path=path)
 
-    def walk(self, parts: list[str], limit: int = MAX_SCAN_ENTRIES) -> Iterator[tuple[str, Any]]:
-        entries, _ = self._call("fs.walk", parts=parts)
-        for rel, size, mtime_ns, mode in entries[:limit]:
-            yield rel, _stat(mode, size, mtime_ns)
+    def walk(self, parts: list[str], bounds: Bounds = WALK, recurse: bool = True) -> Walk:
+        """The agent's bounded walk (its own bounds: the same code, ``WALK``)."""
+        found, _ = self._call("fs.walk", parts=parts)
+        entries = [(rel, _stat(mode, size, ns)) for rel, size, ns, mode in found["entries"]]
+        return Walk(entries[: bounds.entries], found["truncated"])
 
     def archive(self, path: str, fmt: str) -> IO[bytes]:
         clean_path(path, allow_root=True)

@@ -1,0 +1,150 @@
+"""The workspace walker and remover on real temporary trees shaped as a hostile kernel would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import Conflict
+from gateway.sandbox import volume
+from gateway.sandbox.files import AsyncWorkspace
+from gateway.sandbox.workspace import Bounds, Workspace, remove_tree
+
+
+def chain(top: Path, depth: int) -> None:
+    """``top/d/d/.../d`` ``depth`` levels deep, made from descriptors (paths would be too long)."""
+    top.mkdir(parents=True)
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(os.open("bottom.txt", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    os.close(fd)
+
+
+def workspace(root: Path) -> Workspace:
+    return Workspace(str(root), os.getuid(), os.getgid())
+
+
+def test_a_walk_stops_descending_at_its_depth_bound_and_goes_on_beside(tmp_path):
+    chain(tmp_path / "chain", 200)
+    (tmp_path / "zz.txt").write_text("beside")
+    walk = workspace(tmp_path).walk([], Bounds(depth=8))
+    assert walk.truncated == "deeper than 8 levels"
+    assert max(rel.count("/") for rel, _ in walk.entries) == 7
+    assert [rel for rel, _ in walk.files] == ["zz.txt"]
+
+
+def test_a_walk_stops_at_its_entry_and_time_bounds(tmp_path):
+    for i in range(500):
+        (tmp_path / f"f{i}").touch()
+    walk = workspace(tmp_path).walk([], Bounds(entries=100))
+    assert (len(walk.entries), walk.truncated) == (100, "more than 100 entries")
+    assert workspace(tmp_path).walk([], Bounds(seconds=0)).truncated == "more than 0 s"
+    assert workspace(tmp_path).walk([]).truncated is None
+
+
+def test_a_walk_never_follows_a_link_and_lists_what_it_is(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("host")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "up").symlink_to(outside)
+    os.mkfifo(root / "fifo")
+    ws = workspace(root)
+    assert [rel for rel, _ in ws.walk([]).entries] in (["up", "fifo"], ["fifo", "up"])
+    assert ws.walk([]).files == []
+    listing = ws.list("")
+    assert [(e["name"], e["type"]) for e in listing["entries"]] == [
+        ("fifo", "other"),
+        ("up", "symlink"),
+    ]
+    assert listing["truncated"] is False
+
+
+def test_a_listing_past_its_bound_is_marked_truncated(tmp_path):
+    for i in range(50):
+        (tmp_path / f"f{i:02}").touch()
+    listing = workspace(tmp_path).list("", Bounds(entries=20))
+    assert len(listing["entries"]) == 20 and listing["truncated"] is True
+
+
+def test_an_archive_of_a_sparse_file_larger_than_the_workspace_is_refused(tmp_path):
+    st = os.statvfs(tmp_path)
+    with open(tmp_path / "sparse", "wb") as f:
+        f.truncate(st.f_blocks * st.f_frsize + 1)
+    with pytest.raises(Conflict, match="sparse"):
+        workspace(tmp_path).archive("", "tar")
+
+
+def test_an_archive_past_the_walk_bounds_is_refused(tmp_path):
+    chain(tmp_path / "chain", 100)
+    with pytest.raises(Conflict, match="deeper than 64 levels"):
+        workspace(tmp_path).archive("chain", "zip")
+
+
+def test_a_deep_chain_is_removed_quickly_without_following_links(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("host")
+    chain(tmp_path / "ws" / "chain", 10_000)
+    (tmp_path / "ws" / "chain" / "d" / "up").symlink_to(outside)
+    started = time.monotonic()
+    workspace(tmp_path / "ws").remove("chain")
+    took = time.monotonic() - started
+    assert os.listdir(tmp_path / "ws") == [] and (outside / "keep.txt").exists()
+    assert took < 10, f"removing a 10,000-level chain took {took:.1f} s"
+
+
+def test_a_removal_past_its_time_bound_can_be_resumed(tmp_path):
+    (tmp_path / "wide").mkdir()
+    for i in range(200):
+        (tmp_path / "wide" / f"f{i}").touch()
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(TimeoutError):
+            remove_tree(fd, "wide", seconds=0)
+        remove_tree(fd, "wide")
+    finally:
+        os.close(fd)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(Conflict, match="send the DELETE again"):
+        (tmp_path / "again").mkdir()
+        (tmp_path / "again" / "f").touch()
+        workspace(tmp_path).remove("again", seconds=0)
+
+
+def test_destroying_a_plain_session_directory_never_follows_links(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("host")
+    session = tmp_path / "sessions" / "s1"
+    chain(session / "workspace", 3000)
+    (session / "run").mkdir()
+    (session / "run" / "link").symlink_to(outside)
+    os.mkfifo(session / "run" / "fifo")
+    volume.destroy(session)
+    assert not session.exists() and (outside / "keep.txt").exists()
+    volume.destroy(session)  # twice is fine
+
+
+def test_the_inline_artifact_walk_hands_over_to_a_thread_when_the_tree_grew(tmp_path):
+    """A workspace small at the last walk may be huge now: the walk on the loop stays tiny."""
+    ws = AsyncWorkspace(workspace(tmp_path))
+
+    async def scenario():
+        await ws.baseline()
+        assert ws.sync.small
+        for i in range(2000):
+            (tmp_path / f"f{i}").touch()
+        return await ws.changes()
+
+    artifacts, truncated = asyncio.run(scenario())
+    assert len(artifacts) == 2000 and truncated is False
