@@ -285,6 +285,9 @@ class Settings:
     tenant_max_memory: int = _opt(
         "16g", "memory limits one tenant's live sessions may add up to", AUTH, SIZE
     )
+    tenant_max_disk: int = _opt(
+        "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "

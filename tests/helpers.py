@@ -200,3 +200,91 @@ async def run_over_channels(url: str, code: str, headers: dict | None = None) ->
         idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
     await closed(ws)
     return seen
+
+
+CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+
+
+class Canary:
+    """A second session that must stay usable while an attack runs on the same gateway.
+
+    Runs ``print(alive)`` in a loop on its own connection (and, with
+    ``list_files``, lists its workspace: that waits on the same worker threads
+    as every session's file calls), keeping the slowest answer and the
+    gateway's largest RSS growth. Leaving the block asserts both stayed bounded.
+    """
+
+    def __init__(
+        self,
+        gw: GatewayProcess,
+        sid: str,
+        list_files: bool = False,
+        max_rss_growth: int | None = None,
+    ) -> None:
+        self.gw, self.sid, self.list_files = gw, sid, list_files
+        self.max_rss_growth = max_rss_growth  # bytes; None: not checked
+        self.slowest = 0.0
+        self.answers = 0
+        self.rss_growth = 0
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._rss_before = memory_kib(gw.pid)["VmRSS"] * 1024
+
+    def _timed(self, call, *args):
+        started = time.monotonic()
+        result = call(*args)
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        return result
+
+    def _loop(self) -> None:
+        headers = {"Authorization": f"Bearer {self.gw.token}"}
+        with httpx.Client(base_url=self.gw.url, headers=headers, timeout=30) as api:
+            while not self._stop.is_set():
+                try:
+                    reply = self._timed(run, api, self.sid, "print(alive)")
+                    listing = f"/v1/sessions/{self.sid}/files"
+                    files = self._timed(api.get, listing) if self.list_files else None
+                except Exception as e:  # the test asserts on it
+                    self.failure = repr(e)
+                    return
+                self.answers += 1
+                rss = memory_kib(self.gw.pid)["VmRSS"] * 1024
+                self.rss_growth = max(self.rss_growth, rss - self._rss_before)
+                if text_of(reply) != "42\n":
+                    self.failure = f"the canary lost its state: {reply}"
+                elif files is not None and files.status_code != 200:
+                    self.failure = f"the canary could not list its files: {files.text}"
+                if self.failure:
+                    return
+
+    def __enter__(self) -> Canary:
+        self._thread.start()
+        assert wait_for(lambda: self.answers or self.failure, 30), "the canary never answered"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # One more answer once the attack is over, however fast it went.
+        after = self.answers + 1
+        wait_for(lambda: self.answers >= after or self.failure, 30)
+        self._stop.set()
+        self._thread.join(60)
+        print(
+            f"canary: {self.answers} answers, slowest {self.slowest * 1000:.0f} ms, "
+            f"gateway RSS grew at most {self.rss_growth / 2**20:.1f} MiB"
+        )
+        assert self.failure is None, f"the canary session failed during the attack: {self.failure}"
+        assert self.slowest < CANARY_SECONDS, (
+            f"the canary took {self.slowest:.2f} s to answer during the attack"
+        )
+        if self.max_rss_growth is not None:
+            assert self.rss_growth < self.max_rss_growth, (
+                f"the gateway's RSS grew {self.rss_growth / 2**20:.0f} MiB during the attack"
+            )

@@ -38,6 +38,7 @@ SAMPLES = {
     "token_tenant": "team",
     "tenant_max_sessions": "4",
     "tenant_max_memory": "2g",
+    "tenant_max_disk": "8g",
     "token": "secret",
     "max_sessions": "8",
     "default_ttl": "60",

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from helpers import GatewayProcess, run, text_of, wait_for
+from helpers import Canary, GatewayProcess, memory_kib, run, wait_for
 
 pytestmark = pytest.mark.docker
 
 MiB = 2**20
-CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
 SENTINEL = "edge-sentinel-3e9b1c7d"  # a token-shaped secret that must never reach the log
 
 
@@ -42,58 +41,6 @@ def canary(edge) -> Iterator[str]:
     run(edge.client, sid, "alive = 42")
     yield sid
     edge.client.delete(f"/v1/sessions/{sid}")
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    """VmRSS (now) and VmHWM (peak) of a process, in KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
-
-
-class Canary:
-    """Runs ``print(alive)`` in a loop on its own connection, keeping the slowest answer."""
-
-    def __init__(self, gw: GatewayProcess, sid: str) -> None:
-        self.gw, self.sid = gw, sid
-        self.slowest = 0.0
-        self.answers = 0
-        self.failure: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        headers = {"Authorization": f"Bearer {self.gw.token}"}
-        with httpx.Client(base_url=self.gw.url, headers=headers, timeout=30) as api:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    reply = run(api, self.sid, "print(alive)")
-                except Exception as e:  # the test asserts on it
-                    self.failure = repr(e)
-                    return
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.answers += 1
-                if text_of(reply) != "42\n":
-                    self.failure = f"the canary lost its state: {reply}"
-                    return
-
-    def __enter__(self) -> Canary:
-        self._thread.start()
-        assert wait_for(lambda: self.answers or self.failure, 30), "the canary never answered"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        # One more answer once the attack is over, however fast it went.
-        after = self.answers + 1
-        wait_for(lambda: self.answers >= after or self.failure, 30)
-        self._stop.set()
-        self._thread.join(60)
-        print(f"canary: {self.answers} answers, slowest {self.slowest * 1000:.0f} ms")
-        assert self.failure is None, f"the canary session failed during the attack: {self.failure}"
-        assert self.slowest < CANARY_SECONDS, (
-            f"the canary took {self.slowest:.2f} s to answer during the attack"
-        )
 
 
 def connect(gw: GatewayProcess) -> socket.socket:
