@@ -326,6 +326,13 @@ class Settings:
     )
     max_output_bytes: int = _opt("64m", "largest output cap a session may ask for", LIMITS, SIZE)
     max_code_size: int = _opt("2m", "largest code of one execute", LIMITS, SIZE)
+    max_archive_size: int = _opt(
+        "1g",
+        "largest directory download (?format=tar|zip), by its files' sizes (a sparse file "
+        "counts whole); a bigger one is refused with 413 before anything is sent",
+        LIMITS,
+        SIZE,
+    )
     tmp_size: int = _opt("64m", "size of the in-memory /tmp of each kernel container", LIMITS, SIZE)
 
     # -- pool

@@ -202,6 +202,19 @@ async def run_over_channels(url: str, code: str, headers: dict | None = None) ->
     return seen
 
 
+def deleted_files_held(pid: int) -> list[str]:
+    """Files the gateway holds open that are gone from the file system (a spooled temp file)."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)") and not target.startswith("/memfd:"):
+            held.append(target)
+    return held
+
+
 CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
 
 

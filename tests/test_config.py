@@ -58,6 +58,7 @@ SAMPLES = {
     "default_output_bytes": "512k",
     "max_output_bytes": "8m",
     "max_code_size": "1m",
+    "max_archive_size": "512m",
     "tmp_size": "32m",
     "pool": "python3=1,bash",
     "pool_refill_concurrency": "2",

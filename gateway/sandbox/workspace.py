@@ -18,9 +18,10 @@ import os
 import shutil
 import stat
 import tarfile
-import tempfile
+import time
 import zipfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -34,6 +35,8 @@ UPLOAD_PREFIX = ".sbx-upload-"
 MAX_SCAN_ENTRIES = 10_000
 # Up to this many entries, a workspace is walked on the event loop (see files.AsyncWorkspace).
 SMALL_WORKSPACE = 64
+# The times a zip entry can carry: 1980-01-01 to 2107-12-31 (UTC).
+_ZIP_EPOCH, _ZIP_END = 315532800, 4354819199
 
 
 def clean_path(path: str, allow_root: bool = False) -> list[str]:
@@ -202,30 +205,88 @@ class Workspace:
 
     # -- archives and artifacts ------------------------------------------------------------
 
-    def archive(self, path: str, fmt: str) -> IO[bytes]:
-        """A tar or zip of a directory, spooled to disk beyond a few MB."""
+    def archive(self, path: str, fmt: str) -> Archive:
+        """A directory as a tar.gz or zip, made piece by piece as it is read: nothing is spooled.
+
+        The files are listed first, so the caller learns the archive's size
+        (the files' apparent sizes: a sparse file counts whole) before a byte
+        is sent, and can refuse it while a status code still can. Each file
+        then gives exactly the size listed (cut if it grew since, padded with
+        zeros if it shrank, as tar does), so the archive never outgrows that.
+        """
+        if fmt not in ("tar", "zip"):
+            raise BadRequest("format must be 'tar' or 'zip'")
         parts = clean_path(path, allow_root=True)
         os.close(self._open_dir(parts))  # 404 / 403 before any work
-        spool = tempfile.SpooledTemporaryFile(max_size=8 * 2**20)
-        base = len(parts)
-        if fmt == "zip":
-            with zipfile.ZipFile(spool, "w", zipfile.ZIP_DEFLATED) as zf:
-                for rel, _ in self.walk(parts):
-                    file, _info = self.open_read(rel)
-                    with file, zf.open("/".join(rel.split("/")[base:]), "w") as dest:
-                        shutil.copyfileobj(file, dest, CHUNK)
-        elif fmt == "tar":
-            with tarfile.open(fileobj=spool, mode="w:gz") as tar:
-                for rel, info in self.walk(parts):
-                    member = tarfile.TarInfo("/".join(rel.split("/")[base:]))
-                    member.size, member.mtime, member.mode = info.st_size, info.st_mtime, 0o644
-                    file, _info = self.open_read(rel)
-                    with file:
-                        tar.addfile(member, file)
-        else:
-            raise BadRequest("format must be 'tar' or 'zip'")
-        spool.seek(0)
-        return spool
+        members = [
+            ("/".join(rel.split("/")[len(parts) :]), rel, info) for rel, info in self.walk(parts)
+        ]
+        size = sum(info.st_size for _, _, info in members)
+        pieces = self._tar_gz(members) if fmt == "tar" else self._zip(members)
+        return Archive(pieces, size, len(members), pieces.close)
+
+    def _member(self, rel: str, size: int) -> Iterator[bytes] | None:
+        """Exactly ``size`` bytes of a listed file, or None if it is gone or no longer a file."""
+        try:
+            file, _ = self.open_read(rel)
+        except (GatewayError, OSError):
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            left = size
+            with file:
+                while left and (chunk := file.read(min(CHUNK, left))):
+                    left -= len(chunk)
+                    yield chunk
+            while left:
+                pad = min(CHUNK, left)
+                left -= pad
+                yield bytes(pad)
+
+        return chunks()
+
+    def _tar_gz(self, members: list[tuple[str, str, os.stat_result]]) -> Generator[bytes]:
+        """The tar format written block by block (tarfile would copy a whole file per call)."""
+        gz = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # a gzip stream
+        offset = 0
+        for name, rel, info in members:
+            chunks = self._member(rel, info.st_size)
+            if chunks is None:
+                continue
+            header = tarfile.TarInfo(name)
+            header.size, header.mtime, header.mode = info.st_size, info.st_mtime, 0o644
+            block = header.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            pad = bytes(-info.st_size % tarfile.BLOCKSIZE)  # data fills whole blocks
+            offset += len(block) + info.st_size + len(pad)
+            yield gz.compress(block)
+            for chunk in chunks:
+                yield gz.compress(chunk)
+            yield gz.compress(pad)
+        end = tarfile.BLOCKSIZE * 2
+        end += -(offset + end) % tarfile.RECORDSIZE
+        yield gz.compress(bytes(end)) + gz.flush()
+
+    def _zip(self, members: list[tuple[str, str, os.stat_result]]) -> Generator[bytes]:
+        """A zip written to a sink that cannot seek: each entry streams, sizes after its data."""
+        sink = _Sink()
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, rel, info in members:
+                chunks = self._member(rel, info.st_size)
+                if chunks is None:
+                    continue
+                # Zip names are UTF-8 and its times 1980..2107, whatever the sandbox chose.
+                entry = zipfile.ZipInfo(
+                    name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                    time.gmtime(min(max(info.st_mtime, _ZIP_EPOCH), _ZIP_END))[:6],
+                )
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.file_size = info.st_size  # lets zipfile choose zip64 up front
+                with zf.open(entry, "w") as dest:
+                    for chunk in chunks:
+                        dest.write(chunk)
+                        yield sink.take()
+                yield sink.take()
+        yield sink.take()
 
     def snapshot(self) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every file, to tell what an execution changed."""
@@ -262,6 +323,56 @@ class Workspace:
             if before.get(rel) != (mtime, size)
         ]
         return sorted(artifacts, key=_by_path)
+
+
+class Archive:
+    """An archive being made as it is read: each ``read`` makes the next piece.
+
+    ``size`` is the bytes of the files it holds (their apparent sizes),
+    known before the first read; ``close`` stops it and closes its files.
+    """
+
+    def __init__(
+        self, pieces: Iterator[bytes], size: int, files: int, close: Callable[[], None]
+    ) -> None:
+        self._pieces = pieces
+        self._buffer = b""
+        self.size, self.files = size, files
+        self.close = close
+
+    def read(self, size: int = CHUNK) -> bytes:
+        """Up to ``size`` bytes, empty only at the end; one file chunk of work at most."""
+        while not self._buffer:
+            piece = next(self._pieces, None)
+            if piece is None:
+                return b""
+            self._buffer = piece
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Sink:
+    """Where zipfile writes: no seek or tell, so it streams; the caller takes what it wrote."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
 
 
 class Upload:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..workspace import CHUNK, MAX_SCAN_ENTRIES, Workspace, clean_path
+from ..workspace import CHUNK, MAX_SCAN_ENTRIES, Archive, Workspace, clean_path
 from .agent_client import AgentClient
 
 
@@ -71,10 +71,11 @@ class RemoteWorkspace(Workspace):
         for rel, size, mtime_ns, mode in entries[:limit]:
             yield rel, _stat(mode, size, mtime_ns)
 
-    def archive(self, path: str, fmt: str) -> IO[bytes]:
+    def archive(self, path: str, fmt: str) -> Archive:
         clean_path(path, allow_root=True)
         info, _ = self._call("fs.archive_open", path=path, fmt=fmt)
-        return RemoteReader(self, info["stream"])
+        reader = RemoteReader(self, info["stream"])
+        return Archive(iter(reader.read, b""), int(info["size"]), int(info["files"]), reader.close)
 
 
 def _stat(mode: int, size: int, mtime_ns: int) -> os.stat_result:
