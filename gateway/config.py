@@ -286,6 +286,9 @@ class Settings:
     tenant_max_memory: int = _opt(
         "16g", "memory limits one tenant's live sessions may add up to", AUTH, SIZE
     )
+    tenant_max_disk: int = _opt(
+        "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -324,6 +327,13 @@ class Settings:
     )
     max_output_bytes: int = _opt("64m", "largest output cap a session may ask for", LIMITS, SIZE)
     max_code_size: int = _opt("2m", "largest code of one execute", LIMITS, SIZE)
+    max_archive_size: int = _opt(
+        "1g",
+        "largest directory download (?format=tar|zip), by its files' sizes (a sparse file "
+        "counts whole); a bigger one is refused with 413 before anything is sent",
+        LIMITS,
+        SIZE,
+    )
     tmp_size: int = _opt("64m", "size of the in-memory /tmp of each kernel container", LIMITS, SIZE)
 
     # -- pool

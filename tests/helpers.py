@@ -215,6 +215,25 @@ def full_history(api: httpx.Client, sid: str) -> list[dict]:
         params = {"after": page["next"]}
 
 
+def deleted_files_held(pid: int) -> list[str]:
+    """Files the gateway holds open that are gone from the file system (a spooled temp file).
+
+    Its standard streams are left out: they are whatever it inherited (under
+    pytest's capture, stdout is a deleted temp file of pytest's own).
+    """
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        if int(fd) < 3:
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)") and not target.startswith("/memfd:"):
+            held.append(target)
+    return held
+
+
 CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
 
 
@@ -226,50 +245,76 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 class Canary:
-    """While an attack runs: a bystander session answers ``print(alive)`` in a loop.
+    """A second session that must stay usable while an attack runs on the same gateway.
 
-    It keeps the slowest answer, and samples the gateway's RSS every 0.1 s;
-    past ``max_rss_mib`` it kills the gateway (the attack would take the shared
-    host down with it) and the check fails. The session must hold ``alive = 42``.
+    Runs ``print(alive)`` in a loop on its own connection (and, with
+    ``list_files``, lists its workspace: that waits on the same worker threads
+    as every session's file calls), keeping the slowest answer; samples the
+    gateway's RSS every 0.1 s, keeping its peak and its growth. Past
+    ``max_rss_mib`` it kills the gateway (the attack would take the shared
+    host down with it). Leaving the block asserts the canary answered within
+    ``CANARY_SECONDS`` and, given ``max_rss_growth`` (bytes), that the growth
+    stayed under it. The session must hold ``alive = 42`` (``canary_session``).
     """
 
-    def __init__(self, gw: GatewayProcess, sid: str, max_rss_mib: int | None = None) -> None:
-        self.gw, self.sid, self.max_rss_mib = gw, sid, max_rss_mib
+    def __init__(
+        self,
+        gw: GatewayProcess,
+        sid: str,
+        list_files: bool = False,
+        max_rss_growth: int | None = None,
+        max_rss_mib: int | None = None,
+    ) -> None:
+        self.gw, self.sid, self.list_files = gw, sid, list_files
+        self.max_rss_growth, self.max_rss_mib = max_rss_growth, max_rss_mib
         self.slowest = 0.0
         self.answers = 0
         self.peak_rss_mib = 0
+        self.rss_growth = 0
         self.failure: str | None = None
         self._stop = threading.Event()
+        self._rss_before = memory_kib(gw.pid)["VmRSS"] * 1024
         self._threads = [
             threading.Thread(target=self._answer, daemon=True),
             threading.Thread(target=self._sample, daemon=True),
         ]
 
+    def _timed(self, call, *args):
+        started = time.monotonic()
+        result = call(*args)
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        return result
+
     def _answer(self) -> None:
         headers = {"Authorization": f"Bearer {self.gw.token}"}
         with httpx.Client(base_url=self.gw.url, headers=headers, timeout=30) as api:
             while not self._stop.is_set():
-                started = time.monotonic()
                 try:
-                    reply = run(api, self.sid, "print(alive)")
+                    reply = self._timed(run, api, self.sid, "print(alive)")
+                    listing = f"/v1/sessions/{self.sid}/files"
+                    files = self._timed(api.get, listing) if self.list_files else None
                 except Exception as e:  # the test asserts on it
                     self.failure = f"the canary got no answer: {e!r}"
                     return
-                self.slowest = max(self.slowest, time.monotonic() - started)
                 self.answers += 1
                 if text_of(reply) != "42\n":
                     self.failure = f"the canary lost its state: {reply}"
+                elif files is not None and files.status_code != 200:
+                    self.failure = f"the canary could not list its files: {files.text}"
+                if self.failure:
                     return
 
     def _sample(self) -> None:
         while not self._stop.wait(0.1):
             try:
-                rss = memory_kib(self.gw.pid)["VmRSS"] // 1024
+                rss = memory_kib(self.gw.pid)["VmRSS"] * 1024
             except OSError:
                 return  # the gateway is gone: the answers say so
-            self.peak_rss_mib = max(self.peak_rss_mib, rss)
-            if self.max_rss_mib is not None and rss > self.max_rss_mib:
-                self.failure = f"the gateway grew to {rss} MiB (bound {self.max_rss_mib}): killed"
+            self.peak_rss_mib = max(self.peak_rss_mib, rss // 2**20)
+            self.rss_growth = max(self.rss_growth, rss - self._rss_before)
+            if self.max_rss_mib is not None and rss // 2**20 > self.max_rss_mib:
+                mib = rss // 2**20
+                self.failure = f"the gateway grew to {mib} MiB (bound {self.max_rss_mib}): killed"
                 self.gw.proc.kill()
                 return
 
@@ -287,13 +332,17 @@ class Canary:
         for thread in self._threads:
             thread.join(60)
         print(
-            f"canary: {self.answers} answers, slowest {self.slowest * 1000:.0f} ms; "
-            f"gateway RSS peak {self.peak_rss_mib} MiB"
+            f"canary: {self.answers} answers, slowest {self.slowest * 1000:.0f} ms; gateway RSS "
+            f"peak {self.peak_rss_mib} MiB, grew at most {self.rss_growth / 2**20:.1f} MiB"
         )
         assert self.failure is None, f"the canary session failed during the attack: {self.failure}"
         assert self.slowest < CANARY_SECONDS, (
             f"the canary took {self.slowest:.2f} s to answer during the attack"
         )
+        if self.max_rss_growth is not None:
+            assert self.rss_growth < self.max_rss_growth, (
+                f"the gateway's RSS grew {self.rss_growth / 2**20:.0f} MiB during the attack"
+            )
 
 
 def reset_peak_memory(pid: int) -> None:

@@ -168,7 +168,7 @@ async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Pa
     app = tornado.web.Application(
         files.routes,
         sbx_manager=_OneSession(RemoteWorkspace(str(workspace), agent=lambda: client)),
-        sbx_auth=Authenticator(None, {}, Quota(max_sessions=1, max_memory=2**30)),
+        sbx_auth=Authenticator(None, {}, Quota(max_sessions=1, max_memory=2**30, max_disk=2**30)),
         sbx_audit=AuditLog(store),
     )
     sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")

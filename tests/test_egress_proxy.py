@@ -6,6 +6,7 @@ import asyncio
 import base64
 import ipaddress
 import socket
+import threading
 
 from gateway.sandbox.egress.policy import AddressGuard, NetworkPolicy
 from gateway.sandbox.egress.proxy import EgressDenial, EgressProxy
@@ -316,5 +317,51 @@ def test_plain_http_sends_the_checked_host_not_the_clients_host_header():
             sent = h.received[0].decode().lower()
             assert f"\r\nhost: 127.0.0.1:{h.up_port}\r\n" in sent, sent
             assert "evil.example" not in sent, f"the upstream was asked for evil.example: {sent}"
+
+    run(go())
+
+
+def test_slow_name_lookups_cannot_starve_the_gateways_worker_threads(monkeypatch):
+    """A sandbox resolving names that never answer ties up the proxy's few resolver threads only."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+    lookups = {"now": 0, "most": 0}
+
+    def resolver(host, *args, **kw):  # the system resolver, facing a black hole for slow.example
+        if host != "slow.example":
+            return real(host, *args, **kw)
+        lookups["now"] += 1
+        lookups["most"] = max(lookups["most"], lookups["now"])
+        release.wait(30)
+        lookups["now"] -= 1
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+
+    async def go():
+        async with Harness(["slow.example"]) as h:
+            h.proxy.dns_timeout = 1.0
+            try:
+                asks = [
+                    h.ask(f"CONNECT slow.example:443 HTTP/1.1\r\n{h.auth()}\r\n")
+                    for _ in range(40)
+                ]
+                pending = asyncio.gather(*asks)
+                await asyncio.sleep(0.3)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                await asyncio.wait_for(loop.run_in_executor(None, lambda: None), 10)
+                waited = loop.time() - started
+                replies = await pending
+            finally:
+                release.set()
+            assert waited < 0.5, (
+                f"a worker-thread call of another session waited {waited:.1f} s behind "
+                "a sandbox's slow name lookups"
+            )
+            for reply, reader, _ in replies:
+                assert reply.startswith(b"HTTP/1.1 504"), reply
+                assert b"slow.example" in await reader.read()
+            assert lookups["most"] <= EgressProxy.DNS_THREADS, lookups
 
     run(go())

@@ -224,6 +224,19 @@ def test_an_allowlisted_host_is_reached_through_the_proxy(
     assert text_of(run(egress_gateway.client, sid, code)) == "hello from the host\n"
 
 
+def test_an_allowlisted_name_is_resolved_by_the_proxy(egress_gateway, egress_session, local_index):
+    """Names are looked up by the proxy, on resolver threads of its own (test_egress_proxy.py)."""
+    sid = egress_session(["localhost", "no-such-host.invalid"])
+    port = local_index.rsplit(":", 1)[1]
+    code = FETCH + (
+        f"print(fetch('http://localhost:{port}/hello.txt'))\n"
+        "print(fetch('http://no-such-host.invalid/x'))"
+    )
+    reached, unresolved = text_of(run(egress_gateway.client, sid, code)).splitlines()
+    assert reached == "hello from the host"
+    assert unresolved.startswith("HTTP 502") and "cannot resolve no-such-host.invalid" in unresolved
+
+
 def test_pip_installs_from_an_allowlisted_index(egress_gateway, egress_session, local_index):
     sid = egress_session(["127.0.0.1"])
     code = (

@@ -163,7 +163,7 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     store = Store(tmp_path / "gateway.sqlite3")
     sessions: dict = {}
     pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
-    quota = lambda tenant: Quota(4, 8 * 2**30)  # noqa: E731
+    quota = lambda tenant: Quota(4, 8 * 2**30, 8 * 2**30)  # noqa: E731
     manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock)
     return manager, placement, store
 

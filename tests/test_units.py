@@ -377,7 +377,7 @@ def test_the_async_workspace_does_its_file_work_off_the_event_loop(tmp_path):
         listing = [e["path"] for e in (await workspace.list("d"))["entries"]]
         async with (await workspace.open_read("d/a.txt"))[0] as reader:
             text = await reader.read()
-        async with await workspace.archive("d", "tar") as reader:
+        async with await workspace.archive("d", "tar", 2**20) as reader:
             archive = b"".join([chunk async for chunk in _chunks(reader)])
         await workspace.remove("d/b.bin")
         assert await workspace.free_bytes() > 0

@@ -19,6 +19,7 @@ on them. The tokens file::
     [tenants.acme]                         # quotas; defaults come from settings
     max_sessions = 10
     max_memory = "8g"
+    max_disk = "40g"                       # the sum of its sessions' workspace sizes
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Quota:
 
     max_sessions: int
     max_memory: int
+    max_disk: int  # workspaces are real disk on the host, so their sizes add up too
 
 
 def digest(token: str) -> str:
@@ -89,6 +91,7 @@ class Authenticator:
         default_quota = Quota(
             max_sessions=settings.tenant_max_sessions,
             max_memory=settings.tenant_max_memory,
+            max_disk=settings.tenant_max_disk,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -165,6 +168,7 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
         quotas[tenant] = Quota(
             max_sessions=int(values.get("max_sessions", default.max_sessions)),
             max_memory=parse_size(values.get("max_memory", default.max_memory), "max_memory"),
+            max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
         )
     return principals, quotas
 

@@ -53,7 +53,8 @@ class FilesHandler(JSONHandler):
 async def _send_archive(
     handler: JSONHandler, workspace: AsyncWorkspace, path: str, fmt: str
 ) -> None:
-    source = await workspace.archive(path, fmt)
+    """Stream a directory's archive as it is made; one past the size limit is a 413."""
+    source = await workspace.archive(path, fmt, handler.manager.settings.max_archive_size)
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
@@ -73,6 +74,7 @@ def _attachment(handler: JSONHandler, name: str) -> None:
 async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
     """Copy a file to the response a chunk at a time, waiting for the client."""
     async with source:
+        await handler.flush()  # the headers at once: an archive's first piece may take a moment
         while chunk := await source.read():
             handler.write(chunk)
             await handler.flush()

@@ -14,13 +14,21 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import IO, Any, TypeVar
 
-from .workspace import CHUNK, INLINE, Upload, Workspace
+from ..errors import FileTooLarge
+from ..limits import format_size
+from .workspace import CHUNK, INLINE, Archive, Upload, Workspace
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Archives are made on threads of their own, a few pieces at a time: however many are
+# downloaded at once, the threads every session's file calls wait on stay free.
+ARCHIVE_THREADS = 2
+_archives = ThreadPoolExecutor(ARCHIVE_THREADS, thread_name_prefix="sbx-archive")
 
 # Uploads being discarded for a closed connection; held so the loop does not drop them.
 _discarding: set[asyncio.Task] = set()
@@ -50,8 +58,23 @@ class AsyncWorkspace:
         file, info = await _blocking(self.sync.open_read, path)
         return AsyncReader(file), info
 
-    async def archive(self, path: str, fmt: str) -> AsyncReader:
-        return AsyncReader(await _blocking(self.sync.archive, path, fmt))
+    async def archive(self, path: str, fmt: str, max_size: int) -> AsyncReader:
+        """A directory as a tar.gz or zip, made as it is read; refused up front past ``max_size``.
+
+        ``max_size`` bounds the files' apparent sizes (a sparse file counts
+        whole), so no archive costs more than that much reading and compressing.
+        """
+        loop = asyncio.get_running_loop()
+        archive = await loop.run_in_executor(_archives, self.sync.archive, path, fmt)
+        if archive.size > max_size:
+            await loop.run_in_executor(_archives, archive.close)
+            where = f"directory {path!r}" if path.strip("/") else "the workspace"
+            raise FileTooLarge(
+                f"{where} holds {format_size(archive.size)} in {archive.files} files (a sparse "
+                f"file counts at its full size), over the archive limit of "
+                f"{format_size(max_size)}; download a smaller directory, or its files one by one"
+            )
+        return AsyncReader(archive, _archives)
 
     async def open_write(self, path: str) -> AsyncUpload:
         return AsyncUpload(await _blocking(self.sync.open_write, path))
@@ -92,15 +115,19 @@ class AsyncWorkspace:
 class AsyncReader:
     """A file or archive being downloaded, read a chunk at a time."""
 
-    def __init__(self, file: IO[bytes]) -> None:
+    def __init__(self, file: IO[bytes] | Archive, executor: Executor | None = None) -> None:
         self._file = file
+        self._executor = executor  # None: the default one
 
     async def read(self, size: int = CHUNK) -> bytes:
-        return await _blocking(self._file.read, size)
+        return await self._run(self._file.read, size)
 
     async def aclose(self) -> None:
         # A remote download cut short tells the agent to close its end: a round trip.
-        await _blocking(self._file.close)
+        await self._run(self._file.close)
+
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call, *args)
 
     async def __aenter__(self) -> AsyncReader:
         return self

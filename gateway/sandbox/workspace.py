@@ -23,15 +23,16 @@ import mimetypes
 import os
 import stat
 import tarfile
-import tempfile
 import time
 import zipfile
+import zlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from ..errors import BadRequest, Conflict, FileNotFound, NotAFile, PathForbidden
+from ..errors import BadRequest, Conflict, FileNotFound, GatewayError, NotAFile, PathForbidden
 
 CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
@@ -70,6 +71,9 @@ class Walk:
     def files(self) -> list[tuple[str, os.stat_result]]:
         """The regular files met (links, FIFOs and devices are never followed or opened)."""
         return [(rel, info) for rel, info in self.entries if stat.S_ISREG(info.st_mode)]
+
+# The times a zip entry can carry: 1980-01-01 to 2107-12-31 (UTC).
+_ZIP_EPOCH, _ZIP_END = 315532800, 4354819199
 
 
 def clean_path(path: str, allow_root: bool = False) -> list[str]:
@@ -273,34 +277,91 @@ class Workspace:
 
     # -- archives and artifacts ------------------------------------------------------------
 
-    def archive(self, path: str, fmt: str) -> IO[bytes]:
-        """A tar or zip of a directory, spooled to disk beyond a few MB.
+    def archive(self, path: str, fmt: str) -> Archive:
+        """A directory as a tar.gz or zip, made piece by piece as it is read: nothing is spooled.
 
-        Refused, before any work, past the walk's bounds or when the files'
-        sizes add up to more than the workspace holds (sparse files).
+        The files are listed first, so the caller learns the archive's size
+        (the files' apparent sizes: a sparse file counts whole) before a byte
+        is sent, and can refuse it while a status code still can. Each file
+        then gives exactly the size listed (cut if it grew since, padded with
+        zeros if it shrank, as tar does), so the archive never outgrows that.
+
+        Refused, before any work, past the walk's bounds; a caller refuses a
+        ``size`` past its cap (sparse files count whole).
         """
         if fmt not in ("tar", "zip"):
             raise BadRequest("format must be 'tar' or 'zip'")
         parts = clean_path(path, allow_root=True)
-        files = self._archivable(parts, path)
-        spool = tempfile.SpooledTemporaryFile(max_size=8 * 2**20)
-        base = len(parts)
-        if fmt == "zip":
-            with zipfile.ZipFile(spool, "w", zipfile.ZIP_DEFLATED) as zf:
-                for rel, info in files:
-                    file, _info = self.open_read(rel)
-                    with file, zf.open("/".join(rel.split("/")[base:]), "w") as dest:
-                        _copy(file, dest, info.st_size)  # however much it has grown since
-        else:
-            with tarfile.open(fileobj=spool, mode="w:gz") as tar:
-                for rel, info in files:
-                    member = tarfile.TarInfo("/".join(rel.split("/")[base:]))
-                    member.size, member.mtime, member.mode = info.st_size, info.st_mtime, 0o644
-                    file, _info = self.open_read(rel)
-                    with file:
-                        tar.addfile(member, file)
-        spool.seek(0)
-        return spool
+        members = [
+            ("/".join(rel.split("/")[len(parts) :]), rel, info)
+            for rel, info in self._archivable(parts, path)
+        ]
+        size = sum(info.st_size for _, _, info in members)
+        pieces = self._tar_gz(members) if fmt == "tar" else self._zip(members)
+        return Archive(pieces, size, len(members), pieces.close)
+
+    def _member(self, rel: str, size: int) -> Iterator[bytes] | None:
+        """Exactly ``size`` bytes of a listed file, or None if it is gone or no longer a file."""
+        try:
+            file, _ = self.open_read(rel)
+        except (GatewayError, OSError):
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            left = size
+            with file:
+                while left and (chunk := file.read(min(CHUNK, left))):
+                    left -= len(chunk)
+                    yield chunk
+            while left:
+                pad = min(CHUNK, left)
+                left -= pad
+                yield bytes(pad)
+
+        return chunks()
+
+    def _tar_gz(self, members: list[tuple[str, str, os.stat_result]]) -> Generator[bytes]:
+        """The tar format written block by block (tarfile would copy a whole file per call)."""
+        gz = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # a gzip stream
+        offset = 0
+        for name, rel, info in members:
+            chunks = self._member(rel, info.st_size)
+            if chunks is None:
+                continue
+            header = tarfile.TarInfo(name)
+            header.size, header.mtime, header.mode = info.st_size, info.st_mtime, 0o644
+            block = header.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            pad = bytes(-info.st_size % tarfile.BLOCKSIZE)  # data fills whole blocks
+            offset += len(block) + info.st_size + len(pad)
+            yield gz.compress(block)
+            for chunk in chunks:
+                yield gz.compress(chunk)
+            yield gz.compress(pad)
+        end = tarfile.BLOCKSIZE * 2
+        end += -(offset + end) % tarfile.RECORDSIZE
+        yield gz.compress(bytes(end)) + gz.flush()
+
+    def _zip(self, members: list[tuple[str, str, os.stat_result]]) -> Generator[bytes]:
+        """A zip written to a sink that cannot seek: each entry streams, sizes after its data."""
+        sink = _Sink()
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, rel, info in members:
+                chunks = self._member(rel, info.st_size)
+                if chunks is None:
+                    continue
+                # Zip names are UTF-8 and its times 1980..2107, whatever the sandbox chose.
+                entry = zipfile.ZipInfo(
+                    name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                    time.gmtime(min(max(info.st_mtime, _ZIP_EPOCH), _ZIP_END))[:6],
+                )
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.file_size = info.st_size  # lets zipfile choose zip64 up front
+                with zf.open(entry, "w") as dest:
+                    for chunk in chunks:
+                        dest.write(chunk)
+                        yield sink.take()
+                yield sink.take()
+        yield sink.take()
 
     def _archivable(self, parts: list[str], path: str) -> list[tuple[str, os.stat_result]]:
         """The files an archive of ``parts`` would hold, or a 409 saying why it is refused."""
@@ -311,14 +372,7 @@ class Workspace:
                 f"{shown!r} is too large to archive ({walk.truncated}); "
                 "download its subdirectories or files one by one"
             )
-        files = walk.files
-        st = os.statvfs(self.root)
-        if sum(info.st_size for _, info in files) > st.f_blocks * st.f_frsize:
-            raise Conflict(
-                f"the files in {shown!r} add up to more than the workspace holds (sparse "
-                "files); download them one by one"
-            )
-        return files
+        return walk.files
 
     def snapshot(self, walk: Walk | None = None) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every file, to tell what an execution changed."""
@@ -363,6 +417,56 @@ class Workspace:
         return sorted(artifacts, key=_by_path)
 
 
+class Archive:
+    """An archive being made as it is read: each ``read`` makes the next piece.
+
+    ``size`` is the bytes of the files it holds (their apparent sizes),
+    known before the first read; ``close`` stops it and closes its files.
+    """
+
+    def __init__(
+        self, pieces: Iterator[bytes], size: int, files: int, close: Callable[[], None]
+    ) -> None:
+        self._pieces = pieces
+        self._buffer = b""
+        self.size, self.files = size, files
+        self.close = close
+
+    def read(self, size: int = CHUNK) -> bytes:
+        """Up to ``size`` bytes, empty only at the end; one file chunk of work at most."""
+        while not self._buffer:
+            piece = next(self._pieces, None)
+            if piece is None:
+                return b""
+            self._buffer = piece
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Sink:
+    """Where zipfile writes: no seek or tell, so it streams; the caller takes what it wrote."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
+
+
 class Upload:
     """A file being uploaded under a hidden name, renamed into place on success.
 
@@ -401,13 +505,6 @@ def _close(level: tuple[int, Any, Any]) -> None:
     fd, _, entries = level
     entries.close()
     os.close(fd)
-
-
-def _copy(src: IO[bytes], dest: IO[bytes], size: int) -> None:
-    """Copy at most ``size`` bytes: a file the kernel keeps growing does not grow the copy."""
-    while size > 0 and (chunk := src.read(min(CHUNK, size))):
-        dest.write(chunk)
-        size -= len(chunk)
 
 
 def remove_tree(parent_fd: int, name: str, seconds: float | None = None) -> None:

@@ -237,16 +237,9 @@ class SessionManager:
     async def create(self, request: CreateSession, who: Principal) -> Session:
         """Check a create request against the server and start its kernel; idle on return."""
         session = self.lifecycle.new_session(request, who.tenant)
-        if len(self.sessions) >= self.settings.max_sessions:
-            raise TooManySessions(
-                f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
-                "delete one you no longer need or try again later"
-            )
-        self._check_quota(session)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
-        # Registered at once, so concurrent creates count it against the limits.
-        self.sessions[session.id] = session
+        self._reserve(session)
         requested_id = session.id
         try:
             warm = await self.pool.claim(session, request)
@@ -288,6 +281,23 @@ class SessionManager:
         if session.state == "deleted":
             raise ended()
 
+    def _reserve(self, new: Session) -> None:
+        """Check the limits and register the session in one step, with no await inside.
+
+        Registered at once, so simultaneous creates count each other against
+        the server's limit and the tenant's quota, and a client-chosen id is
+        taken by exactly one of them.
+        """
+        if new.id in self.sessions:
+            raise Conflict(f"session id {new.id} is in use; ids are never reused")
+        if len(self.sessions) >= self.settings.max_sessions:
+            raise TooManySessions(
+                f"the gateway runs its maximum of {self.settings.max_sessions} sessions; "
+                "delete one you no longer need or try again later"
+            )
+        self._check_quota(new)
+        self.sessions[new.id] = new
+
     def _check_quota(self, new: Session) -> None:
         quota = self.quota(new.tenant)
         held = [s for s in self.sessions.values() if s.tenant == new.tenant]
@@ -296,13 +306,18 @@ class SessionManager:
                 f"tenant {new.tenant!r} holds {len(held)} live sessions, its quota of "
                 f"{quota.max_sessions}; delete one it no longer needs"
             )
-        memory = sum(s.limits.memory for s in held)
-        if memory + new.limits.memory > quota.max_memory:
-            raise QuotaExceeded(
-                f"tenant {new.tenant!r} would use {format_size(memory + new.limits.memory)} of "
-                f"memory, over its quota of {format_size(quota.max_memory)} "
-                f"({format_size(memory)} in use); ask for less memory or delete a session"
-            )
+        for what, limit, advice in (
+            ("memory", quota.max_memory, "ask for less memory"),
+            ("disk", quota.max_disk, "ask for a smaller workspace (limits.disk)"),
+        ):
+            used = sum(getattr(s.limits, what) for s in held)
+            wanted = getattr(new.limits, what)
+            if used + wanted > limit:
+                raise QuotaExceeded(
+                    f"tenant {new.tenant!r} would use {format_size(used + wanted)} of {what}, "
+                    f"over its quota of {format_size(limit)} ({format_size(used)} in use); "
+                    f"{advice} or delete a session"
+                )
 
     async def execute(
         self,

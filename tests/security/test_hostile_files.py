@@ -162,7 +162,7 @@ def test_a_sparse_terabyte_file(attack, watched):
     base = f"/v1/sessions/{sid}/files"
     for fmt in ("tar", "zip"):
         r = attack.api.get(f"{base}/big", params={"format": fmt}, timeout=30)
-        assert r.status_code == 409 and "sparse" in r.json()["error"]["message"], r.text
+        assert r.status_code == 413 and "archive limit" in r.json()["error"]["message"], r.text
     with attack.api.stream("GET", f"{base}/big/tb") as r:
         assert r.headers["content-length"] == str(2**40)  # streamed: the client decides
     listing = attack.api.get(base, params={"path": "big"}).json()["entries"]

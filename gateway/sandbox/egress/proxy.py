@@ -8,8 +8,11 @@ environment; derived from a key, so a restarted gateway accepts the tokens
 of the kernels it reattaches to), which selects its allowlist. A target whose
 host ``parse_authority`` refuses gets 400; one off the list, or resolving only
 to addresses ``AddressGuard`` refuses, 403; each is reported as an
-``EgressDenial``. It runs on the gateway's event loop: name lookups go to the
-loop's resolver thread, all else is non-blocking sockets.
+``EgressDenial``. It runs on the gateway's event loop: name lookups go to a
+few resolver threads of its own, each given ``dns_timeout`` (a sandbox asking
+for names that never resolve fills those threads, never the loop's default
+executor that every session's file and Docker calls wait on), all else is
+non-blocking sockets.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import binascii
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import logging
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
@@ -79,6 +84,8 @@ class _Tenant:
 class EgressProxy:
     """An HTTP/CONNECT proxy that lets each session reach only its allowlist."""
 
+    DNS_THREADS = 4  # lookups at once; the rest wait their turn, within dns_timeout
+
     def __init__(
         self,
         guard: AddressGuard,
@@ -88,6 +95,7 @@ class EgressProxy:
         connect_timeout: float = 10.0,
         head_timeout: float = 10.0,
         reports_per_second: int = 20,
+        dns_timeout: float = 5.0,
     ) -> None:
         self.guard = guard
         self.key = key
@@ -96,6 +104,8 @@ class EgressProxy:
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
         self.reports_per_second = reports_per_second
+        self.dns_timeout = dns_timeout
+        self._resolver = ThreadPoolExecutor(self.DNS_THREADS, thread_name_prefix="sbx-egress-dns")
         self._server: asyncio.Server | None = None
         self._tenants: dict[str, _Tenant] = {}  # by session id
         self._handlers: set[asyncio.Task] = set()
@@ -123,6 +133,7 @@ class EgressProxy:
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
+        self._resolver.shutdown(wait=False, cancel_futures=True)  # a lookup may hang for long
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -257,9 +268,13 @@ class EgressProxy:
     async def _addresses(self, host: Host, port: int) -> list[IPAddress]:
         if not isinstance(host, str):
             return [host]
-        loop = asyncio.get_running_loop()
+        lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
         try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            async with asyncio.timeout(self.dns_timeout):
+                # Cancelled while queued, a lookup never runs; running, it ends on its own.
+                infos = await asyncio.get_running_loop().run_in_executor(self._resolver, lookup)
+        except TimeoutError:
+            raise _Refused(504, f"resolving {host} timed out") from None
         except socket.gaierror as e:
             raise _Refused(502, f"cannot resolve {host}: {e.strerror}") from None
         inet = (socket.AF_INET, socket.AF_INET6)

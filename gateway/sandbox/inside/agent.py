@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -210,10 +209,10 @@ class Agent:
             file, st = await asyncio.to_thread(ws.open_read, args["path"])
             return {"stream": self._keep(self.streams, file), "size": st.st_size,
                     "mtime": st.st_mtime, "mode": st.st_mode}  # fmt: skip
-        if op == "fs.archive_open":
-            tempfile.tempdir = self.root  # big archives spill to disk, not to memory
-            spool = await asyncio.to_thread(ws.archive, args["path"], args["fmt"])
-            return {"stream": self._keep(self.streams, spool)}
+        if op == "fs.archive_open":  # made as the gateway pulls it, which refuses it if too big
+            archive = await asyncio.to_thread(ws.archive, args["path"], args["fmt"])
+            return {"stream": self._keep(self.streams, archive), "size": archive.size,
+                    "files": archive.files}  # fmt: skip
         if op == "fs.pull":
             stream = self.streams[args["stream"]]
             chunk = await asyncio.to_thread(stream.read, CHUNK)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..workspace import CHUNK, WALK, Bounds, Walk, Workspace, clean_path
+from ..workspace import CHUNK, WALK, Archive, Bounds, Walk, Workspace, clean_path
 from .agent_client import AgentClient
 
 
@@ -72,10 +72,11 @@ class RemoteWorkspace(Workspace):
         entries = [(rel, _stat(mode, size, ns)) for rel, size, ns, mode in found["entries"]]
         return Walk(entries[: bounds.entries], found["truncated"])
 
-    def archive(self, path: str, fmt: str) -> IO[bytes]:
+    def archive(self, path: str, fmt: str) -> Archive:
         clean_path(path, allow_root=True)
         info, _ = self._call("fs.archive_open", path=path, fmt=fmt)
-        return RemoteReader(self, info["stream"])
+        reader = RemoteReader(self, info["stream"])
+        return Archive(iter(reader.read, b""), int(info["size"]), int(info["files"]), reader.close)
 
 
 def _stat(mode: int, size: int, mtime_ns: int) -> os.stat_result:
