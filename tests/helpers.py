@@ -200,3 +200,65 @@ async def run_over_channels(url: str, code: str, headers: dict | None = None) ->
         idle |= msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
     await closed(ws)
     return seen
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak since the last reset) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+
+
+class Canary:
+    """While an attack runs: how slowly another session answers, and the gateway's peak RSS.
+
+    A thread keeps executing a trivial cell in ``sid``; ``worst`` is its
+    slowest answer (one still waiting at the end counts). The peak is the
+    kernel's VmHWM, reset on entry, so a spike between samples is not missed.
+    """
+
+    def __init__(self, gateway: GatewayProcess, sid: str, interval: float = 0.2) -> None:
+        self.gateway = gateway
+        self.sid = sid
+        self.interval = interval
+        self.worst = 0.0
+        self.answers = 0
+        self._asked = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._ask, daemon=True)
+
+    def __enter__(self) -> Canary:
+        Path(f"/proc/{self.gateway.pid}/clear_refs").write_text("5")  # resets VmHWM
+        self.before = memory_kib(self.gateway.pid)["VmRSS"]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._asked:
+            self.worst = max(self.worst, time.monotonic() - self._asked)
+        self._thread.join(120)
+        self.peak = memory_kib(self.gateway.pid)["VmHWM"]
+
+    @property
+    def grown_mib(self) -> float:
+        """How far the gateway's RSS rose above where it was when the attack began."""
+        return (self.peak - self.before) / 1024
+
+    def __str__(self) -> str:
+        return (
+            f"canary: {self.answers} answers, slowest {self.worst:.2f} s; gateway RSS "
+            f"{self.before // 1024} MiB before, peak {self.peak // 1024} MiB"
+        )
+
+    def _ask(self) -> None:
+        gw = self.gateway
+        with httpx.Client(base_url=gw.url, timeout=120, headers=gw.client.headers) as own:
+            while not self._stop.is_set():
+                self._asked = time.monotonic()
+                reply = run(own, self.sid, "1 + 1")
+                self.worst = max(self.worst, time.monotonic() - self._asked)
+                self._asked = 0.0
+                assert reply["status"] == "ok", f"the canary failed during the attack: {reply}"
+                self.answers += 1
+                self._stop.wait(self.interval)
