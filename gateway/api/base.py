@@ -268,6 +268,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
     """
 
     transport = ""  # what this socket's audit events name as their transport
+    too_slow = False  # closed for letting more than client_write_buffer wait
 
     def check_origin(self, origin: str) -> bool:
         # A page may not drive a sandbox from another site, even on an open gateway.
@@ -328,6 +329,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
             reason = f"the client does not read: over {format_size(limit)} waited for it"
             log.warning("closing a WebSocket: %s", reason)
             stream.max_write_buffer_size = None  # room for the close frame
+            self.too_slow = True
             self.close(1008, reason)
 
 

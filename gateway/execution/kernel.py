@@ -82,8 +82,8 @@ def limit_kernel_messages(max_bytes: int) -> None:
     A default of the shared context, so it holds for each kernel client's
     channels and each Jupyter relay's sockets alike. libzmq reads a frame's
     announced size first and, over the limit, drops the connection without
-    reading the frame (the socket reconnects by itself); ``Kernel`` notices
-    the drop and says so in the execution's outputs.
+    reading the frame; ``DropWatch`` makes it again, and ``Kernel`` says so
+    in the execution's outputs.
     """
     shared_context().setsockopt(zmq.MAXMSGSIZE, max_bytes)
 

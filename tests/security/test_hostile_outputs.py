@@ -124,7 +124,7 @@ def test_a_jupyter_client_that_does_not_read_is_disconnected(output_gateway, bys
     kernel_id = api.post("/api/kernels", json={"env": {}}).json()["id"]
     url = output_gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
     # Flushed one by one: the kernel holds one chunk at a time, the gateway would hold them all.
-    code = "for _ in range(60):\n    print('x' * 10_000_000, flush=True)\n"
+    code = "for _ in range(100):\n    print('x' * 10_000_000, flush=True)\n"
 
     def closed_by_gateway() -> bool:
         return any("does not read" in line for line in output_gateway.log)
