@@ -33,7 +33,7 @@ from .api.base import NotFoundHandler, log_request
 from .api.edge import Edge
 from .config import Settings
 from .errors import EngineUnavailable
-from .execution.kernel import shared_context
+from .execution.kernel import limit_kernel_messages, shared_context
 from .observe.loop_lag import LoopLagMonitor
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
@@ -191,6 +191,7 @@ def build_manager(
 
 def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:
     """Wire the sandbox side from the settings: the one place that reads them for it."""
+    limit_kernel_messages(settings.max_kernel_message)
     images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
     placement = make_placement(
         settings.placement,

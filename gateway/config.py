@@ -270,6 +270,13 @@ class Settings:
     replay_buffer_size: int = _opt(
         "8m", "bytes of events kept for reconnects, per buffer", LISTENING, SIZE
     )
+    client_write_buffer: int = _opt(
+        "64m",
+        "bytes waiting to be sent to one WebSocket client; one that does not read past it "
+        "is disconnected (close code 1008) rather than held in memory",
+        LISTENING,
+        SIZE,
+    )
 
     # -- auth
     auth: str = _opt(
@@ -361,6 +368,13 @@ class Settings:
         "comma-separated images `sbx images build` builds when given no names",
         KERNELS,
         NAMES,
+    )
+    max_kernel_message: int = _opt(
+        "32m",
+        "largest frame of a kernel message the gateway reads; a bigger one is refused "
+        "before it is read, and the execution's outputs say so",
+        KERNELS,
+        SIZE,
     )
     kernel_start_timeout: float = _opt(
         60.0, "seconds to wait for a new kernel to answer", KERNELS, SECONDS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import sqlite3
 import tarfile
@@ -129,6 +130,31 @@ def test_collector_honours_clear_output_and_display_updates():
     )
     outputs = c.finish()
     assert len(outputs) == 1 and outputs[0]["data"] == {"text/plain": "2"}
+
+
+def test_collector_charges_every_payload_even_what_it_does_not_keep():
+    """Clears, display updates, comm messages and input requests once cost nothing."""
+    c = OutputCollector(cap_bytes=1000)
+    for _ in range(5):  # a clear gives no bytes back
+        c.add_message(msg("stream", name="stdout", text="x" * 150))
+        c.add_message(msg("clear_output", wait=False))
+    assert c.used == 750 and not c.truncated
+    shown = {"data": {"text/plain": "1"}, "metadata": {}, "transient": {"display_id": "d"}}
+    c.add_message(msg("display_data", **shown))
+    c.add_message(msg("update_display_data", **{**shown, "data": {"text/plain": "2" * 500}}))
+    c.add_message(msg("comm_msg", comm_id="c", data={"blob": "z" * 500}))
+    c.add_message(msg("input_request", prompt="p" * 500, password=False))
+    outputs = c.finish()
+    assert outputs[0]["data"] == {"text/plain": "1"}, "an update past the cap is dropped"
+    assert c.dropped > 1500 and "output truncated" in outputs[-1]["text"]
+
+
+def test_collector_cuts_a_huge_error_to_its_budget():
+    c = OutputCollector(cap_bytes=100)
+    c.add_message(msg("error", ename="E", evalue="v" * 10**7, traceback=["t" * 10**6] * 50))
+    outputs = c.finish()
+    assert len(json.dumps(outputs)) < 64 * 1024 and c.truncated
+    assert c.error["evalue"].endswith(" cut]") and len(c.error["traceback"]) == 20
 
 
 def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():

@@ -23,6 +23,7 @@ import logging
 import urllib.parse
 from typing import Any
 
+import tornado.iostream
 import tornado.web
 import tornado.websocket
 
@@ -279,6 +280,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
     """
 
     transport = ""  # what this socket's audit events name as their transport
+    too_slow = False  # closed for letting more than client_write_buffer wait
 
     def check_origin(self, origin: str) -> bool:
         # A page may not drive a sandbox from another site, even on an open gateway.
@@ -322,9 +324,25 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         self.send_text(json.dumps(event, default=str))
 
     def send_text(self, text: str) -> None:
-        if self.ws_connection is None or self.ws_connection.is_closing():
+        """Send, or disconnect a client that lets more than ``client_write_buffer`` wait for it.
+
+        A client that does not read would otherwise hold whatever a sandbox
+        produces in the gateway's memory.
+        """
+        connection = self.ws_connection
+        if connection is None or connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
-        self.write_message(text)
+        stream = connection.stream  # type: ignore[attr-defined]
+        limit = self.manager.settings.client_write_buffer
+        stream.max_write_buffer_size = limit
+        try:
+            self.write_message(text)
+        except tornado.iostream.StreamBufferFullError:
+            reason = f"the client does not read: over {format_size(limit)} waited for it"
+            log.warning("closing a WebSocket: %s", reason)
+            stream.max_write_buffer_size = None  # room for the close frame
+            self.too_slow = True
+            self.close(1008, reason)
 
 
 def error_json(code: str, message: str) -> str:

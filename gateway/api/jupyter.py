@@ -170,6 +170,10 @@ class ChannelsHandler(JSONWebSocketHandler):
     def _deliver(self, text: str) -> None:
         log.debug("kernel -> client %s: %.200s", self.relay.session.id, text)
         self.send_text(text)
+        if self.too_slow:
+            # Stop reading the kernel for it now, not after the closing
+            # handshake: what libzmq queued meanwhile would wait in memory.
+            self.relay.close()
 
     def on_message(self, message: str | bytes) -> None:
         log.debug("client -> kernel %s: %.300s", self.relay.session.id, message)

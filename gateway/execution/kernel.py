@@ -7,6 +7,7 @@ sessions, HTTP or storage; ``SessionManager`` decides when to call what.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import queue
@@ -18,6 +19,7 @@ from typing import Any
 import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
+from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from .outputs import OutputCollector, OutputListener
@@ -76,6 +78,52 @@ def shared_context() -> zmq.asyncio.Context:
     return context
 
 
+def limit_kernel_messages(max_bytes: int) -> None:
+    """Make every socket the gateway opens to a kernel refuse a frame over ``max_bytes``.
+
+    A default of the shared context, so it holds for each kernel client's
+    channels and each Jupyter relay's sockets alike. libzmq reads a frame's
+    announced size first and, over the limit, drops the connection without
+    reading the frame; ``DropWatch`` makes it again, and ``Kernel`` says so
+    in the execution's outputs.
+    """
+    shared_context().setsockopt(zmq.MAXMSGSIZE, max_bytes)
+
+
+class DropWatch:
+    """Connects again the kernel sockets libzmq dropped, and counts the drops.
+
+    With ``MAXMSGSIZE`` a frame over the limit is never read: libzmq closes
+    the connection as a protocol error and, unlike after a lost connection,
+    never makes it again, so a kernel could cut the gateway off its own
+    outputs. Whatever the kernel sent until the new connection is up is lost
+    (an idle status too, perhaps). A drop when the kernel restarts is
+    answered the same way, harmlessly.
+    """
+
+    def __init__(self, sockets: list[zmq.asyncio.Socket]) -> None:
+        self.drops = 0
+        self._tasks = [asyncio.create_task(self._watch(sock)) for sock in sockets]
+
+    async def _watch(self, sock: zmq.asyncio.Socket) -> None:
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                endpoint = event["endpoint"].decode()
+                self.drops += 1
+                log.warning("a kernel connection was dropped (%s); connecting again", endpoint)
+                with contextlib.suppress(zmq.ZMQError):  # already gone, or reconnecting
+                    sock.disconnect(endpoint)
+                sock.connect(endpoint)
+        finally:
+            monitor.close(linger=0)
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+
 # iopub messages that say the kernel is running a cell's code now; a kernel
 # that sends none of them is taken to have begun this long after it went busy.
 _CELL_BEGUN = {"execute_input", "stream", "display_data", "execute_result", "error"}
@@ -104,6 +152,9 @@ class Kernel:
         )
         self.manager.kernel_id = sandbox.session_id
         self.client = None
+        self._drops: DropWatch | None = None
+        self._executing = False
+        self._draining: asyncio.Task | None = None
         self.died = asyncio.Event()
         self.restarting = False  # its old container's death is expected, not news
         self._interrupting = False
@@ -163,6 +214,15 @@ class Kernel:
 
     def detach(self) -> None:
         """Let go of the kernel without stopping it, for the next gateway process."""
+        self._stop_channels()
+
+    def _stop_channels(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+        if self._drops is not None:
+            self._drops.close()
+            self._drops = None
         if self.client is not None:
             self.client.stop_channels()
 
@@ -171,7 +231,7 @@ class Kernel:
         self.died.clear()
         if self.client is not None and self.client.ip != self.manager.ip:
             # Restarted elsewhere (a cluster sandbox replaced on another node).
-            self.client.stop_channels()
+            self._stop_channels()
             self.client = None
         if self.client is None:
             # Its own Session: verified signatures are remembered per Session, and
@@ -180,6 +240,9 @@ class Kernel:
                 session=self.manager.session.clone(), context=self.manager.context
             )
             self.client.start_channels()
+            channels = (self.client.iopub_channel, self.client.shell_channel)
+            self._drops = DropWatch([channel.socket for channel in channels])
+        await self._stop_draining()  # waiting for ready reads iopub itself
         try:
             await self.client.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as e:
@@ -187,6 +250,32 @@ class Kernel:
             raise KernelStartFailed(
                 f"the kernel did not start ({e}); its last output: {output or '(none)'}"
             ) from e
+        self._drain()
+
+    def _drain(self) -> None:
+        """Read and forget iopub while no execution reads it.
+
+        Unread, libzmq would hold up to its high-water mark (1000 messages) of
+        what a chatty kernel publishes between executions, or to a Jupyter
+        client (each relay has its own sockets): up to 1000 times
+        ``max_kernel_message``.
+        """
+        if self._draining is None and self.client is not None and not self._executing:
+            self._draining = asyncio.create_task(self._discard_iopub())
+
+    async def _discard_iopub(self) -> None:
+        assert self.client is not None
+        socket = self.client.iopub_channel.socket
+        while True:
+            await socket.recv_multipart(copy=False)
+            await asyncio.sleep(0)
+
+    async def _stop_draining(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._draining
+            self._draining = None
 
     async def _container_output(self) -> str:
         """The sandbox's last output lines, to say why a start failed."""
@@ -230,8 +319,7 @@ class Kernel:
 
     async def shutdown(self) -> None:
         """Stop the kernel now and remove its container."""
-        if self.client is not None:
-            self.client.stop_channels()
+        self._stop_channels()
         await self.manager.shutdown_kernel(now=True)
 
     async def execute(
@@ -250,12 +338,15 @@ class Kernel:
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
+        self._executing = True
+        await self._stop_draining()
         if on_start is not None:
             on_start()
         try:
             return await self._execute(code, timeout, grace, OutputCollector(cap_bytes, on_output))
         finally:
-            self._awaiting_start = False
+            self._awaiting_start = self._executing = False
+            self._drain()
 
     async def _execute(
         self,
@@ -267,9 +358,13 @@ class Kernel:
         assert self.client is not None
         started = time.monotonic()
         deadline = started + timeout
+        drops = self._drops
+        assert drops is not None
+        drops_before = drops.drops
         msg_id = self.client.execute(code, allow_stdin=False)
         timed_out = restarted = False
         busy_since = float("inf")
+        reply = None
         while True:
             if self.died.is_set():
                 return ExecutionResult.collected("dead", collector, started)
@@ -287,7 +382,12 @@ class Kernel:
             try:
                 msg = await self.client.get_iopub_msg(timeout=min(0.25, deadline - now))
             except queue.Empty:
+                collector.lost = drops.drops - drops_before
+                if collector.lost and (reply := await self._reply(msg_id, 0.0)) is not None:
+                    break  # its idle status may have gone with a dropped connection
                 continue
+            # Messages already waiting are read without a pause: let the other sessions in.
+            await asyncio.sleep(0)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             if self._awaiting_start and msg["msg_type"] in _CELL_BEGUN:
@@ -300,11 +400,13 @@ class Kernel:
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
             collector.add_message(msg)
+        collector.lost = drops.drops - drops_before
         if timed_out:
             return self._timeout_result(collector, started, timeout, restarted)
         # No reply at all: the kernel dropped the request (an interrupt landed
         # before the code ran); the reply is short in coming then, not 5 s.
-        reply = await self._reply(msg_id, 0.5 if self._interrupting else 5.0)
+        if reply is None:
+            reply = await self._reply(msg_id, 0.5 if self._interrupting else 5.0)
         if reply is None:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
@@ -338,7 +440,8 @@ class Kernel:
                 if msg["parent_header"].get("msg_id") == msg_id:
                     return msg["content"]
         except queue.Empty:
-            log.warning("no execute_reply for %s", msg_id)
+            if timeout:
+                log.warning("no execute_reply for %s", msg_id)
             return None
 
     def _timeout_result(

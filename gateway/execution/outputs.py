@@ -1,9 +1,14 @@
 """Kernel iopub messages -> nbformat v4 outputs, under a per-execution byte cap.
 
 Outputs are kept in notebook shape from the start so an export is a copy.
-Whatever exceeds the cap is counted and dropped as it arrives, never held,
-and a visible marker says how much was cut; errors are always kept because
-they are what a caller most needs to see.
+Every message that carries a payload counts against the cap, whether it is
+kept (streams, displays, display updates, errors) or not (comm messages,
+input requests), and a clear does not give its bytes back: what an
+execution can make the gateway handle and store is bounded, not only what
+it shows last. Whatever exceeds the cap is counted and dropped as it
+arrives, never held, and a visible marker says how much was cut; errors
+are always kept, cut to a small budget, because they are what a caller
+most needs to see.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from ..limits import format_size
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 _MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
 OUTPUT_MSG_TYPES = {"stream", "display_data", "execute_result", "error", "update_display_data"}
+# Messages with a payload the notebook has no place for: counted, never kept.
+COUNTED_MSG_TYPES = {"comm_open", "comm_msg", "comm_close", "input_request"}
 
 # An error's traceback is kept even past the cap, but not without bound.
 _ERROR_BUDGET = 64 * 1024
@@ -32,6 +39,23 @@ def output_size(output: dict[str, Any]) -> int:
     if output["output_type"] == "stream":
         return len(output["text"])
     return len(json.dumps(output, ensure_ascii=False))
+
+
+def payload_size(content: Any) -> int:
+    """Characters of text in a message's content, counted without serialising it again."""
+    size, pending = 0, [content]
+    while pending:  # not recursive: a hostile kernel chooses the nesting
+        value = pending.pop()
+        if isinstance(value, str):
+            size += len(value)
+        elif isinstance(value, dict):
+            size += sum(len(str(key)) for key in value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        else:
+            size += 8
+    return size
 
 
 # Told of every output kept (a copy, safe to hold) and, as None, of every clear.
@@ -50,13 +74,14 @@ class OutputCollector:
         self._tail: list[str] = []
         self.used = 0
         self.dropped = 0
+        self.lost = 0  # connections dropped on an oversized message (see execution.kernel)
         self.execution_count: int | None = None
         self.error: dict[str, Any] | None = None
         self._clear_pending = False
 
     @property
     def truncated(self) -> bool:
-        return self.dropped > 0
+        return self.dropped > 0 or self.lost > 0
 
     def add_message(self, msg: dict[str, Any]) -> None:
         """Fold one iopub message in; the listener hears of what it changed."""
@@ -71,6 +96,9 @@ class OutputCollector:
         if kind == "execute_input":
             self.execution_count = content.get("execution_count")
             return
+        if kind in COUNTED_MSG_TYPES:
+            self._count(payload_size(content))
+            return
         if kind not in OUTPUT_MSG_TYPES:
             return
         if kind == "update_display_data":
@@ -83,28 +111,39 @@ class OutputCollector:
         if display_id:
             output["metadata"]["sbx_display_id"] = display_id
         if kind == "error":
+            output = self._append(output, budget=self.used + _ERROR_BUDGET)
+            assert output is not None  # an error is always kept
             self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
-            self._append(output, budget=self.used + _ERROR_BUDGET)
         else:
             self._append(output, budget=self.cap)
 
-    def _append(self, output: dict[str, Any], budget: int) -> None:
+    def _count(self, size: int) -> bool:
+        """Charge a payload nothing keeps; False, and counted as dropped, past the cap."""
+        if size > self.cap - self.used:
+            self.dropped += size
+            return False
+        self.used += size
+        return True
+
+    def _append(self, output: dict[str, Any], budget: int) -> dict[str, Any] | None:
+        """Keep what fits of ``output`` within ``budget``; return what was kept."""
         size = output_size(output)
         room = budget - self.used
         if size > room:
             if output["output_type"] == "stream" and room > 0:
                 # Keep what fits of a stream so the cut lands at a visible spot.
                 kept = {**output, "text": output["text"][:room]}
-                self.dropped += size - output_size(kept)
             elif output["output_type"] == "error":
-                kept = {**output, "traceback": output["traceback"][-20:]}
+                kept = _cut_error(output, room)
             else:
                 self.dropped += size
-                return
+                return None
+            self.dropped += size - output_size(kept)
             output, size = kept, output_size(kept)
         if self.listener is not None:
             self.listener(dict(output))  # a copy: the stored one may grow by merging
         self._store(output, size)
+        return output
 
     def _store(self, output: dict[str, Any], size: int) -> None:
         last = self.outputs[-1] if self.outputs else None
@@ -128,12 +167,14 @@ class OutputCollector:
     def _clear(self) -> None:
         self._tail.clear()
         self.outputs.clear()
-        self.used = 0
         self._clear_pending = False
         if self.listener is not None:
             self.listener(None)
 
     def _update_display(self, content: dict[str, Any]) -> None:
+        """Replace a display's data in place; the new data is charged like a new output."""
+        if not self._count(payload_size(content)):
+            return
         display_id = content.get("transient", {}).get("display_id")
         for output in self.outputs:
             if output.get("metadata", {}).get("sbx_display_id") == display_id:
@@ -143,19 +184,43 @@ class OutputCollector:
     def finish(self) -> list[dict[str, Any]]:
         """Return the final outputs, with the truncation marker when anything was cut."""
         self._join_tail()
-        if self.truncated:
+        notes = []
+        if self.dropped:
+            notes.append(
+                f"{format_size(self.dropped)} dropped, over this execution's limit of "
+                f"{format_size(self.cap)} (raise limits.output_bytes, or write large "
+                "results to a file)"
+            )
+        if self.lost:
+            notes.append(
+                "the kernel sent a message larger than the gateway's max_kernel_message, "
+                "which was refused unread; outputs sent while the connection was made "
+                "again may be missing (write large results to a file)"
+            )
+        if notes:
             self.outputs.append(
                 {
                     "output_type": "stream",
                     "name": "stderr",
-                    "text": (
-                        f"\n[sbx: output truncated: {format_size(self.dropped)} dropped, "
-                        f"over this execution's limit of {format_size(self.cap)} "
-                        "(raise limits.output_bytes, or write large results to a file)]\n"
-                    ),
+                    "text": f"\n[sbx: output truncated: {'; '.join(notes)}]\n",
                 }
             )
         return self.outputs
+
+
+def _cut_error(output: dict[str, Any], room: int) -> dict[str, Any]:
+    """An error that fits ``room``: its value and its last traceback lines, each cut short."""
+    line = max(room // 40, 80)
+    return {
+        **output,
+        "ename": output["ename"][:line],
+        "evalue": _shorten(output["evalue"], room // 4),
+        "traceback": [_shorten(text, line) for text in output["traceback"][-20:]],
+    }
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} cut]"
 
 
 def _output(msg: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import zmq.asyncio
 from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
-from ..execution.kernel import ExecutionResult
+from ..execution.kernel import DropWatch, ExecutionResult
 from ..execution.outputs import OutputCollector
 from ..sessions.manager import Session, SessionManager
 from .agent_stream import ReplayBuffer
@@ -56,6 +56,7 @@ class KernelChannels:
         self.deliver = deliver
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
         self.streams: dict[str, ZMQStream] = {}
+        self.drops: DropWatch | None = None
         self.pending: dict[str, _Pending] = {}
         self.nudges: set[str] = set()
         self.iopub_ready = asyncio.Event()
@@ -82,6 +83,7 @@ class KernelChannels:
             stream.on_recv(functools.partial(self._on_recv, channel))
             self.sockets[channel] = sock
             self.streams[channel] = stream
+        self.drops = DropWatch(list(self.sockets.values()))  # an oversized message cuts one
         self._connect_client()
         await self._nudge(timeout)
 
@@ -135,6 +137,8 @@ class KernelChannels:
         if self.parked_as is not None:
             self.session.parked.pop(self.parked_as, None)
             self.parked_as = None
+        if self.drops is not None:
+            self.drops.close()
         for stream in self.streams.values():
             stream.on_recv(None)
             stream.close(linger=0)

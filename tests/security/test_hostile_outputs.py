@@ -1,0 +1,146 @@
+"""Hostile outputs: whatever a kernel sends, the gateway's memory stays bounded by its settings.
+
+Each attack is session code (or raw messages a kernel sends on its own
+iopub socket). While it runs, a canary session on the same gateway keeps
+answering a trivial cell and the gateway's peak RSS is read; the attack's
+outputs come back cut at the cap with the truncation marker, and the
+session still works afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from helpers import Canary, canary_session, closed, execute_request, run, text_of, wait_for
+from tornado.websocket import websocket_connect
+
+pytestmark = pytest.mark.docker
+
+CANARY_SECONDS = 2.0  # a liveness bound, not a performance claim
+# The default max_kernel_message is 32 MiB; a few of them in flight at once, not a GiB.
+RSS_GROWTH_MIB = 256
+CAP = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def output_gateway(start_gateway):
+    return start_gateway("--interrupt-grace", "2")
+
+
+@pytest.fixture(scope="module")
+def bystander(output_gateway):
+    with canary_session(output_gateway) as sid:
+        yield sid
+
+
+@pytest.fixture
+def attacker(output_gateway):
+    body = {"limits": {"memory": "3g", "output_bytes": "1m", "timeout": 120}}
+    r = output_gateway.client.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    yield r.json()["id"]
+    output_gateway.client.delete(f"/v1/sessions/{r.json()['id']}")
+
+
+RAW = (
+    "k = get_ipython().kernel\n"
+    "def raw(content, buffers=(), kind='stream'):\n"
+    "    k.session.send(k.iopub_socket, kind, content, parent=k.get_parent(), buffers=buffers)\n"
+)
+
+ATTACKS = {
+    "one huge print": "print('x' * 300_000_000)",
+    "one huge display": "display({'text/plain': 'x' * 300_000_000}, raw=True)",
+    "update_display loop": (
+        "h = display({'text/plain': 'small'}, raw=True, display_id=True)\n"
+        "for i in range(25):\n"
+        "    h.update({'text/plain': str(i) * 20_000_000}, raw=True)"
+    ),
+    "clear_output loop": (
+        "from IPython.display import clear_output\n"
+        "for i in range(60):\n"
+        "    clear_output()\n"
+        "    print(str(i % 10) * 900_000)"
+    ),
+    "comm messages": (
+        "from comm import create_comm\n"
+        "c = create_comm(target_name='sbx-attack')\n"
+        "for _ in range(25):\n"
+        "    c.send({'blob': 'x' * 20_000_000})"
+    ),
+    "many small streams": "for i in range(300_000):\n    print(i)",
+    "input_request": RAW + "for _ in range(25):\n"
+    "    raw({'prompt': 'x' * 20_000_000, 'password': False}, kind='input_request')",
+    "raw oversized frame": RAW + "raw({'name': 'stdout', 'text': 'raw'}, [b'x' * 300_000_000])",
+    "raw oversized content": RAW + "raw({'name': 'stdout', 'text': 'y' * 300_000_000})",
+}
+
+
+def check(reply: dict, canary: Canary) -> None:
+    print(canary)
+    assert reply["truncated"] is True, f"nothing was cut: {reply['outputs'][-1:]}"
+    size = len(json.dumps(reply))
+    assert size < CAP + 256 * 1024, f"the reply carried {size} bytes despite a 1 MiB cap"
+    marker = reply["outputs"][-1]
+    assert marker["name"] == "stderr" and "[sbx: output truncated" in marker["text"], marker
+    assert canary.worst < CANARY_SECONDS, f"the canary took {canary.worst:.2f} s to answer"
+    assert canary.grown_mib < RSS_GROWTH_MIB, f"the gateway grew by {canary.grown_mib:.0f} MiB"
+
+
+@pytest.mark.parametrize("code", ATTACKS.values(), ids=ATTACKS.keys())
+def test_outputs_are_accounted_and_the_gateway_stays_bounded(
+    output_gateway, bystander, attacker, code
+):
+    api = output_gateway.client
+    run(api, attacker, "print('warm')")
+    with Canary(output_gateway, bystander) as watch:
+        started = time.monotonic()
+        reply = run(api, attacker, code + "\nprint('done')", timeout=120)
+        took = time.monotonic() - started
+    assert reply["status"] == "ok", reply["error"]
+    assert took < 60, f"the attack's execute took {took:.0f} s: it waited for a timeout"
+    check(reply, watch)
+    assert text_of(run(api, attacker, "print('still here')")) == "still here\n"
+
+
+def test_a_huge_error_is_cut_too(output_gateway, bystander, attacker):
+    api = output_gateway.client
+    code = "def f(): raise ValueError('v' * 12_000_000)\nf()"  # twice in the message: < 32 MiB
+    with Canary(output_gateway, bystander) as watch:
+        reply = run(api, attacker, code, timeout=120)
+    assert reply["status"] == "error"
+    assert reply["error"]["ename"] == "ValueError"
+    check(reply, watch)
+
+
+def test_a_jupyter_client_that_does_not_read_is_disconnected(output_gateway, bystander):
+    """The relay forwards raw kernel messages; what waits for a stalled client is bounded."""
+    api = output_gateway.client
+    kernel_id = api.post("/api/kernels", json={"env": {}}).json()["id"]
+    url = output_gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
+    # Flushed one by one: the kernel holds one chunk at a time, the gateway would hold them all.
+    code = "for _ in range(100):\n    print('x' * 10_000_000, flush=True)\n"
+
+    def closed_by_gateway() -> bool:
+        return any("does not read" in line for line in output_gateway.log)
+
+    async def stalled_client() -> tuple[int | None, str | None]:
+        ws = await websocket_connect(url, max_message_size=2**30)
+        ws.write_message(json.dumps(execute_request(code)))
+        await asyncio.to_thread(wait_for, closed_by_gateway, 90, 0.5)  # never reading meanwhile
+        while await asyncio.wait_for(ws.read_message(), 60) is not None:
+            pass
+        await closed(ws)
+        return ws.close_code, ws.close_reason
+
+    with Canary(output_gateway, bystander) as watch:
+        code_, reason = asyncio.run(stalled_client())
+    print(watch, "close", code_, reason)
+    assert watch.grown_mib < RSS_GROWTH_MIB, f"the gateway grew by {watch.grown_mib:.0f} MiB"
+    assert watch.worst < CANARY_SECONDS, f"the canary took {watch.worst:.2f} s to answer"
+    assert closed_by_gateway(), "the gateway did not close the client, or did not say why"
+    assert code_ in (None, 1008), f"closed with {code_} {reason}"
+    api.delete(f"/api/kernels/{kernel_id}")
