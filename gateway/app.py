@@ -114,8 +114,11 @@ class Gateway:
         audit_log = self.audit = AuditLog(self.store)
         self.manager = build_manager(self.settings, client, self.store, auth.quota)
         await self.manager.start()
-        sockets = tornado.netutil.bind_sockets(self.settings.port, self.settings.host)
+        first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
+        sockets = tornado.netutil.bind_sockets(self.settings.port, first)
         self.port = sockets[0].getsockname()[1]
+        for host in others:
+            sockets += tornado.netutil.bind_sockets(self.port, host)
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
         manager.isolation.egress.set_denial_hook(

@@ -35,6 +35,10 @@ from gateway.sandbox.swarm.agent_client import AgentClient, _error
 from gateway.sandbox.swarm.workspace import RemoteWorkspace
 from gateway.store.sqlite import Store
 
+# The first bytes a ZeroMQ peer sends (ZMTP 3 signature and version); a ZeroMQ socket
+# answers them with its own.
+ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -43,14 +47,19 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def agent(tmp_path: Path):
-    """An agent process serving ``tmp_path/ws``, and the connection info a gateway holds."""
+def agent(tmp_path: Path, request):
+    """An agent process serving ``tmp_path/ws``, and the connection info a gateway holds.
+
+    It admits connections from the gateway address ``request.param`` (default: here).
+    """
+    gateway = getattr(request, "param", "127.0.0.1")
     public, secret = zmq.curve_keypair()
     port = free_port()
     connection = {
         "key": "k" * 32,
         "curve_publickey": public.decode(),
         "curve_secretkey": secret.decode(),
+        **{f"{channel}_port": free_port() for channel in agent_module.CHANNELS},
     }
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -60,6 +69,7 @@ def agent(tmp_path: Path):
             {
                 "agent_port": port,
                 "workspace": str(workspace),
+                "gateway": gateway,
                 "connection": {**connection, "transport": "tcp", "ip": "127.0.0.1"},
             }
         )
@@ -96,6 +106,24 @@ def test_a_wrong_hmac_key_gets_no_answer(agent):
     url, connection, _ = agent
     with pytest.raises(SandboxUnavailable):
         call(url, {**connection, "key": "x" * 32}, "status", timeout=1.5)
+
+
+@pytest.mark.parametrize("agent", ["192.0.2.1"], indirect=True)
+def test_only_the_gateways_address_gets_through(agent):
+    """Another address is reset before a byte: not a greeting from the agent nor the kernel."""
+    url, connection, _ = agent
+    ports = [int(url.rpartition(":")[2])]
+    ports += [connection[f"{channel}_port"] for channel in agent_module.CHANNELS]
+    for port in ports:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            try:
+                sock.sendall(ZMTP_GREETING)
+                answer = sock.recv(64)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b"", f"port {port} answered a stranger: {answer!r}"
+    with pytest.raises(SandboxUnavailable):
+        call(url, connection, "status", timeout=1)
 
 
 def test_a_client_without_the_curve_keys_cannot_talk(agent):

@@ -116,6 +116,35 @@ def test_replay_warns_when_the_image_differs(api, recorded):
     assert any("image digest differs" in w for w in report["warnings"]), report["warnings"]
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        "../containers/{container}",  # GET /images/../containers/<name>/json: a container
+        "../containers/json",
+        "debian:bookworm-slim",  # not an image the gateway builds
+        "sbx/python:x/../../../info",
+        42,
+    ],
+)
+def test_a_recorded_image_is_checked_before_the_engine_sees_it(api, session, image):
+    """The notebook's image names no engine endpoint: a bad one is a warning, not a lookup."""
+    nb = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "sbx": {"image": image},
+            "kernelspec": {"name": "python3", "display_name": "Python 3"},
+        },
+        "cells": [{"cell_type": "code", "id": "c1", "source": "1 + 1", "metadata": {},
+                   "outputs": [], "execution_count": None}],
+    }  # fmt: skip
+    if isinstance(image, str):
+        nb["metadata"]["sbx"]["image"] = image.format(container=f"sbx-{session['id']}")
+    report = replay(api, nb)
+    assert report["image"] == session["image"], report
+    assert any("not available here" in w for w in report["warnings"]), report["warnings"]
+
+
 def test_export_works_after_the_session_is_deleted(api, new_session):
     sid = new_session()["id"]
     run(api, sid, "print('kept')")

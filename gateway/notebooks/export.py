@@ -24,6 +24,7 @@ from ..errors import BadRequest
 from ..execution.recorder import CUT_BY_RESTART
 from ..sessions.manager import SessionManager
 from ..sessions.requests import CreateSession, ExecuteCode
+from ..validation import image_ref
 from .compare import diff_outputs
 
 log = logging.getLogger(__name__)
@@ -160,10 +161,7 @@ async def replay_notebook(
     recorded = nb.metadata.get("sbx", {})
     kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
     warnings: list[str] = []
-    image = recorded.get("image")
-    if image and not await manager.image_available(image):
-        warnings.append(f"the recorded image {image} is not available here; using the current one")
-        image = None
+    image = await _recorded_image(manager, recorded.get("image"), warnings)
     request = CreateSession.from_json(
         {
             "kernel": kernel,
@@ -208,6 +206,26 @@ async def replay_notebook(
         "image_digest": session.image_digest,
         "notebook": executed,
     }
+
+
+async def _recorded_image(manager: SessionManager, image: Any, warnings: list[str]) -> str | None:
+    """The notebook's image if this gateway built it, else None (the kernel's own) and a warning.
+
+    The name is checked before the engine is asked about it: ``GET /images/<name>/json``
+    with a name like ``../containers/x`` would reach another endpoint.
+    """
+    if not image:
+        return None
+    try:
+        ref = image_ref(image)
+    except BadRequest:
+        ref = None
+    if ref is None or not await manager.image_available(ref):
+        warnings.append(
+            f"the recorded image {str(image)[:200]} is not available here; using the current one"
+        )
+        return None
+    return ref
 
 
 def _verdict(

@@ -108,6 +108,14 @@ class Placement(abc.ABC):
         """
         return None
 
+    def api_hosts(self, host: str) -> list[str]:
+        """The addresses the gateway's API listens on, for the ``host`` setting.
+
+        The gateway asks once, after ``start``: a placement whose sandboxes
+        share a network with the gateway keeps the API off that network.
+        """
+        return [host]
+
     @abc.abstractmethod
     def sandbox(self, request: SandboxRequest, gateway_id: str) -> Any:
         """The provisioner spec for ``request`` (what the kernel's provisioner runs)."""

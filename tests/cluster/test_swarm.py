@@ -238,6 +238,54 @@ def test_ttl_ends_the_session_and_removes_its_service(cluster, api):
     assert not cluster.manager.api.services(filters={"name": f"sbx-{sid}"})
 
 
+# Run in a kernel: whether each (host, port) answers a ZeroMQ greeting, or why not.
+PROBE = """
+import json, socket
+found = {}
+for host, port in json.loads(TARGETS):
+    try:
+        with socket.create_connection((host, port), timeout=2) as sock:
+            sock.sendall(bytes([255] + [0] * 8 + [127, 3]))
+            answer = sock.recv(64)
+            found[f"{host}:{port}"] = f"answered {answer!r}" if answer else "closed"
+    except OSError as e:
+        found[f"{host}:{port}"] = type(e).__name__
+print(json.dumps(found))
+"""
+
+
+def _overlay_address(cluster, service: str) -> str:
+    """The running task's address on the kernel overlay."""
+    for task in cluster.manager.api.tasks(filters={"service": service}):
+        if task["Status"]["State"] != "running":
+            continue
+        for attachment in task.get("NetworksAttachments") or []:
+            if attachment["Network"]["Spec"]["Name"] == "sbx-kernels":
+                return attachment["Addresses"][0].partition("/")[0]
+    raise AssertionError(f"service {service} has no running task on sbx-kernels")
+
+
+def test_the_overlay_carries_only_gateway_to_sandbox_traffic(cluster, api, placed):
+    """A kernel reaches neither the gateway's API nor another session's agent or kernel."""
+    attacker, victim = placed["w1"], placed["w2"]
+    gateway = _overlay_address(cluster, "sbx_gateway")
+    other = _overlay_address(cluster, f"sbx-{victim}")
+    targets = [[gateway, 8765], ["sbx_gateway", 8765], ["tasks.sbx_gateway", 8765]]
+    targets += [[host, port] for host in (other, f"sbx-{victim}") for port in range(50000, 50006)]
+    code = f"TARGETS = {json.dumps(json.dumps(targets))}\n{PROBE}"
+    reply = run(api, attacker, code, timeout=120)
+    assert reply["status"] == "ok", reply
+    found = json.loads(stdout(reply))
+    answered = {target: answer for target, answer in found.items() if "answered" in answer}
+    assert not answered, f"a kernel got answers from {answered} (all: {found})"
+    gateway_api = [found[f"{host}:8765"] for host in (gateway, "tasks.sbx_gateway")]
+    assert gateway_api == ["ConnectionRefusedError"] * 2, f"the gateway's API: {found}"
+    assert stdout(run(api, attacker, "print(open('/proc/net/if_inet6').read())")) == "\n", "IPv6"
+    # The walls stop sandboxes only: the gateway still reaches both sessions.
+    assert run(api, victim, "x + 1")["outputs"][-1]["data"]["text/plain"] == "42"
+    assert run(api, attacker, "x + 1")["outputs"][-1]["data"]["text/plain"] == "42"
+
+
 def test_gateway_restart_reattaches_to_running_services(cluster, api, placed):
     sid = placed["w1"]
     run(api, sid, "y = 'survives'")

@@ -7,8 +7,12 @@ process, tells the gateway when and why the kernel died (the cgroup's OOM
 count says whether it was out of memory), and serves the workspace with the
 gateway's own ``Workspace`` class, so the same path rules apply as on one host.
 
-It listens on one TCP port of the kernel overlay, behind CurveZMQ with the
+It answers on one more port of the kernel overlay, behind CurveZMQ with the
 kernel's keys, and checks the session's HMAC signature on every request.
+Only the gateway gets through: the agent and the kernel listen on Unix
+sockets inside the sandbox, and the agent's doorman forwards the overlay's
+TCP ports to them for connections from the gateway's addresses (the name
+the secret gives; a restarted gateway has a new one) and resets any other.
 The kernel's death does not end the container: a dead session's files stay
 readable, and a restart is a new kernel process in the same container.
 Only the standard library, pyzmq (every ipykernel image has it) and
@@ -27,7 +31,10 @@ import itertools
 import json
 import os
 import signal
+import socket
+import struct
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +45,7 @@ from gateway.errors import GatewayError
 from gateway.sandbox.workspace import CHUNK, Workspace
 
 WORKSPACE = "/workspace"
-KERNEL_DIR = "/tmp/.sbx"  # the kernel rewrites its connection file: it must be writable
+RESOLVE_EVERY = 1.0  # seconds between lookups of the gateway's addresses
 PACKAGES_FILE = "/opt/sbx/packages.txt"
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
@@ -65,9 +72,11 @@ def oom_kills() -> int:
 class KernelProcess:
     """The kernel: started, signalled, restarted; each start is a new generation."""
 
-    def __init__(self, connection: dict[str, Any], cwd: str) -> None:
-        self.connection = connection
+    def __init__(self, connection: dict[str, Any], cwd: str, sockets: str) -> None:
+        # Unix sockets only the doorman (and the sandbox itself) can reach.
+        self.connection = {**connection, "transport": "ipc", "ip": f"{sockets}/k"}
         self.cwd = cwd
+        self.sockets = sockets
         self.proc: asyncio.subprocess.Process | None = None
         self.generation = 0
         self.exits: dict[int, dict[str, Any]] = {}
@@ -76,8 +85,7 @@ class KernelProcess:
 
     async def start(self, argv: list[str], env: dict[str, str]) -> int:
         await self.stop()
-        os.makedirs(KERNEL_DIR, mode=0o700, exist_ok=True)
-        path = f"{KERNEL_DIR}/kernel.json"
+        path = f"{self.sockets}/kernel.json"  # the kernel rewrites it: in the writable /tmp
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(self.connection, f)
@@ -130,7 +138,11 @@ class Agent:
         connection = secret["connection"]
         self.key = connection["key"].encode()
         self.root = secret.get("workspace", WORKSPACE)  # tests run it on a directory here
-        self.kernel = KernelProcess(connection, self.root)
+        self.sockets = tempfile.mkdtemp(prefix=".sbx-")
+        self.kernel = KernelProcess(connection, self.root, self.sockets)
+        self.doorman = Doorman(secret["gateway"])
+        ports = [secret["agent_port"], *(connection[f"{c}_port"] for c in CHANNELS)]
+        self.routes = {port: f"{self.sockets}/k-{port}" for port in ports}
         self.workspace = Workspace(self.root, os.getuid(), os.getgid())
         self.disk = int(secret.get("disk", 0))
         self.streams: dict[str, Any] = {}
@@ -141,10 +153,11 @@ class Agent:
         self.socket.curve_secretkey = connection["curve_secretkey"].encode()
         self.socket.curve_publickey = connection["curve_publickey"].encode()
         self.socket.curve_server = True
-        self.socket.bind(f"tcp://*:{secret['agent_port']}")
+        self.socket.bind(f"ipc://{self.routes[secret['agent_port']]}")
         self._tasks: set[asyncio.Task] = set()
 
     async def serve(self) -> None:
+        await self.doorman.open(self.routes)
         while True:
             frames = await self.socket.recv_multipart()
             if len(frames) < 3:
@@ -249,6 +262,83 @@ class Agent:
             return free
         used = self.workspace.usage()
         return max(0, min(free, self.disk - used))
+
+
+CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+_LINGER_RESET = struct.pack("ii", 1, 0)  # close with a reset: a stranger gets no bytes at all
+
+
+class Doorman:
+    """The overlay's TCP ports, forwarded to the Unix sockets for the gateway's addresses only.
+
+    A Swarm overlay filters nothing between its containers, and an unprivileged
+    socket filter is refused on some kernels, so a stranger's connection is
+    accepted by the network stack, then reset before a byte is read or sent.
+    """
+
+    def __init__(self, gateway: str) -> None:
+        self.gateway = gateway  # a name (tasks.<gateway service>) or an address
+        self.admitted: set[str] = set()
+        self._resolved_at = -RESOLVE_EVERY
+        self._tasks: set[asyncio.Task] = set()
+
+    async def open(self, routes: dict[int, str]) -> None:
+        """Listen on every port of ``routes``."""
+        await self._resolve()
+        for port, path in routes.items():
+            await asyncio.start_server(
+                lambda r, w, p=path: self._forward(r, w, p), "0.0.0.0", port, reuse_address=True
+            )
+
+    async def _resolve(self) -> None:
+        """Look the gateway's addresses up again, at most once a second: a restarted gateway's
+        task has a new one, and a stranger's connects must not turn into a flood of lookups."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._resolved_at < RESOLVE_EVERY:
+            return
+        self._resolved_at = loop.time()
+        with contextlib.suppress(OSError):  # keep the last answer: the resolver may blip
+            found = await loop.getaddrinfo(
+                self.gateway, None, family=socket.AF_INET, type=socket.SOCK_STREAM
+            )
+            self.admitted = {info[4][0] for info in found}
+
+    async def _forward(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str
+    ) -> None:
+        peer = writer.get_extra_info("peername")[0]
+        if peer not in self.admitted:
+            await self._resolve()
+        if peer not in self.admitted:
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET
+            )
+            writer.close()
+            return
+        try:
+            inner_reader, inner_writer = await asyncio.open_unix_connection(path)
+        except OSError:
+            writer.close()  # nothing listens yet (the kernel is starting): the client retries
+            return
+        self._keep(_pipe(reader, inner_writer))
+        self._keep(_pipe(inner_reader, writer))
+
+    def _keep(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction of a connection until it ends; then end the other side's writes."""
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
 
 
 def _packages() -> list[str]:

@@ -17,13 +17,16 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
+import psutil
 import zmq.asyncio
 
 from ...errors import ConfigError
@@ -87,6 +90,8 @@ class SwarmPlacement(Placement):
         self.options = options
         self.context = context
         self._configs: list[dict[str, Any]] = []
+        self._subnets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self._gateway_name = ""
         self._reasons: dict[str, str] = {}  # by service id: why it died, once known
         self._reported: set[str] = set()  # task ids whose end was reported
         self._gateway_id = ""
@@ -121,6 +126,12 @@ class SwarmPlacement(Placement):
                 "network %s is not an internal overlay: kernels could reach beyond the cluster",
                 self.options.network,
             )
+        self._subnets = [
+            ipaddress.ip_network(c["Subnet"])
+            for c in network.get("IPAM", {}).get("Config") or []
+            if c.get("Subnet")
+        ]
+        self._gateway_name = await asyncio.to_thread(self._own_service)
         self._configs = await asyncio.to_thread(self._agent_configs)
         self._poller = asyncio.create_task(self._poll_forever(), name="sbx-swarm-watch")
 
@@ -129,6 +140,38 @@ class SwarmPlacement(Placement):
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+
+    def _own_service(self) -> str:
+        """The name that resolves to this gateway's tasks on the kernel network.
+
+        Sandboxes admit connections from those addresses only; a restarted
+        gateway is a new task with a new address, under the same name.
+        """
+        try:
+            container = self.docker.api.inspect_container(socket.gethostname())
+            service = container["Config"]["Labels"]["com.docker.swarm.service.name"]
+        except (docker.errors.DockerException, KeyError):
+            raise ConfigError(
+                "placement swarm needs the gateway to run as a Swarm service on the kernel "
+                "network (deploy/swarm-stack.yml), so sandboxes know whom to admit"
+            ) from None
+        return f"tasks.{service}"
+
+    def api_hosts(self, host: str) -> list[str]:
+        """For a wildcard ``host``, every address of the gateway's but its kernel-network ones.
+
+        Kernels share that network: an API listening there would be theirs to call.
+        """
+        if host not in ("", "0.0.0.0"):
+            return [host]
+        # psutil comes with ipykernel, which the gateway depends on.
+        return [
+            address.address
+            for addresses in psutil.net_if_addrs().values()
+            for address in addresses
+            if address.family == socket.AF_INET
+            and not any(ipaddress.ip_address(address.address) in n for n in self._subnets)
+        ]
 
     def _agent_configs(self) -> list[dict[str, Any]]:
         """Config references of the agent's files, made once per content (named by its hash)."""
@@ -226,6 +269,7 @@ class SwarmPlacement(Placement):
             limits=request.limits,
             env=request.env,
             network=o.network,
+            gateway=self._gateway_name,
             constraints=list(o.constraints),
             agent_configs=self._configs,
             tmp_bytes=self.tmp_bytes(request.limits),

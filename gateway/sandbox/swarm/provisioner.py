@@ -1,10 +1,11 @@
 """Run a kernel as a one-task Docker Swarm service, on any node of a cluster (provisioner).
 
 The Unix-socket transport of the local provisioner cannot cross hosts: a
-cluster kernel listens on TCP on an attachable, internal overlay network that
-only kernels and the gateway's container join, behind CurveZMQ (the kernel's
-keypair in its connection file, jupyter_client's convention) and the
-session's HMAC key. The service's main program is the sandbox agent
+cluster kernel is reached over TCP on an attachable, internal overlay network
+that only kernels and the gateway's container join, behind CurveZMQ (the
+kernel's keypair in its connection file, jupyter_client's convention) and the
+session's HMAC key; the sandbox admits connections from the gateway's
+addresses only (the agent's doorman). The service's main program is the sandbox agent
 (``agent.py``, shipped as Swarm configs), which starts the kernel process from
 the arguments the gateway sends it; the connection file reaches it as a Swarm
 secret, which only the node running the task ever receives. The agent
@@ -83,6 +84,7 @@ class SwarmSpec:
     limits: Limits
     env: dict[str, str]
     network: str
+    gateway: str  # resolves, on the kernel network, to the gateway's addresses there
     constraints: list[str]
     agent_configs: list[dict[str, Any]]  # ConfigReferences of the agent's files
     tmp_bytes: int
@@ -126,6 +128,8 @@ class SwarmSpec:
                     "Init": True,
                     "ReadOnly": True,
                     "CapabilityDrop": ["ALL"],
+                    # No IPv6 even on an overlay made with --ipv6: the walls are IPv4's.
+                    "Sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"},
                     "Mounts": [
                         {"Type": "volume", "Target": "/workspace"},  # removed with the task
                         {
@@ -246,12 +250,8 @@ class SwarmProvisioner(SandboxProvisioner):
         secret = {
             "agent_port": AGENT_PORT,
             "disk": spec.limits.disk,
-            # The kernel binds every interface of its task; the overlay is internal.
-            "connection": {
-                **self.connection_info,
-                "key": self.connection_info["key"].decode(),
-                "ip": "0.0.0.0",
-            },
+            "gateway": spec.gateway,  # the only peer the sandbox's ports admit
+            "connection": {**self.connection_info, "key": self.connection_info["key"].decode()},
         }
         secret_name = f"{spec.name}-{self.generation + 1}"
         api = spec.docker.api
