@@ -13,6 +13,10 @@ directory of a million names, a sparse terabyte file. Every walk (listing,
 artifacts, usage, archives) goes through one walker bounded in depth, entries
 and time, which says when it stopped early; removal is iterative and bounded
 in time, so no tree shape can hold the gateway up (issue 18).
+
+Over 500 lines on purpose: the Swarm agent runs this very file inside each
+sandbox (``inside/agent.py``), shipped alone beside ``errors.py``, so the path
+rules, the walker and the archive writer stay in one standard-library module.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ removed), the ``Store``, the ``WarmPool``, a clock and the settings. The
 composition root (``gateway.app``) builds them; a unit test can build them
 with a fake placement.
 
-Just over 500 lines on purpose: the state machine above and every command
+Over 500 lines on purpose: the state machine above and every command
 that moves a session through it stay in one place, so each transition can
 be read next to the others.
 """
