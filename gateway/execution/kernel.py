@@ -111,6 +111,11 @@ class DropWatch:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 endpoint = event["endpoint"].decode()
+                if not endpoint.startswith("ipc://"):
+                    # Over TCP (a swarm sandbox's agent) ZeroMQ connects again by itself,
+                    # and the agent drops connections while its kernel starts: a second
+                    # connect by address here left the channel dead.
+                    continue
                 self.drops += 1
                 log.warning("a kernel connection was dropped (%s); connecting again", endpoint)
                 with contextlib.suppress(zmq.ZMQError):  # already gone, or reconnecting
