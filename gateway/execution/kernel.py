@@ -91,38 +91,65 @@ def limit_kernel_messages(max_bytes: int) -> None:
 
 
 class DropWatch:
-    """Connects again the kernel sockets libzmq dropped, and counts the drops.
+    """Connects again the kernel sockets libzmq dropped for good, and counts them.
 
     With ``MAXMSGSIZE`` a frame over the limit is never read: libzmq closes
     the connection as a protocol error and, unlike after a lost connection,
     never makes it again, so a kernel could cut the gateway off its own
     outputs. Whatever the kernel sent until the new connection is up is lost
-    (an idle status too, perhaps). A drop when the kernel restarts is
-    answered the same way, harmlessly.
+    (an idle status too, perhaps).
+
+    A lost connection (a kernel restarting, a swarm agent starting its
+    kernel) is ZeroMQ's to make again, and it says so at once with
+    ``EVENT_CONNECT_RETRIED``; only a drop without one is answered here.
+    ``disconnect`` cuts the connection's pipe with whatever is still unread;
+    a SUB socket reads ahead the first frame of the next message, and a pipe
+    cut under it makes libzmq abort the process (``!_more`` in fq.cpp). So
+    the dead connection is cut only while the socket has nothing to read,
+    and never while ZeroMQ is reconnecting it (which once in a few kernel
+    restarts aborted the gateway).
     """
+
+    RETRY_WINDOW = 1.0  # seconds ZeroMQ has to say it reconnects by itself
 
     def __init__(self, sockets: list[zmq.asyncio.Socket]) -> None:
         self.drops = 0
         self._tasks = [asyncio.create_task(self._watch(sock)) for sock in sockets]
 
     async def _watch(self, sock: zmq.asyncio.Socket) -> None:
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        dropped: dict[str, float] = {}  # endpoint -> when it is ours to connect again
         try:
             while True:
+                now = time.monotonic()
+                for endpoint in [e for e, due in dropped.items() if due <= now]:
+                    del dropped[endpoint]
+                    await self._connect_again(sock, endpoint)
+                wait = max(0.0, min(dropped.values()) - now) if dropped else None
+                if not await monitor.poll(None if wait is None else wait * 1000):
+                    continue
                 event = parse_monitor_message(await monitor.recv_multipart())
                 endpoint = event["endpoint"].decode()
-                if not endpoint.startswith("ipc://"):
-                    # Over TCP (a swarm sandbox's agent) ZeroMQ connects again by itself,
-                    # and the agent drops connections while its kernel starts: a second
-                    # connect by address here left the channel dead.
-                    continue
-                self.drops += 1
-                log.warning("a kernel connection was dropped (%s); connecting again", endpoint)
-                with contextlib.suppress(zmq.ZMQError):  # already gone, or reconnecting
-                    sock.disconnect(endpoint)
-                sock.connect(endpoint)
+                if event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                    dropped.pop(endpoint, None)
+                else:
+                    dropped.setdefault(endpoint, time.monotonic() + self.RETRY_WINDOW)
         finally:
             monitor.close(linger=0)
+
+    async def _connect_again(self, sock: zmq.asyncio.Socket, endpoint: str) -> None:
+        self.drops += 1
+        log.warning("a kernel connection was dropped (%s); connecting again", endpoint)
+        try:
+            # The readers take what the dead connection still holds (no event
+            # says when); no await between the last look and the cut.
+            while sock.get(zmq.EVENTS) & zmq.POLLIN:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            with contextlib.suppress(zmq.ZMQError):  # cut already
+                sock.disconnect(endpoint)
+            sock.connect(endpoint)
+        except zmq.ZMQError:  # the socket closed meanwhile
+            return
 
     def close(self) -> None:
         for task in self._tasks:
