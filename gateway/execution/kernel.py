@@ -22,7 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
-from .outputs import OutputCollector, OutputListener
+from .outputs import OutputCap, OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class ExecutionResult:
     error: dict[str, Any] | None
     duration_ms: float
     truncated: bool = False
+    output_bytes: int = 0  # what its outputs charged to the session's output budget
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
 
@@ -50,6 +51,7 @@ class ExecutionResult:
             error=collector.error,
             duration_ms=(time.monotonic() - started) * 1000,
             truncated=collector.truncated,
+            output_bytes=collector.used,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -358,7 +360,7 @@ class Kernel:
         self,
         code: str,
         timeout: float,
-        cap_bytes: int,
+        cap: OutputCap,
         grace: float,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
@@ -375,7 +377,8 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes, on_output))
+            collector = OutputCollector(cap.bytes, on_output, cap.limit)
+            return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = self._executing = False
             self._drain()

@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nbformat import ValidationError
@@ -62,11 +63,26 @@ def payload_size(content: Any) -> int:
 OutputListener = Callable[[dict[str, Any] | None], None]
 
 
+@dataclass(frozen=True)
+class OutputCap:
+    """What one execution may keep: the smaller of its own cap and its session's rest."""
+
+    bytes: int
+    limit: str | None = None  # the truncation note's words for it; None: the execution's cap
+
+
 class OutputCollector:
     """Accumulates one execution's outputs as notebook outputs."""
 
-    def __init__(self, cap_bytes: int, listener: OutputListener | None = None) -> None:
+    def __init__(
+        self, cap_bytes: int, listener: OutputListener | None = None, limit: str | None = None
+    ) -> None:
         self.cap = cap_bytes
+        # The limit the cut is over, and what to do about it, for the truncation note.
+        self.limit = limit or (
+            f"this execution's limit of {format_size(cap_bytes)} (raise limits.output_bytes, "
+            "or write large results to a file)"
+        )
         self.listener = listener
         self.outputs: list[dict[str, Any]] = []
         # Text that continues the last output's stream; joined once, not per chunk
@@ -186,11 +202,7 @@ class OutputCollector:
         self._join_tail()
         notes = []
         if self.dropped:
-            notes.append(
-                f"{format_size(self.dropped)} dropped, over this execution's limit of "
-                f"{format_size(self.cap)} (raise limits.output_bytes, or write large "
-                "results to a file)"
-            )
+            notes.append(f"{format_size(self.dropped)} dropped, over {self.limit}")
         if self.lost:
             notes.append(
                 "the kernel sent a message larger than the gateway's max_kernel_message, "

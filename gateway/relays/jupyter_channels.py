@@ -44,7 +44,8 @@ class _Pending:
     def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
         self.started = time.monotonic()
         self.recorder = manager.begin_execution(session, code)
-        self.collector = OutputCollector(session.limits.output_bytes, self.recorder.listener())
+        cap = manager.output_cap(session)
+        self.collector = OutputCollector(cap.bytes, self.recorder.listener(), cap.limit)
 
 
 class KernelChannels:

@@ -72,6 +72,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
+        self.output_bytes = 0  # kept over its life, against session_output_bytes
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
         self.stream: Relay | None = None  # the agent stream, made on first use
         # Jupyter clients gone for a moment, by client session id: their relays
@@ -103,6 +104,7 @@ class Session:
         session.language_info = doc.get("language_info") or {}
         session.display_name = doc.get("display_name") or session.kernel_name
         session.executions = doc.get("executions", 0)
+        session.output_bytes = doc.get("output_bytes", 0)
         return session
 
     def take_sandbox(self, pooled: Session) -> None:
@@ -156,6 +158,7 @@ class Session:
             "idle_expires_at": iso(self.idle_deadline),
             "ended_at": iso(self.ended_at),
             "executions": self.executions,
+            "output_bytes": self.output_bytes,
             "container_id": self.kernel.container_id if self.kernel else None,
         }
 
