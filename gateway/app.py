@@ -17,6 +17,7 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
+from .access.secrets import SecretVault, load_key
 from .api import (
     audit,
     files,
@@ -26,6 +27,7 @@ from .api import (
     metrics,
     notebooks,
     openapi,
+    secrets,
     sessions,
     stream,
 )
@@ -55,6 +57,7 @@ def make_app(
     manager: SessionManager,
     auth: Authenticator,
     audit_log: AuditLog,
+    secrets_vault: SecretVault,
     settings: Settings,
     loop_lag: LoopLagMonitor,
 ) -> tornado.web.Application:
@@ -69,6 +72,7 @@ def make_app(
             *health.routes,
             *openapi.routes,
             *audit.routes,
+            *secrets.routes,
             *metrics.routes,
             *jupyter.routes,
         ],
@@ -77,6 +81,7 @@ def make_app(
         sbx_manager=manager,
         sbx_auth=auth,
         sbx_audit=audit_log,
+        sbx_secrets=secrets_vault,
         sbx_loop_lag=loop_lag,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
@@ -112,7 +117,9 @@ class Gateway:
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = self.audit = AuditLog(self.store)
-        self.manager = build_manager(self.settings, client, self.store, auth.quota)
+        key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
+        vault = SecretVault(self.store, key, self.settings.max_secret_size)
+        self.manager = build_manager(self.settings, client, self.store, auth.quota, vault)
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
@@ -121,12 +128,13 @@ class Gateway:
             sockets += tornado.netutil.bind_sockets(self.port, host)
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
+        manager.isolation.egress.set_redactor(manager.redact)
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        app = make_app(self.manager, auth, audit_log, settings, self.loop_lag)
+        app = make_app(self.manager, auth, audit_log, vault, settings, self.loop_lag)
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
             max_body_size=settings.max_anonymous_body,
@@ -177,10 +185,14 @@ class Gateway:
 
 
 def build_manager(
-    settings: Settings, client: docker.DockerClient, store: Store, quota: Callable[[str], Quota]
+    settings: Settings,
+    client: docker.DockerClient,
+    store: Store,
+    quota: Callable[[str], Quota],
+    vault: SecretVault,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
-    lifecycle = build_lifecycle(settings, client)
+    lifecycle = build_lifecycle(settings, client, vault)
     sessions: dict[str, Session] = {}
     pool = WarmPool(
         lifecycle,
@@ -192,7 +204,9 @@ def build_manager(
     return SessionManager(settings, lifecycle, store, pool, quota, sessions)
 
 
-def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:
+def build_lifecycle(
+    settings: Settings, client: docker.DockerClient, vault: SecretVault
+) -> SandboxLifecycle:
     """Wire the sandbox side from the settings: the one place that reads them for it."""
     limit_kernel_messages(settings.max_kernel_message)
     images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
@@ -211,6 +225,7 @@ def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxL
         images,
         IsolationManager(settings.isolation_options(), client),
         placement,
+        vault,
     )
 
 

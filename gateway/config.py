@@ -296,6 +296,14 @@ class Settings:
     tenant_max_disk: int = _opt(
         "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
     )
+    secrets_key_file: str = _opt(
+        "",
+        "file holding the key that seals tenants' secrets (base64 of 32 bytes; made, mode "
+        "0600, when missing); keep it apart from the database and its backups (empty: "
+        "secrets.key in data_dir)",
+        AUTH,
+    )
+    max_secret_size: int = _opt("4k", "largest value of one sealed secret", AUTH, SIZE)
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -596,6 +604,10 @@ class Settings:
                 state_dir=Path(self.data_dir) / "egress",
             ),
         )
+
+    def secrets_key_path(self) -> Path:
+        """Where the secrets key lives."""
+        return Path(self.secrets_key_file or Path(self.data_dir) / "secrets.key")
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

@@ -122,7 +122,7 @@ def test_sessions_new_ls_show_rm(gateway, sdk):
             and "test=cli-ls" in show.stdout
         )
         shown = json.loads(sbx("sessions", "show", session_id, "--json", gateway=gateway).stdout)
-        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600 and shown["runtime"] == "runc"
+        assert shown["env"] == ["A"] and shown["ttl"] == 600 and shown["runtime"] == "runc"
         assert shown["network"] == {"allow": ["example.com"]}
     finally:
         rm = sbx("sessions", "rm", session_id, gateway=gateway)

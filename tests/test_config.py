@@ -40,6 +40,8 @@ SAMPLES = {
     "tenant_max_sessions": "4",
     "tenant_max_memory": "2g",
     "tenant_max_disk": "8g",
+    "secrets_key_file": "/run/keys/sbx-secrets.key",
+    "max_secret_size": "1k",
     "token": "secret",
     "max_sessions": "8",
     "default_ttl": "60",

@@ -22,6 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
+from ..masking import NO_SECRETS, Masker
 from .outputs import OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
@@ -362,11 +363,13 @@ class Kernel:
         grace: float,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
+        mask: Masker = NO_SECRETS,
     ) -> ExecutionResult:
         """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
 
         ``on_output`` hears of each output kept and each clear as they happen;
-        ``on_start`` runs once an interrupt would be honoured for this cell.
+        ``on_start`` runs once an interrupt would be honoured for this cell;
+        ``mask`` takes the session's secrets out of every output first.
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
@@ -375,7 +378,8 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            return await self._execute(code, timeout, grace, OutputCollector(cap_bytes, on_output))
+            collector = OutputCollector(cap_bytes, on_output, mask)
+            return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = self._executing = False
             self._drain()

@@ -23,6 +23,7 @@ from nbformat import ValidationError
 from nbformat.v4 import new_output, output_from_msg
 
 from ..limits import format_size
+from ..masking import NO_SECRETS, Masker
 
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 _MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
@@ -65,9 +66,12 @@ OutputListener = Callable[[dict[str, Any] | None], None]
 class OutputCollector:
     """Accumulates one execution's outputs as notebook outputs."""
 
-    def __init__(self, cap_bytes: int, listener: OutputListener | None = None) -> None:
+    def __init__(
+        self, cap_bytes: int, listener: OutputListener | None = None, mask: Masker = NO_SECRETS
+    ) -> None:
         self.cap = cap_bytes
         self.listener = listener
+        self.mask = mask  # a session's secrets, masked before anyone hears of an output
         self.outputs: list[dict[str, Any]] = []
         # Text that continues the last output's stream; joined once, not per chunk
         # (appending chunk by chunk copies a long stream over and over).
@@ -86,6 +90,8 @@ class OutputCollector:
     def add_message(self, msg: dict[str, Any]) -> None:
         """Fold one iopub message in; the listener hears of what it changed."""
         kind = msg["header"]["msg_type"]
+        if self.mask:
+            msg = {**msg, "content": self.mask.tree(msg["content"])}
         content = msg["content"]
         if kind == "clear_output":
             if content.get("wait"):
@@ -161,7 +167,9 @@ class OutputCollector:
 
     def _join_tail(self) -> None:
         if self._tail:
-            self.outputs[-1]["text"] += "".join(self._tail)
+            last = self.outputs[-1]
+            # Masked again whole: a secret may have come split across chunks.
+            last["text"] = self.mask.text(last["text"] + "".join(self._tail))
             self._tail.clear()
 
     def _clear(self) -> None:

@@ -44,7 +44,9 @@ class _Pending:
     def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
         self.started = time.monotonic()
         self.recorder = manager.begin_execution(session, code)
-        self.collector = OutputCollector(session.limits.output_bytes, self.recorder.listener())
+        self.collector = OutputCollector(
+            session.limits.output_bytes, self.recorder.listener(), session.masker
+        )
 
 
 class KernelChannels:
@@ -176,6 +178,8 @@ class KernelChannels:
         if msg.get("parent_header", {}).get("msg_id") in self.nudges:
             return  # answers to our own nudges are not the client's
         msg.pop("buffers", None)
+        if self.session.masker:
+            msg["content"] = self.session.masker.tree(msg["content"])
         msg["channel"] = channel
         self._observe(channel, msg)
         text = json.dumps(msg, default=json_default)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..access.secrets import SecretVault
 from ..config import Settings
 from ..errors import BadRequest, EngineUnavailable
 from ..execution.kernel import Kernel
@@ -42,8 +43,11 @@ class SandboxLifecycle:
         images: ImageBuilder,
         isolation: IsolationManager,
         placement: Placement,
+        secrets: SecretVault | None = None,
     ) -> None:
+        """``secrets``: where sessions' sealed secrets come from; None offers none."""
         self.settings = settings
+        self.secrets = secrets
         self.kernelspecs = kernelspecs
         self.images = images
         self.isolation = isolation
@@ -84,7 +88,21 @@ class SandboxLifecycle:
             runtime=runtime,
             network=network,
             tenant=tenant,
+            secret_names=request.secrets,
         )
+
+    async def unseal(self, session: Session, strict: bool = True) -> None:
+        """Give the session the values of the secrets it names (a 400 for an unknown one).
+
+        Not ``strict`` (a session taken over after a restart): a secret deleted
+        meanwhile is left out, so the kernel keeps running.
+        """
+        if not session.secret_names:
+            return
+        if self.secrets is None:
+            raise BadRequest("this gateway offers no sealed secrets")
+        values = await self.secrets.unseal(session.tenant, session.secret_names, strict)
+        session.give_secrets(values)
 
     def kernel_image(self, kernel_name: str) -> str:
         """The tag of the image a kernel's sessions run in unless they name another."""
@@ -97,7 +115,7 @@ class SandboxLifecycle:
             session_id=session.id,
             image=session.image,
             limits=session.limits,
-            env=session.env,
+            env={**session.env, **session.secrets},
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
             start_timeout=session.start_timeout or self.settings.kernel_start_timeout,
@@ -151,6 +169,7 @@ class SandboxLifecycle:
 
         Raises GatewayError when this host can no longer give the sandbox what it had.
         """
+        await self.unseal(session, strict=False)
         # The egress proxy lives in this process: let the session's kernel back in.
         await self._isolate(session)
         self._equip(session)

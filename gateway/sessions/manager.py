@@ -55,7 +55,7 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
-from .model import Session
+from .model import Session, public_view
 from .pool import WarmPool
 from .recovery import recover
 from .requests import CreateSession, ExecuteCode, UpdateSession
@@ -188,9 +188,7 @@ class SessionManager:
 
     async def describe(self, session_id: str, who: Principal) -> dict[str, Any]:
         """The API view of a session, live or ended."""
-        doc = await self.record(session_id, who)
-        doc.pop("packages", None)
-        return doc
+        return public_view(await self.record(session_id, who))
 
     def list(
         self,
@@ -218,6 +216,11 @@ class SessionManager:
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
 
+    def redact(self, session_id: str, text: str) -> str:
+        """``text`` with a live session's secrets masked (the egress proxy's log lines)."""
+        session = self.sessions.get(session_id)
+        return session.masker.text(text) if session else text
+
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 
@@ -237,6 +240,7 @@ class SessionManager:
     async def create(self, request: CreateSession, who: Principal) -> Session:
         """Check a create request against the server and start its kernel; idle on return."""
         session = self.lifecycle.new_session(request, who.tenant)
+        await self.lifecycle.unseal(session)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self._reserve(session)
@@ -358,6 +362,7 @@ class SessionManager:
                 grace=self.settings.interrupt_grace,
                 on_output=recorder.listener(on_output),
                 on_start=on_start,
+                mask=session.masker,
             )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""
@@ -376,7 +381,10 @@ class SessionManager:
         self, session: Session, code: str, description: str | None = None
     ) -> ExecutionRecorder:
         """Record an execution as running, however it is run (v1 API or Jupyter client)."""
-        recorder = ExecutionRecorder(self.store, session.id, code, description)
+        mask = session.masker
+        recorder = ExecutionRecorder(
+            self.store, session.id, mask.text(code), description and mask.text(description)
+        )
         session.running.add(recorder)
         return recorder
 

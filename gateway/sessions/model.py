@@ -15,6 +15,7 @@ from ..access.auth import Principal
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
+from ..masking import NO_SECRETS, Masker
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import iso, parse_iso
@@ -43,6 +44,7 @@ class Session:
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
         tenant: str = "default",
+        secret_names: tuple[str, ...] = (),
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.tenant = tenant
@@ -56,6 +58,10 @@ class Session:
         self.ttl = ttl
         self.idle_timeout = idle_timeout
         self.env = env
+        self.secret_names = secret_names
+        # Their values, for the sandbox alone: never in a view or a record.
+        self.secrets: dict[str, str] = {}
+        self.masker: Masker = NO_SECRETS
         self.metadata = metadata
         self.created_at = time.time()
         self.last_activity = self.created_at
@@ -93,6 +99,7 @@ class Session:
             runtime=doc.get("runtime", "runc"),
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
+            secret_names=tuple(doc.get("secrets", ())),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -115,6 +122,11 @@ class Session:
         )
         self.image_digest, self.packages = pooled.image_digest, pooled.packages
         self.language_info, self.display_name = pooled.language_info, pooled.display_name
+
+    def give_secrets(self, values: dict[str, str]) -> None:
+        """Hold the values the sandbox gets, and mask them out of all it produces."""
+        self.secrets = values
+        self.masker = Masker(values)
 
     @property
     def owner(self) -> Principal:
@@ -148,7 +160,8 @@ class Session:
             "idle_timeout": self.idle_timeout,
             "runtime": self.runtime,
             "network": self.network.to_json(),
-            "env": self.env,
+            "env": sorted(self.env),  # names only: values may be credentials
+            "secrets": list(self.secret_names),
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
             "expires_at": iso(self.expires_at),
@@ -160,5 +173,13 @@ class Session:
         }
 
     def record(self) -> dict[str, Any]:
-        """What the store keeps: the API view plus the image's package list."""
-        return {**self.to_json(), "packages": self.packages}
+        """What the store keeps: the API view plus env values and the image's package list."""
+        return {**self.to_json(), "env": self.env, "packages": self.packages}
+
+
+def public_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored session record as the API shows it: no package list, no env values."""
+    view = {k: v for k, v in record.items() if k != "packages"}
+    view["env"] = sorted(view.get("env", ()))
+    view.setdefault("secrets", [])
+    return view

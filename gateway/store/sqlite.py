@@ -106,6 +106,17 @@ MIGRATIONS = [
     """
     CREATE INDEX executions_by_start ON executions (started_at);
     """,
+    # Tenants' sealed secrets: only ciphertext (access.secrets holds the key).
+    """
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed BLOB NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -419,6 +430,60 @@ class Store:
         return [
             {**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows
         ]
+
+    async def put_secret(
+        self, tenant: str, name: str, sealed: bytes, at: str, overwrite: bool
+    ) -> tuple[dict[str, str], bool] | None:
+        """Store a sealed value: (its dates, whether new); None if it exists, not to overwrite."""
+
+        def put() -> tuple[dict[str, str], bool] | None:
+            found = self._exec(
+                "SELECT 1 FROM secrets WHERE tenant = ? AND name = ?", (tenant, name)
+            )
+            if found and not overwrite:
+                return None
+            self._exec(
+                "INSERT INTO secrets (tenant, name, sealed, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) DO UPDATE"
+                " SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+                (tenant, name, sealed, at, at),
+            )
+            row = self._exec(
+                "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? AND name = ?",
+                (tenant, name),
+            )[0]
+            return dict(row), not found
+
+        return await self._run(put)
+
+    async def delete_secret(self, tenant: str, name: str) -> bool:
+        """Forget a secret; whether there was one."""
+
+        def delete() -> bool:
+            assert self._db is not None, "store is not open"
+            sql = "DELETE FROM secrets WHERE tenant = ? AND name = ?"
+            return self._db.execute(sql, (tenant, name)).rowcount > 0
+
+        return await self._run(delete)
+
+    async def secret_dates(self, tenant: str) -> list[dict[str, str]]:
+        """A tenant's secrets by name with their dates; never their values."""
+        rows = await self._run(
+            self._exec,
+            "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? ORDER BY name",
+            (tenant,),
+        )
+        return [dict(row) for row in rows]
+
+    async def sealed_secrets(self, tenant: str, names: list[str]) -> dict[str, bytes]:
+        """The sealed values of those of ``names`` the tenant holds."""
+        marks = ", ".join("?" * len(names))
+        rows = await self._run(
+            self._exec,
+            f"SELECT name, sealed FROM secrets WHERE tenant = ? AND name IN ({marks})",
+            (tenant, *names),
+        )
+        return {row["name"]: bytes(row["sealed"]) for row in rows}
 
     async def _prune_forever(self) -> None:
         """Prune a batch at a time: back to back while there is a backlog, else each interval."""

@@ -59,6 +59,8 @@ class EgressDenial:
 
 
 DenialHook = Callable[[EgressDenial], None]
+# Masks a session's secrets out of text (a target it asked for) before it is logged.
+Redactor = Callable[[str, str], str]
 
 
 class _Refused(Exception):
@@ -100,6 +102,7 @@ class EgressProxy:
         self.guard = guard
         self.key = key
         self.on_denied = on_denied  # the hook an audit log plugs into
+        self.redact: Redactor | None = None  # (session id, text) -> text without its secrets
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
@@ -180,10 +183,11 @@ class EgressProxy:
             tenant.tasks.add(task)
             await self._relay(tenant, reader, writer, method, target, version, headers)
         except _Refused as refused:
+            shown, reason = self._redacted(tenant, _printable(target), refused.reason)
             if refused.denied:
-                self._report(tenant, method, _printable(target), refused.reason)
+                self._report(tenant, method, shown, reason)
             else:
-                log.debug("egress %s %s failed: %s", method, target, refused.reason)
+                log.debug("egress %s %s failed: %s", method, shown, reason)
             await _answer(writer, refused.status, refused.reason)
         except (ConnectionError, OSError):
             pass  # the client or the upstream went away
@@ -279,6 +283,12 @@ class EgressProxy:
             raise _Refused(502, f"cannot resolve {host}: {e.strerror}") from None
         inet = (socket.AF_INET, socket.AF_INET6)
         return list(dict.fromkeys(ip_address(i[4][0]) for i in infos if i[0] in inet))
+
+    def _redacted(self, tenant: _Tenant | None, *texts: str) -> tuple[str, ...]:
+        """``texts`` without the secrets of the session asking, for logs and the audit."""
+        if tenant is None or self.redact is None:
+            return texts
+        return tuple(self.redact(tenant.session_id, text) for text in texts)
 
     def _report(self, tenant: _Tenant | None, method: str, target: str, reason: str) -> None:
         """Log a denial and pass it to the hook, at most ``reports_per_second`` per session.
