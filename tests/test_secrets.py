@@ -11,6 +11,7 @@ import asyncio
 import base64
 import hashlib
 import urllib.parse
+from pathlib import Path
 
 import httpx
 import pytest
@@ -187,3 +188,32 @@ def test_a_restarted_kernel_still_has_its_secret(tenants):
         assert text_of(reply).strip() == MASK
     finally:
         alpha.delete(f"/v1/sessions/{sid}")
+
+
+def test_secrets_as_files_live_on_a_tmpfs_and_stay_out_of_env(tenants):
+    _, c = tenants
+    alpha = c["alpha"]
+    alpha.put("/v1/secrets/WAREHOUSE_KEY", json={"value": VALUE})
+    created = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"], "secrets_as": "files"})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    try:
+        reply = run(
+            alpha, sid,
+            "import os, hashlib\n"
+            "p = '/run/secrets/WAREHOUSE_KEY'\n"
+            "print(hashlib.sha256(open(p, 'rb').read()).hexdigest())\n"
+            "print('WAREHOUSE_KEY' in os.environ, oct(os.stat(p).st_mode & 0o777))\n"
+            "print([l.split()[2] for l in open('/proc/mounts') if '/run/secrets' in l])\n"
+            "try:\n    open(p, 'a')\nexcept OSError as e:\n    print('read-only:', e.errno)",
+        )  # fmt: skip
+        lines = text_of(reply).splitlines()
+        assert lines[0] == hashlib.sha256(VALUE.encode()).hexdigest(), reply
+        assert lines[1] == "False 0o400", "a file secret must not be in env, and be owner-read"
+        assert lines[2] == "['tmpfs']", "the secret files must live on a tmpfs, never on disk"
+        assert lines[3].startswith("read-only:")
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")
+    assert not (Path("/dev/shm/sbx-secrets") / sid).exists(), "the files outlived the session"
+    bad = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"], "secrets_as": "disk"})
+    assert bad.status_code == 400 and "'env' or 'files'" in bad.text

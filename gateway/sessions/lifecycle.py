@@ -19,7 +19,7 @@ from typing import Any
 
 from ..access.secrets import SecretVault
 from ..config import Settings
-from ..errors import BadRequest, EngineUnavailable
+from ..errors import BadRequest, EngineUnavailable, NotAllowed
 from ..execution.kernel import Kernel
 from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxRequest
 from ..sandbox.files import AsyncWorkspace
@@ -65,6 +65,11 @@ class SandboxLifecycle:
         s = self.settings
         sandbox = self.kernelspecs.sandbox(request.kernel)
         runtime, network = self.isolation.choose(request.runtime, request.network, sandbox)
+        if request.secrets_as == "files" and not self.placement.secret_files:
+            raise NotAllowed(
+                f"the {self.placement.name} placement gives secrets as env only; "
+                'ask for "secrets_as": "env"'
+            )
         return Session(
             kernel_name=request.kernel,
             image=request.image or self.kernel_image(request.kernel),
@@ -89,6 +94,7 @@ class SandboxLifecycle:
             network=network,
             tenant=tenant,
             secret_names=request.secrets,
+            secrets_as=request.secrets_as,
         )
 
     async def unseal(self, session: Session, strict: bool = True) -> None:
@@ -111,11 +117,13 @@ class SandboxLifecycle:
     def _equip(self, session: Session) -> None:
         """Give a session its Kernel and workspace objects (no sandbox is started)."""
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
+        as_files = session.secrets_as == "files"
         request = SandboxRequest(
             session_id=session.id,
             image=session.image,
             limits=session.limits,
-            env={**session.env, **session.secrets},
+            env=session.env if as_files else {**session.env, **session.secrets},
+            secret_files=session.secrets if as_files else {},
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
             start_timeout=session.start_timeout or self.settings.kernel_start_timeout,

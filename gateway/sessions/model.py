@@ -45,6 +45,7 @@ class Session:
         network: NetworkPolicy | None = None,
         tenant: str = "default",
         secret_names: tuple[str, ...] = (),
+        secrets_as: str = "env",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.tenant = tenant
@@ -59,6 +60,7 @@ class Session:
         self.idle_timeout = idle_timeout
         self.env = env
         self.secret_names = secret_names
+        self.secrets_as = secrets_as  # env variables, or files in /run/secrets
         # Their values, for the sandbox alone: never in a view or a record.
         self.secrets: dict[str, str] = {}
         self.masker: Masker = NO_SECRETS
@@ -100,6 +102,7 @@ class Session:
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
             secret_names=tuple(doc.get("secrets", ())),
+            secrets_as=doc.get("secrets_as", "env"),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -162,6 +165,7 @@ class Session:
             "network": self.network.to_json(),
             "env": sorted(self.env),  # names only: values may be credentials
             "secrets": list(self.secret_names),
+            "secrets_as": self.secrets_as,
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
             "expires_at": iso(self.expires_at),
