@@ -218,7 +218,8 @@ def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
 def test_files_both_ways_and_their_errors(admin, sid):
     files = f"/v1/sessions/{sid}/files"
     put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")
-    assert put.status_code == 201 and put.json() == {"path": "data/in.csv", "size": 8}
+    digest = hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    assert put.json() == {"path": "data/in.csv", "size": 8, "sha256": digest}, put.text
     assert admin.get(f"{files}/data/in.csv").content == b"a,b\n1,2\n"
     batch = admin.post(
         files, params={"path": "data"}, files={"one": ("x.txt", b"x"), "two": ("y.txt", b"yy")}

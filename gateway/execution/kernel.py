@@ -40,6 +40,7 @@ class ExecutionResult:
     truncated: bool = False
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
+    files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -63,6 +64,7 @@ class ExecutionResult:
             "truncated": self.truncated,
             "artifacts": self.artifacts,
             "artifacts_truncated": self.artifacts_truncated,
+            "files": self.files,
         }
 
 

@@ -373,7 +373,8 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts, result.artifacts_truncated = await session.workspace.changes()
+            result.files, result.artifacts_truncated = await session.workspace.changes()
+            result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             await self.finish_execution(session, recorder, result)
         return result
 

@@ -117,12 +117,17 @@ MIGRATIONS = [
         PRIMARY KEY (tenant, name)
     );
     """,
+    # What each execution did to the workspace: created, modified, deleted files.
+    """
+    ALTER TABLE executions ADD COLUMN files TEXT;
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
 
 _EXECUTION_COLUMNS = (
-    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms"
+    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms",
+    "files",
 )  # fmt: skip
 
 
@@ -597,6 +602,7 @@ class Store:
             "started_at": r["started_at"],
             "ended_at": None if running else r["ended_at"],
             "duration_ms": r["duration_ms"],
+            "files": json.loads(r["files"]) if r["files"] else [],
         }
 
 
@@ -625,6 +631,7 @@ def _execution_values(record: dict[str, Any]) -> tuple:
         json.dumps(record["error"]) if record["error"] else None,
         record["ended_at"],
         record["duration_ms"],
+        json.dumps(record.get("files") or []),
     )
 
 
