@@ -62,6 +62,9 @@ class Bounds:
 
 
 WALK = Bounds()
+# The walk that tells what an execution changed: a workspace of 10,000 files (in
+# a few hundred directories) is seen whole (docs/PERFORMANCE.md, "Recording file changes").
+SNAPSHOT = Bounds(entries=20_000)
 # A walk on the event loop (the workspace was small at the last one); cut short, it
 # is redone in a thread.
 INLINE = Bounds(entries=4 * SMALL_WORKSPACE, seconds=0.02)
@@ -385,7 +388,7 @@ class Workspace:
 
     def snapshot(self, walk: Walk | None = None) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every file, to tell what an execution changed."""
-        walk = walk or self.walk([])
+        walk = walk or self.walk([], SNAPSHOT)
         self.cut = walk.truncated
         return {rel: (info.st_mtime_ns, info.st_size) for rel, info in walk.files}
 
@@ -462,7 +465,7 @@ class Workspace:
         sha = digest.hexdigest()
         self.digests.pop(path, None)
         self.digests[path] = ((info.st_mtime_ns, info.st_size), sha)
-        while len(self.digests) > WALK.entries:  # bounded: the oldest go first
+        while len(self.digests) > SNAPSHOT.entries:  # bounded: the oldest go first
             del self.digests[next(iter(self.digests))]
         return sha
 
