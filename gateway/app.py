@@ -129,6 +129,7 @@ class Gateway:
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
         manager.isolation.egress.set_redactor(manager.redact)
+        manager.isolation.egress.set_connection_hook(manager.record_connection)
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )

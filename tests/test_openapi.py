@@ -195,6 +195,9 @@ def test_execute_outcomes_history_and_notebook(admin, sid):
     page = admin.get(f"/v1/sessions/{sid}/history", params={"limit": 2}).json()
     assert len(page["executions"]) == 2 and page["next"] == page["executions"][-1]["id"]
     assert admin.get(f"/v1/sessions/{sid}/history", params={"limit": 0}).status_code == 400
+    network = admin.get(f"/v1/sessions/{sid}/network")
+    assert network.json() == {"connections": [], "next": None}, "no network: no connections"
+    assert admin.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
     notebook = admin.get(f"/v1/sessions/{sid}/notebook")
     assert notebook.status_code == 200 and notebook.json()["cells"][0]["cell_type"] == "markdown"
     bare = admin.get(f"/v1/sessions/{sid}/notebook", params={"descriptions": "false"}).json()

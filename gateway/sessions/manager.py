@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -48,10 +49,12 @@ from ..execution.outputs import OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
 from ..sandbox.base import ENGINE_ERRORS
+from ..sandbox.egress import EgressConnection
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
@@ -64,6 +67,8 @@ from .tasks import TaskSet
 log = logging.getLogger(__name__)
 
 LIVE_STATES = ("starting", "idle", "busy", "dead")
+# Egress connections recorded per session (by this process); past it they are only counted.
+MAX_CONNECTION_RECORDS = 10_000
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -215,6 +220,42 @@ class SessionManager:
         """The tenant a live session belongs to, as a principal acting for it."""
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
+
+    def record_connection(self, connection: EgressConnection) -> None:
+        """Keep a connection the egress proxy saw, under its session and the running execution.
+
+        Host names and reasons are masked of the session's secrets; past
+        ``MAX_CONNECTION_RECORDS`` a session's connections are only counted.
+        """
+        session = self.sessions.get(connection.session_id)
+        if session is None:
+            return
+        session.egress_recorded += 1
+        if session.egress_recorded > MAX_CONNECTION_RECORDS:
+            if session.egress_recorded == MAX_CONNECTION_RECORDS + 1:
+                log.warning("session %s: further egress connections are not recorded", session.id)
+            return
+        mask = session.masker
+        running = next(iter(session.running), None)
+        record = dataclasses.asdict(connection)
+        record.update(
+            at=iso(record.pop("started")),
+            duration_ms=round(connection.duration_ms, 3),
+            host=mask.text(connection.host),
+            sni=connection.sni and mask.text(connection.sni),
+            reason=connection.reason and mask.text(connection.reason),
+        )
+        del record["session_id"]
+        self.store.add_connection(session.id, running.id if running else None, record)
+
+    async def network(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of the session's egress connections after the cursor ``after``."""
+        if not 1 <= limit <= HISTORY_PAGE_MAX:
+            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.store.connections(session_id, after, limit)
 
     def redact(self, session_id: str, text: str) -> str:
         """``text`` with a live session's secrets masked (the egress proxy's log lines)."""

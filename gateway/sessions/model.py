@@ -81,6 +81,7 @@ class Session:
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.stream: Relay | None = None  # the agent stream, made on first use
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.

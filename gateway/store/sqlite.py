@@ -121,6 +121,19 @@ MIGRATIONS = [
     """
     ALTER TABLE executions ADD COLUMN files TEXT;
     """,
+    # Every connection a session made through the egress proxy, allowed or denied.
+    """
+    CREATE TABLE connections (
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id INTEGER,
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -490,6 +503,49 @@ class Store:
         )
         return {row["name"]: bytes(row["sealed"]) for row in rows}
 
+    def add_connection(
+        self, session_id: str, execution_id: int | None, record: dict[str, Any]
+    ) -> asyncio.Future:
+        """Append one egress connection of a session (and the execution it ran in)."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO connections (session_id, execution_id, at, record) VALUES (?, ?, ?, ?)",
+            (session_id, execution_id, record["at"], json.dumps(record)),
+            lazy=True,
+        )
+
+    async def connections(
+        self, session_id: str, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of a session's connections, oldest first, and the next page's cursor."""
+        rows = await self._run(
+            self._exec,
+            "SELECT id, execution_id, record FROM connections WHERE session_id = ? AND id > ?"
+            " ORDER BY id LIMIT ?",
+            (session_id, after, limit + 1),
+        )
+        page = [
+            {"id": r["id"], "execution_id": r["execution_id"], **json.loads(r["record"])}
+            for r in rows[:limit]
+        ]
+        return page, (page[-1]["id"] if len(rows) > limit else None)
+
+    def _network(self, execution_id: int) -> dict[str, Any] | None:
+        """What an execution's connections add up to, for its history row and notebook cell."""
+        rows = self._exec(
+            "SELECT record FROM connections WHERE execution_id = ? ORDER BY id", (execution_id,)
+        )
+        if not rows:
+            return None
+        records = [json.loads(r["record"]) for r in rows]
+        return {
+            "connections": len(records),
+            "refused": sum(r["decision"] != "allowed" for r in records),
+            "bytes_up": sum(r["bytes_up"] for r in records),
+            "bytes_down": sum(r["bytes_down"] for r in records),
+            "hosts": sorted({r["sni"] or r["host"] for r in records}),
+        }
+
     async def _prune_forever(self) -> None:
         """Prune a batch at a time: back to back while there is a backlog, else each interval."""
         while True:
@@ -520,6 +576,11 @@ class Store:
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
+                ).rowcount
+                budget -= db.execute(
+                    "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
+                    " WHERE at < ? ORDER BY at LIMIT ?)",
+                    (cutoff, max(budget, 0)),
                 ).rowcount
                 budget -= db.execute(
                     "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
@@ -603,6 +664,7 @@ class Store:
             "ended_at": None if running else r["ended_at"],
             "duration_ms": r["duration_ms"],
             "files": json.loads(r["files"]) if r["files"] else [],
+            "network": self._network(r["id"]),
         }
 
 
