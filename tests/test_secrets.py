@@ -217,3 +217,15 @@ def test_secrets_as_files_live_on_a_tmpfs_and_stay_out_of_env(tenants):
     assert not (Path("/dev/shm/sbx-secrets") / sid).exists(), "the files outlived the session"
     bad = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"], "secrets_as": "disk"})
     assert bad.status_code == 400 and "'env' or 'files'" in bad.text
+
+
+def test_a_restarted_gateway_keeps_masking_the_secrets_of_sessions_it_takes_over(start_gateway):
+    first = start_gateway(keep_sessions=True)
+    first.client.post("/v1/secrets", json={"name": "WAREHOUSE_KEY", "value": VALUE})
+    created = first.client.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"]})
+    sid = created.json()["id"]
+    first.stop()
+    second = start_gateway(data_dir=first.data_dir)
+    reply = run(second.client, sid, "import os; print(os.environ['WAREHOUSE_KEY'])")
+    assert text_of(reply) == MASK + "\n", "the secret was lost, or shown, after the restart"
+    assert second.client.get(f"/v1/sessions/{sid}").json()["secrets"] == ["WAREHOUSE_KEY"]
