@@ -41,6 +41,7 @@ from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
+from .sandbox.packages import PackageCache, PackageGate, PackagePolicy
 from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
@@ -101,6 +102,9 @@ class Gateway:
         self.port: int | None = None
         self.audit: AuditLog | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
+        self.package_cache = (
+            PackageCache(Path(settings.data_dir) / "packages") if settings.package_cache else None
+        )
 
     async def start(self) -> None:
         _raise_file_limit()
@@ -119,7 +123,14 @@ class Gateway:
         audit_log = self.audit = AuditLog(self.store)
         key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
         vault = SecretVault(self.store, key, self.settings.max_secret_size)
-        self.manager = build_manager(self.settings, client, self.store, auth.quota, vault)
+        gate = None
+        if self.package_cache is not None:
+            await self.package_cache.start()
+            gate = PackageGate(self.package_cache, self._package_policy)
+            gate.on_install = lambda install: audit_log.package_install(
+                install, self.manager.owner_of(install.session_id) if self.manager else None
+            )
+        self.manager = build_manager(self.settings, client, self.store, auth.quota, vault, gate)
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
@@ -154,10 +165,22 @@ class Gateway:
                 end_sessions=self.settings.end_sessions_on_stop,
                 drain_timeout=self.settings.drain_timeout,
             )
+        if self.manager is not None and self.manager.lifecycle.packages is not None:
+            self.manager.lifecycle.packages.stop()
+        if self.package_cache is not None:
+            await self.package_cache.stop()
         if self.audit is not None:
             self.audit.close()
         self.loop_lag.stop()
         await self.store.close()
+
+    def _package_policy(self, session_id: str) -> PackagePolicy | None:
+        """The package policy of a live session's tenant (None: no such session)."""
+        owner = self.manager.owner_of(session_id) if self.manager is not None else None
+        if owner is None:
+            return None
+        quota = self.manager.quota(owner.tenant)
+        return PackagePolicy(quota.package_allow, quota.package_deny)
 
     async def serve(self) -> None:
         """Run until SIGINT/SIGTERM, then shut down cleanly."""
@@ -191,9 +214,10 @@ def build_manager(
     store: Store,
     quota: Callable[[str], Quota],
     vault: SecretVault,
+    packages: PackageGate | None = None,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
-    lifecycle = build_lifecycle(settings, client, vault)
+    lifecycle = build_lifecycle(settings, client, vault, packages)
     sessions: dict[str, Session] = {}
     pool = WarmPool(
         lifecycle,
@@ -206,7 +230,10 @@ def build_manager(
 
 
 def build_lifecycle(
-    settings: Settings, client: docker.DockerClient, vault: SecretVault
+    settings: Settings,
+    client: docker.DockerClient,
+    vault: SecretVault,
+    packages: PackageGate | None = None,
 ) -> SandboxLifecycle:
     """Wire the sandbox side from the settings: the one place that reads them for it."""
     limit_kernel_messages(settings.max_kernel_message)
@@ -227,6 +254,7 @@ def build_lifecycle(
         IsolationManager(settings.isolation_options(), client),
         placement,
         vault,
+        packages,
     )
 
 

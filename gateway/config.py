@@ -442,6 +442,28 @@ class Settings:
         RULES,
     )
 
+    package_cache: bool = _opt(
+        False,
+        "run devpi-server beside the gateway as a caching mirror of the index pip is "
+        "configured with here; Python sessions install from it with no network "
+        "(docs/packages.md)",
+        ISOLATION,
+    )
+    package_allow: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may install from the cache, names or name==version "
+        "(comma-separated; empty: any); a tenant's package_allow replaces it",
+        ISOLATION,
+        NAMES,
+    )
+    package_deny: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may not install, names or name==version (comma-separated); "
+        "a tenant's package_deny replaces it",
+        ISOLATION,
+        NAMES,
+    )
+
     # -- swarm
     placement: str = _opt(
         "docker",
@@ -580,6 +602,9 @@ class Settings:
             raise ConfigError(f"placement must be 'docker' or 'swarm', not {self.placement!r}")
         if self.placement != "swarm":
             return
+        if self.package_cache:
+            raise ConfigError("the package cache serves this host's sandboxes only: "
+                              "set package_cache=false with placement swarm")  # fmt: skip
         # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
         if self.runtimes != ("runc",) or self.network_policies != ("none",):
             raise ConfigError(

@@ -26,6 +26,7 @@ from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.packages import PIP_ENV, RELAY, PackageGate
 from ..validation import seconds
 from .model import Session
 from .requests import CreateSession
@@ -44,10 +45,13 @@ class SandboxLifecycle:
         isolation: IsolationManager,
         placement: Placement,
         secrets: SecretVault | None = None,
+        packages: PackageGate | None = None,
     ) -> None:
-        """``secrets``: where sessions' sealed secrets come from; None offers none."""
+        """``secrets``: where sessions' sealed secrets come from; ``packages``: the package
+        cache's gate for Python sessions. None offers none."""
         self.settings = settings
         self.secrets = secrets
+        self.packages = packages
         self.kernelspecs = kernelspecs
         self.images = images
         self.isolation = isolation
@@ -118,11 +122,12 @@ class SandboxLifecycle:
         """Give a session its Kernel and workspace objects (no sandbox is started)."""
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
         as_files = session.secrets_as == "files"
+        pip = PIP_ENV if self._installs(session) else {}
         request = SandboxRequest(
             session_id=session.id,
             image=session.image,
             limits=session.limits,
-            env=session.env if as_files else {**session.env, **session.secrets},
+            env={**pip, **session.env, **({} if as_files else session.secrets)},
             secret_files=session.secrets if as_files else {},
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
@@ -171,6 +176,24 @@ class SandboxLifecycle:
         session.packages = facts["packages"]
         session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
         session.display_name = self.kernelspecs.get(session.kernel_name).display_name
+        await self.connect_packages(session)
+
+    def _installs(self, session: Session) -> bool:
+        """Whether the session's kernel installs packages through the cache (Python only)."""
+        language = self.kernelspecs.get(session.kernel_name).language
+        return self.packages is not None and language == "python"
+
+    async def connect_packages(self, session: Session, relay: bool = True) -> None:
+        """Serve the session's package socket, and start the kernel's relay to it.
+
+        Called once its kernel runs, and after each restart of it (a new
+        process has no relay); ``relay`` false: the kernel still runs one.
+        """
+        if self.packages is None or not self._installs(session) or session.kernel is None:
+            return
+        await self.packages.open(session.id, session.kernel.sandbox.run_dir)
+        if relay:
+            await session.kernel.run_silently(RELAY)
 
     async def adopt(self, session: Session, runtime: dict[str, Any]) -> None:
         """Take over a sandbox a previous gateway process started (its kernel's runtime info).
@@ -184,10 +207,13 @@ class SandboxLifecycle:
         assert session.kernel is not None
         await session.kernel.adopt(runtime)
         await self.placement.reattach(session.id)
+        await self.connect_packages(session, relay=False)
 
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self.isolation.release(session.id)
+        if self.packages is not None:
+            self.packages.close(session.id)
         kernel = session.kernel
         if kernel is not None:
             try:

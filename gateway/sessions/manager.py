@@ -492,6 +492,7 @@ class SessionManager:
         try:
             async with self._ended_meanwhile(session, "restarted"):
                 await session.kernel.restart()
+                await self.lifecycle.connect_packages(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")
