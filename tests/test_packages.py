@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from helpers import run, short_tmpdir, text_of
+from helpers import run, tenant_gateway, text_of
 
 from gateway.sandbox.packages import PackagePolicy, project_of
 
@@ -30,21 +30,9 @@ INSTALL = (
 
 @pytest.fixture(scope="module")
 def cached(start_gateway):
-    data_dir = short_tmpdir()
-    tokens_file = data_dir / "tokens.toml"
-    tokens_file.write_text(
-        "".join(f'[[tokens]]\ntenant = "{t}"\ntoken = "{tok}"\n\n' for t, tok in TOKENS.items())
-        + f'[tenants.beta]\npackage_deny = ["{PACKAGE}"]\n'
-    )
-    gw = start_gateway("--tokens-file", str(tokens_file), "--package-cache", "true",
-                       data_dir=data_dir)  # fmt: skip
-    clients = {
-        name: httpx.Client(base_url=gw.url, timeout=300, headers={"Authorization": f"Bearer {t}"})
-        for name, t in TOKENS.items()
-    }
-    yield gw, clients
-    for client in clients.values():
-        client.close()
+    deny = f'[tenants.beta]\npackage_deny = ["{PACKAGE}"]\n'
+    with tenant_gateway(start_gateway, TOKENS, "--package-cache", "true", tenants=deny) as found:
+        yield found
 
 
 def install(client: httpx.Client, package: str = PACKAGE) -> tuple[int, str]:

@@ -13,9 +13,8 @@ import hashlib
 import urllib.parse
 from pathlib import Path
 
-import httpx
 import pytest
-from helpers import full_history, run, run_over_channels, short_tmpdir, text_of
+from helpers import full_history, run, run_over_channels, tenant_gateway, text_of
 
 pytestmark = pytest.mark.docker
 
@@ -37,21 +36,8 @@ def forms(value: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tenants(start_gateway):
-    data_dir = short_tmpdir()
-    tokens_file = data_dir / "tokens.toml"
-    tokens_file.write_text(
-        "".join(f'[[tokens]]\ntenant = "{t}"\ntoken = "{tok}"\n\n' for t, tok in TOKENS.items())
-    )
-    gw = start_gateway(
-        "--tokens-file", str(tokens_file), "--max-secret-size", "1k", data_dir=data_dir
-    )  # fmt: skip
-    clients = {
-        name: httpx.Client(base_url=gw.url, timeout=120, headers={"Authorization": f"Bearer {t}"})
-        for name, t in TOKENS.items()
-    }
-    yield gw, clients
-    for client in clients.values():
-        client.close()
+    with tenant_gateway(start_gateway, TOKENS, "--max-secret-size", "1k") as found:
+        yield found
 
 
 def assert_hidden(where: str, text: str) -> None:
