@@ -180,8 +180,9 @@ class SandboxLifecycle:
 
     def _installs(self, session: Session) -> bool:
         """Whether the session's kernel installs packages through the cache (Python only)."""
-        language = self.kernelspecs.get(session.kernel_name).language
-        return self.packages is not None and language == "python"
+        if self.packages is None:
+            return False
+        return self.kernelspecs.get(session.kernel_name).language == "python"
 
     async def connect_packages(self, session: Session, relay: bool = True) -> None:
         """Serve the session's package socket, and start the kernel's relay to it.
@@ -189,7 +190,7 @@ class SandboxLifecycle:
         Called once its kernel runs, and after each restart of it (a new
         process has no relay); ``relay`` false: the kernel still runs one.
         """
-        if self.packages is None or not self._installs(session) or session.kernel is None:
+        if self.packages is None or session.kernel is None or not self._installs(session):
             return
         await self.packages.open(session.id, session.kernel.sandbox.run_dir)
         if relay:

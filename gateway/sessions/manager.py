@@ -414,6 +414,8 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
+            if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
+                await self.lifecycle.connect_packages(session)
             result.files, result.artifacts_truncated = await session.workspace.changes()
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             await self.finish_execution(session, recorder, result)
