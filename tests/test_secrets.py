@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import urllib.parse
 from pathlib import Path
 
 import pytest
 from helpers import full_history, run, run_over_channels, tenant_gateway, text_of
+from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
 
@@ -215,3 +217,28 @@ def test_a_restarted_gateway_keeps_masking_the_secrets_of_sessions_it_takes_over
     reply = run(second.client, sid, "import os; print(os.environ['WAREHOUSE_KEY'])")
     assert text_of(reply) == MASK + "\n", "the secret was lost, or shown, after the restart"
     assert second.client.get(f"/v1/sessions/{sid}").json()["secrets"] == ["WAREHOUSE_KEY"]
+
+
+def test_the_agent_stream_shows_only_the_mask(tenants):
+    gw, c = tenants
+    alpha = c["alpha"]
+    alpha.put("/v1/secrets/WAREHOUSE_KEY", json={"value": VALUE})
+    sid = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"]}).json()["id"]
+
+    async def stream() -> list[str]:
+        url = gw.ws_url(f"/v1/sessions/{sid}/stream").replace(gw.token, TOKENS["alpha"])
+        ws = await websocket_connect(url)
+        code = "import os, base64; v = os.environ['WAREHOUSE_KEY']; print(v); v.encode().hex()"
+        ws.write_message(json.dumps({"type": "execute", "id": "c1", "code": code}))
+        frames = []
+        while not frames or json.loads(frames[-1])["type"] != "done":
+            frames.append(await asyncio.wait_for(ws.read_message(), 60))
+        ws.close()
+        return frames
+
+    try:
+        frames = asyncio.run(stream())
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")
+    assert_hidden("the agent stream", "".join(frames))
+    assert sum(MASK in frame for frame in frames) >= 3, frames  # stdout, result, done
