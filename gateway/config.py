@@ -341,6 +341,13 @@ class Settings:
         "1m", "output kept per execution; the rest is cut", LIMITS, SIZE
     )
     max_output_bytes: int = _opt("64m", "largest output cap a session may ask for", LIMITS, SIZE)
+    session_output_bytes: int = _opt(
+        "256m",
+        "output one session keeps over its life, all executions together (history, "
+        "exports); past it an execution keeps its error and a note, nothing more",
+        LIMITS,
+        SIZE,
+    )
     max_code_size: int = _opt("2m", "largest code of one execute", LIMITS, SIZE)
     max_archive_size: int = _opt(
         "1g",

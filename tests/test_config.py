@@ -60,6 +60,7 @@ SAMPLES = {
     "max_timeout": "300",
     "default_output_bytes": "512k",
     "max_output_bytes": "8m",
+    "session_output_bytes": "512m",
     "max_code_size": "1m",
     "max_archive_size": "512m",
     "tmp_size": "32m",

@@ -23,7 +23,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
-from .outputs import OutputCollector, OutputListener
+from .outputs import OutputCap, OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class ExecutionResult:
     error: dict[str, Any] | None
     duration_ms: float
     truncated: bool = False
+    output_bytes: int = 0  # what its outputs charged to the session's output budget
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
     files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
@@ -52,6 +53,7 @@ class ExecutionResult:
             error=collector.error,
             duration_ms=(time.monotonic() - started) * 1000,
             truncated=collector.truncated,
+            output_bytes=collector.used,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -361,7 +363,7 @@ class Kernel:
         self,
         code: str,
         timeout: float,
-        cap_bytes: int,
+        cap: OutputCap,
         grace: float,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
@@ -380,7 +382,7 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            collector = OutputCollector(cap_bytes, on_output, mask)
+            collector = OutputCollector(cap.bytes, on_output, cap.limit, mask)
             return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = self._executing = False

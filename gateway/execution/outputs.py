@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nbformat import ValidationError
@@ -63,13 +64,30 @@ def payload_size(content: Any) -> int:
 OutputListener = Callable[[dict[str, Any] | None], None]
 
 
+@dataclass(frozen=True)
+class OutputCap:
+    """What one execution may keep: the smaller of its own cap and its session's rest."""
+
+    bytes: int
+    limit: str | None = None  # the truncation note's words for it; None: the execution's cap
+
+
 class OutputCollector:
     """Accumulates one execution's outputs as notebook outputs."""
 
     def __init__(
-        self, cap_bytes: int, listener: OutputListener | None = None, mask: Masker = NO_SECRETS
+        self,
+        cap_bytes: int,
+        listener: OutputListener | None = None,
+        limit: str | None = None,
+        mask: Masker = NO_SECRETS,
     ) -> None:
         self.cap = cap_bytes
+        # The limit the cut is over, and what to do about it, for the truncation note.
+        self.limit = limit or (
+            f"this execution's limit of {format_size(cap_bytes)} (raise limits.output_bytes, "
+            "or write large results to a file)"
+        )
         self.listener = listener
         self.mask = mask  # a session's secrets, masked before anyone hears of an output
         self.outputs: list[dict[str, Any]] = []
@@ -194,11 +212,7 @@ class OutputCollector:
         self._join_tail()
         notes = []
         if self.dropped:
-            notes.append(
-                f"{format_size(self.dropped)} dropped, over this execution's limit of "
-                f"{format_size(self.cap)} (raise limits.output_bytes, or write large "
-                "results to a file)"
-            )
+            notes.append(f"{format_size(self.dropped)} dropped, over {self.limit}")
         if self.lost:
             notes.append(
                 "the kernel sent a message larger than the gateway's max_kernel_message, "

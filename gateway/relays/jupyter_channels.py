@@ -44,8 +44,9 @@ class _Pending:
     def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
         self.started = time.monotonic()
         self.recorder = manager.begin_execution(session, code)
+        cap = manager.output_cap(session)
         self.collector = OutputCollector(
-            session.limits.output_bytes, self.recorder.listener(), session.masker
+            cap.bytes, self.recorder.listener(), cap.limit, session.masker
         )
 
 

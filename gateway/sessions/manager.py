@@ -45,7 +45,7 @@ from ..errors import (
     TooManySessions,
 )
 from ..execution.kernel import ExecutionResult
-from ..execution.outputs import OutputListener
+from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
 from ..sandbox.base import ENGINE_ERRORS
@@ -399,7 +399,7 @@ class SessionManager:
             result = await session.kernel.execute(
                 code,
                 timeout=limit,
-                cap_bytes=session.limits.output_bytes,
+                cap=self.output_cap(session),
                 grace=self.settings.interrupt_grace,
                 on_output=recorder.listener(on_output),
                 on_start=on_start,
@@ -420,6 +420,18 @@ class SessionManager:
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             await self.finish_execution(session, recorder, result)
         return result
+
+    def output_cap(self, session: Session) -> OutputCap:
+        """The execution's own cap, or what is left of the session's, whichever is less."""
+        total = self.settings.session_output_bytes
+        left = max(0, total - session.output_bytes)
+        if left >= session.limits.output_bytes:
+            return OutputCap(session.limits.output_bytes)
+        return OutputCap(
+            left,
+            f"this session's output limit of {format_size(total)}, all its executions "
+            "together (start a new session, or write large results to files)",
+        )
 
     def begin_execution(
         self, session: Session, code: str, description: str | None = None
@@ -444,6 +456,7 @@ class SessionManager:
         session.running.discard(recorder)
         session.touch()
         session.executions += 1
+        session.output_bytes += result.output_bytes
         finished = recorder.finish(result)
         self.save_soon(session)
         await finished

@@ -80,6 +80,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.connections = 0  # open streams; while any is open the session is not idle
         self.executions = 0
+        self.output_bytes = 0  # kept over its life, against session_output_bytes
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
         self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.stream: Relay | None = None  # the agent stream, made on first use
@@ -114,6 +115,7 @@ class Session:
         session.language_info = doc.get("language_info") or {}
         session.display_name = doc.get("display_name") or session.kernel_name
         session.executions = doc.get("executions", 0)
+        session.output_bytes = doc.get("output_bytes", 0)
         return session
 
     def take_sandbox(self, pooled: Session) -> None:
@@ -174,6 +176,7 @@ class Session:
             "idle_expires_at": iso(self.idle_deadline),
             "ended_at": iso(self.ended_at),
             "executions": self.executions,
+            "output_bytes": self.output_bytes,
             "container_id": self.kernel.container_id if self.kernel else None,
         }
 
