@@ -144,3 +144,21 @@ def test_a_jupyter_client_that_does_not_read_is_disconnected(output_gateway, bys
     assert closed_by_gateway(), "the gateway did not close the client, or did not say why"
     assert code_ in (None, 1008), f"closed with {code_} {reason}"
     api.delete(f"/api/kernels/{kernel_id}")
+
+
+def test_a_session_keeps_no_more_output_than_its_session_cap(start_gateway):
+    """Many executes, each under its own cap, add up to no more than the session's cap."""
+    gw = start_gateway("--session-output-bytes", "200k")
+    api = gw.client
+    sid = api.post("/v1/sessions", json={"limits": {"output_bytes": "100k"}}).json()["id"]
+    outputs = [run(api, sid, "print('x' * 60_000)") for _ in range(5)]
+    kept = [len(text_of(reply)) for reply in outputs]
+    assert sum(kept) <= 200 * 1024 + 5 * 200, kept
+    assert kept[:3] == [60_001] * 3 and kept[-1] < 1000, kept
+    last = outputs[-1]
+    assert last["truncated"] and "this session's output limit of 200 KiB" in text_of(last, "stderr")
+    assert api.get(f"/v1/sessions/{sid}").json()["output_bytes"] >= 200 * 1024 - 1000
+    # Errors still come back whole enough to act on, and a fresh session has a fresh budget.
+    assert run(api, sid, "1/0")["error"]["ename"] == "ZeroDivisionError"
+    other = api.post("/v1/sessions", json={}).json()["id"]
+    assert text_of(run(api, other, "print('y' * 60_000)")) == "y" * 60_000 + "\n"
