@@ -296,6 +296,14 @@ class Settings:
     tenant_max_disk: int = _opt(
         "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
     )
+    secrets_key_file: str = _opt(
+        "",
+        "file holding the key that seals tenants' secrets (base64 of 32 bytes; made, mode "
+        "0600, when missing); keep it apart from the database and its backups (empty: "
+        "secrets.key in data_dir)",
+        AUTH,
+    )
+    max_secret_size: int = _opt("4k", "largest value of one sealed secret", AUTH, SIZE)
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -441,6 +449,28 @@ class Settings:
         RULES,
     )
 
+    package_cache: bool = _opt(
+        False,
+        "run devpi-server beside the gateway as a caching mirror of the index pip is "
+        "configured with here; Python sessions install from it with no network "
+        "(docs/packages.md)",
+        ISOLATION,
+    )
+    package_allow: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may install from the cache, names or name==version "
+        "(comma-separated; empty: any); a tenant's package_allow replaces it",
+        ISOLATION,
+        NAMES,
+    )
+    package_deny: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may not install, names or name==version (comma-separated); "
+        "a tenant's package_deny replaces it",
+        ISOLATION,
+        NAMES,
+    )
+
     # -- swarm
     placement: str = _opt(
         "docker",
@@ -579,6 +609,9 @@ class Settings:
             raise ConfigError(f"placement must be 'docker' or 'swarm', not {self.placement!r}")
         if self.placement != "swarm":
             return
+        if self.package_cache:
+            raise ConfigError("the package cache serves this host's sandboxes only: "
+                              "set package_cache=false with placement swarm")  # fmt: skip
         # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
         if self.runtimes != ("runc",) or self.network_policies != ("none",):
             raise ConfigError(
@@ -603,6 +636,10 @@ class Settings:
                 state_dir=Path(self.data_dir) / "egress",
             ),
         )
+
+    def secrets_key_path(self) -> Path:
+        """Where the secrets key lives."""
+        return Path(self.secrets_key_file or Path(self.data_dir) / "secrets.key")
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

@@ -122,7 +122,7 @@ def test_sessions_new_ls_show_rm(gateway, sdk):
             and "test=cli-ls" in show.stdout
         )
         shown = json.loads(sbx("sessions", "show", session_id, "--json", gateway=gateway).stdout)
-        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600 and shown["runtime"] == "runc"
+        assert shown["env"] == ["A"] and shown["ttl"] == 600 and shown["runtime"] == "runc"
         assert shown["network"] == {"allow": ["example.com"]}
     finally:
         rm = sbx("sessions", "rm", session_id, gateway=gateway)
@@ -211,3 +211,16 @@ def test_url_and_token_flags_win_over_the_environment(gateway):
         result = sbx("sessions", "ls", "--url", proxy.url, "--token", token, gateway=gateway)
     assert result.returncode == 0, result.stderr
     assert f"authorization: bearer {token}".lower().encode() in bytes(proxy.received).lower()
+
+
+def test_run_with_a_sealed_secret_shows_it_masked(gateway):
+    gateway.client.put("/v1/secrets/CLI_KEY", json={"value": "cli-secret-value-7f3a"})
+    try:
+        code = "import os; print(os.environ['CLI_KEY'][::-1][::-1])"
+        done = sbx("run", "-", "--secret", "CLI_KEY", gateway=gateway, stdin=code)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "***CLI_KEY***\n" and "cli-secret-value" not in done.stderr
+        unknown = sbx("run", "-", "--secret", "NO_SUCH_KEY", gateway=gateway, stdin="1")
+        assert unknown.returncode == 2 and "NO_SUCH_KEY" in unknown.stderr, unknown.stderr
+    finally:
+        gateway.client.delete("/v1/secrets/CLI_KEY")

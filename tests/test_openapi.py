@@ -113,7 +113,7 @@ def test_session_lifecycle_and_its_errors(admin):
     assert created.status_code == 201 and created.json()["id"] == chosen
     listed = admin.get("/v1/sessions", params={"metadata.agent": "a1", "state": "idle"})
     assert [s["id"] for s in listed.json()["sessions"]] == [chosen]
-    assert admin.get(f"/v1/sessions/{chosen}").json()["env"] == {"MODE": "fast"}
+    assert admin.get(f"/v1/sessions/{chosen}").json()["env"] == ["MODE"], "names, not values"
     patched = admin.patch(f"/v1/sessions/{chosen}", json={"ttl": 900, "idle_timeout": None})
     assert patched.status_code == 200 and patched.json()["ttl"] == 900
     assert code_of(admin.patch(f"/v1/sessions/{chosen}", json={"kernel": "x"})) == "bad_request"
@@ -135,6 +135,7 @@ def test_session_lifecycle_and_its_errors(admin):
         ({"ttl": 0}, 422, "limit_exceeded"),
         ({"metadata": {"k": [1]}}, 400, "bad_request"),
         ({"env": {"1BAD": "x"}}, 400, "bad_request"),
+        ({"secrets": ["NO_SUCH_SECRET"]}, 400, "bad_request"),
     ]
     for request, status, code in refusals:
         r = admin.post("/v1/sessions", json=request)
@@ -194,6 +195,9 @@ def test_execute_outcomes_history_and_notebook(admin, sid):
     page = admin.get(f"/v1/sessions/{sid}/history", params={"limit": 2}).json()
     assert len(page["executions"]) == 2 and page["next"] == page["executions"][-1]["id"]
     assert admin.get(f"/v1/sessions/{sid}/history", params={"limit": 0}).status_code == 400
+    network = admin.get(f"/v1/sessions/{sid}/network")
+    assert network.json() == {"connections": [], "next": None}, "no network: no connections"
+    assert admin.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
     notebook = admin.get(f"/v1/sessions/{sid}/notebook")
     assert notebook.status_code == 200 and notebook.json()["cells"][0]["cell_type"] == "markdown"
     bare = admin.get(f"/v1/sessions/{sid}/notebook", params={"descriptions": "false"}).json()
@@ -217,7 +221,8 @@ def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
 def test_files_both_ways_and_their_errors(admin, sid):
     files = f"/v1/sessions/{sid}/files"
     put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")
-    assert put.status_code == 201 and put.json() == {"path": "data/in.csv", "size": 8}
+    digest = hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    assert put.json() == {"path": "data/in.csv", "size": 8, "sha256": digest}, put.text
     assert admin.get(f"{files}/data/in.csv").content == b"a,b\n1,2\n"
     batch = admin.post(
         files, params={"path": "data"}, files={"one": ("x.txt", b"x"), "two": ("y.txt", b"yy")}
@@ -262,6 +267,21 @@ def test_replay_and_its_errors(admin, sid):
         "/v1/notebooks/replay", content=notebook, params={"image_tolerance": 5}
     )
     assert out_of_range.status_code == 400
+
+
+def test_secrets_are_write_only(admin):
+    created = admin.post("/v1/secrets", json={"name": "DOC_KEY", "value": "doc-value-1"})
+    assert created.status_code == 201, created.text
+    assert code_of(admin.post("/v1/secrets", json={"name": "DOC_KEY", "value": "x"})) == "conflict"
+    assert admin.post("/v1/secrets", json={"name": "no spaces", "value": "x"}).status_code == 400
+    assert admin.post("/v1/secrets", json={"name": "BIG", "value": "x" * 70_000}).status_code == 413
+    assert admin.put("/v1/secrets/DOC_KEY", json={"value": "doc-value-2"}).status_code == 200
+    assert admin.put("/v1/secrets/DOC_NEW", json={"value": "doc-value-3"}).status_code == 201
+    assert admin.put("/v1/secrets/DOC_NEW", json={}).status_code == 400
+    assert [s["name"] for s in admin.get("/v1/secrets").json()["secrets"]] == ["DOC_KEY", "DOC_NEW"]
+    for name in ("DOC_KEY", "DOC_NEW"):
+        assert admin.delete(f"/v1/secrets/{name}").status_code == 204
+    assert code_of(admin.delete("/v1/secrets/DOC_KEY")) == "not_found"
 
 
 def test_audit_is_for_admins(admin, user):

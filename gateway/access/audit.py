@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from ..sandbox.egress.proxy import EgressDenial
+from ..sandbox.packages import Install
 from ..sandbox.workspace import iso
 from ..store.sqlite import Store
 from .auth import Principal, token_id
@@ -122,6 +123,20 @@ class AuditLog:
                 "suppressed": denial.suppressed,
             },
         )
+
+    def package_install(self, install: Install, owner: Principal | None) -> None:
+        """Record a package file a session installed from the cache, or one its policy refused."""
+        detail = {
+            "name": install.name,
+            "version": install.version,
+            "filename": install.filename,
+        }
+        if install.refused is not None:
+            self.record("package.refused", owner, "denied", session_id=install.session_id,
+                        detail={**detail, "reason": install.refused})  # fmt: skip
+            return
+        detail.update(size=install.size, sha256=install.sha256, cached=install.cached)
+        self.record("package.install", owner, "ok", session_id=install.session_id, detail=detail)
 
     async def events(
         self, filters: dict[str, str], since: str | None, until: str | None, limit: int

@@ -20,6 +20,8 @@ on them. The tokens file::
     max_sessions = 10
     max_memory = "8g"
     max_disk = "40g"                       # the sum of its sessions' workspace sizes
+    package_allow = ["numpy", "pandas==2.2.3"]   # from the package cache; empty: any
+    package_deny = ["evil-pkg"]
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Quota:
     max_sessions: int
     max_memory: int
     max_disk: int  # workspaces are real disk on the host, so their sizes add up too
+    package_allow: tuple[str, ...] = ()  # what its sessions may install (empty: any)
+    package_deny: tuple[str, ...] = ()
 
 
 def digest(token: str) -> str:
@@ -92,6 +96,8 @@ class Authenticator:
             max_sessions=settings.tenant_max_sessions,
             max_memory=settings.tenant_max_memory,
             max_disk=settings.tenant_max_disk,
+            package_allow=settings.package_allow,
+            package_deny=settings.package_deny,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -169,8 +175,17 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             max_sessions=int(values.get("max_sessions", default.max_sessions)),
             max_memory=parse_size(values.get("max_memory", default.max_memory), "max_memory"),
             max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
+            package_allow=_names(values, "package_allow", default.package_allow, path),
+            package_deny=_names(values, "package_deny", default.package_deny, path),
         )
     return principals, quotas
+
+
+def _names(values: dict, key: str, default: tuple[str, ...], path: Path) -> tuple[str, ...]:
+    found = values.get(key, default)
+    if not isinstance(found, list | tuple) or not all(isinstance(v, str) for v in found):
+        raise ConfigError(f'{path}: {key} must be a list of package names, e.g. ["numpy"]')
+    return tuple(found)
 
 
 def _generated_token(data_dir: Path) -> str:

@@ -45,7 +45,8 @@ class FilesHandler(JSONHandler):
         saved = []
         for part in files:
             path = f"{directory}/{part.filename}" if directory else part.filename
-            saved.append({"path": path, "size": await workspace.save(path, part.body)})
+            upload = await workspace.save(path, part.body)
+            saved.append({"path": path, "size": upload.size, "sha256": upload.sha256})
         self.audit_detail["files"] = saved
         self.send({"files": saved}, status=201)
 
@@ -72,12 +73,16 @@ def _attachment(handler: JSONHandler, name: str) -> None:
 
 
 async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
-    """Copy a file to the response a chunk at a time, waiting for the client."""
+    """Copy a file to the response a chunk at a time, waiting for the client.
+
+    What was sent is recorded (audited) with its size and SHA-256.
+    """
     async with source:
         await handler.flush()  # the headers at once: an archive's first piece may take a moment
         while chunk := await source.read():
             handler.write(chunk)
             await handler.flush()
+    handler.audit_detail.update(size=source.size, sha256=source.sha256)
     handler.finish()
 
 
@@ -90,7 +95,7 @@ class FileHandler(JSONHandler):
     drop the connection, and the client sees a reset instead of the error.
     """
 
-    actions = {"PUT": "files.upload", "DELETE": "files.delete"}
+    actions = {"PUT": "files.upload", "GET": "files.download", "DELETE": "files.delete"}
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
@@ -134,8 +139,9 @@ class FileHandler(JSONHandler):
         await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
-        self.audit_detail.update(path=path, size=upload.size)
-        self.send({"path": path, "size": upload.size}, status=201)
+        saved = {"path": path, "size": upload.size, "sha256": upload.sha256}
+        self.audit_detail.update(saved)
+        self.send(saved, status=201)
 
     def on_finish(self) -> None:
         self._discard()
@@ -153,6 +159,7 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         workspace = self.manager.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
+        self.audit_detail["path"] = path
         if fmt is not None:
             await _send_archive(self, workspace, path, fmt)
             return

@@ -92,6 +92,17 @@ class HistoryHandler(JSONHandler):
         self.send({"executions": page.executions, "next": page.next})
 
 
+class NetworkHandler(JSONHandler):
+    async def get(self, session_id: str) -> None:
+        connections, after = await self.manager.network(
+            session_id,
+            self.principal,
+            after=self.int_argument("after", 0),
+            limit=self.int_argument("limit", HISTORY_PAGE),
+        )
+        self.send({"connections": connections, "next": after})
+
+
 routes = [
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/{_ID}", SessionHandler),
@@ -99,4 +110,5 @@ routes = [
     (rf"/v1/sessions/{_ID}/interrupt", InterruptHandler),
     (rf"/v1/sessions/{_ID}/restart", RestartHandler),
     (rf"/v1/sessions/{_ID}/history", HistoryHandler),
+    (rf"/v1/sessions/{_ID}/network", NetworkHandler),
 ]

@@ -58,6 +58,7 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         "disk": args.disk,
         "ttl": args.ttl,
         "env": _pairs(args.env, "--env") or None,
+        "secrets": args.secret,
         "metadata": _pairs(args.metadata, "--metadata") or None,
         "runtime": args.runtime,
         "network": {"allow": args.allow} if args.allow else None,
@@ -256,6 +257,12 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         "--allow", action="append", metavar="HOST", help="let the code reach HOST (egress)"
     )
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="kernel env var")
+    parser.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help="a sealed secret (POST /v1/secrets) the kernel gets as env var NAME",
+    )
     parser.add_argument(
         "--metadata", action="append", metavar="KEY=VALUE", help="label to find the session by"
     )

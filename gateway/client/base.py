@@ -58,6 +58,8 @@ class SessionOptions(TypedDict, total=False):
     ttl: float  # lifetime in seconds from creation
     idle_timeout: float  # seconds without activity before the session ends
     env: dict[str, str]
+    secrets: list[str]  # names of the tenant's sealed secrets (POST /v1/secrets)
+    secrets_as: str  # "env" (the default) or "files" (/run/secrets, on a tmpfs)
     metadata: dict[str, str | int | float | bool]
     runtime: str  # "runc" or "gvisor", as the gateway allows
     network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}

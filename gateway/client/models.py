@@ -132,6 +132,7 @@ class Artifact:
     size: int
     mime_type: str
     change: str  # "created" | "modified"
+    sha256: str | None = None  # None past the gateway's hashing budget
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Artifact:
@@ -140,6 +141,7 @@ class Artifact:
             size=int(row.get("size") or 0),
             mime_type=str(row.get("mime_type") or "application/octet-stream"),
             change=str(row.get("change") or "created"),
+            sha256=row.get("sha256"),
         )
 
 

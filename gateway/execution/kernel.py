@@ -22,6 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
+from ..masking import NO_SECRETS, Masker
 from .outputs import OutputCap, OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class ExecutionResult:
     output_bytes: int = 0  # what its outputs charged to the session's output budget
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
+    files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -64,6 +66,7 @@ class ExecutionResult:
             "truncated": self.truncated,
             "artifacts": self.artifacts,
             "artifacts_truncated": self.artifacts_truncated,
+            "files": self.files,
         }
 
 
@@ -389,11 +392,13 @@ class Kernel:
         grace: float,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
+        mask: Masker = NO_SECRETS,
     ) -> ExecutionResult:
         """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
 
         ``on_output`` hears of each output kept and each clear as they happen;
-        ``on_start`` runs once an interrupt would be honoured for this cell.
+        ``on_start`` runs once an interrupt would be honoured for this cell;
+        ``mask`` takes the session's secrets out of every output first.
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
@@ -402,7 +407,7 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            collector = OutputCollector(cap.bytes, on_output, cap.limit)
+            collector = OutputCollector(cap.bytes, on_output, cap.limit, mask)
             return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = self._executing = False

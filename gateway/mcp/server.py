@@ -94,6 +94,10 @@ class SandboxTools:
             float | None, Field(description="seconds without activity before it ends")
         ] = None,
         env: Annotated[dict[str, str] | None, Field(description="environment variables")] = None,
+        secrets: Annotated[
+            list[str] | None,
+            Field(description="names of sealed secrets to give the kernel as env variables"),
+        ] = None,
         metadata: Annotated[
             dict[str, str] | None, Field(description="labels, e.g. which agent owns it")
         ] = None,
@@ -109,6 +113,7 @@ class SandboxTools:
             "ttl": ttl,
             "idle_timeout": idle_timeout,
             "network": {"allow": allow_hosts} if allow_hosts else None,
+            "secrets": secrets,
         }
         session = await self.client.create_session(
             keep=True,

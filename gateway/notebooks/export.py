@@ -119,6 +119,8 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     sbx: dict[str, Any] = {"status": status, "duration_ms": execution["duration_ms"]}
     if execution.get("truncated"):
         sbx["truncated"] = True
+    if execution.get("network"):
+        sbx["network"] = execution["network"]  # the connections the cell made
     if status in _FAILED:
         sbx["error"] = execution["error"]
         cell.metadata["tags"] = ["raises-exception"]

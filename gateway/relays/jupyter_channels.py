@@ -45,7 +45,9 @@ class _Pending:
         self.started = time.monotonic()
         self.recorder = manager.begin_execution(session, code)
         cap = manager.output_cap(session)
-        self.collector = OutputCollector(cap.bytes, self.recorder.listener(), cap.limit)
+        self.collector = OutputCollector(
+            cap.bytes, self.recorder.listener(), cap.limit, session.masker
+        )
 
 
 class KernelChannels:
@@ -177,6 +179,8 @@ class KernelChannels:
         if msg.get("parent_header", {}).get("msg_id") in self.nudges:
             return  # answers to our own nudges are not the client's
         msg.pop("buffers", None)
+        if self.session.masker:
+            msg["content"] = self.session.masker.tree(msg["content"])
         msg["channel"] = channel
         self._observe(channel, msg)
         text = json.dumps(msg, default=json_default)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -48,14 +49,16 @@ from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
 from ..sandbox.base import ENGINE_ERRORS
+from ..sandbox.egress import EgressConnection
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
-from .model import Session
+from .model import Session, public_view
 from .pool import WarmPool
 from .recovery import recover
 from .requests import CreateSession, ExecuteCode, UpdateSession
@@ -64,6 +67,8 @@ from .tasks import TaskSet
 log = logging.getLogger(__name__)
 
 LIVE_STATES = ("starting", "idle", "busy", "dead")
+# Egress connections recorded per session (by this process); past it they are only counted.
+MAX_CONNECTION_RECORDS = 10_000
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -188,9 +193,7 @@ class SessionManager:
 
     async def describe(self, session_id: str, who: Principal) -> dict[str, Any]:
         """The API view of a session, live or ended."""
-        doc = await self.record(session_id, who)
-        doc.pop("packages", None)
-        return doc
+        return public_view(await self.record(session_id, who))
 
     def list(
         self,
@@ -218,6 +221,47 @@ class SessionManager:
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
 
+    def record_connection(self, connection: EgressConnection) -> None:
+        """Keep a connection the egress proxy saw, under its session and the running execution.
+
+        Host names and reasons are masked of the session's secrets; past
+        ``MAX_CONNECTION_RECORDS`` a session's connections are only counted.
+        """
+        session = self.sessions.get(connection.session_id)
+        if session is None:
+            return
+        session.egress_recorded += 1
+        if session.egress_recorded > MAX_CONNECTION_RECORDS:
+            if session.egress_recorded == MAX_CONNECTION_RECORDS + 1:
+                log.warning("session %s: further egress connections are not recorded", session.id)
+            return
+        mask = session.masker
+        running = next(iter(session.running), None)
+        record = dataclasses.asdict(connection)
+        record.update(
+            at=iso(record.pop("started")),
+            duration_ms=round(connection.duration_ms, 3),
+            host=mask.text(connection.host),
+            sni=connection.sni and mask.text(connection.sni),
+            reason=connection.reason and mask.text(connection.reason),
+        )
+        del record["session_id"]
+        self.store.add_connection(session.id, running.id if running else None, record)
+
+    async def network(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of the session's egress connections after the cursor ``after``."""
+        if not 1 <= limit <= HISTORY_PAGE_MAX:
+            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.store.connections(session_id, after, limit)
+
+    def redact(self, session_id: str, text: str) -> str:
+        """``text`` with a live session's secrets masked (the egress proxy's log lines)."""
+        session = self.sessions.get(session_id)
+        return session.masker.text(text) if session else text
+
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 
@@ -237,6 +281,7 @@ class SessionManager:
     async def create(self, request: CreateSession, who: Principal) -> Session:
         """Check a create request against the server and start its kernel; idle on return."""
         session = self.lifecycle.new_session(request, who.tenant)
+        await self.lifecycle.unseal(session)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self._reserve(session)
@@ -358,6 +403,7 @@ class SessionManager:
                 grace=self.settings.interrupt_grace,
                 on_output=recorder.listener(on_output),
                 on_start=on_start,
+                mask=session.masker,
             )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""
@@ -368,7 +414,10 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts, result.artifacts_truncated = await session.workspace.changes()
+            if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
+                await self.lifecycle.connect_packages(session)
+            result.files, result.artifacts_truncated = await session.workspace.changes()
+            result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -388,7 +437,10 @@ class SessionManager:
         self, session: Session, code: str, description: str | None = None
     ) -> ExecutionRecorder:
         """Record an execution as running, however it is run (v1 API or Jupyter client)."""
-        recorder = ExecutionRecorder(self.store, session.id, code, description)
+        mask = session.masker
+        recorder = ExecutionRecorder(
+            self.store, session.id, mask.text(code), description and mask.text(description)
+        )
         session.running.add(recorder)
         return recorder
 
@@ -455,6 +507,7 @@ class SessionManager:
         try:
             async with self._ended_meanwhile(session, "restarted"):
                 await session.kernel.restart()
+                await self.lifecycle.connect_packages(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")

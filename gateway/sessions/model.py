@@ -15,6 +15,7 @@ from ..access.auth import Principal
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
+from ..masking import NO_SECRETS, Masker
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import iso, parse_iso
@@ -43,6 +44,8 @@ class Session:
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
         tenant: str = "default",
+        secret_names: tuple[str, ...] = (),
+        secrets_as: str = "env",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.tenant = tenant
@@ -56,6 +59,11 @@ class Session:
         self.ttl = ttl
         self.idle_timeout = idle_timeout
         self.env = env
+        self.secret_names = secret_names
+        self.secrets_as = secrets_as  # env variables, or files in /run/secrets
+        # Their values, for the sandbox alone: never in a view or a record.
+        self.secrets: dict[str, str] = {}
+        self.masker: Masker = NO_SECRETS
         self.metadata = metadata
         self.created_at = time.time()
         self.last_activity = self.created_at
@@ -74,6 +82,7 @@ class Session:
         self.executions = 0
         self.output_bytes = 0  # kept over its life, against session_output_bytes
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.stream: Relay | None = None  # the agent stream, made on first use
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
@@ -94,6 +103,8 @@ class Session:
             runtime=doc.get("runtime", "runc"),
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
+            secret_names=tuple(doc.get("secrets", ())),
+            secrets_as=doc.get("secrets_as", "env"),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -117,6 +128,11 @@ class Session:
         )
         self.image_digest, self.packages = pooled.image_digest, pooled.packages
         self.language_info, self.display_name = pooled.language_info, pooled.display_name
+
+    def give_secrets(self, values: dict[str, str]) -> None:
+        """Hold the values the sandbox gets, and mask them out of all it produces."""
+        self.secrets = values
+        self.masker = Masker(values)
 
     @property
     def owner(self) -> Principal:
@@ -150,7 +166,9 @@ class Session:
             "idle_timeout": self.idle_timeout,
             "runtime": self.runtime,
             "network": self.network.to_json(),
-            "env": self.env,
+            "env": sorted(self.env),  # names only: values may be credentials
+            "secrets": list(self.secret_names),
+            "secrets_as": self.secrets_as,
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
             "expires_at": iso(self.expires_at),
@@ -163,5 +181,13 @@ class Session:
         }
 
     def record(self) -> dict[str, Any]:
-        """What the store keeps: the API view plus the image's package list."""
-        return {**self.to_json(), "packages": self.packages}
+        """What the store keeps: the API view plus env values and the image's package list."""
+        return {**self.to_json(), "env": self.env, "packages": self.packages}
+
+
+def public_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored session record as the API shows it: no package list, no env values."""
+    view = {k: v for k, v in record.items() if k != "packages"}
+    view["env"] = sorted(view.get("env", ()))
+    view.setdefault("secrets", [])
+    return view

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ..access.secrets import secret_names
 from ..errors import BadRequest
 from ..limits import Limits
 from ..sandbox.egress import NetworkPolicy
@@ -50,6 +51,8 @@ class CreateSession:
     runtime: str | None = None
     network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of the tenant's sealed secrets
+    secrets_as: str = "env"  # or "files": one file each in /run/secrets, on a tmpfs
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -67,6 +70,13 @@ class CreateSession:
         runtime = body.get("runtime")
         if runtime is not None and not isinstance(runtime, str):
             raise BadRequest(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        env, secrets = env_vars(body.get("env")), secret_names(body.get("secrets"))
+        secrets_as = body.get("secrets_as") or "env"
+        if secrets_as not in ("env", "files"):
+            raise BadRequest(f"secrets_as must be 'env' or 'files', not {secrets_as!r}")
+        both = sorted(set(env) & set(secrets))
+        if both:
+            raise BadRequest(f"{', '.join(both)} named in both env and secrets; name each once")
         return cls(
             kernel=kernel,
             image=image_ref(body.get("image")),
@@ -77,7 +87,9 @@ class CreateSession:
             start_timeout=_seconds(body.get("start_timeout"), "start_timeout"),
             runtime=runtime,
             network=NetworkPolicy.parse(body.get("network")),
-            env=env_vars(body.get("env")),
+            env=env,
+            secrets=secrets,
+            secrets_as=secrets_as,
             metadata=metadata_dict(body.get("metadata")),
         )
 

@@ -106,12 +106,41 @@ MIGRATIONS = [
     """
     CREATE INDEX executions_by_start ON executions (started_at);
     """,
+    # Tenants' sealed secrets: only ciphertext (access.secrets holds the key).
+    """
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed BLOB NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    """,
+    # What each execution did to the workspace: created, modified, deleted files.
+    """
+    ALTER TABLE executions ADD COLUMN files TEXT;
+    """,
+    # Every connection a session made through the egress proxy, allowed or denied.
+    """
+    CREATE TABLE connections (
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id INTEGER,
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
 
 _EXECUTION_COLUMNS = (
-    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms"
+    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms",
+    "files",
 )  # fmt: skip
 
 
@@ -420,6 +449,103 @@ class Store:
             {**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows
         ]
 
+    async def put_secret(
+        self, tenant: str, name: str, sealed: bytes, at: str, overwrite: bool
+    ) -> tuple[dict[str, str], bool] | None:
+        """Store a sealed value: (its dates, whether new); None if it exists, not to overwrite."""
+
+        def put() -> tuple[dict[str, str], bool] | None:
+            found = self._exec(
+                "SELECT 1 FROM secrets WHERE tenant = ? AND name = ?", (tenant, name)
+            )
+            if found and not overwrite:
+                return None
+            self._exec(
+                "INSERT INTO secrets (tenant, name, sealed, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) DO UPDATE"
+                " SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+                (tenant, name, sealed, at, at),
+            )
+            row = self._exec(
+                "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? AND name = ?",
+                (tenant, name),
+            )[0]
+            return dict(row), not found
+
+        return await self._run(put)
+
+    async def delete_secret(self, tenant: str, name: str) -> bool:
+        """Forget a secret; whether there was one."""
+
+        def delete() -> bool:
+            assert self._db is not None, "store is not open"
+            sql = "DELETE FROM secrets WHERE tenant = ? AND name = ?"
+            return self._db.execute(sql, (tenant, name)).rowcount > 0
+
+        return await self._run(delete)
+
+    async def secret_dates(self, tenant: str) -> list[dict[str, str]]:
+        """A tenant's secrets by name with their dates; never their values."""
+        rows = await self._run(
+            self._exec,
+            "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? ORDER BY name",
+            (tenant,),
+        )
+        return [dict(row) for row in rows]
+
+    async def sealed_secrets(self, tenant: str, names: list[str]) -> dict[str, bytes]:
+        """The sealed values of those of ``names`` the tenant holds."""
+        marks = ", ".join("?" * len(names))
+        rows = await self._run(
+            self._exec,
+            f"SELECT name, sealed FROM secrets WHERE tenant = ? AND name IN ({marks})",
+            (tenant, *names),
+        )
+        return {row["name"]: bytes(row["sealed"]) for row in rows}
+
+    def add_connection(
+        self, session_id: str, execution_id: int | None, record: dict[str, Any]
+    ) -> asyncio.Future:
+        """Append one egress connection of a session (and the execution it ran in)."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO connections (session_id, execution_id, at, record) VALUES (?, ?, ?, ?)",
+            (session_id, execution_id, record["at"], json.dumps(record)),
+            lazy=True,
+        )
+
+    async def connections(
+        self, session_id: str, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of a session's connections, oldest first, and the next page's cursor."""
+        rows = await self._run(
+            self._exec,
+            "SELECT id, execution_id, record FROM connections WHERE session_id = ? AND id > ?"
+            " ORDER BY id LIMIT ?",
+            (session_id, after, limit + 1),
+        )
+        page = [
+            {"id": r["id"], "execution_id": r["execution_id"], **json.loads(r["record"])}
+            for r in rows[:limit]
+        ]
+        return page, (page[-1]["id"] if len(rows) > limit else None)
+
+    def _network(self, execution_id: int) -> dict[str, Any] | None:
+        """What an execution's connections add up to, for its history row and notebook cell."""
+        rows = self._exec(
+            "SELECT record FROM connections WHERE execution_id = ? ORDER BY id", (execution_id,)
+        )
+        if not rows:
+            return None
+        records = [json.loads(r["record"]) for r in rows]
+        return {
+            "connections": len(records),
+            "refused": sum(r["decision"] != "allowed" for r in records),
+            "bytes_up": sum(r["bytes_up"] for r in records),
+            "bytes_down": sum(r["bytes_down"] for r in records),
+            "hosts": sorted({r["sni"] or r["host"] for r in records}),
+        }
+
     async def _prune_forever(self) -> None:
         """Prune a batch at a time: back to back while there is a backlog, else each interval."""
         while True:
@@ -450,6 +576,11 @@ class Store:
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
+                ).rowcount
+                budget -= db.execute(
+                    "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
+                    " WHERE at < ? ORDER BY at LIMIT ?)",
+                    (cutoff, max(budget, 0)),
                 ).rowcount
                 budget -= db.execute(
                     "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
@@ -532,6 +663,8 @@ class Store:
             "started_at": r["started_at"],
             "ended_at": None if running else r["ended_at"],
             "duration_ms": r["duration_ms"],
+            "files": json.loads(r["files"]) if r["files"] else [],
+            "network": self._network(r["id"]),
         }
 
 
@@ -560,6 +693,7 @@ def _execution_values(record: dict[str, Any]) -> tuple:
         json.dumps(record["error"]) if record["error"] else None,
         record["ended_at"],
         record["duration_ms"],
+        json.dumps(record.get("files") or []),
     )
 
 

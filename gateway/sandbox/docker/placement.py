@@ -28,6 +28,7 @@ from ..base import (
     SandboxState,
     exit_reason,
     oom_reason,
+    write_secret_files,
 )
 from ..images import ImageBuilder
 from ..workspace import Workspace
@@ -42,6 +43,7 @@ class DockerPlacement(Placement):
 
     name = "docker"
     resizes_in_place = True
+    secret_files = True
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class DockerPlacement(Placement):
             tmp_bytes=self.tmp_bytes(request.limits),
             user=request.user,
             isolation=request.isolation,
+            secret_files=request.secret_files,
         )
 
     def workspace(self, spec: SandboxSpec, provisioner: ProvisionerRef) -> Workspace:
@@ -99,6 +102,10 @@ class DockerPlacement(Placement):
         await asyncio.to_thread(
             volume.create, self.sessions_dir / spec.session_id, spec.limits.disk, uid, gid
         )
+        if spec.secrets_dir is not None:
+            await asyncio.to_thread(
+                write_secret_files, spec.secrets_dir, spec.secret_files, uid, gid
+            )
 
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
