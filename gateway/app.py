@@ -18,6 +18,7 @@ import tornado.web
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
 from .api import (
+    approvals,
     audit,
     files,
     health,
@@ -35,6 +36,10 @@ from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
 from .observe.loop_lag import LoopLagMonitor
+from .policy.approvals import ApprovalDesk
+from .policy.book import PolicyBook
+from .policy.gate import Gate
+from .policy.scan import Scanner
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
@@ -69,6 +74,7 @@ def make_app(
             *health.routes,
             *openapi.routes,
             *audit.routes,
+            *approvals.routes,
             *metrics.routes,
             *jupyter.routes,
         ],
@@ -108,11 +114,14 @@ class Gateway:
                 f"no Docker engine answers ({e}); run scripts/setup to install and start one"
             ) from e
         await self.store.open()
+        policies = PolicyBook(self.settings.policies_path())
+        await policies.reload()  # a malformed policy stops the start, naming its line
         auth = Authenticator.from_settings(self.settings)
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = self.audit = AuditLog(self.store)
-        self.manager = build_manager(self.settings, client, self.store, auth.quota)
+        self.manager = build_manager(self.settings, client, self.store, auth.quota, policies)
+        self.manager.gate.desk.on_change = audit_log.approval
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
@@ -177,11 +186,16 @@ class Gateway:
 
 
 def build_manager(
-    settings: Settings, client: docker.DockerClient, store: Store, quota: Callable[[str], Quota]
+    settings: Settings,
+    client: docker.DockerClient,
+    store: Store,
+    quota: Callable[[str], Quota],
+    policies: PolicyBook,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
     lifecycle = build_lifecycle(settings, client)
     sessions: dict[str, Session] = {}
+    desk = ApprovalDesk(store, settings.approval_timeout, live=sessions.__contains__)
     pool = WarmPool(
         lifecycle,
         settings.pool,
@@ -189,7 +203,8 @@ def build_manager(
         max_sandboxes=settings.max_sessions,
         live=sessions,
     )
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions)
+    gate = Gate(policies, Scanner(), desk)
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions, gate=gate)
 
 
 def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:

@@ -41,6 +41,8 @@ SAMPLES = {
     "tenant_max_memory": "2g",
     "tenant_max_disk": "8g",
     "token": "secret",
+    "policies_dir": "/etc/sbx/policies",
+    "approval_timeout": "120",
     "max_sessions": "8",
     "default_ttl": "60",
     "max_ttl": "120",

@@ -84,6 +84,7 @@ class SandboxLifecycle:
             runtime=runtime,
             network=network,
             tenant=tenant,
+            policy=request.policy,
         )
 
     def kernel_image(self, kernel_name: str) -> str:

@@ -15,6 +15,7 @@ from ..access.auth import Principal
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
+from ..policy.model import Policy, session_policy
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import iso, parse_iso
@@ -43,8 +44,10 @@ class Session:
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
         tenant: str = "default",
+        policy: Policy | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
+        self.policy = policy  # the session's own, tightening its tenant's
         self.tenant = tenant
         self.start_timeout = start_timeout
         self.runtime = runtime
@@ -93,6 +96,7 @@ class Session:
             runtime=doc.get("runtime", "runc"),
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
+            policy=session_policy(doc.get("policy")),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -129,6 +133,11 @@ class Session:
     def idle_deadline(self) -> float:
         return self.last_activity + self.idle_timeout
 
+    @property
+    def language(self) -> str:
+        """The kernel's language (``python``, ``R``...): how its code is scanned."""
+        return self.language_info.get("name") or self.kernel_name
+
     def touch(self) -> None:
         self.last_activity = time.time()
 
@@ -161,4 +170,5 @@ class Session:
 
     def record(self) -> dict[str, Any]:
         """What the store keeps: the API view plus the image's package list."""
-        return {**self.to_json(), "packages": self.packages}
+        policy = self.policy.to_json() if self.policy is not None else None
+        return {**self.to_json(), "packages": self.packages, "policy": policy}

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import BadRequest
 from ..limits import Limits
+from ..policy.model import Policy, session_policy
 from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
 from ..validation import env_vars, image_ref, metadata_dict
@@ -51,6 +52,7 @@ class CreateSession:
     network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    policy: Policy | None = None  # tightens the tenant's policy, never loosens it
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
@@ -79,6 +81,7 @@ class CreateSession:
             network=NetworkPolicy.parse(body.get("network")),
             env=env_vars(body.get("env")),
             metadata=metadata_dict(body.get("metadata")),
+            policy=session_policy(body.get("policy")),
         )
 
 

@@ -1,0 +1,232 @@
+"""Approval gates against a real gateway: held, approved, denied, timed out, audited, recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from helpers import execute_in_background, full_history, run, short_tmpdir, wait_for
+from test_stream import Stream
+
+from gateway.sandbox.workspace import parse_iso
+
+pytestmark = pytest.mark.docker
+
+TOKENS = {
+    "agent": ("acme", ""),
+    "approver": ("acme", "approver = true"),
+    "stranger": ("zeta", "approver = true"),
+}
+ACME_POLICY = """mode: enforce
+rules:
+  shell: hold
+  network: hold
+  secrets: deny
+"""
+SHELL = "import os\nprint(os.system('true'))"
+
+
+@pytest.fixture(scope="module")
+def desk(start_gateway):
+    """A gateway whose tenant acme enforces a policy, with an agent and two approvers."""
+    data_dir = short_tmpdir()
+    (data_dir / "tokens.toml").write_text(
+        "".join(
+            f'[[tokens]]\ntenant = "{tenant}"\ntoken = "{name}-token"\n{extra}\n'
+            for name, (tenant, extra) in TOKENS.items()
+        )
+    )
+    policies = data_dir / "policies"
+    policies.mkdir()
+    (policies / "acme.yaml").write_text(ACME_POLICY)
+    gw = start_gateway(
+        "--tokens-file", str(data_dir / "tokens.toml"), "--approval-timeout", "4",
+        data_dir=data_dir,
+    )  # fmt: skip
+    clients = {
+        name: httpx.Client(
+            base_url=gw.url, timeout=120, headers={"Authorization": f"Bearer {name}-token"}
+        )
+        for name in TOKENS
+    }
+    yield gw, clients
+    for client in clients.values():
+        client.close()
+
+
+@pytest.fixture
+def acme_session(desk):
+    _, c = desk
+    sid = c["agent"].post("/v1/sessions", json={}).json()["id"]
+    yield sid
+    c["agent"].delete(f"/v1/sessions/{sid}")
+
+
+def held(api: httpx.Client, sid: str, code: str) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert r.status_code == 202, f"a risky execute was not held: {r.status_code} {r.text}"
+    return r.json()
+
+
+def test_allowed_code_runs_and_its_scan_is_in_the_history(desk, acme_session):
+    _, c = desk
+    assert run(c["agent"], acme_session, "x = 41\nx + 1")["status"] == "ok"
+    (execution,) = full_history(c["agent"], acme_session)
+    assert execution["review"]["decision"]["action"] == "allow"
+    assert execution["review"]["decision"]["findings"] == []
+
+
+def test_denied_code_never_runs_and_says_why(desk, acme_session):
+    _, c = desk
+    r = c["agent"].post(
+        f"/v1/sessions/{acme_session}/execute",
+        json={"code": "open('/etc/shadow').read()\nprint('ran')"},
+    )
+    assert r.status_code == 403 and r.json()["error"]["code"] == "denied", r.text
+    assert "line 1: secrets" in r.json()["error"]["message"]
+    (execution,) = full_history(c["agent"], acme_session)
+    assert execution["status"] == "denied" and execution["outputs"] == []
+    assert execution["review"]["decision"]["findings"][0]["line"] == 1
+
+
+def test_a_held_execute_runs_after_approval_and_its_session_queues_meanwhile(desk, acme_session):
+    _, c = desk
+    agent, approver = c["agent"], c["approver"]
+    reply = held(agent, acme_session, SHELL)
+    assert reply["state"] == "pending_approval" and reply["reasons"], reply
+    assert any("shell" in reason for reason in reply["reasons"])
+    session = agent.get(f"/v1/sessions/{acme_session}").json()
+    assert session["state"] == "busy", "a session with a pending execute looked idle"
+    thread, box = execute_in_background(agent, acme_session, "print('after')")
+    time.sleep(0.5)
+    assert "reply" not in box, "later work ran before the held execute was decided"
+
+    pending = approver.get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
+    (request,) = [a for a in pending if a["id"] == reply["approval_id"]]
+    assert request["code"] == SHELL and request["findings"][0]["line"] == 2
+    assert c["stranger"].get("/v1/approvals", params={"state": "pending"}).json() == {
+        "approvals": []
+    }, "an approver of another tenant saw acme's requests"
+    stranger = c["stranger"].post(f"/v1/approvals/{reply['approval_id']}/approve", json={})
+    assert stranger.status_code == 404
+    refused = agent.post(f"/v1/approvals/{reply['approval_id']}/approve", json={})
+    assert refused.status_code == 403, "a plain agent token approved an execute"
+
+    r = approver.post(f"/v1/approvals/{reply['approval_id']}/approve", json={"reason": "ok"})
+    assert r.status_code == 200 and r.json()["state"] == "approved", r.text
+    thread.join(60)
+    assert box["reply"]["status"] == "ok"
+    first, second = full_history(agent, acme_session)
+    assert first["status"] == "ok" and "0" in first["outputs"][0]["text"]
+    approval = first["review"]["approval"]
+    assert approval["state"] == "approved" and approval["reason"] == "ok"
+    lag = parse_iso(first["started_at"]) - parse_iso(approval["decided_at"])
+    assert lag < 0.1, f"the approved execute started {lag * 1000:.0f} ms after its approval"
+    assert second["outputs"][0]["text"] == "after\n"
+    again = approver.post(f"/v1/approvals/{reply['approval_id']}/deny", json={})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
+
+
+def test_an_approver_cannot_approve_its_own_request(desk, acme_session):
+    _, c = desk
+    sid = c["approver"].post("/v1/sessions", json={}).json()["id"]
+    try:
+        reply = held(c["approver"], sid, SHELL)
+        r = c["approver"].post(f"/v1/approvals/{reply['approval_id']}/approve", json={})
+        assert r.status_code == 403 and "cannot decide" in r.json()["error"]["message"]
+    finally:
+        c["approver"].delete(f"/v1/sessions/{sid}")
+
+
+def test_denial_and_timeout_end_a_held_execute_on_the_stream(desk, acme_session):
+    gw, c = desk
+    url = gw.ws_url(f"/v1/sessions/{acme_session}/stream", token="agent-token")
+
+    async def scenario():
+        async with Stream(url) as s:
+            s.send(type="execute", id="c1", code=SHELL)
+            pending = await s.until("pending_approval", "c1")
+            c["approver"].post(
+                f"/v1/approvals/{pending['approval_id']}/deny", json={"reason": "not today"}
+            )
+            denied = await s.until("rejected", "c1")
+            s.send(type="execute", id="c2", code="import socket")
+            await s.until("pending_approval", "c2")
+            started = time.monotonic()
+            timed_out = await s.until("rejected", "c2", timeout=30)
+            return denied, timed_out, time.monotonic() - started
+
+    denied, timed_out, waited = asyncio.run(scenario())
+    assert denied["error"]["code"] == "denied" and "not today" in denied["error"]["message"]
+    assert (
+        timed_out["error"]["code"] == "denied"
+        and "approval_timeout" in timed_out["error"]["message"]
+    )
+    assert 2 < waited < 10, f"the approval timeout (4 s) took {waited:.1f} s"
+    statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
+    assert statuses == ["denied", "denied"]
+
+
+def test_an_approval_for_an_ended_session_is_a_409(desk):
+    _, c = desk
+    sid = c["agent"].post("/v1/sessions", json={}).json()["id"]
+    reply = held(c["agent"], sid, SHELL)
+    c["agent"].delete(f"/v1/sessions/{sid}")
+    r = c["approver"].post(f"/v1/approvals/{reply['approval_id']}/approve", json={})
+    assert r.status_code == 409, r.text
+    doc = c["approver"].get(f"/v1/approvals/{reply['approval_id']}").json()
+    assert doc["state"] == "denied" and "session ended" in doc["reason"]
+
+
+def test_decisions_are_in_the_audit_log(desk, acme_session):
+    gw, c = desk
+    reply = held(c["agent"], acme_session, SHELL)
+    c["approver"].post(f"/v1/approvals/{reply['approval_id']}/deny", json={"reason": "no"})
+    wanted = {"approval.pending", "approval.denied", "approval.decide"}
+
+    def recorded() -> dict:
+        events = gw.client.get("/v1/audit", params={"session_id": acme_session}).json()["events"]
+        actions = {e["action"]: e for e in events}
+        return actions if wanted <= set(actions) else {}
+
+    actions = wait_for(recorded)
+    assert actions, "the approval's request and decision are not in the audit log"
+    denial = actions["approval.denied"]
+    assert (
+        denial["detail"]["reason"] == "no"
+        and denial["detail"]["approval_id"] == reply["approval_id"]
+    )
+
+
+def test_a_session_tightens_its_policy_but_cannot_loosen_it(desk):
+    _, c = desk
+    loose = {"mode": "report", "rules": {"shell": "allow", "install": "deny"}}
+    r = c["agent"].post("/v1/sessions", json={"policy": loose})
+    sid = r.json()["id"]
+    try:
+        held(c["agent"], sid, SHELL)  # still held: the tenant's rule stands
+        r = c["agent"].post(f"/v1/sessions/{sid}/execute", json={"code": "%pip install x"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "denied"
+    finally:
+        c["agent"].delete(f"/v1/sessions/{sid}")
+    bad = c["agent"].post("/v1/sessions", json={"policy": {"rules": {"shell": "later"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "policy_invalid"
+
+
+def test_policies_are_read_and_replaced_by_admins_only(desk):
+    gw, c = desk
+    r = gw.client.get("/v1/policies/acme")
+    assert r.status_code == 200 and r.json()["policy"]["rules"]["shell"] == "hold"
+    assert r.json()["source"] == ACME_POLICY
+    assert c["approver"].get("/v1/policies/acme").status_code == 403
+    toml = {"Content-Type": "application/toml"}
+    bad = gw.client.put("/v1/policies/beta", content='mode = "enforce"\n[rules]\nshell = 1\n',
+                        headers=toml)  # fmt: skip
+    assert bad.status_code == 400 and "line 3" in bad.json()["error"]["message"], bad.text
+    good = gw.client.put("/v1/policies/beta", content='mode = "enforce"\n', headers=toml)
+    assert good.status_code == 200 and good.json()["policy"]["mode"] == "enforce"
+    assert (gw.data_dir / "policies" / "beta.toml").read_text() == 'mode = "enforce"\n'
+    (gw.data_dir / "policies" / "gamma.yaml").write_text("mode: enforce\n")
+    assert gw.client.post("/v1/policies/reload").json()["tenants"] == ["acme", "beta", "gamma"]
