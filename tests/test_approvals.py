@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import httpx
@@ -129,6 +130,22 @@ def test_a_held_execute_runs_after_approval_and_its_session_queues_meanwhile(des
     assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
 
 
+def test_the_notebook_export_carries_each_cells_decision(desk, acme_session):
+    _, c = desk
+    reply = held(c["agent"], acme_session, SHELL)
+    c["approver"].post(f"/v1/approvals/{reply['approval_id']}/approve", json={"reason": "yes"})
+    assert wait_for(lambda: full_history(c["agent"], acme_session)[-1]["status"] == "ok")
+    c["agent"].post(f"/v1/sessions/{acme_session}/execute", json={"code": "open('/etc/shadow')"})
+    nb = c["agent"].get(f"/v1/sessions/{acme_session}/notebook").json()
+    approved, denied = (
+        cell["metadata"]["sbx"] for cell in nb["cells"] if cell["cell_type"] == "code"
+    )
+    assert approved["review"]["approval"]["state"] == "approved"
+    assert approved["review"]["approval"]["reason"] == "yes"
+    assert approved["review"]["decision"]["findings"][0]["rule"] == "shell"
+    assert denied["status"] == "denied" and denied["review"]["decision"]["action"] == "deny"
+
+
 def test_an_approver_cannot_approve_its_own_request(desk, acme_session):
     _, c = desk
     sid = c["approver"].post("/v1/sessions", json={}).json()["id"]
@@ -230,3 +247,22 @@ def test_policies_are_read_and_replaced_by_admins_only(desk):
     assert (gw.data_dir / "policies" / "beta.toml").read_text() == 'mode = "enforce"\n'
     (gw.data_dir / "policies" / "gamma.yaml").write_text("mode: enforce\n")
     assert gw.client.post("/v1/policies/reload").json()["tenants"] == ["acme", "beta", "gamma"]
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["graceful", "crash"])
+def test_a_pending_approval_ends_denied_when_the_gateway_restarts(start_gateway, how):
+    """Documented choice: the execute waiting for it dies with the process, so it is denied."""
+    data_dir = short_tmpdir()
+    (data_dir / "policies").mkdir()
+    (data_dir / "policies" / "default.toml").write_text(
+        'mode = "enforce"\n[rules]\nshell = "hold"\n'
+    )
+    first = start_gateway(data_dir=data_dir, keep_sessions=True)
+    sid = first.client.post("/v1/sessions", json={}).json()["id"]
+    approval_id = held(first.client, sid, SHELL)["approval_id"]
+    first.stop(how)
+    second = start_gateway(data_dir=data_dir)
+    doc = second.client.get(f"/v1/approvals/{approval_id}").json()
+    assert doc["state"] == "denied" and doc["decided_by"] == "gateway", doc
+    assert ("restarted" if how == signal.SIGKILL else "stopped") in doc["reason"]
+    assert second.client.get("/v1/approvals", params={"state": "pending"}).json()["approvals"] == []

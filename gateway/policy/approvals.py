@@ -131,24 +131,25 @@ class ApprovalDesk:
         return approval
 
     async def wait(self, approval: Approval, ended: asyncio.Event) -> Approval:
-        """Wait for a decision; the timeout, or the session's end (``ended``), denies it."""
+        """Wait for a decision; the timeout, the session's end (``ended``) or a stop denies it."""
         ending = asyncio.ensure_future(ended.wait())
         settled = asyncio.ensure_future(approval.settled.wait())
+        why = f"no decision within {self.timeout:g} s (approval_timeout)"
         try:
             await asyncio.wait(
                 (ending, settled),
                 timeout=max(0.0, approval.expires_at - self.clock()),
                 return_when=asyncio.FIRST_COMPLETED,
             )
+            if ended.is_set():
+                why = "the session ended while the request was pending"
+        except asyncio.CancelledError:
+            why = "the gateway stopped (or the client left) while the request was pending"
+            raise
         finally:
             for waiter in (ending, settled):
                 waiter.cancel()
-            if approval.state == "pending":  # timed out, ended, or the execute was cancelled
-                why = (
-                    "the session ended while the request was pending"
-                    if ended.is_set()
-                    else f"no decision within {self.timeout:g} s (approval_timeout)"
-                )
+            if approval.state == "pending":
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._settle(approval, "denied", None, why))
         return approval
