@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
 import httpx
 import pytest
-from helpers import execute_in_background, full_history, run, short_tmpdir, wait_for
+from helpers import (
+    closed,
+    execute_in_background,
+    execute_request,
+    full_history,
+    run,
+    run_over_channels,
+    short_tmpdir,
+    wait_for,
+)
 from test_stream import Stream
+from tornado.websocket import websocket_connect
 
 from gateway.sandbox.workspace import parse_iso
 
@@ -184,6 +195,25 @@ def test_denial_and_timeout_end_a_held_execute_on_the_stream(desk, acme_session)
     assert 2 < waited < 10, f"the approval timeout (4 s) took {waited:.1f} s"
     statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
     assert statuses == ["denied", "denied"]
+
+
+def test_the_jupyter_channels_refuse_code_the_policy_would_hold(desk, acme_session):
+    gw, c = desk
+    url = gw.ws_url(f"/api/kernels/{acme_session}/channels", token="agent-token")
+
+    async def scenario():
+        ran = await run_over_channels(url, "print(6 * 7)")
+        ws = await websocket_connect(url)
+        ws.write_message(json.dumps(execute_request(SHELL)))
+        refusal = json.loads(await asyncio.wait_for(ws.read_message(), 30))
+        await closed(ws)
+        return ran, refusal
+
+    ran, refusal = asyncio.run(scenario())
+    assert any(m["msg_type"] == "stream" for m in ran), "allowed code did not run over channels"
+    assert refusal["channel"] == "error" and "holds this code" in refusal["error"], refusal
+    statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
+    assert statuses == ["ok"], "the refused cell was run or recorded as run"
 
 
 def test_an_approval_for_an_ended_session_is_a_409(desk):

@@ -32,14 +32,17 @@ class Gate:
         self, tenant: str, session_policy: Policy | None, language: str, code: str
     ) -> Decision:
         """What the policy in force says about ``code``, with the scan's findings."""
+        if len(code) > OFFLOAD_BYTES:
+            return await asyncio.to_thread(self.judge, tenant, session_policy, language, code)
+        return self.judge(tenant, session_policy, language, code)
+
+    def judge(
+        self, tenant: str, session_policy: Policy | None, language: str, code: str
+    ) -> Decision:
+        """``review`` on the caller's thread (the Jupyter relay's sends are synchronous)."""
         policy = self.book.policy(tenant).tighten(session_policy)
         try:
-            if len(code) > OFFLOAD_BYTES:
-                findings = await asyncio.to_thread(
-                    self.scanner.scan, code, language, policy.patterns
-                )
-            else:
-                findings = self.scanner.scan(code, language, policy.patterns)
+            findings = self.scanner.scan(code, language, policy.patterns)
         except ScanFailed as e:
             log.error(
                 "the scanner failed on a %s cell of tenant %s (%s); %s",
