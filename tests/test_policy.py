@@ -156,3 +156,16 @@ def test_a_scanner_crash_fails_closed_under_an_enforcing_policy(tmp_path, monkey
     assert "refused (fail closed)" in caplog.text
     report = Gate(PolicyBook(tmp_path / "none"), gate.scanner, desk=None)  # type: ignore[arg-type]
     assert asyncio.run(report.review("t", None, "python", "print(1)")).action == "allow"
+
+
+def test_a_policy_that_is_off_scans_nothing(tmp_path, monkeypatch) -> None:
+    (tmp_path / "default.yaml").write_text("mode: off\n")
+    book = PolicyBook(tmp_path)
+    book.load()
+    gate = Gate(book, Scanner(), desk=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(gate.scanner, "scan", lambda *a: pytest.fail("an off policy scanned"))
+    decision = asyncio.run(gate.review("t", None, "python", "import os\nos.system('ls')"))
+    assert (decision.action, decision.mode, decision.findings) == ("allow", "off", ())
+    monkeypatch.undo()
+    tightened = asyncio.run(gate.review("t", session_policy({"mode": "report"}), "python", "1"))
+    assert tightened.mode == "report", "a session could not turn scanning on for itself"

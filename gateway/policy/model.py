@@ -2,7 +2,7 @@
 
 Written as TOML or YAML::
 
-    mode = "enforce"        # or "report": record findings and decisions, hold nothing
+    mode = "enforce"        # "report": record findings and decisions, hold nothing; "off": no scan
     [rules]                 # one action per rule: allow | hold | deny
     shell = "hold"
     network = "hold"
@@ -35,7 +35,7 @@ from .scan import RULES, Finding, Pattern
 
 DEFAULT_FILE = Path(__file__).with_name("default.toml")
 ACTIONS = ("allow", "hold", "deny")  # weakest first
-MODES = ("report", "enforce")  # weakest first
+MODES = ("off", "report", "enforce")  # weakest first; off: not even scanned
 _KEYS = {"mode", "rules", "patterns"}
 _PATTERN_KEYS = {"rule", "regex", "message", "kernels"}
 
@@ -73,6 +73,10 @@ class Policy:
     @property
     def enforcing(self) -> bool:
         return self.mode == "enforce"
+
+    @property
+    def scans(self) -> bool:
+        return self.mode != "off"
 
     def decide(self, findings: Iterable[Finding]) -> Decision:
         """The strictest action any finding calls for; in report mode, nothing is held."""
@@ -153,6 +157,8 @@ class Policy:
             if key not in _KEYS:
                 raise _Fault(key, None, f"unknown key {key!r}; a policy has {sorted(_KEYS)}")
         mode = data.get("mode", "report")
+        if mode is False:  # YAML 1.1 reads a bare `off` as false
+            mode = "off"
         if mode not in MODES:
             raise _Fault("mode", mode, f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         rules = data.get("rules", {})
