@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import time
 
 import httpx
@@ -22,6 +23,7 @@ from helpers import (
 from test_stream import Stream
 from tornado.websocket import websocket_connect
 
+from gateway.config import ROOT
 from gateway.sandbox.workspace import parse_iso
 
 pytestmark = pytest.mark.docker
@@ -296,3 +298,36 @@ def test_a_pending_approval_ends_denied_when_the_gateway_restarts(start_gateway,
     assert doc["state"] == "denied" and doc["decided_by"] == "gateway", doc
     assert ("restarted" if how == signal.SIGKILL else "stopped") in doc["reason"]
     assert second.client.get("/v1/approvals", params={"state": "pending"}).json()["approvals"] == []
+
+
+def test_the_approvals_page_shows_held_code_live_and_approves_it(desk, acme_session):
+    """In real headless Chromium: highlighted code, findings by line, live updates, a button."""
+    gw, c = desk
+    other = c["agent"].post("/v1/sessions", json={}).json()["id"]
+    try:
+        first = held(c["agent"], acme_session, "x = 1\n" + SHELL)
+        shot = ROOT / "docs" / "approvals.png"
+        browser = subprocess.Popen(
+            ["node", "approvals.mjs", f"{gw.url}/approvals#token=approver-token", str(shot)],
+            cwd=ROOT / "tests" / "browser",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert browser.stderr is not None
+        for line in browser.stderr:  # the page is up and showing the first request
+            if "READY" in line:
+                break
+        held(c["agent"], other, "import socket")
+        out, err = browser.communicate(timeout=120)
+        assert browser.returncode == 0, err[-3000:]
+        shown = json.loads(out.strip().splitlines()[-1])
+    finally:
+        c["agent"].delete(f"/v1/sessions/{other}")
+    assert shown["flagged"] == ["3"], f"the page marked lines {shown['flagged']}"
+    assert "shell" in shown["findings"] and "line 3" in shown["findings"], shown
+    assert shown["keywords"] >= 2, "the code is not highlighted"
+    assert shown["left"] == 1, "the approved request stayed listed (or the other one went)"
+    doc = c["approver"].get(f"/v1/approvals/{first['approval_id']}").json()
+    assert doc["state"] == "approved" and doc["reason"] == "looks fine"
+    assert wait_for(lambda: full_history(c["agent"], acme_session)[-1]["status"] == "ok")

@@ -309,6 +309,8 @@ def test_approvals_and_policies(gw, contract, admin):
         assert code_of(missing) == "approval_not_found"
     finally:
         agent.delete(f"/v1/sessions/{sid}")
+    page = contract.client().get("/approvals")
+    assert page.status_code == 200 and "Pending approvals" in page.text
     assert admin.get("/v1/policies/review").json()["policy"]["mode"] == "enforce"
     assert code_of(agent.get("/v1/policies/review")) == "forbidden"
     yaml = {"Content-Type": "application/yaml"}

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import BadRequest
 from .base import JSONHandler
+
+# Read once at import, like the API document: the page never changes while running.
+_PAGE = (Path(__file__).resolve().parent / "pages" / "approvals.html").read_bytes()
 
 _ID = r"(?P<approval_id>[0-9a-f]{32})"
 _TENANT = r"(?P<tenant>[^/]+)"
@@ -16,6 +21,24 @@ _FORMATS = {
     "text/yaml": "yaml",
     "application/json": "yaml",
 }
+
+
+class ApprovalsPageHandler(JSONHandler):
+    """The approvers' page: public HTML; it calls the API with the token it is given."""
+
+    public = True
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        # Its own script and styles only; it reaches nothing but this gateway.
+        self.set_header(
+            "Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        )
+
+    async def get(self) -> None:
+        self.finish(_PAGE)
 
 
 class ApprovalsHandler(JSONHandler):
@@ -83,6 +106,7 @@ class PolicyReloadHandler(JSONHandler):
 
 
 routes = [
+    (r"/approvals", ApprovalsPageHandler),
     (r"/v1/approvals", ApprovalsHandler),
     (rf"/v1/approvals/{_ID}", ApprovalHandler),
     (rf"/v1/approvals/{_ID}/approve", ApproveHandler),
