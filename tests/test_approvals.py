@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
+import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -20,9 +23,11 @@ from helpers import (
     short_tmpdir,
     wait_for,
 )
+from test_cli import SBX, sbx
 from test_stream import Stream
 from tornado.websocket import websocket_connect
 
+from gateway.client import AsyncClient, Client, Denied
 from gateway.config import ROOT
 from gateway.sandbox.workspace import parse_iso
 
@@ -56,7 +61,7 @@ def desk(start_gateway):
     policies.mkdir()
     (policies / "acme.yaml").write_text(ACME_POLICY)
     gw = start_gateway(
-        "--tokens-file", str(data_dir / "tokens.toml"), "--approval-timeout", "4",
+        "--tokens-file", str(data_dir / "tokens.toml"), "--approval-timeout", "10",
         data_dir=data_dir,
     )  # fmt: skip
     clients = {
@@ -194,7 +199,7 @@ def test_denial_and_timeout_end_a_held_execute_on_the_stream(desk, acme_session)
         timed_out["error"]["code"] == "denied"
         and "approval_timeout" in timed_out["error"]["message"]
     )
-    assert 2 < waited < 10, f"the approval timeout (4 s) took {waited:.1f} s"
+    assert 8 < waited < 16, f"the approval timeout (10 s) took {waited:.1f} s"
     statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
     assert statuses == ["denied", "denied"]
 
@@ -331,3 +336,66 @@ def test_the_approvals_page_shows_held_code_live_and_approves_it(desk, acme_sess
     doc = c["approver"].get(f"/v1/approvals/{first['approval_id']}").json()
     assert doc["state"] == "approved" and doc["reason"] == "looks fine"
     assert wait_for(lambda: full_history(c["agent"], acme_session)[-1]["status"] == "ok")
+
+
+def test_the_sdk_hears_of_a_pending_execute_and_an_approver_lets_it_run(desk, acme_session):
+    gw, _ = desk
+    heard: list = []
+    with Client(gw.url, "agent-token") as agent, Client(gw.url, "approver-token") as approver:
+        session = agent.session(acme_session)
+        box: dict = {}
+        thread = threading.Thread(
+            target=lambda: box.update(run=session.run(SHELL, on_pending=heard.append))
+        )
+        thread.start()
+        (pending,) = approver.wait_for_approvals(interval=0.1, timeout=30)
+        assert pending.code == SHELL and pending.findings
+        assert approver.approve(pending.id, "fine").state == "approved"
+        thread.join(60)
+    assert [a.id for a in heard] == [pending.id] and heard[0].reasons
+    assert box["run"].ok and box["run"].stdout.strip() == "0"
+
+    async def denied() -> str:
+        async with (
+            AsyncClient(gw.url, "agent-token") as agent,
+            AsyncClient(gw.url, "approver-token") as approver,
+        ):
+
+            async def deny(approval) -> None:
+                await approver.deny(approval.id, "not now")
+
+            with pytest.raises(Denied) as e:
+                await agent.session(acme_session).run(SHELL, on_pending=deny)
+            return e.value.message
+
+    assert "not now" in asyncio.run(denied())
+
+
+def test_the_cli_lists_approves_and_denies(desk, acme_session):
+    gw, c = desk
+    first = held(c["agent"], acme_session, SHELL)
+    approver = SimpleNamespace(url=gw.url, token="approver-token")
+    listed = sbx("approvals", "--json", gateway=approver)
+    assert listed.returncode == 0, listed.stderr
+    assert [a["id"] for a in json.loads(listed.stdout)] == [first["approval_id"]]
+    denied = sbx("deny", first["approval_id"], "--reason", "no shell", gateway=approver)
+    assert denied.returncode == 0 and "denied" in denied.stderr
+    agent = SimpleNamespace(url=gw.url, token="agent-token")
+    own = sbx("approve", first["approval_id"], gateway=agent)
+    assert own.returncode == 2, "a refused decision did not exit 2"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    waiting = subprocess.Popen(
+        [SBX, "exec", acme_session, SHELL],
+        env={**env, "SBX_URL": gw.url, "SBX_TOKEN": "agent-token"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pending = wait_for(lambda: c["approver"].get("/v1/approvals?state=pending").json()["approvals"])
+    assert pending, "sbx exec's execute was not held"
+    approved = sbx("approve", pending[0]["id"], gateway=approver)
+    assert approved.returncode == 0, approved.stderr
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and out.strip() == "0", err
+    assert f"held for approval {pending[0]['id']}" in err
