@@ -23,6 +23,8 @@ from helpers import (
     short_tmpdir,
     wait_for,
 )
+from mcp import Client as MCPClient
+from mcp.client.stdio import StdioServerParameters
 from test_cli import SBX, sbx
 from test_stream import Stream
 from tornado.websocket import websocket_connect
@@ -399,3 +401,39 @@ def test_the_cli_lists_approves_and_denies(desk, acme_session):
     out, err = waiting.communicate(timeout=120)
     assert waiting.returncode == 0 and out.strip() == "0", err
     assert f"held for approval {pending[0]['id']}" in err
+
+
+def test_the_mcp_run_code_tool_reports_the_pending_state(desk, acme_session):
+    gw, c = desk
+    params = StdioServerParameters(  # this checkout's code: the whole environment
+        command=SBX, args=["mcp", "--url", gw.url, "--token", "agent-token"], env=dict(os.environ)
+    )
+    progress: list[str] = []
+
+    async def approve_when_pending() -> None:
+        while True:
+            pending = await asyncio.to_thread(
+                lambda: c["approver"].get("/v1/approvals?state=pending").json()["approvals"]
+            )
+            if pending:
+                c["approver"].post(f"/v1/approvals/{pending[0]['id']}/approve", json={})
+                return
+            await asyncio.sleep(0.1)
+
+    async def on_progress(value, total, message) -> None:
+        progress.append(message)
+
+    async def scenario():
+        async with MCPClient(params) as client:
+            approver = asyncio.create_task(approve_when_pending())
+            result = await client.call_tool(
+                "run_code", {"session_id": acme_session, "code": SHELL},
+                progress_callback=on_progress,
+            )  # fmt: skip
+            await approver
+            return result
+
+    result = asyncio.run(scenario())
+    assert result.structured_content["status"] == "ok", result
+    assert result.structured_content["approval"]["reasons"]
+    assert progress and progress[0].startswith("pending_approval "), progress

@@ -28,6 +28,8 @@ from bandit.core.test_properties import checks, test_id
 from IPython.core.inputtransformer2 import TransformerManager
 
 log = logging.getLogger(__name__)
+# bandit logs every AST node it visits at debug level: far too much for a gateway's debug log.
+logging.getLogger("bandit").setLevel(logging.WARNING)
 
 RULES = ("shell", "network", "delete", "install", "secrets")
 WORKSPACE = "/workspace"  # the kernel's working directory in every image
