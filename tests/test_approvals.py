@@ -45,6 +45,10 @@ rules:
   shell: hold
   network: hold
   secrets: deny
+files:
+  max_upload: 1k
+  max_download: 2k
+  delete: deny
 """
 SHELL = "import os\nprint(os.system('true'))"
 
@@ -164,6 +168,25 @@ def test_the_notebook_export_carries_each_cells_decision(desk, acme_session):
     assert approved["review"]["approval"]["reason"] == "yes"
     assert approved["review"]["decision"]["findings"][0]["rule"] == "shell"
     assert denied["status"] == "denied" and denied["review"]["decision"]["action"] == "deny"
+
+
+def test_file_rules_refuse_big_transfers_and_deletions(desk, acme_session):
+    _, c = desk
+    files = f"/v1/sessions/{acme_session}/files"
+    small = c["agent"].put(f"{files}/small.txt", content=b"x" * 100)
+    assert small.status_code == 201, small.text
+    big = c["agent"].put(f"{files}/big.txt", content=b"x" * 2000)
+    assert big.status_code == 403 and "uploads over 1 KiB" in big.json()["error"]["message"]
+    batch = c["agent"].post(files, files={"a": ("a.txt", b"y" * 1500)})
+    assert batch.status_code == 403 and batch.json()["error"]["code"] == "denied"
+    run(c["agent"], acme_session, "open('made.bin', 'wb').write(b'z' * 3000)")
+    download = c["agent"].get(f"{files}/made.bin")
+    assert download.status_code == 403 and "downloads over 2 KiB" in download.text
+    assert c["agent"].get(f"{files}/small.txt").content == b"x" * 100
+    archive = c["agent"].get(files, params={"path": "", "format": "zip"})
+    assert archive.status_code == 413, "a directory archive got round the download limit"
+    deleted = c["agent"].delete(f"{files}/small.txt")
+    assert deleted.status_code == 403 and deleted.json()["error"]["code"] == "denied"
 
 
 def test_an_approver_cannot_approve_its_own_request(desk, acme_session):

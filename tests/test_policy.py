@@ -169,3 +169,16 @@ def test_a_policy_that_is_off_scans_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.undo()
     tightened = asyncio.run(gate.review("t", session_policy({"mode": "report"}), "python", "1"))
     assert tightened.mode == "report", "a session could not turn scanning on for itself"
+
+
+def test_file_rules_are_read_checked_and_only_tightened() -> None:
+    text = 'mode = "enforce"\n[files]\nmax_upload = "10m"\ndelete = "deny"\n'
+    policy = Policy.parse(text, "toml")
+    assert policy.files.refusal("upload", 11 * 2**20) and not policy.files.refusal("upload", 5)
+    assert policy.files.refusal("delete", 0) and not policy.files.refusal("download", 2**40)
+    tighter = policy.tighten(session_policy({"files": {"max_upload": "1m", "max_download": "5m"}}))
+    assert (tighter.files.max_upload, tighter.files.max_download) == (2**20, 5 * 2**20)
+    looser = policy.tighten(session_policy({"files": {"max_upload": "1g", "delete": "allow"}}))
+    assert looser.files.max_upload == 10 * 2**20 and looser.files.delete == "deny"
+    with pytest.raises(PolicyInvalid, match=r"line 3.*max_upload"):
+        Policy.parse('mode = "enforce"\n[files]\nmax_upload = "lots"\n', "toml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..errors import Denied
 from .approvals import ApprovalDesk
 from .book import PolicyBook
 from .model import Decision, Policy
@@ -55,3 +56,17 @@ class Gate:
             )
             return policy.failed_scan(str(e))
         return policy.decide(findings)
+
+    def check_file(self, tenant: str, session_policy: Policy | None, op: str, size: int = 0) -> int:
+        """Refuse a files API ``op`` the policy forbids (Denied); the download limit in force.
+
+        In report mode a refusal is only logged.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        refusal = policy.files.refusal(op, size)
+        if refusal is not None and policy.enforcing:
+            raise Denied(refusal)
+        if refusal is not None:
+            log.info("report mode: tenant %s: %s", tenant, refusal)
+            return 0
+        return policy.files.max_download if policy.enforcing else 0

@@ -14,6 +14,10 @@ Written as TOML or YAML::
     regex = '\\b(curl|wget)\\b'
     message = "fetches from the network"
     kernels = ["bash"]      # languages it applies to; omitted: all but Python
+    [files]                 # the files API (deny only: a transfer does not wait for a person)
+    max_upload = "100m"     # larger uploads are refused; omitted: no limit beyond the disk's
+    max_download = "1g"     # larger downloads (and directory archives) are refused
+    delete = "deny"         # allow | deny
 
 A malformed policy is refused with the line at fault. A session may send a
 policy of its own at create; it can only tighten its tenant's (``tighten``).
@@ -30,13 +34,15 @@ from typing import Any
 
 import yaml
 
-from ..errors import PolicyInvalid
+from ..errors import GatewayError, PolicyInvalid
+from ..limits import format_size, parse_size
 from .scan import RULES, Finding, Pattern
 
 DEFAULT_FILE = Path(__file__).with_name("default.toml")
 ACTIONS = ("allow", "hold", "deny")  # weakest first
 MODES = ("off", "report", "enforce")  # weakest first; off: not even scanned
-_KEYS = {"mode", "rules", "patterns"}
+_KEYS = {"mode", "rules", "patterns", "files"}
+_FILE_KEYS = {"max_upload", "max_download", "delete"}
 _PATTERN_KEYS = {"rule", "regex", "message", "kernels"}
 
 
@@ -61,11 +67,43 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
+class FileRules:
+    """What the files API may move: sizes in bytes (0: no limit), and deletions."""
+
+    max_upload: int = 0
+    max_download: int = 0
+    delete: str = "allow"  # allow | deny
+
+    def refusal(self, op: str, size: int) -> str | None:
+        """Why ``op`` (upload, download, delete) of ``size`` bytes is refused, or None."""
+        if op == "delete":
+            return "the policy refuses deleting files" if self.delete == "deny" else None
+        limit = self.max_upload if op == "upload" else self.max_download
+        if limit and size > limit:
+            return f"the policy refuses {op}s over {format_size(limit)} ({format_size(size)})"
+        return None
+
+    def tighten(self, other: FileRules) -> FileRules:
+        def smaller(a: int, b: int) -> int:
+            return min(a, b) if a and b else a or b
+
+        return FileRules(
+            smaller(self.max_upload, other.max_upload),
+            smaller(self.max_download, other.max_download),
+            "deny" if "deny" in (self.delete, other.delete) else "allow",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     mode: str = "report"
     rules: Mapping[str, str] = dataclasses.field(default_factory=dict)
     patterns: tuple[Pattern, ...] = ()
     source: str = ""  # the text it was read from, given back by the API as it was written
+    files: FileRules = dataclasses.field(default_factory=FileRules)
 
     def action(self, rule: str) -> str:
         return self.rules.get(rule, "allow")
@@ -103,7 +141,8 @@ class Policy:
             rule: max(self.action(rule), other.action(rule), key=ACTIONS.index) for rule in RULES
         }
         mode = max(self.mode, other.mode, key=MODES.index)
-        return Policy(mode, rules, self.patterns + other.patterns, self.source)
+        files = self.files.tighten(other.files)
+        return Policy(mode, rules, self.patterns + other.patterns, self.source, files)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +157,7 @@ class Policy:
                 }
                 for p in self.patterns
             ],
+            "files": self.files.to_json(),
         }
 
     # -- reading ----------------------------------------------------------------------
@@ -174,7 +214,8 @@ class Policy:
         patterns = data.get("patterns", [])
         if not isinstance(patterns, list):
             raise _Fault("patterns", None, "patterns is a list of tables")
-        return cls(mode, dict(rules), tuple(_pattern(p) for p in patterns))
+        files = _file_rules(data.get("files", {}))
+        return cls(mode, dict(rules), tuple(_pattern(p) for p in patterns), files=files)
 
 
 def session_policy(data: Any) -> Policy | None:
@@ -193,6 +234,24 @@ class _Fault(Exception):
     def __init__(self, key: str, value: Any, message: str) -> None:
         super().__init__(message)
         self.key, self.value, self.message = key, value, message
+
+
+def _file_rules(entry: Any) -> FileRules:
+    if not isinstance(entry, Mapping):
+        raise _Fault("files", None, "files is a table of max_upload, max_download, delete")
+    for key in entry:
+        if key not in _FILE_KEYS:
+            raise _Fault(key, None, f"unknown files key {key!r}; use {sorted(_FILE_KEYS)}")
+    sizes = {}
+    for key in ("max_upload", "max_download"):
+        try:
+            sizes[key] = parse_size(entry.get(key, 0), key)
+        except GatewayError as e:
+            raise _Fault(key, entry.get(key), e.message) from None
+    delete = entry.get("delete", "allow")
+    if delete not in ("allow", "deny"):
+        raise _Fault("delete", delete, f"delete must be allow or deny, not {delete!r}")
+    return FileRules(sizes["max_upload"], sizes["max_download"], delete)
 
 
 def _pattern(entry: Any) -> Pattern:

@@ -563,6 +563,11 @@ class SessionManager:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
 
+    def check_file(self, session_id: str, who: Principal, op: str, size: int = 0) -> int:
+        """Refuse a files API ``op`` the session's policy forbids; its download limit (0: none)."""
+        session = self.get(session_id, who)
+        return self.gate.check_file(session.tenant, session.policy, op, size)
+
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")
 
