@@ -133,6 +133,7 @@ class Gateway:
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
+        manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
         app = make_app(self.manager, auth, audit_log, settings, self.loop_lag)

@@ -26,6 +26,7 @@ from helpers import (
 from mcp import Client as MCPClient
 from mcp.client.stdio import StdioServerParameters
 from test_cli import SBX, sbx
+from test_isolation import FETCH, local_index  # noqa: F401 (a fixture)
 from test_stream import Stream
 from tornado.websocket import websocket_connect
 
@@ -460,3 +461,31 @@ def test_the_mcp_run_code_tool_reports_the_pending_state(desk, acme_session):
     assert result.structured_content["status"] == "ok", result
     assert result.structured_content["approval"]["reasons"]
     assert progress and progress[0].startswith("pending_approval "), progress
+
+
+def test_a_first_connection_to_a_host_is_held_at_the_proxy(start_gateway, local_index):  # noqa: F811
+    data_dir = short_tmpdir()
+    (data_dir / "policies").mkdir()
+    (data_dir / "policies" / "default.toml").write_text(
+        'mode = "enforce"\n[rules]\negress = "hold"\n'
+    )
+    gw = start_gateway("--egress-allow-ranges", "127.0.0.0/8", data_dir=data_dir)
+    url = f"http://{local_index}/hello.txt"
+    code = FETCH + f"print(fetch('{url}'))\nprint(fetch('{url}'))"
+    for approve, expected in ((True, "hello from the host"), (False, "HTTP 403")):
+        sid = gw.client.post("/v1/sessions", json={"network": {"allow": ["127.0.0.1"]}}).json()
+        thread, box = execute_in_background(gw.client, sid["id"], code)
+        pending = wait_for(
+            lambda: gw.client.get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
+        )
+        assert pending and pending[0]["code"] == f"CONNECT {local_index}", pending
+        assert pending[0]["language"] == "egress" and pending[0]["session_id"] == sid["id"]
+        verb = "approve" if approve else "deny"
+        decided = gw.client.post(f"/v1/approvals/{pending[0]['id']}/{verb}", json={})
+        assert decided.status_code == 200, decided.text
+        thread.join(60)
+        lines = box["reply"]["outputs"][0]["text"].splitlines()
+        assert all(line.startswith(expected) for line in lines) and len(lines) == 2, lines
+        held = gw.client.get("/v1/approvals", params={"state": "approved" if approve else "denied"})
+        assert len(held.json()["approvals"]) == 1, "the second connection was held again"
+        gw.client.delete(f"/v1/sessions/{sid['id']}")

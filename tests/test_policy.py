@@ -6,12 +6,15 @@ import asyncio
 
 import pytest
 
+from gateway.access.auth import Principal
 from gateway.errors import PolicyInvalid
 from gateway.policy import scan
+from gateway.policy.approvals import ApprovalDesk
 from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
 from gateway.policy.model import Policy, default_policy, session_policy
 from gateway.policy.scan import Scanner
+from gateway.store.sqlite import Store
 
 SCANNER = Scanner()
 
@@ -182,3 +185,37 @@ def test_file_rules_are_read_checked_and_only_tightened() -> None:
     assert looser.files.max_upload == 10 * 2**20 and looser.files.delete == "deny"
     with pytest.raises(PolicyInvalid, match=r"line 3.*max_upload"):
         Policy.parse('mode = "enforce"\n[files]\nmax_upload = "lots"\n', "toml")
+
+
+def test_egress_hold_waits_for_an_approver_and_report_mode_lets_hosts_through(tmp_path):
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "default.toml").write_text(
+        'mode = "enforce"\n[rules]\negress = "hold"\n'
+    )
+
+    async def scenario():
+        store = Store(tmp_path / "gateway.sqlite3")
+        await store.open()
+        book = PolicyBook(tmp_path / "policies")
+        book.load()
+        desk = ApprovalDesk(store, 5, live=lambda session_id: True)
+        gate = Gate(book, SCANNER, desk)
+        owner, ended = Principal("t", token_id="gateway"), asyncio.Event()
+        approver = Principal("t", approver=True, token_id="approver")
+        answers = []
+        for approve in (True, False):
+            asking = asyncio.create_task(
+                gate.approve_host("s1", "t", None, owner, ended, "pypi.org:443")
+            )
+            await asyncio.sleep(0.05)
+            assert not asking.done(), "the first connection did not wait for an approver"
+            (pending,) = desk.pending.values()
+            assert pending.code == "CONNECT pypi.org:443" and pending.language == "egress"
+            await desk.decide(pending.id, approver, approve, None)
+            answers.append(await asking)
+        report = Gate(PolicyBook(tmp_path / "none"), SCANNER, desk)
+        answers.append(await report.approve_host("s1", "t", None, owner, ended, "x.org:443"))
+        await store.close()
+        return answers
+
+    assert asyncio.run(scenario()) == [True, False, True]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..access.auth import Principal
 from ..errors import Denied
 from .approvals import ApprovalDesk
 from .book import PolicyBook
@@ -70,3 +71,29 @@ class Gate:
             log.info("report mode: tenant %s: %s", tenant, refusal)
             return 0
         return policy.files.max_download if policy.enforcing else 0
+
+    async def approve_host(
+        self,
+        session_id: str,
+        tenant: str,
+        session_policy: Policy | None,
+        owner: Principal,
+        ended: asyncio.Event,
+        target: str,
+    ) -> bool:
+        """Whether a session's first connection to ``target`` may go ahead (the proxy waits).
+
+        The ``egress`` rule decides: allow, deny, or hold for an approver, bounded
+        by ``approval_timeout``. In report mode every host goes ahead.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        action = policy.action("egress") if policy.enforcing else "allow"
+        if action != "hold":
+            return action == "allow"
+        reason = f"the first connection of this session to {target}"
+        decision = Decision("hold", "hold", policy.mode, (reason,))
+        approval = await self.desk.request(
+            session_id, tenant, owner, f"CONNECT {target}", "egress", decision
+        )
+        await self.desk.wait(approval, ended)
+        return approval.state == "approved"

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # bandit logs every AST node it visits at debug level: far too much for a gateway's debug log.
 logging.getLogger("bandit").setLevel(logging.WARNING)
 
-RULES = ("shell", "network", "delete", "install", "secrets")
+RULES = ("shell", "network", "delete", "install", "secrets", "egress")  # egress: at the proxy
 WORKSPACE = "/workspace"  # the kernel's working directory in every image
 
 # bandit's own checks, by the rule they serve.

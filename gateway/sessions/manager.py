@@ -563,6 +563,15 @@ class SessionManager:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
 
+    async def approve_host(self, session_id: str, target: str) -> bool:
+        """Whether a first connection to ``target`` may go ahead (the egress proxy asks)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.kernel is None:
+            return False
+        return await self.gate.approve_host(
+            session.id, session.tenant, session.policy, session.owner, session.kernel.died, target
+        )
+
     def check_file(self, session_id: str, who: Principal, op: str, size: int = 0) -> int:
         """Refuse a files API ``op`` the session's policy forbids; its download limit (0: none)."""
         session = self.get(session_id, who)
