@@ -1,19 +1,10 @@
 // Open the approvals page, check what it shows of a held execute, approve it, and report.
 // Usage: node approvals.mjs PAGE_URL_WITH_TOKEN SCREENSHOT_PATH
-import { chromium } from "playwright-core";
+import { openPage } from "./browser.mjs";
 
 const [url, screenshot] = process.argv.slice(2);
-let page;
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-  ],
-});
+const { browser, page } = await openPage({ width: 1100, height: 720 });
 try {
-  page = await browser.newPage({ viewport: { width: 1100, height: 720 } });
-  page.on("console", (m) => { if (m.type() !== "debug") console.error(`[page] ${m.text()}`); });
   await page.goto(url);
   const card = page.locator(".card").first();
   await card.waitFor({ timeout: 30_000 });
@@ -30,7 +21,7 @@ try {
   const left = await page.locator(".card").count();
   console.log(JSON.stringify({ flagged, findings, keywords, left }));
 } catch (error) {
-  if (page) await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png") });
+  await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png") });
   throw error;
 } finally {
   await browser.close();
