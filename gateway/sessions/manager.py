@@ -363,7 +363,7 @@ class SessionManager:
         decision = await self.gate.review(session.tenant, session.policy, session.language, code)
         review: dict[str, Any] = {"decision": decision.to_json()}
         if decision.action == "deny":
-            await self._refuse(session, code, request.description, review, decision.reasons)
+            raise await self._refuse(session, code, request.description, review, decision.reasons)
         async with session.lock:
             self._check_usable(session)
             session.state = "busy"
@@ -447,14 +447,13 @@ class SessionManager:
         who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"
         why = approval.reason or "no reason given"
         review = {"decision": decision.to_json(), "approval": approval.record()}
-        await self._refuse(
+        raise await self._refuse(
             session,
             request.code,
             request.description,
             review,
             (f"approval {approval.id} was denied by {who_denied}: {why}",),
         )
-        raise AssertionError("unreachable: _refuse raises")
 
     async def _refuse(
         self,
@@ -463,15 +462,15 @@ class SessionManager:
         description: str | None,
         review: dict[str, Any],
         reasons: tuple[str, ...],
-    ) -> None:
-        """Record an execute that never ran, and raise Denied saying why."""
+    ) -> Denied:
+        """Record an execute that never ran; the Denied error that says why, to raise."""
         message = "the policy refused this code: " + "; ".join(reasons)
         recorder = self.begin_execution(session, code, description, review)
         error = {"ename": "Denied", "evalue": message, "traceback": []}
         await self.finish_execution(
             session, recorder, ExecutionResult("denied", None, [], error, 0.0)
         )
-        raise Denied(message)
+        return Denied(message)
 
     async def finish_execution(
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
