@@ -19,6 +19,7 @@ from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
 from .access.secrets import SecretVault, load_key
 from .api import (
+    approvals,
     audit,
     files,
     health,
@@ -37,6 +38,10 @@ from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
 from .observe.loop_lag import LoopLagMonitor
+from .policy.approvals import ApprovalDesk
+from .policy.book import PolicyBook
+from .policy.gate import Gate
+from .policy.scan import Scanner
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
@@ -74,6 +79,7 @@ def make_app(
             *openapi.routes,
             *audit.routes,
             *secrets.routes,
+            *approvals.routes,
             *metrics.routes,
             *jupyter.routes,
         ],
@@ -117,20 +123,25 @@ class Gateway:
                 f"no Docker engine answers ({e}); run scripts/setup to install and start one"
             ) from e
         await self.store.open()
+        policies = PolicyBook(self.settings.policies_path())
+        await policies.reload()  # a malformed policy stops the start, naming its line
         auth = Authenticator.from_settings(self.settings)
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = self.audit = AuditLog(self.store)
         key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
         vault = SecretVault(self.store, key, self.settings.max_secret_size)
-        gate = None
+        packages = None
         if self.package_cache is not None:
             await self.package_cache.start()
-            gate = PackageGate(self.package_cache, self._package_policy)
-            gate.on_install = lambda install: audit_log.package_install(
+            packages = PackageGate(self.package_cache, self._package_policy)
+            packages.on_install = lambda install: audit_log.package_install(
                 install, self.manager.owner_of(install.session_id) if self.manager else None
             )
-        self.manager = build_manager(self.settings, client, self.store, auth.quota, vault, gate)
+        self.manager = build_manager(
+            self.settings, client, self.store, auth.quota, policies, vault, packages
+        )
+        self.manager.gate.desk.on_change = audit_log.approval
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
@@ -144,6 +155,7 @@ class Gateway:
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
+        manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
         app = make_app(self.manager, auth, audit_log, vault, settings, self.loop_lag)
@@ -213,12 +225,14 @@ def build_manager(
     client: docker.DockerClient,
     store: Store,
     quota: Callable[[str], Quota],
+    policies: PolicyBook,
     vault: SecretVault,
     packages: PackageGate | None = None,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
     lifecycle = build_lifecycle(settings, client, vault, packages)
     sessions: dict[str, Session] = {}
+    desk = ApprovalDesk(store, settings.approval_timeout, live=sessions.__contains__)
     pool = WarmPool(
         lifecycle,
         settings.pool,
@@ -226,7 +240,8 @@ def build_manager(
         max_sandboxes=settings.max_sessions,
         live=sessions,
     )
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions)
+    gate = Gate(policies, Scanner(), desk)
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions, gate=gate)
 
 
 def build_lifecycle(

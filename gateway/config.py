@@ -304,6 +304,15 @@ class Settings:
         AUTH,
     )
     max_secret_size: int = _opt("4k", "largest value of one sealed secret", AUTH, SIZE)
+    policies_dir: str = _opt(
+        "",
+        "directory of execute policies, <tenant>.toml or .yaml and default.*, read at start "
+        "and on POST /v1/policies/reload (empty: <data_dir>/policies; docs/approvals.md)",
+        AUTH,
+    )
+    approval_timeout: float = _opt(
+        600.0, "seconds a held execute waits for an approver before it is denied", AUTH, SECONDS
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -640,6 +649,10 @@ class Settings:
     def secrets_key_path(self) -> Path:
         """Where the secrets key lives."""
         return Path(self.secrets_key_file or Path(self.data_dir) / "secrets.key")
+
+    def policies_path(self) -> Path:
+        """Where tenants' execute policies are read from (and written by the API)."""
+        return Path(self.policies_dir or Path(self.data_dir) / "policies")
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

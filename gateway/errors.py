@@ -8,9 +8,11 @@ codes themselves. The tree::
     ├── ConfigError                       config_error (a setting or config file is unusable)
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
-    │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    │   ├── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    │   └── PolicyInvalid                 policy_invalid (a policy file or document, with its line)
     ├── Unauthorized                  401 unauthorized (no token, or not a valid one)
     ├── Forbidden                     403 forbidden (an admin-only endpoint)
+    │   └── Denied                        denied (a policy or an approver refused the code)
     ├── PathForbidden                 403 path_forbidden
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
@@ -19,7 +21,8 @@ codes themselves. The tree::
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
     │   ├── SessionEnded                  session_ended
-    │   └── NotAFile                      not_a_file
+    │   ├── NotAFile                      not_a_file
+    │   └── AlreadyDecided                already_decided (an approval decided before)
     ├── PayloadTooLarge               413 payload_too_large (request body, code)
     │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
@@ -73,6 +76,12 @@ class NotAllowed(BadRequest):
     code = "not_allowed"
 
 
+class PolicyInvalid(BadRequest):
+    """A policy that cannot be used; the message names the line at fault."""
+
+    code = "policy_invalid"
+
+
 class NotFound(GatewayError):
     status = 404
     code = "not_found"
@@ -86,6 +95,10 @@ class SessionNotFound(NotFound):
             f"no session {session_id!r}: it never existed or was deleted; "
             "create one with POST /v1/sessions"
         )
+
+
+class ApprovalNotFound(NotFound):
+    code = "approval_not_found"
 
 
 class KernelNotFound(NotFound):
@@ -122,6 +135,10 @@ class NotAFile(Conflict):
     code = "not_a_file"
 
 
+class AlreadyDecided(Conflict):
+    code = "already_decided"
+
+
 class Unauthorized(GatewayError):
     status = 401
     code = "unauthorized"
@@ -130,6 +147,12 @@ class Unauthorized(GatewayError):
 class Forbidden(GatewayError):
     status = 403
     code = "forbidden"
+
+
+class Denied(Forbidden):
+    """An execute a policy or an approver refused (or whose approval timed out): it never ran."""
+
+    code = "denied"
 
 
 class PayloadTooLarge(GatewayError):

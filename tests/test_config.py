@@ -43,6 +43,8 @@ SAMPLES = {
     "secrets_key_file": "/run/keys/sbx-secrets.key",
     "max_secret_size": "1k",
     "token": "secret",
+    "policies_dir": "/etc/sbx/policies",
+    "approval_timeout": "120",
     "max_sessions": "8",
     "default_ttl": "60",
     "max_ttl": "120",

@@ -439,3 +439,47 @@ def test_a_cut_or_garbled_client_hello_is_no_name(cut):
     assert server_name(hello) == "sni.example"
     assert server_name(hello[:cut]) is None
     assert server_name(b"\x16\x03\x01\xff\xff" + b"\xff" * cut) is None
+def test_a_first_connection_waits_for_the_host_hook_once_per_host():
+    async def scenario():
+        async with Harness(["127.0.0.1"]) as h:
+            asked: list[str] = []
+            answer = asyncio.get_running_loop().create_future()
+
+            async def hook(session_id: str, target: str) -> bool:
+                asked.append(f"{session_id} {target}")
+                return await answer
+
+            h.proxy.on_new_host = hook
+            target = f"127.0.0.1:{h.up_port}"
+            head = f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{h.auth()}\r\n"
+            first = asyncio.ensure_future(h.ask(head))
+            second = asyncio.ensure_future(h.ask(head))
+            await asyncio.sleep(0.3)
+            assert not first.done() and not second.done(), "the connections did not wait"
+            answer.set_result(True)
+            replies = [(await first)[0], (await second)[0]]
+            third, _, _ = await h.ask(head)
+            h.proxy.on_new_host = None
+            return asked, replies, third
+
+    asked, replies, third = run(scenario())
+    assert len(asked) == 1 and asked[0].startswith("s1 127.0.0.1:"), asked
+    assert all(r.startswith(b"HTTP/1.1 200") for r in [*replies, third]), replies
+
+
+def test_a_host_the_hook_refuses_is_a_reported_403():
+    async def scenario():
+        async with Harness(["127.0.0.1"]) as h:
+
+            async def hook(session_id: str, target: str) -> bool:
+                return False
+
+            h.proxy.on_new_host = hook
+            target = f"127.0.0.1:{h.up_port}"
+            reply, _, _ = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            return reply, h.denials, h.received
+
+    reply, denials, received = run(scenario())
+    assert reply.startswith(b"HTTP/1.1 403"), reply
+    assert denials and "not approved" in denials[-1].reason
+    assert received == [], "the refused host was connected to"

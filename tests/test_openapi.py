@@ -28,6 +28,7 @@ from tornado.websocket import websocket_connect
 pytestmark = pytest.mark.docker
 
 USER_TOKEN = "acme-user-token-5d1e"
+AGENT_TOKEN, APPROVER_TOKEN = "review-agent-token-81c2", "review-approver-token-0b9e"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,14 @@ def gw(start_gateway):
     tokens_file = data_dir / "tokens.toml"
     digest = hashlib.sha256(USER_TOKEN.encode()).hexdigest()
     tokens_file.write_text(
-        f'[[tokens]]\ntenant = "acme"\nsha256 = "{digest}"\n\n[tenants.acme]\nmax_sessions = 1\n'
+        f'[[tokens]]\ntenant = "acme"\nsha256 = "{digest}"\n\n'
+        f'[[tokens]]\ntenant = "review"\ntoken = "{AGENT_TOKEN}"\n\n'
+        f'[[tokens]]\ntenant = "review"\ntoken = "{APPROVER_TOKEN}"\napprover = true\n\n'
+        "[tenants.acme]\nmax_sessions = 1\n"
+    )
+    (data_dir / "policies").mkdir()
+    (data_dir / "policies" / "review.toml").write_text(
+        'mode = "enforce"\n[rules]\nshell = "hold"\nsecrets = "deny"\n'
     )
     return start_gateway(
         "--tokens-file", str(tokens_file), "--runtimes", "runc", "--network-policies", "none",
@@ -291,6 +299,47 @@ def test_audit_is_for_admins(admin, user):
     assert admin.get("/v1/audit", params={"limit": 0}).status_code == 400
     assert admin.get("/v1/audit", params={"limit": "many"}).status_code == 400
     assert code_of(user.get("/v1/audit")) == "forbidden"
+
+
+def test_approvals_and_policies(gw, contract, admin):
+    agent, approver = contract.client(AGENT_TOKEN), contract.client(APPROVER_TOKEN)
+    sid = agent.post("/v1/sessions", json={"policy": {"rules": {"network": "hold"}}}).json()["id"]
+    try:
+        shell = {"code": "import os\nos.system('true')"}
+        held = agent.post(f"/v1/sessions/{sid}/execute", json=shell)
+        assert held.status_code == 202, held.text
+        approval_id = held.json()["approval_id"]
+        pending = approver.get("/v1/approvals", params={"state": "pending"})
+        assert [a["id"] for a in pending.json()["approvals"]] == [approval_id]
+        assert approver.get(f"/v1/approvals/{approval_id}").status_code == 200
+        assert code_of(agent.post(f"/v1/approvals/{approval_id}/approve", json={})) == "forbidden"
+        r = approver.post(f"/v1/approvals/{approval_id}/approve", json={"reason": "fine"})
+        assert r.status_code == 200 and r.json()["state"] == "approved"
+        again = approver.post(f"/v1/approvals/{approval_id}/deny", json={})
+        assert code_of(again) == "already_decided"
+        second = agent.post(f"/v1/sessions/{sid}/execute", json=shell).json()["approval_id"]
+        assert approver.post(f"/v1/approvals/{second}/deny", json={}).status_code == 200
+        refused = agent.post(f"/v1/sessions/{sid}/execute", json={"code": "open('/etc/shadow')"})
+        assert code_of(refused) == "denied"
+        history = agent.get(f"/v1/sessions/{sid}/history").json()["executions"]
+        assert [e["status"] for e in history] == ["ok", "denied", "denied"]
+        assert approver.get("/v1/approvals", params={"state": "denied"}).json()["approvals"]
+        assert code_of(approver.get("/v1/approvals", params={"state": "maybe"})) == "bad_request"
+        missing = approver.post(f"/v1/approvals/{'0' * 32}/approve", json={})
+        assert code_of(missing) == "approval_not_found"
+    finally:
+        agent.delete(f"/v1/sessions/{sid}")
+    page = contract.client().get("/approvals")
+    assert page.status_code == 200 and "Pending approvals" in page.text
+    assert admin.get("/v1/policies/review").json()["policy"]["mode"] == "enforce"
+    assert code_of(agent.get("/v1/policies/review")) == "forbidden"
+    yaml = {"Content-Type": "application/yaml"}
+    malformed = "mode: enforce\nrules: {shell: x}\n"
+    bad = admin.put("/v1/policies/other", content=malformed, headers=yaml)
+    assert code_of(bad) == "policy_invalid" and "line 2" in bad.json()["error"]["message"]
+    good = admin.put("/v1/policies/other", content="mode: report\n", headers=yaml)
+    assert good.status_code == 200
+    assert admin.post("/v1/policies/reload").json()["tenants"] == ["other", "review"]
 
 
 def test_websocket_endpoints_refuse_with_json_errors(gw, contract, admin, anonymous, sid):

@@ -23,6 +23,10 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from gateway.access.auth import Principal, Quota
 from gateway.config import Settings
+from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.book import PolicyBook
+from gateway.policy.gate import Gate
+from gateway.policy.scan import Scanner
 from gateway.sandbox.base import Placement, SandboxRequest, SandboxState
 from gateway.sandbox.egress import EgressOptions
 from gateway.sandbox.isolation.manager import IsolationManager, IsolationOptions
@@ -164,7 +168,9 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     sessions: dict = {}
     pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
     quota = lambda tenant: Quota(4, 8 * 2**30, 8 * 2**30)  # noqa: E731
-    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock)
+    desk = ApprovalDesk(store, s.approval_timeout, live=sessions.__contains__)
+    gate = Gate(PolicyBook(tmp_path / "policies"), Scanner(), desk)
+    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock, gate=gate)
     return manager, placement, store
 
 

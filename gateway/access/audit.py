@@ -76,6 +76,22 @@ class AuditLog:
         written = self.store.add_audit(event)
         written.add_done_callback(_report_failure)
 
+    def approval(self, doc: dict[str, Any], who: Principal | None) -> None:
+        """Record a held execute's request or decision: who, when, what (by hash), why."""
+        self.record(
+            f"approval.{doc['state']}",
+            who or Principal(tenant=doc["tenant"], token_id=doc["decided_by"] or "gateway"),
+            "ok",
+            session_id=doc["session_id"],
+            detail={
+                "approval_id": doc["id"],
+                "requested_by": doc["requested_by"],
+                "reasons": doc["reasons"],
+                "reason": doc["reason"],
+                **code_facts(doc["code"]),
+            },
+        )
+
     def auth_failure(self, remote: str | None, method: str, path: str, token: str | None) -> bool:
         """Record a refused token (401), folded per address and minute.
 

@@ -16,6 +16,11 @@ on them. The tokens file::
     token = "..."
     admin = true                           # sees every tenant, reads the audit log
 
+    [[tokens]]
+    tenant = "acme"
+    token = "..."
+    approver = true                        # decides acme's held executes (docs/approvals.md)
+
     [tenants.acme]                         # quotas; defaults come from settings
     max_sessions = 10
     max_memory = "8g"
@@ -48,6 +53,7 @@ class Principal:
     tenant: str
     admin: bool = False
     token_id: str = ""  # a prefix of the token's digest: names it in logs, reveals nothing
+    approver: bool = False  # may approve or deny its tenant's held executes
 
     def owns(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant
@@ -148,8 +154,8 @@ def presented_token(authorization: str | None, query_token: str | None) -> str |
     return query_token or None
 
 
-def _principal(token_digest: str, tenant: str, admin: bool) -> Principal:
-    return Principal(tenant=tenant, admin=admin, token_id=token_digest[:12])
+def _principal(token_digest: str, tenant: str, admin: bool, approver: bool = False) -> Principal:
+    return Principal(tenant=tenant, admin=admin, token_id=token_digest[:12], approver=approver)
 
 
 def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal], dict[str, Quota]]:
@@ -168,7 +174,9 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             token_digest = digest(str(entry["token"]))
         else:
             raise ConfigError(f"{path}: token #{n} needs sha256 (preferred) or token")
-        principals[token_digest] = _principal(token_digest, tenant, bool(entry.get("admin")))
+        principals[token_digest] = _principal(
+            token_digest, tenant, bool(entry.get("admin")), bool(entry.get("approver"))
+        )
     quotas = {}
     for tenant, values in data.get("tenants", {}).items():
         quotas[tenant] = Quota(

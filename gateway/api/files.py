@@ -6,7 +6,7 @@ import urllib.parse
 
 import tornado.web
 
-from ..errors import BadRequest, FileTooLarge, GatewayError
+from ..errors import BadRequest, Denied, FileTooLarge, GatewayError
 from ..sandbox.files import AsyncReader, AsyncUpload, AsyncWorkspace
 from .base import JSONHandler
 
@@ -30,7 +30,7 @@ class FilesHandler(JSONHandler):
         path = self.get_argument("path", "")
         fmt = self.get_argument("format", None)
         if fmt is not None:
-            await _send_archive(self, workspace, path, fmt)
+            await _send_archive(self, workspace, session_id, path, fmt)
             return
         self.send({"path": path, **await workspace.list(path)})
 
@@ -40,7 +40,9 @@ class FilesHandler(JSONHandler):
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
             raise BadRequest("send the files as multipart/form-data parts with a filename")
-        if sum(len(f.body) for f in files) > await workspace.free_bytes():
+        size = sum(len(f.body) for f in files)
+        self.manager.check_file(session_id, self.principal, "upload", size)
+        if size > await workspace.free_bytes():
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
         saved = []
         for part in files:
@@ -52,10 +54,15 @@ class FilesHandler(JSONHandler):
 
 
 async def _send_archive(
-    handler: JSONHandler, workspace: AsyncWorkspace, path: str, fmt: str
+    handler: JSONHandler, workspace: AsyncWorkspace, session_id: str, path: str, fmt: str
 ) -> None:
-    """Stream a directory's archive as it is made; one past the size limit is a 413."""
-    source = await workspace.archive(path, fmt, handler.manager.settings.max_archive_size)
+    """Stream a directory's archive as it is made; one past the size limit is a 413.
+
+    The limit is the smaller of ``max_archive_size`` and the policy's ``max_download``.
+    """
+    limit = handler.manager.settings.max_archive_size
+    policy_limit = handler.manager.check_file(session_id, handler.principal, "download")
+    source = await workspace.archive(path, fmt, min(limit, policy_limit or limit))
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
@@ -113,9 +120,11 @@ class FileHandler(JSONHandler):
             raise self.refusal
 
     async def _start_upload(self) -> None:
-        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
+        session_id = self.path_kwargs["session_id"]
+        workspace = self.manager.files(session_id, self.principal)
         free = await workspace.free_bytes()
         declared = int(self.request.headers.get("Content-Length", 0) or 0)
+        self.manager.check_file(session_id, self.principal, "upload", declared)
         if declared > free:
             raise FileTooLarge(
                 f"{declared} bytes do not fit: the workspace has {free} bytes free "
@@ -161,9 +170,14 @@ class FileHandler(JSONHandler):
         fmt = self.get_argument("format", None)
         self.audit_detail["path"] = path
         if fmt is not None:
-            await _send_archive(self, workspace, path, fmt)
+            await _send_archive(self, workspace, session_id, path, fmt)
             return
         source, info = await workspace.open_read(path)
+        try:
+            self.manager.check_file(session_id, self.principal, "download", info.st_size)
+        except Denied:
+            await source.aclose()
+            raise
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         _attachment(self, path.rsplit("/", 1)[-1])
@@ -173,6 +187,7 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
+        self.manager.check_file(session_id, self.principal, "delete")
         await workspace.remove(path)
         self.set_status(204)
         self.finish()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..access.audit import code_facts
+from ..errors import Denied
+from ..execution.kernel import ExecutionResult
 from ..sessions.requests import CreateSession, ExecuteCode, UpdateSession
 from ..store.sqlite import HISTORY_PAGE
 from .base import JSONHandler
@@ -60,7 +62,17 @@ class ExecuteHandler(JSONHandler):
         if isinstance(body.get("code"), str):
             self.audit_detail.update(code_facts(body["code"]))
         request = ExecuteCode.from_json(body)
-        result = await self.manager.execute(session_id, self.principal, request)
+        try:
+            result = await self.manager.submit(session_id, self.principal, request)
+        except Denied as e:
+            self.audit_detail["denied"] = e.message
+            raise
+        if not isinstance(result, ExecutionResult):  # held for an approver
+            self.audit_detail["approval_id"] = result.id
+            reasons = result.decision["reasons"]
+            held = {"state": "pending_approval", "approval_id": result.id, "reasons": reasons}
+            self.send(held, status=202)
+            return
         self.audit_detail["execution_status"] = result.status
         self.send(result.to_json())
 

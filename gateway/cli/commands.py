@@ -1,6 +1,7 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
-``run``, ``exec``, ``sessions``, ``files``, ``export``, ``replay`` and ``mcp``.
+``run``, ``exec``, ``sessions``, ``files``, ``export``, ``replay``, ``approvals``,
+``approve``, ``deny`` and ``mcp``.
 Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``) and needs
 nothing else of the settings: handlers get the SDK's ``ClientSettings``. Exit codes:
 0 done, 1 the code (or a replay) failed, 2 the gateway refused or was unreachable.
@@ -223,6 +224,26 @@ def _replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0 if report["reproduced"] else 1
 
 
+def _approvals(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.approvals(None if args.state == "all" else args.state)
+    if args.json:
+        terminal.print_json([a.raw for a in found])
+    elif found:
+        terminal.out.print(terminal.approvals_table(found))
+    else:
+        terminal.err.print(f"no {args.state} approvals" if args.state != "all" else "no approvals")
+    return 0
+
+
+def _decide(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        decide = client.approve if args.verb == "approve" else client.deny
+        approval = decide(args.approval, args.reason)
+    terminal.err.print(f"{approval.id}: {approval.state}")
+    return 0
+
+
 def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
@@ -358,6 +379,21 @@ def add_client_commands(commands: Any) -> None:
         type=float,
         help="compare images by pixels, allowing this mean difference (0 to 1)",
     )
+
+    approvals = _command(
+        commands, "approvals", _approvals, "list executes held for an approver (docs/approvals.md)"
+    )
+    approvals.add_argument(
+        "--state", default="pending", help="pending (default), approved, denied or all"
+    )
+    approvals.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for verb in ("approve", "deny"):
+        decide = _command(
+            commands, verb, _decide, f"{verb} a held execute (an approver token, not the asker's)"
+        )
+        decide.add_argument("approval", help="approval id (from sbx approvals)")
+        decide.add_argument("--reason", help="why; recorded with the decision")
+        decide.set_defaults(verb=verb)
 
     mcp = _command(
         commands,

@@ -17,6 +17,7 @@
 from ..errors import (
     BadRequest,
     Conflict,
+    Denied,
     EgressUnavailable,
     EngineUnavailable,
     FileNotFound,
@@ -45,11 +46,12 @@ from ..errors import (
 from .aio import AsyncClient, AsyncFiles, AsyncSession
 from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
-from .models import Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
+from .models import Approval, Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
 from .stream import RunCallbacks
 from .sync import Client, Files, Session
 
 __all__ = [
+    "Approval",
     "Artifact",
     "AsyncClient",
     "AsyncFiles",
@@ -57,6 +59,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "Conflict",
+    "Denied",
     "EgressUnavailable",
     "EngineUnavailable",
     "Execution",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar, Unpack
@@ -32,7 +33,7 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Execution, FileInfo, SessionInfo
+from .models import Approval, Execution, FileInfo, SessionInfo
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -134,6 +135,31 @@ class AsyncClient(BaseClient):
 
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
+
+    async def approvals(self, state: str | None = "pending") -> list[Approval]:
+        """Held executes this token's tenant may see (an approver's view)."""
+        return await self.call(self._approvals_call(state))
+
+    async def approval(self, approval_id: str) -> Approval:
+        return await self.call(self._approval_call(approval_id))
+
+    async def approve(self, approval_id: str, reason: str | None = None) -> Approval:
+        """Let a held execute run (approver tokens; never the one that asked)."""
+        return await self.call(self._decide_call(approval_id, "approve", reason))
+
+    async def deny(self, approval_id: str, reason: str | None = None) -> Approval:
+        return await self.call(self._decide_call(approval_id, "deny", reason))
+
+    async def wait_for_approvals(
+        self, interval: float = 1.0, timeout: float | None = None
+    ) -> list[Approval]:
+        """Poll until some execute is pending (or ``timeout`` passes); those pending."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (pending := await self.approvals("pending")):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(interval)
+        return pending
 
 
 class AsyncFiles(BaseFiles):

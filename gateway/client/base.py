@@ -24,7 +24,7 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from .. import __version__
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
-from .models import FileInfo, SessionInfo
+from .models import Approval, FileInfo, SessionInfo
 from .settings import ClientSettings
 from .stream import Run
 
@@ -260,6 +260,26 @@ class BaseClient:
 
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
+
+    def _approvals_call(self, state: str | None) -> Call[list[Approval]]:
+        params = {"state": state} if state else {}
+        return Call("GET", "/v1/approvals", _approval_list, params=params)
+
+    def _approval_call(self, approval_id: str) -> Call[Approval]:
+        return Call("GET", f"/v1/approvals/{_segment(approval_id)}", _approval)
+
+    def _decide_call(self, approval_id: str, verb: str, reason: str | None) -> Call[Approval]:
+        body = {"reason": reason} if reason else {}
+        path = f"/v1/approvals/{_segment(approval_id)}/{verb}"
+        return Call("POST", path, _approval, json=body)
+
+
+def _approval(response: httpx.Response) -> Approval:
+    return Approval.from_json(response.json())
+
+
+def _approval_list(response: httpx.Response) -> list[Approval]:
+    return [Approval.from_json(doc) for doc in response.json()["approvals"]]
 
 
 def _session_info(response: httpx.Response) -> SessionInfo:

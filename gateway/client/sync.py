@@ -27,7 +27,7 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Execution, FileInfo, SessionInfo
+from .models import Approval, Execution, FileInfo, SessionInfo
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -102,6 +102,31 @@ class Client(BaseClient):
 
     def health(self) -> dict[str, Any]:
         return self.call(self._health_call())
+
+    def approvals(self, state: str | None = "pending") -> list[Approval]:
+        """Held executes this token's tenant may see (an approver's view)."""
+        return self.call(self._approvals_call(state))
+
+    def approval(self, approval_id: str) -> Approval:
+        return self.call(self._approval_call(approval_id))
+
+    def approve(self, approval_id: str, reason: str | None = None) -> Approval:
+        """Let a held execute run (approver tokens; never the one that asked)."""
+        return self.call(self._decide_call(approval_id, "approve", reason))
+
+    def deny(self, approval_id: str, reason: str | None = None) -> Approval:
+        return self.call(self._decide_call(approval_id, "deny", reason))
+
+    def wait_for_approvals(
+        self, interval: float = 1.0, timeout: float | None = None
+    ) -> list[Approval]:
+        """Poll until some execute is pending (or ``timeout`` passes); those pending."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (pending := self.approvals("pending")):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+        return pending
 
 
 class Files(BaseFiles):

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import (
     BlobResourceContents,
@@ -34,6 +34,7 @@ from pydantic import Field
 
 from .. import __version__
 from ..client import (
+    Approval,
     AsyncClient,
     AsyncSession,
     Execution,
@@ -136,19 +137,33 @@ class SandboxTools:
         session_id: SessionId,
         code: Annotated[str, Field(description="source code to execute in the kernel")],
         timeout: Annotated[float | None, Field(description="seconds before it is stopped")] = None,
+        ctx: Context | None = None,
     ) -> CallToolResult:
-        """Execute code in the session's kernel; returns stdout/stderr, results, images, errors."""
+        """Execute code in the session's kernel; returns stdout/stderr, results, images, errors.
+
+        Code the session's policy holds waits for a person's approval: the wait
+        is reported as progress, then the code runs, or the tool fails as denied.
+        """
         session = self._session(session_id)
-        execution = await session.run(code, timeout=timeout)
-        return CallToolResult(
-            content=execution_content(execution),
-            structured_content={
-                "status": execution.status,
-                "execution_count": execution.execution_count,
-                "error": None if execution.error is None else str(execution.error),
-                "artifacts": [a.path for a in execution.artifacts],
-            },
-        )
+        held: list[Approval] = []
+
+        async def pending(approval: Approval) -> None:
+            held.append(approval)
+            if ctx is not None:
+                reasons = "; ".join(approval.reasons)
+                message = f"pending_approval {approval.id}: {reasons}; waiting for an approver"
+                await ctx.report_progress(0, message=message)
+
+        execution = await session.run(code, timeout=timeout, on_pending=pending)
+        summary: dict[str, Any] = {
+            "status": execution.status,
+            "execution_count": execution.execution_count,
+            "error": None if execution.error is None else str(execution.error),
+            "artifacts": [a.path for a in execution.artifacts],
+        }
+        if held:  # it ran once approved
+            summary["approval"] = {"id": held[0].id, "reasons": held[0].reasons}
+        return CallToolResult(content=execution_content(execution), structured_content=summary)
 
     @_tool
     async def upload_file(

@@ -30,7 +30,7 @@ from .compare import diff_outputs
 log = logging.getLogger(__name__)
 
 # Statuses whose cells a notebook runner must not stop at ("running": exported mid-run).
-_FAILED = ("error", "timeout", "interrupted", "dead", CUT_BY_RESTART, "running")
+_FAILED = ("error", "timeout", "interrupted", "dead", "denied", CUT_BY_RESTART, "running")
 
 
 async def export_chunks(
@@ -124,6 +124,9 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     if status in _FAILED:
         sbx["error"] = execution["error"]
         cell.metadata["tags"] = ["raises-exception"]
+    review = execution.get("review")
+    if review and (review["decision"]["findings"] or review["decision"]["reasons"]):
+        sbx["review"] = review  # the policy's findings and decision, and who approved
     cell.metadata["sbx"] = sbx
     return cell
 

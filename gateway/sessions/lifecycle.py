@@ -99,6 +99,7 @@ class SandboxLifecycle:
             tenant=tenant,
             secret_names=request.secrets,
             secrets_as=request.secrets_as,
+            policy=request.policy,
         )
 
     async def unseal(self, session: Session, strict: bool = True) -> None:

@@ -36,6 +36,7 @@ from ..errors import (
     BadRequest,
     ConfigError,
     Conflict,
+    Denied,
     GatewayError,
     KernelDied,
     PayloadTooLarge,
@@ -48,6 +49,9 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..policy.approvals import Approval
+from ..policy.gate import Gate
+from ..policy.model import Decision
 from ..sandbox.base import ENGINE_ERRORS
 from ..sandbox.egress import EgressConnection
 from ..sandbox.files import AsyncWorkspace
@@ -85,9 +89,15 @@ class SessionManager:
         quota: Callable[[str], Quota],
         sessions: dict[str, Session],
         clock: Callable[[], float] = time.time,
+        *,
+        gate: Gate,
     ) -> None:
-        """``sessions`` starts empty; the pool is handed the same dict to count them."""
+        """``sessions`` starts empty; the pool is handed the same dict to count them.
+
+        ``gate``: the policies, scanner and approvals every execute passes.
+        """
         self.settings = settings
+        self.gate = gate
         self.lifecycle = lifecycle
         self.store = store
         self.pool = pool
@@ -128,6 +138,7 @@ class SessionManager:
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle)
+        await self.gate.desk.close_orphans()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
 
@@ -371,6 +382,7 @@ class SessionManager:
         request: ExecuteCode,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
+        on_hold: Callable[[Approval], None] | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
@@ -378,6 +390,9 @@ class SessionManager:
         step; it is recorded and becomes a markdown cell in the notebook export.
         ``on_start`` is called when this execution's turn comes (others may be
         queued ahead). ``on_output`` hears of each output once it is stored.
+        The code first passes the policy's gate: refused, it raises Denied;
+        held, ``on_hold`` hears of the approval request and the session stays
+        busy (its other work queued) until an approver decides.
         """
         session = self.get(session_id, who)
         code = request.code
@@ -389,12 +404,18 @@ class SessionManager:
         limit = seconds(
             request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
         )
+        decision = await self.gate.review(session.tenant, session.policy, session.language, code)
+        review: dict[str, Any] = {"decision": decision.to_json()}
+        if decision.action == "deny":
+            raise await self._refuse(session, code, request.description, review, decision.reasons)
         async with session.lock:
             self._check_usable(session)
             session.state = "busy"
             session.touch()
             assert session.kernel is not None and session.workspace is not None
-            recorder = self.begin_execution(session, code, request.description)
+            if decision.action == "hold":
+                review["approval"] = await self._hold(session, who, request, decision, on_hold)
+            recorder = self.begin_execution(session, code, request.description, review)
             await session.workspace.baseline()
             result = await session.kernel.execute(
                 code,
@@ -432,17 +453,95 @@ class SessionManager:
             f"this session's output limit of {format_size(total)}, all its executions "
             "together (start a new session, or write large results to files)",
         )
+    async def submit(
+        self, session_id: str, who: Principal, request: ExecuteCode
+    ) -> ExecutionResult | Approval:
+        """Run an execute; if it is held, return its approval request as soon as it is made.
+
+        A held execute goes on in the background: it runs once approved (its
+        outcome in the session's history) or ends denied.
+        """
+        held: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
+        run = self.spawn(self.execute(session_id, who, request, on_hold=held.set_result))
+        run.add_done_callback(_retrieve)
+        await asyncio.wait((run, held), return_when=asyncio.FIRST_COMPLETED)
+        if run.done():
+            held.cancel()
+            return run.result()
+        return held.result()
 
     def begin_execution(
-        self, session: Session, code: str, description: str | None = None
+        self,
+        session: Session,
+        code: str,
+        description: str | None = None,
+        review: dict[str, Any] | None = None,
     ) -> ExecutionRecorder:
         """Record an execution as running, however it is run (v1 API or Jupyter client)."""
         mask = session.masker
         recorder = ExecutionRecorder(
-            self.store, session.id, mask.text(code), description and mask.text(description)
+            self.store,
+            session.id,
+            mask.text(code),
+            description and mask.text(description),
+            mask.tree(review),
         )
         session.running.add(recorder)
         return recorder
+
+    async def _hold(
+        self,
+        session: Session,
+        who: Principal,
+        request: ExecuteCode,
+        decision: Decision,
+        on_hold: Callable[[Approval], None] | None,
+    ) -> dict[str, Any]:
+        """Wait, holding the session's turn, for an approver; the approval's record if approved."""
+        assert session.kernel is not None
+        desk = self.gate.desk
+        approval = await desk.request(
+            session.id,
+            session.tenant,
+            who,
+            session.masker.text(request.code),
+            session.language,
+            decision,
+        )
+        if on_hold is not None:
+            on_hold(approval)
+        await desk.wait(approval, session.kernel.died)
+        if approval.state == "approved":
+            return approval.record()
+        if session.state == "busy":
+            session.state = "idle"
+        who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"
+        why = approval.reason or "no reason given"
+        review = {"decision": decision.to_json(), "approval": approval.record()}
+        raise await self._refuse(
+            session,
+            request.code,
+            request.description,
+            review,
+            (f"approval {approval.id} was denied by {who_denied}: {why}",),
+        )
+
+    async def _refuse(
+        self,
+        session: Session,
+        code: str,
+        description: str | None,
+        review: dict[str, Any],
+        reasons: tuple[str, ...],
+    ) -> Denied:
+        """Record an execute that never ran; the Denied error that says why, to raise."""
+        message = "the policy refused this code: " + "; ".join(reasons)
+        recorder = self.begin_execution(session, code, description, review)
+        error = {"ename": "Denied", "evalue": message, "traceback": []}
+        await self.finish_execution(
+            session, recorder, ExecutionResult("denied", None, [], error, 0.0)
+        )
+        return Denied(message)
 
     async def finish_execution(
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
@@ -535,6 +634,20 @@ class SessionManager:
         if session.workspace is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
+
+    async def approve_host(self, session_id: str, target: str) -> bool:
+        """Whether a first connection to ``target`` may go ahead (the egress proxy asks)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.kernel is None:
+            return False
+        return await self.gate.approve_host(
+            session.id, session.tenant, session.policy, session.owner, session.kernel.died, target
+        )
+
+    def check_file(self, session_id: str, who: Principal, op: str, size: int = 0) -> int:
+        """Refuse a files API ``op`` the session's policy forbids; its download limit (0: none)."""
+        session = self.get(session_id, who)
+        return self.gate.check_file(session.tenant, session.policy, op, size)
 
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")
@@ -651,3 +764,9 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Mark a background execute's failure as seen: its caller had its 202 already."""
+    if not task.cancelled():
+        task.exception()

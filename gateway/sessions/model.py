@@ -16,6 +16,7 @@ from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
 from ..masking import NO_SECRETS, Masker
+from ..policy.model import Policy, session_policy
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import iso, parse_iso
@@ -46,8 +47,10 @@ class Session:
         tenant: str = "default",
         secret_names: tuple[str, ...] = (),
         secrets_as: str = "env",
+        policy: Policy | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
+        self.policy = policy  # the session's own, tightening its tenant's
         self.tenant = tenant
         self.start_timeout = start_timeout
         self.runtime = runtime
@@ -105,6 +108,7 @@ class Session:
             tenant=doc.get("tenant", "default"),
             secret_names=tuple(doc.get("secrets", ())),
             secrets_as=doc.get("secrets_as", "env"),
+            policy=session_policy(doc.get("policy")),
         )
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -147,6 +151,11 @@ class Session:
     def idle_deadline(self) -> float:
         return self.last_activity + self.idle_timeout
 
+    @property
+    def language(self) -> str:
+        """The kernel's language (``python``, ``R``...): how its code is scanned."""
+        return self.language_info.get("name") or self.kernel_name
+
     def touch(self) -> None:
         self.last_activity = time.time()
 
@@ -181,13 +190,15 @@ class Session:
         }
 
     def record(self) -> dict[str, Any]:
-        """What the store keeps: the API view plus env values and the image's package list."""
-        return {**self.to_json(), "env": self.env, "packages": self.packages}
+        """What the store keeps: the API view plus env values, the image's package list
+        and the session's own policy."""
+        policy = self.policy.to_json() if self.policy is not None else None
+        return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy}
 
 
 def public_view(record: dict[str, Any]) -> dict[str, Any]:
-    """A stored session record as the API shows it: no package list, no env values."""
-    view = {k: v for k, v in record.items() if k != "packages"}
+    """A stored session record as the API shows it: no package list, policy or env values."""
+    view = {k: v for k, v in record.items() if k not in ("packages", "policy")}
     view["env"] = sorted(view.get("env", ()))
     view.setdefault("secrets", [])
     return view

@@ -17,6 +17,7 @@ from typing import Any
 from ..access.secrets import secret_names
 from ..errors import BadRequest
 from ..limits import Limits
+from ..policy.model import Policy, session_policy
 from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
 from ..validation import env_vars, image_ref, metadata_dict
@@ -54,6 +55,7 @@ class CreateSession:
     secrets: tuple[str, ...] = ()  # names of the tenant's sealed secrets
     secrets_as: str = "env"  # or "files": one file each in /run/secrets, on a tmpfs
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    policy: Policy | None = None  # tightens the tenant's policy, never loosens it
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
@@ -91,6 +93,7 @@ class CreateSession:
             secrets=secrets,
             secrets_as=secrets_as,
             metadata=metadata_dict(body.get("metadata")),
+            policy=session_policy(body.get("policy")),
         )
 
 

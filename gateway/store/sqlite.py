@@ -134,6 +134,19 @@ MIGRATIONS = [
     CREATE INDEX connections_by_execution ON connections (execution_id);
     CREATE INDEX connections_by_time ON connections (at);
     """,
+    # What the policy made of each execution (findings, decision), and approvals.
+    """
+    ALTER TABLE executions ADD COLUMN review TEXT;
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals (state, created_at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -341,7 +354,8 @@ class Store:
         written = self._submit(
             self._exec,
             "INSERT INTO executions (id, session_id, status, code, description, outputs,"
-            " started_at, ended_at, duration_ms) VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0)",
+            " started_at, ended_at, duration_ms, review)"
+            " VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0, ?)",
             (
                 execution_id,
                 session_id,
@@ -349,6 +363,7 @@ class Store:
                 record.get("description"),
                 record["started_at"],
                 record["started_at"],
+                json.dumps(record["review"]) if record.get("review") else None,
             ),
             lazy=True,
         )
@@ -665,7 +680,48 @@ class Store:
             "duration_ms": r["duration_ms"],
             "files": json.loads(r["files"]) if r["files"] else [],
             "network": self._network(r["id"]),
+            "review": json.loads(r["review"]) if r["review"] else None,
         }
+
+    def save_approval(self, doc: dict[str, Any]) -> asyncio.Future:
+        """Insert or replace an approval request's record."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO approvals (id, tenant, session_id, state, created_at, doc)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE"
+            " SET state = excluded.state, doc = excluded.doc",
+            (
+                doc["id"],
+                doc["tenant"],
+                doc["session_id"],
+                doc["state"],
+                doc["created_at"],
+                json.dumps(doc),
+            ),
+        )
+
+    async def approvals(
+        self, tenant: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Approval records, oldest first, of one tenant (None: all) and state (None: any)."""
+        where, params = [], []
+        for column, value in (("tenant", tenant), ("state", state)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT doc FROM approvals"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = await self._run(
+            self._exec, sql + " ORDER BY created_at, id LIMIT ?", (*params, limit)
+        )
+        return [json.loads(r["doc"]) for r in rows]
+
+    async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        rows = await self._run(
+            self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,)
+        )
+        return json.loads(rows[0]["doc"]) if rows else None
 
 
 def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Future) -> None:

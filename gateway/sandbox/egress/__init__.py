@@ -24,7 +24,15 @@ import docker
 from ...errors import EgressUnavailable, NotAllowed
 from .network import EgressNetwork
 from .policy import AddressGuard, IPNetwork, NetworkPolicy, Rule
-from .proxy import ConnectionHook, DenialHook, EgressConnection, EgressDenial, EgressProxy, Redactor
+from .proxy import (
+    ConnectionHook,
+    DenialHook,
+    EgressConnection,
+    EgressDenial,
+    EgressProxy,
+    HostHook,
+    Redactor,
+)
 
 __all__ = ["Egress", "EgressConnection", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
 
@@ -68,6 +76,7 @@ class Egress:
         self._on_denied: DenialHook | None = None
         self._redact: Redactor | None = None
         self._on_connection: ConnectionHook | None = None
+        self._on_new_host: HostHook | None = None
         self._endpoint: tuple[str, int] | None = None
         self._lock = asyncio.Lock()
 
@@ -88,6 +97,12 @@ class Egress:
         self._on_connection = hook
         if self.proxy is not None:
             self.proxy.on_connection = hook
+
+    def set_host_hook(self, hook: HostHook | None) -> None:
+        """Ask ``hook`` before each session's first connection to a host (approvals)."""
+        self._on_new_host = hook
+        if self.proxy is not None:
+            self.proxy.on_new_host = hook
 
     def protect_port(self, port: int) -> None:
         """Never let a sandbox reach ``port`` on this host (the gateway's API port)."""
@@ -132,6 +147,7 @@ class Egress:
                 proxy = EgressProxy(self.guard, key, on_denied=self._on_denied)
                 proxy.redact = self._redact
                 proxy.on_connection = self._on_connection
+                proxy.on_new_host = self._on_new_host
                 try:
                     port = await proxy.start(address, self.network.ports, preferred)
                 except OSError as e:

@@ -29,7 +29,7 @@ import hmac
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address
 from urllib.parse import urlsplit
@@ -60,6 +60,8 @@ class EgressDenial:
 
 
 DenialHook = Callable[[EgressDenial], None]
+# Asked once per session and host:port before the first connection: may it go ahead?
+HostHook = Callable[[str, str], Awaitable[bool]]
 
 
 @dataclasses.dataclass
@@ -104,6 +106,7 @@ class _Tenant:
     window: float = 0.0  # start of the current one-second reporting window
     reported: int = 0
     suppressed: int = 0
+    hosts: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)  # decided
 
 
 class EgressProxy:
@@ -127,6 +130,7 @@ class EgressProxy:
         self.on_denied = on_denied  # the hook an audit log plugs into
         self.redact: Redactor | None = None  # (session id, text) -> text without its secrets
         self.on_connection: ConnectionHook | None = None  # the session's connection record
+        self.on_new_host: HostHook | None = None  # a policy that holds first connections
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
@@ -297,6 +301,8 @@ class EgressProxy:
         if rule is None:
             raise _Refused(403, f"{target} is not on this session's allowlist", denied=True)
         record.rule = rule.text
+        if self.on_new_host is not None and not await self._first_use(tenant, target):
+            raise _Refused(403, f"the first connection to {target} was not approved", denied=True)
         refusals, failure = [], None
         for address in await self._addresses(host, port):
             refusal = self.guard.refusal(address, port)
@@ -313,6 +319,21 @@ class EgressProxy:
         if failure is not None:
             raise _Refused(502, f"cannot connect to {target}: {str(failure) or 'timed out'}")
         raise _Refused(403, f"{target} refused: " + "; ".join(refusals), denied=True)
+
+    async def _first_use(self, tenant: _Tenant, target: str) -> bool:
+        """Ask the hook once per host:port; connections meanwhile wait for the same answer."""
+        assert self.on_new_host is not None
+        decided = tenant.hosts.get(target)
+        if decided is None:
+            decided = asyncio.ensure_future(self.on_new_host(tenant.session_id, target))
+            tenant.hosts[target] = decided
+        try:
+            return await asyncio.shield(decided)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the egress host hook failed; %s refused", target)
+            return False
 
     async def _addresses(self, host: Host, port: int) -> list[IPAddress]:
         if not isinstance(host, str):
