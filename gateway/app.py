@@ -34,6 +34,7 @@ from .api.edge import Edge
 from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
+from .notebooks.compare import diff_outputs
 from .observe.loop_lag import LoopLagMonitor
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
@@ -43,6 +44,7 @@ from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.pool import WarmPool
+from .sessions.state import KernelState
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -189,7 +191,8 @@ def build_manager(
         max_sandboxes=settings.max_sessions,
         live=sessions,
     )
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions)
+    state = KernelState(lifecycle, store, diff_outputs, settings.interrupt_grace)
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions, state)
 
 
 def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:

@@ -19,6 +19,11 @@ codes themselves. The tree::
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
     │   ├── SessionEnded                  session_ended
+    │   ├── SessionBusy                   session_busy (a cell runs: pause or snapshot later)
+    │   ├── NotPaused                     not_paused
+    │   ├── StrategyUnavailable           strategy_unavailable (no way to keep this kernel's state)
+    │   ├── StateNotSaved                 state_not_saved (the kernel could not save it)
+    │   ├── StateNotRestored              state_not_restored (saved state unreadable or missing)
     │   └── NotAFile                      not_a_file
     ├── PayloadTooLarge               413 payload_too_large (request body, code)
     │   └── FileTooLarge                  file_too_large
@@ -116,6 +121,34 @@ class KernelDied(Conflict):
 
 class SessionEnded(Conflict):
     code = "session_ended"
+
+
+class SessionBusy(Conflict):
+    """A cell is running; its state cannot be saved until it finishes."""
+
+    code = "session_busy"
+
+
+class NotPaused(Conflict):
+    code = "not_paused"
+
+
+class StrategyUnavailable(Conflict):
+    """The kernel state strategy asked for cannot be used for this session."""
+
+    code = "strategy_unavailable"
+
+
+class StateNotSaved(Conflict):
+    """The kernel's state could not be saved (no disk, no memory); the session keeps running."""
+
+    code = "state_not_saved"
+
+
+class StateNotRestored(Conflict):
+    """A saved kernel state is missing or unreadable; nothing was changed."""
+
+    code = "state_not_restored"
 
 
 class NotAFile(Conflict):

@@ -46,6 +46,7 @@ SAMPLES = {
     "max_ttl": "120",
     "default_idle_timeout": "30",
     "max_idle_timeout": "90",
+    "idle_action": "pause",
     "default_memory": "256m",
     "max_memory": "1g",
     "default_cpus": "0.5",

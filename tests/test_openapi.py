@@ -214,6 +214,22 @@ def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
     assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
 
 
+def test_pause_resume_and_their_errors(admin, sid):
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a = 1"}).status_code == 200
+    assert code_of(admin.post(f"/v1/sessions/{sid}/resume")) == "not_paused"
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": 3}).status_code == 400
+    refused = admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "checkpoint"})
+    assert code_of(refused) == "strategy_unavailable"
+    paused = admin.post(f"/v1/sessions/{sid}/pause")
+    assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
+    assert admin.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "namespace"
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a"}).json()["resumed"]
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "replay"}).status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/resume").json()["differed"] == []
+    for path in ("pause", "resume"):
+        assert admin.post(f"/v1/sessions/nope/{path}").status_code == 404
+
+
 def test_files_both_ways_and_their_errors(admin, sid):
     files = f"/v1/sessions/{sid}/files"
     put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")

@@ -23,6 +23,7 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from gateway.access.auth import Principal, Quota
 from gateway.config import Settings
+from gateway.notebooks.compare import diff_outputs
 from gateway.sandbox.base import Placement, SandboxRequest, SandboxState
 from gateway.sandbox.egress import EgressOptions
 from gateway.sandbox.isolation.manager import IsolationManager, IsolationOptions
@@ -32,6 +33,7 @@ from gateway.sessions.lifecycle import SandboxLifecycle
 from gateway.sessions.manager import SessionManager
 from gateway.sessions.pool import WarmPool
 from gateway.sessions.requests import CreateSession, ExecuteCode
+from gateway.sessions.state import KernelState
 from gateway.store.sqlite import Store
 
 WHO = Principal(tenant="default", token_id="test")
@@ -164,7 +166,8 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     sessions: dict = {}
     pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
     quota = lambda tenant: Quota(4, 8 * 2**30, 8 * 2**30)  # noqa: E731
-    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock)
+    state = KernelState(lifecycle, store, diff_outputs, s.interrupt_grace)
+    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, state, clock)
     return manager, placement, store
 
 

@@ -6,6 +6,7 @@ removed one way only::
 
     new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
     from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
+    from_record -> adopt_paused (isolation, spec, reattach) -> resume      -> ... -> teardown
 
 It turns a session into the plain ``SandboxRequest`` the placement takes, and
 the placement's answer into the session's ``Kernel`` and workspace.
@@ -84,6 +85,7 @@ class SandboxLifecycle:
             runtime=runtime,
             network=network,
             tenant=tenant,
+            idle_action=request.idle_action or s.idle_action,
         )
 
     def kernel_image(self, kernel_name: str) -> str:
@@ -158,11 +160,17 @@ class SandboxLifecycle:
         await session.kernel.adopt(runtime)
         await self.placement.reattach(session.id)
 
+    async def adopt_paused(self, session: Session) -> None:
+        """Take over a session a previous gateway process paused: no sandbox, its files here."""
+        await self._isolate(session)
+        self._equip(session)
+        await self.placement.reattach(session.id)
+
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self.isolation.release(session.id)
         kernel = session.kernel
-        if kernel is not None:
+        if kernel is not None and session.paused is None:  # a paused one has no kernel running
             try:
                 await kernel.shutdown()
             except Exception as e:  # its sandbox is removed below all the same

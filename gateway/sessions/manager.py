@@ -5,6 +5,7 @@ A session owns one kernel in one container. States::
     starting -> idle <-> busy
         \\         \\       /
          +-------> dead (reason) --restart--> starting
+    idle --pause / idle timeout (idle_action pause)--> paused --resume / execute--> idle
     any state --delete / ttl / idle timeout--> deleted (reason)
 
 ``SessionManager`` is what the HTTP handlers call. It is handed its
@@ -37,8 +38,10 @@ from ..errors import (
     Conflict,
     GatewayError,
     KernelDied,
+    NotPaused,
     PayloadTooLarge,
     QuotaExceeded,
+    SessionBusy,
     SessionEnded,
     SessionNotFound,
     TooManySessions,
@@ -58,12 +61,14 @@ from .lifecycle import SandboxLifecycle
 from .model import Session
 from .pool import WarmPool
 from .recovery import recover
-from .requests import CreateSession, ExecuteCode, UpdateSession
+from .requests import CreateSession, ExecuteCode, PauseSession, UpdateSession
+from .state import KernelState, SavedState
 from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("starting", "idle", "busy", "dead")
+LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
+_NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -79,9 +84,13 @@ class SessionManager:
         pool: WarmPool,
         quota: Callable[[str], Quota],
         sessions: dict[str, Session],
+        state: KernelState,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``sessions`` starts empty; the pool is handed the same dict to count them."""
+        """``sessions`` starts empty; the pool is handed the same dict to count them.
+
+        ``state`` saves and restores kernels' state for pause and resume.
+        """
         self.settings = settings
         self.lifecycle = lifecycle
         self.store = store
@@ -89,6 +98,7 @@ class SessionManager:
         self.quota = quota  # a tenant's quota, by tenant name
         self.clock = clock
         self.sessions = sessions
+        self.state = state
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
@@ -345,6 +355,7 @@ class SessionManager:
             request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
         )
         async with session.lock:
+            resumed = await self._resume(session) if session.state == "paused" else None
             self._check_usable(session)
             session.state = "busy"
             session.touch()
@@ -369,6 +380,7 @@ class SessionManager:
             elif session.state == "busy":
                 session.state = "idle"
             result.artifacts, result.artifacts_truncated = await session.workspace.changes()
+            result.resumed = resumed
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -451,6 +463,89 @@ class SessionManager:
         await self.save(session)
         return session
 
+    async def pause(
+        self, session_id: str, who: Principal, request: PauseSession
+    ) -> tuple[Session, dict[str, Any]]:
+        """Save the kernel's state and remove its sandbox; the workspace stays on disk.
+
+        Refused while a cell runs. Pausing a paused session answers as the pause did.
+        """
+        session = self.get(session_id, who)
+        if session.state == "paused" and session.paused is not None:
+            return session, session.paused
+        self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            self._check_idle(session)
+            saved = await self._pause(session, request.strategy)
+        return session, saved.to_json()
+
+    def _check_idle(self, session: Session, executing: bool = False) -> None:
+        """Refuse to save a kernel's state while a cell runs (``executing``: one is queued)."""
+        self._check_usable(session)
+        if session.state == "starting":
+            raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        if executing or session.running or session.state == "busy":
+            raise SessionBusy(
+                f"session {session.id} is running a cell; its state can be saved once the cell "
+                f"finishes: wait for it, or POST /v1/sessions/{session.id}/interrupt"
+            )
+
+    async def _pause(self, session: Session, requested: str | None) -> SavedState:
+        """Pause with the session's lock held.
+
+        The record says paused before the sandbox goes: a gateway killed in
+        between finds a paused session and removes the leftover container.
+        """
+        strategy = self.state.choose(session, requested)
+        saved = await self.state.save(session, strategy, self.settings.kernel_start_timeout)
+        session.state = "paused"
+        session.paused = saved.to_json()
+        await self.save(session)
+        if session.stream is not None:
+            session.stream.close()
+            session.stream = None
+        for relay in list(session.parked.values()):
+            relay.close()
+        assert session.kernel is not None
+        try:
+            await session.kernel.stop()
+        except ENGINE_ERRORS as e:  # the next start's recovery removes what is left
+            log.warning("session %s: its paused sandbox is left for later: %s", session.id, e)
+        log.info("session %s paused (%s)", session.id, strategy)
+        return saved
+
+    async def resume(self, session_id: str, who: Principal) -> tuple[Session, dict[str, Any]]:
+        """Start a fresh kernel over the session's workspace and give it its state back."""
+        session = self.get(session_id, who)
+        async with session.lock:
+            if session.state != "paused":
+                raise NotPaused(f"session {session.id} is {session.state}, not paused")
+            report = await self._resume(session)
+        return session, report
+
+    async def _resume(self, session: Session) -> dict[str, Any]:
+        """Resume with the session's lock held; a failure leaves it paused, its state kept."""
+        assert session.paused is not None and session.kernel is not None
+        saved = SavedState.from_json(session.paused)
+        kernel = session.kernel
+        session.state = "starting"
+        try:
+            async with self._ended_meanwhile(session, "resumed"):
+                report = await self.state.restore(session, saved, kernel.start)
+        except BaseException:
+            if session.state == "starting":
+                session.state = "paused"
+                with contextlib.suppress(Exception):
+                    await kernel.stop()
+            raise
+        session.paused = None
+        session.state = "idle"
+        session.touch()
+        await self.save(session)
+        await self.state.forget(session)
+        log.info("session %s resumed (%s)", session.id, saved.strategy)
+        return report
+
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity)."""
         session = self.get(session_id, who)
@@ -503,8 +598,8 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None and self.pool.forget(session_id):
             return  # a pooled kernel died; the pool replaces it
-        if session is None or session.kernel is None or session.state in ("starting", "deleted"):
-            return  # expected: a delete or a restart stopped it
+        if session is None or session.kernel is None or session.state in _NOT_RUNNING:
+            return  # expected: a delete, a restart or a pause stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:
             return
         self.spawn(self._mark_dead(session, container_id, exit_code))
@@ -569,7 +664,7 @@ class SessionManager:
                 log.exception("culling failed; will retry")
 
     async def cull(self) -> None:
-        """End sessions past their TTL, and idle ones past their idle timeout."""
+        """End sessions past their TTL (paused too), and pause or end idle ones."""
         now = self.clock()
         for session in list(self.sessions.values()):
             if now >= session.expires_at:
@@ -579,7 +674,21 @@ class SessionManager:
                 and session.connections == 0
                 and now >= session.idle_deadline
             ):
-                await self.end(session, f"idle for {session.idle_timeout:g} s")
+                if session.state == "idle" and session.idle_action == "pause":
+                    await self._pause_idle(session)
+                else:
+                    await self.end(session, f"idle for {session.idle_timeout:g} s")
+
+    async def _pause_idle(self, session: Session) -> None:
+        """Pause a session past its idle timeout; one that cannot be paused ends as before."""
+        if session.lock.locked():
+            return  # an execute just came in
+        try:
+            async with session.lock:
+                if session.state == "idle":
+                    await self._pause(session, None)
+        except GatewayError as e:
+            await self.end(session, f"idle for {session.idle_timeout:g} s ({e.message})")
 
     async def save(self, session: Session) -> None:
         """Store the session's record, and its kernel's runtime info while it is open."""

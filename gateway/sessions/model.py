@@ -43,6 +43,7 @@ class Session:
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
         tenant: str = "default",
+        idle_action: str = "end",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.tenant = tenant
@@ -55,6 +56,7 @@ class Session:
         self.limits = limits
         self.ttl = ttl
         self.idle_timeout = idle_timeout
+        self.idle_action = idle_action  # "end" or "pause" once the idle timeout passes
         self.env = env
         self.metadata = metadata
         self.created_at = time.time()
@@ -62,6 +64,7 @@ class Session:
         self.ended_at: float | None = None
         self.state = "starting"
         self.reason: str | None = None
+        self.paused: dict[str, Any] | None = None  # a SavedState's JSON while paused
         # What a notebook export records so a replay can check its environment.
         self.image_digest: str | None = None
         self.packages: list[str] = []
@@ -93,7 +96,9 @@ class Session:
             runtime=doc.get("runtime", "runc"),
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
+            idle_action=doc.get("idle_action", "end"),
         )
+        session.paused = doc.get("paused")
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
         session.state = doc["state"]
@@ -146,6 +151,8 @@ class Session:
             "limits": self.limits.to_json(),
             "ttl": self.ttl,
             "idle_timeout": self.idle_timeout,
+            "idle_action": self.idle_action,
+            "paused": self.paused,
             "runtime": self.runtime,
             "network": self.network.to_json(),
             "env": self.env,

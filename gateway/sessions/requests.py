@@ -36,6 +36,16 @@ def _seconds(value: Any, name: str) -> float | None:
     return float(value)
 
 
+IDLE_ACTIONS = ("end", "pause")
+
+
+def idle_action(value: Any) -> str | None:
+    """What the idle timeout does to a session: end it, or pause it."""
+    if value is not None and value not in IDLE_ACTIONS:
+        raise BadRequest(f"idle_action must be 'end' or 'pause', not {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class CreateSession:
     """``POST /v1/sessions`` (and a Jupyter client's kernel start)."""
@@ -46,6 +56,7 @@ class CreateSession:
     limits: Mapping[str, int | float] = dataclasses.field(default_factory=dict)
     ttl: float | None = None
     idle_timeout: float | None = None
+    idle_action: str | None = None  # None: the server's idle_action
     start_timeout: float | None = None
     runtime: str | None = None
     network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
@@ -74,6 +85,7 @@ class CreateSession:
             limits=Limits.requested(body.get("limits")),
             ttl=_seconds(body.get("ttl"), "ttl"),
             idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
+            idle_action=idle_action(body.get("idle_action")),
             start_timeout=_seconds(body.get("start_timeout"), "start_timeout"),
             runtime=runtime,
             network=NetworkPolicy.parse(body.get("network")),
@@ -119,3 +131,18 @@ class ExecuteCode:
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
         return cls(code, _seconds(body.get("timeout"), "timeout"), description)
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseSession:
+    """``POST /v1/sessions/{id}/pause``: how to keep the kernel's state (None: the best)."""
+
+    strategy: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> PauseSession:
+        body = _body(body)
+        strategy = body.get("strategy")
+        if strategy is not None and not isinstance(strategy, str):
+            raise BadRequest("strategy must be a string such as 'namespace' or 'replay'")
+        return cls(strategy)
