@@ -27,6 +27,7 @@ from .api import (
     notebooks,
     openapi,
     sessions,
+    snapshots,
     stream,
 )
 from .api.base import NotFoundHandler, log_request
@@ -44,6 +45,7 @@ from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.pool import WarmPool
+from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .store.sqlite import Store
 
@@ -64,6 +66,7 @@ def make_app(
     return tornado.web.Application(
         [
             *sessions.routes,
+            *snapshots.routes,
             *stream.routes,
             *files.routes,
             *notebooks.routes,
@@ -192,7 +195,10 @@ def build_manager(
         live=sessions,
     )
     state = KernelState(lifecycle, store, diff_outputs, settings.interrupt_grace)
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions, state)
+    kept = Snapshots(
+        Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
+    )
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions, state, kept)
 
 
 def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:

@@ -303,6 +303,10 @@ class Settings:
     tenant_max_disk: int = _opt(
         "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
     )
+    tenant_max_snapshots: int = _opt(64, "snapshots one tenant may keep", AUTH)
+    tenant_max_snapshot_bytes: int = _opt(
+        "16g", "disk one tenant's snapshots may take, added up", AUTH, SIZE
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "

@@ -15,6 +15,7 @@ codes themselves. The tree::
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
     │   ├── KernelNotFound                kernel_not_found
+    │   ├── SnapshotNotFound              snapshot_not_found
     │   └── FileNotFound                  file_not_found
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
@@ -90,6 +91,16 @@ class SessionNotFound(NotFound):
         super().__init__(
             f"no session {session_id!r}: it never existed or was deleted; "
             "create one with POST /v1/sessions"
+        )
+
+
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(
+            f"no snapshot {snapshot_id!r}: it never existed or was deleted; "
+            "GET /v1/sessions/{id}/snapshots lists a session's"
         )
 
 

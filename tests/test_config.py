@@ -40,6 +40,8 @@ SAMPLES = {
     "tenant_max_sessions": "4",
     "tenant_max_memory": "2g",
     "tenant_max_disk": "8g",
+    "tenant_max_snapshots": "5",
+    "tenant_max_snapshot_bytes": "2g",
     "token": "secret",
     "max_sessions": "8",
     "default_ttl": "60",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 import pytest
@@ -138,3 +140,21 @@ def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway
     )
     assert doc and "ttl expired" in doc["reason"], doc
     assert time.monotonic() - started < 10
+
+
+def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_gateway):
+    first = start_gateway(keep_sessions=True)
+    api = first.client
+    sid = api.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
+    run(api, sid, "import numpy as np\nblob = np.ones(40 * 2**20, dtype=np.uint8)\nmark = 'here'")
+    paused = threading.Thread(target=lambda: api.post(f"/v1/sessions/{sid}/pause", json={}))
+    paused.start()
+    time.sleep(0.3)
+    first.stop(signal.SIGKILL)
+    paused.join()
+    second = start_gateway(data_dir=first.data_dir)
+    state = second.client.get(f"/v1/sessions/{sid}").json()["state"]
+    assert state in ("idle", "paused"), f"after a crash mid-pause the session is {state}"
+    assert text_of(run(second.client, sid, "print(mark, int(blob.sum()))")) == (
+        f"here {40 * 2**20}\n"
+    )

@@ -33,6 +33,7 @@ from gateway.sessions.lifecycle import SandboxLifecycle
 from gateway.sessions.manager import SessionManager
 from gateway.sessions.pool import WarmPool
 from gateway.sessions.requests import CreateSession, ExecuteCode
+from gateway.sessions.snapshots import Snapshots
 from gateway.sessions.state import KernelState
 from gateway.store.sqlite import Store
 
@@ -167,7 +168,8 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
     quota = lambda tenant: Quota(4, 8 * 2**30, 8 * 2**30)  # noqa: E731
     state = KernelState(lifecycle, store, diff_outputs, s.interrupt_grace)
-    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, state, clock)
+    snapshots = Snapshots(short / "snapshots", store, state, quota, s.max_archive_size)
+    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, state, snapshots, clock)
     return manager, placement, store
 
 

@@ -20,6 +20,8 @@ on them. The tokens file::
     max_sessions = 10
     max_memory = "8g"
     max_disk = "40g"                       # the sum of its sessions' workspace sizes
+    max_snapshots = 20                     # snapshots it keeps
+    max_snapshot_bytes = "10g"             # their sizes on disk, added up
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Quota:
     max_sessions: int
     max_memory: int
     max_disk: int  # workspaces are real disk on the host, so their sizes add up too
+    max_snapshots: int = 64  # snapshots it keeps (they outlive sessions)
+    max_snapshot_bytes: int = 16 * 2**30  # their sizes on disk, added up
 
 
 def digest(token: str) -> str:
@@ -92,6 +96,8 @@ class Authenticator:
             max_sessions=settings.tenant_max_sessions,
             max_memory=settings.tenant_max_memory,
             max_disk=settings.tenant_max_disk,
+            max_snapshots=settings.tenant_max_snapshots,
+            max_snapshot_bytes=settings.tenant_max_snapshot_bytes,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -169,6 +175,10 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             max_sessions=int(values.get("max_sessions", default.max_sessions)),
             max_memory=parse_size(values.get("max_memory", default.max_memory), "max_memory"),
             max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
+            max_snapshots=int(values.get("max_snapshots", default.max_snapshots)),
+            max_snapshot_bytes=parse_size(
+                values.get("max_snapshot_bytes", default.max_snapshot_bytes), "max_snapshot_bytes"
+            ),
         )
     return principals, quotas
 

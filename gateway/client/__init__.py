@@ -42,18 +42,19 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from .aio import AsyncClient, AsyncFiles, AsyncSession
+from .aio import AsyncClient, AsyncFiles, AsyncSession, AsyncSnapshot
 from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
 from .models import Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
 from .stream import RunCallbacks
-from .sync import Client, Files, Session
+from .sync import Client, Files, Session, Snapshot
 
 __all__ = [
     "Artifact",
     "AsyncClient",
     "AsyncFiles",
     "AsyncSession",
+    "AsyncSnapshot",
     "BadRequest",
     "Client",
     "Conflict",
@@ -89,6 +90,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "SessionOptions",
+    "Snapshot",
     "TooManySessions",
     "Unauthorized",
     "Unavailable",

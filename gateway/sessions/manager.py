@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -61,7 +62,8 @@ from .lifecycle import SandboxLifecycle
 from .model import Session
 from .pool import WarmPool
 from .recovery import recover
-from .requests import CreateSession, ExecuteCode, PauseSession, UpdateSession
+from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
+from .snapshots import Snapshots
 from .state import KernelState, SavedState
 from .tasks import TaskSet
 
@@ -85,11 +87,13 @@ class SessionManager:
         quota: Callable[[str], Quota],
         sessions: dict[str, Session],
         state: KernelState,
+        snapshots: Snapshots,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
-        ``state`` saves and restores kernels' state for pause and resume.
+        ``state`` saves and restores kernels' state for pause and resume;
+        ``snapshots`` keeps snapshots, and forks start from them.
         """
         self.settings = settings
         self.lifecycle = lifecycle
@@ -99,6 +103,7 @@ class SessionManager:
         self.clock = clock
         self.sessions = sessions
         self.state = state
+        self.snapshots = snapshots
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
@@ -133,6 +138,7 @@ class SessionManager:
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle)
+        await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
 
@@ -245,7 +251,15 @@ class SessionManager:
     # -- commands -----------------------------------------------------------------------
 
     async def create(self, request: CreateSession, who: Principal) -> Session:
-        """Check a create request against the server and start its kernel; idle on return."""
+        """Check a create request against the server and start its kernel; idle on return.
+
+        A fork (``from_snapshot``) then gets the snapshot's history, files and
+        kernel state; if that fails, it ends and the error says why.
+        """
+        snapshot = None
+        if request.from_snapshot is not None:
+            snapshot = await self.snapshots.get(request.from_snapshot, who)
+            request = _fork_request(request, snapshot)
         session = self.lifecycle.new_session(request, who.tenant)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
@@ -265,12 +279,32 @@ class SessionManager:
             except BaseException as e:
                 await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
                 raise
+        if snapshot is not None:
+            await self._fork(session, snapshot)
         session.state = "idle"
         await self.save(session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session
+
+    async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
+        """Give a new session a snapshot's history, files and state; end it if that fails."""
+        session.forked_from = {
+            "session_id": snapshot["session_id"],
+            "snapshot_id": snapshot["id"],
+            "snapshot_name": snapshot["name"],
+        }
+        await self.save(session)
+        try:
+            session.executions = await self.store.copy_history(
+                snapshot["session_id"], session.id, snapshot["last_execution"]
+            )
+            await self.snapshots.restore_into(session, snapshot)
+        except BaseException as e:
+            reason = e.message if isinstance(e, GatewayError) else repr(e)
+            await self.end(session, f"could not be forked from snapshot {snapshot['id']}: {reason}")
+            raise
 
     @staticmethod
     @contextlib.asynccontextmanager
@@ -514,6 +548,28 @@ class SessionManager:
         log.info("session %s paused (%s)", session.id, strategy)
         return saved
 
+    async def snapshot(
+        self, session_id: str, who: Principal, request: TakeSnapshot
+    ) -> dict[str, Any]:
+        """Save an idle session's kernel state and workspace as a snapshot; it keeps running."""
+        session = self.get(session_id, who)
+        if session.state == "paused":
+            raise Conflict(
+                f"session {session.id} is paused; resume it "
+                f"(POST /v1/sessions/{session.id}/resume) before taking a snapshot"
+            )
+        self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            self._check_idle(session)
+            return await self.snapshots.take(
+                session, request.name, request.strategy, self.settings.kernel_start_timeout
+            )
+
+    async def snapshots_of(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """A session's snapshots, live or ended, oldest first."""
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.snapshots.of_session(session_id)
+
     async def resume(self, session_id: str, who: Principal) -> tuple[Session, dict[str, Any]]:
         """Start a fresh kernel over the session's workspace and give it its state back."""
         session = self.get(session_id, who)
@@ -694,3 +750,14 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSession:
+    """A create request for a fork: the snapshot's kernel and image, or a 409 naming them."""
+    for what, asked in (("kernel", request.kernel), ("image", request.image)):
+        if asked and asked != snapshot[what]:
+            raise Conflict(
+                f"snapshot {snapshot['id']} holds the state of a {snapshot[what]} {what}; a "
+                f"fork of it cannot run {asked}: leave {what} out"
+            )
+    return dataclasses.replace(request, kernel=snapshot["kernel"], image=snapshot["image"])

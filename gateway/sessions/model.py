@@ -65,6 +65,7 @@ class Session:
         self.state = "starting"
         self.reason: str | None = None
         self.paused: dict[str, Any] | None = None  # a SavedState's JSON while paused
+        self.forked_from: dict[str, Any] | None = None  # the snapshot a fork started from
         # What a notebook export records so a replay can check its environment.
         self.image_digest: str | None = None
         self.packages: list[str] = []
@@ -99,6 +100,7 @@ class Session:
             idle_action=doc.get("idle_action", "end"),
         )
         session.paused = doc.get("paused")
+        session.forked_from = doc.get("forked_from")
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
         session.state = doc["state"]
@@ -153,6 +155,7 @@ class Session:
             "idle_timeout": self.idle_timeout,
             "idle_action": self.idle_action,
             "paused": self.paused,
+            "forked_from": self.forked_from,
             "runtime": self.runtime,
             "network": self.network.to_json(),
             "env": self.env,

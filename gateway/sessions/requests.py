@@ -62,11 +62,15 @@ class CreateSession:
     network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
         body = _body(body)
-        kernel = body.get("kernel") or "python3"
+        from_snapshot = body.get("from_snapshot")
+        if from_snapshot is not None and not isinstance(from_snapshot, str):
+            raise BadRequest("from_snapshot must be a snapshot id (POST .../snapshots made one)")
+        kernel = body.get("kernel") or ("" if from_snapshot else "python3")
         if not isinstance(kernel, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
         session_id = body.get("id")
@@ -91,6 +95,7 @@ class CreateSession:
             network=NetworkPolicy.parse(body.get("network")),
             env=env_vars(body.get("env")),
             metadata=metadata_dict(body.get("metadata")),
+            from_snapshot=from_snapshot,
         )
 
 
@@ -146,3 +151,19 @@ class PauseSession:
         if strategy is not None and not isinstance(strategy, str):
             raise BadRequest("strategy must be a string such as 'namespace' or 'replay'")
         return cls(strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class TakeSnapshot:
+    """``POST /v1/sessions/{id}/snapshots``: an optional name, and a strategy like a pause's."""
+
+    name: str | None = None
+    strategy: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> TakeSnapshot:
+        body = _body(body)
+        name = body.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 200):
+            raise BadRequest("name must be a string of at most 200 characters")
+        return cls(name, PauseSession.from_json(body).strategy)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -156,16 +157,23 @@ class KernelState:
         """Where a paused session's saved state lives: its directory, out of the sandbox."""
         return self.lifecycle.placement.sessions_dir / session_id / "state"
 
-    async def save(self, session: Session, strategy: str, timeout: float) -> SavedState:
-        """Save the running kernel's state (the kernel keeps running); raise if it cannot."""
+    async def save(
+        self, session: Session, strategy: str, timeout: float, target: Path | None = None
+    ) -> SavedState:
+        """Save the running kernel's state (it keeps running) to ``target``; raise if it cannot.
+
+        ``target`` defaults to the session's state directory (a pause); a
+        snapshot names its own.
+        """
         lost: list[dict[str, str]] = []
         count = session.executions
         if strategy == "namespace":
-            lost, count = await self._save_namespace(session, timeout)
+            target = target or self.state_dir(session.id) / STATE_FILE
+            lost, count = await self._save_namespace(session, timeout, target)
         return SavedState(strategy, lost, count, time.time())
 
     async def _save_namespace(
-        self, session: Session, timeout: float
+        self, session: Session, timeout: float, target: Path
     ) -> tuple[list[dict[str, str]], int]:
         kernel = session.kernel
         exchange = self.lifecycle.placement.kernel_exchange(session.id)
@@ -186,22 +194,23 @@ class KernelState:
                 "some memory or disk, or ask for strategy 'replay'"
             ) from e
         try:
-            await asyncio.to_thread(
-                _take, here / _EXCHANGED, self.state_dir(session.id) / STATE_FILE
-            )
+            await asyncio.to_thread(_take, here / _EXCHANGED, target)
         except OSError as e:
             raise StateNotSaved(f"the saved namespace could not be kept ({e})") from e
         return lost, count
 
-    async def restore(self, session: Session, saved: SavedState, start: Callable) -> dict:
+    async def restore(
+        self, session: Session, saved: SavedState, start: Callable, kept: Path | None = None
+    ) -> dict:
         """Start a fresh kernel with ``start()`` and give it the saved state back.
 
+        ``kept`` is where the state was saved (default: the session's state directory).
         Returns what the caller reports: the strategy, and for replay the cells
         whose outputs differed. Raises ``StateNotRestored`` when the saved state
         cannot be read. The saved state is kept until ``forget``, so a gateway
         killed meanwhile finds the session paused with its state.
         """
-        kept = self.state_dir(session.id) / STATE_FILE
+        kept = kept or self.state_dir(session.id) / STATE_FILE
         if saved.strategy == "namespace":
             exchange = self.lifecycle.placement.kernel_exchange(session.id)
             assert exchange is not None
@@ -269,15 +278,31 @@ class KernelState:
 def _take(source: Path, target: Path) -> None:
     """Move a file the kernel wrote out of its reach; refuse anything but a regular file."""
     target.parent.mkdir(mode=0o700, exist_ok=True)
-    os.rename(source, target)  # the same host filesystem: the sandbox keeps no handle on it
+    try:
+        os.rename(source, target)  # the sandbox keeps no handle on the name it wrote
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _copy_regular(source, target)  # another filesystem: copied from a no-follow open
+        os.unlink(source)
     if not stat.S_ISREG(os.lstat(target).st_mode):
         os.unlink(target)
         raise StateNotSaved("the kernel left something other than a file as its state")
 
 
+def _copy_regular(source: Path, target: Path) -> None:
+    """Copy a regular file, never through a link, into a new file."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateNotSaved("the kernel left something other than a file as its state")
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
 def _hand_over(kept: Path, exchanged: Path) -> None:
     """Copy the kept state where the next kernel reads it, never through a planted link."""
     exchanged.unlink(missing_ok=True)
-    fd = os.open(exchanged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with open(kept, "rb") as source, os.fdopen(fd, "wb") as target:
-        shutil.copyfileobj(source, target, 1 << 20)
+    _copy_regular(kept, exchanged)
+    os.chmod(exchanged, 0o644)  # the kernel's user reads it
