@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 
+import httpx
 import pytest
 from helpers import execute_in_background, run, text_of, wait_for
 
@@ -147,7 +149,11 @@ def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_g
     api = first.client
     sid = api.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
     run(api, sid, "import numpy as np\nblob = np.ones(40 * 2**20, dtype=np.uint8)\nmark = 'here'")
-    paused = threading.Thread(target=lambda: api.post(f"/v1/sessions/{sid}/pause", json={}))
+    def pause_and_lose_the_answer() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the gateway dies under the request
+            api.post(f"/v1/sessions/{sid}/pause", json={})
+
+    paused = threading.Thread(target=pause_and_lose_the_answer)
     paused.start()
     time.sleep(0.3)
     first.stop(signal.SIGKILL)
@@ -158,3 +164,18 @@ def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_g
     assert text_of(run(second.client, sid, "print(mark, int(blob.sum()))")) == (
         f"here {40 * 2**20}\n"
     )
+
+
+def test_pause_snapshot_and_fork_under_gvisor(api, engine, new_session):
+    sid = new_session(runtime="gvisor")["id"]
+    run(api, sid, "g = {'under': 'gvisor'}")
+    paused = pause(api, sid)
+    assert paused["strategy"] == "namespace" and containers_of(engine, sid) == [], paused
+    assert text_of(run(api, sid, "print(g['under'])")) == "gvisor\n"
+    snap = api.post(f"/v1/sessions/{sid}/snapshots", json={}).json()
+    child = api.post("/v1/sessions", json={"from_snapshot": snap["id"]}).json()
+    try:
+        assert child["runtime"] == "runc", "a fork's runtime is its own request's"
+        assert text_of(run(api, child["id"], "print(g['under'])")) == "gvisor\n"
+    finally:
+        api.delete(f"/v1/sessions/{child['id']}")

@@ -302,7 +302,14 @@ def _copy_regular(source: Path, target: Path) -> None:
 
 
 def _hand_over(kept: Path, exchanged: Path) -> None:
-    """Copy the kept state where the next kernel reads it, never through a planted link."""
+    """Put the kept state where the next kernel reads it, never through a planted link.
+
+    A hard link where it can (no copy of a large namespace): the loading code
+    removes it before any user code runs in that kernel. A copy otherwise.
+    """
     exchanged.unlink(missing_ok=True)
-    _copy_regular(kept, exchanged)
-    os.chmod(exchanged, 0o644)  # the kernel's user reads it
+    try:
+        os.link(kept, exchanged, follow_symlinks=False)
+    except OSError:  # another filesystem
+        _copy_regular(kept, exchanged)
+    os.chmod(exchanged, 0o644, follow_symlinks=False)  # the kernel's user reads it
