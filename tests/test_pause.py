@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -9,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from helpers import execute_in_background, run, text_of, wait_for
+from helpers import execute_in_background, run, run_over_channels, text_of, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -128,7 +129,7 @@ def test_a_paused_session_stays_paused_across_a_gateway_restart(start_gateway, e
 def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway):
     gw = start_gateway("--cull-interval", "0.3", "--idle-action", "pause")
     api = gw.client
-    sid = api.post("/v1/sessions", json={"idle_timeout": 1, "ttl": 8}).json()["id"]
+    sid = api.post("/v1/sessions", json={"idle_timeout": 1, "ttl": 20}).json()["id"]
     ends = api.post("/v1/sessions", json={"idle_timeout": 1, "idle_action": "end"}).json()
     assert ends["idle_action"] == "end"
     run(api, sid, "v = 3")
@@ -136,12 +137,10 @@ def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway
     assert api.get(f"/v1/sessions/{ends['id']}").json()["state"] == "deleted"
     assert text_of(run(api, sid, "print(v)")) == "3\n"
     assert wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "paused", 10)
-    started = time.monotonic()
     doc = wait_for(
-        lambda: (d := api.get(f"/v1/sessions/{sid}").json())["state"] == "deleted" and d, 15
+        lambda: (d := api.get(f"/v1/sessions/{sid}").json())["state"] == "deleted" and d, 25
     )
-    assert doc and "ttl expired" in doc["reason"], doc
-    assert time.monotonic() - started < 10
+    assert doc and doc["reason"] == "ttl expired after 20 s", doc
 
 
 def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_gateway):
@@ -149,6 +148,7 @@ def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_g
     api = first.client
     sid = api.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
     run(api, sid, "import numpy as np\nblob = np.ones(40 * 2**20, dtype=np.uint8)\nmark = 'here'")
+
     def pause_and_lose_the_answer() -> None:
         with contextlib.suppress(httpx.HTTPError):  # the gateway dies under the request
             api.post(f"/v1/sessions/{sid}/pause", json={})
@@ -179,3 +179,22 @@ def test_pause_snapshot_and_fork_under_gvisor(api, engine, new_session):
         assert text_of(run(api, child["id"], "print(g['under'])")) == "gvisor\n"
     finally:
         api.delete(f"/v1/sessions/{child['id']}")
+
+
+def test_a_paused_session_interrupts_no_one_restarts_fresh_and_wakes_for_jupyter(
+    gateway, api, session
+):
+    sid = session["id"]
+    run(api, sid, "q = 9")
+    pause(api, sid)
+    r = api.post(f"/v1/sessions/{sid}/interrupt")
+    assert r.status_code == 409 and "paused" in r.json()["error"]["message"], r.text
+    seen = asyncio.run(
+        run_over_channels(gateway.ws_url(f"/api/kernels/{sid}/channels"), "print(q)")
+    )
+    assert [m["content"]["text"] for m in seen if m["msg_type"] == "stream"] == ["9\n"], seen
+    pause(api, sid)
+    restarted = api.post(f"/v1/sessions/{sid}/restart")
+    assert restarted.status_code == 200 and restarted.json()["paused"] is None, restarted.text
+    reply = run(api, sid, "print('q' in globals())")
+    assert text_of(reply) == "False\n" and "resumed" not in reply, reply

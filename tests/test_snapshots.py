@@ -201,3 +201,18 @@ def test_a_full_disk_fails_the_snapshot_and_the_session_runs_on(start_gateway):
         gw.stop()
     finally:
         subprocess.run(["umount", "-l", str(kept)], check=False)
+
+
+def test_a_fork_takes_a_pooled_container(start_gateway):
+    gw = start_gateway("--pool", "python3=1")
+    api = gw.client
+    sid = api.post("/v1/sessions", json={}).json()["id"]
+    run(api, sid, "pooled = 'no matter'")
+    snap = snapshot(api, sid)
+    assert wait_for(lambda: api.get("/healthz").json()["pool_ready"] == {"python3": 1}, 60)
+    child = fork(api, snap["id"])
+    assert text_of(run(api, child["id"], "print(pooled)")) == "no matter\n"
+    assert f"session {child['id']} started (" in gw.tail(200)
+    assert "warm)" in next(
+        line for line in gw.tail(200).splitlines() if f"session {child['id']} started" in line
+    ), "the fork started cold although a pooled kernel was ready"

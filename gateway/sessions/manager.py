@@ -468,6 +468,11 @@ class SessionManager:
             )
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+        if session.state == "paused":
+            raise Conflict(
+                f"session {session.id} is paused and runs nothing; POST "
+                f"/v1/sessions/{session.id}/resume (or execute: it resumes first)"
+            )
 
     async def interrupt(self, session_id: str, who: Principal) -> Session:
         session = self.get(session_id, who)
@@ -478,16 +483,20 @@ class SessionManager:
         return session
 
     async def restart(self, session_id: str, who: Principal) -> Session:
-        """Give the session a fresh kernel; works on a dead session too."""
+        """Give the session a fresh kernel; works on a dead or paused one too (its state goes)."""
         session = self.get(session_id, who)
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
+        paused = session.state == "paused"  # no kernel to stop: start one
         session.state = "starting"
         session.reason = None
         try:
             async with self._ended_meanwhile(session, "restarted"):
-                await session.kernel.restart()
+                await (session.kernel.start() if paused else session.kernel.restart())
+                if paused:
+                    session.paused = None
+                    await self.state.forget(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")
@@ -569,6 +578,14 @@ class SessionManager:
         """A session's snapshots, live or ended, oldest first."""
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.snapshots.of_session(session_id)
+
+    async def wake(self, session_id: str, who: Principal) -> None:
+        """Resume a session if it is paused (a Jupyter client connecting to its kernel)."""
+        session = self.get(session_id, who)
+        if session.state == "paused":
+            async with session.lock:
+                if session.state == "paused":
+                    await self._resume(session)
 
     async def resume(self, session_id: str, who: Principal) -> tuple[Session, dict[str, Any]]:
         """Start a fresh kernel over the session's workspace and give it its state back."""
