@@ -92,16 +92,25 @@ def test_bash_snapshots_replay_and_other_kernels_are_refused(api, new_session):
         api.delete(f"/v1/sessions/{child['id']}")
 
 
-def test_a_busy_or_paused_session_is_not_snapshotted(api, session):
+def test_a_busy_session_is_not_snapshotted_and_a_paused_one_stays_paused(api, session):
     sid = session["id"]
     thread, _ = execute_in_background(api, sid, "import time; time.sleep(3)")
     wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "busy")
     r = api.post(f"/v1/sessions/{sid}/snapshots", json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "session_busy", r.text
     thread.join()
+    run(api, sid, "asleep = 'kept'")
     assert api.post(f"/v1/sessions/{sid}/pause").status_code == 200
-    r = api.post(f"/v1/sessions/{sid}/snapshots", json={})
+    r = api.post(f"/v1/sessions/{sid}/snapshots", json={"strategy": "replay"})
     assert r.status_code == 409 and "resume it" in r.json()["error"]["message"], r.text
+    snap = snapshot(api, sid)
+    assert snap["strategy"] == "namespace", snap
+    assert api.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    child = fork(api, snap["id"])
+    try:
+        assert text_of(run(api, child["id"], "print(asleep)")) == "kept\n"
+    finally:
+        api.delete(f"/v1/sessions/{child['id']}")
 
 
 def test_a_damaged_snapshot_makes_no_half_session(start_gateway):

@@ -560,16 +560,13 @@ class SessionManager:
     async def snapshot(
         self, session_id: str, who: Principal, request: TakeSnapshot
     ) -> dict[str, Any]:
-        """Save an idle session's kernel state and workspace as a snapshot; it keeps running."""
+        """Save an idle (or paused) session's kernel state and workspace; it carries on."""
         session = self.get(session_id, who)
-        if session.state == "paused":
-            raise Conflict(
-                f"session {session.id} is paused; resume it "
-                f"(POST /v1/sessions/{session.id}/resume) before taking a snapshot"
-            )
-        self._check_idle(session, session.lock.locked())
+        if session.state != "paused":
+            self._check_idle(session, session.lock.locked())
         async with session.lock:
-            self._check_idle(session)
+            if session.state != "paused":
+                self._check_idle(session)
             return await self.snapshots.take(
                 session, request.name, request.strategy, self.settings.kernel_start_timeout
             )

@@ -14,6 +14,7 @@ import asyncio
 import os
 import shutil
 import tarfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -51,14 +52,20 @@ class Snapshots:
     async def take(
         self, session: Session, name: str | None, strategy: str | None, timeout: float
     ) -> dict[str, Any]:
-        """Save an idle session's kernel state and workspace; the session keeps running."""
+        """Save an idle session's kernel state and workspace; the session keeps running.
+
+        A paused session's saved state is copied instead (its kernel is not running).
+        """
         await self._check_quota(session.tenant, 0)
-        strategy = self.state.choose(session, strategy)
         snapshot_id = str(uuid.uuid4())
         where = self.directory / snapshot_id
         await asyncio.to_thread(where.mkdir, 0o700, True)
         try:
-            saved = await self.state.save(session, strategy, timeout, where / STATE_FILE)
+            if session.paused is not None:
+                saved = await self.state.copy_paused(session, strategy, where / STATE_FILE)
+            else:
+                strategy = self.state.choose(session, strategy)
+                saved = await self.state.save(session, strategy, timeout, where / STATE_FILE)
             await self._archive(session, where / WORKSPACE_ARCHIVE)
             size = await asyncio.to_thread(_size_of, where)
             await self._check_quota(session.tenant, size)
@@ -67,9 +74,9 @@ class Snapshots:
                 "session_id": session.id,
                 "tenant": session.tenant,
                 "name": name,
-                "created_at": iso(saved.saved_at),
+                "created_at": iso(time.time()),
                 "size_bytes": size,
-                "strategy": strategy,
+                "strategy": saved.strategy,
                 "lost": saved.lost,
                 "kernel": session.kernel_name,
                 "image": session.image,

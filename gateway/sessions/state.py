@@ -199,6 +199,25 @@ class KernelState:
             raise StateNotSaved(f"the saved namespace could not be kept ({e})") from e
         return lost, count
 
+    async def copy_paused(
+        self, session: Session, requested: str | None, target: Path
+    ) -> SavedState:
+        """A paused session's saved state, copied to ``target`` (for a snapshot)."""
+        assert session.paused is not None
+        saved = SavedState.from_json(session.paused)
+        if requested is not None and requested != saved.strategy:
+            raise StrategyUnavailable(
+                f"session {session.id} is paused with its state kept by {saved.strategy!r}; "
+                f"resume it to take a snapshot by {requested!r}"
+            )
+        if saved.strategy == "namespace":
+            kept = self.state_dir(session.id) / STATE_FILE
+            try:
+                await asyncio.to_thread(_copy_regular, kept, target)
+            except OSError as e:
+                raise StateNotSaved(f"the paused session's state could not be copied ({e})") from e
+        return saved
+
     async def restore(
         self, session: Session, saved: SavedState, start: Callable, kept: Path | None = None
     ) -> dict:
