@@ -74,12 +74,13 @@ def test_an_execute_on_a_paused_session_resumes_it_first(api, session):
     assert reply["execution_count"] == 2, "the execution count should go on where it stopped"
 
 
-def test_pausing_a_busy_session_is_refused(api, session):
+def test_pausing_or_snapshotting_a_busy_session_is_refused(api, session):
     sid = session["id"]
     thread, box = execute_in_background(api, sid, "import time; time.sleep(3); z = 1")
     wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "busy")
-    r = api.post(f"/v1/sessions/{sid}/pause", json={})
-    assert r.status_code == 409 and r.json()["error"]["code"] == "session_busy", r.text
+    for path in ("pause", "snapshots"):
+        r = api.post(f"/v1/sessions/{sid}/{path}", json={})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "session_busy", r.text
     thread.join()
     assert box["reply"]["status"] == "ok"
 
