@@ -30,6 +30,7 @@ from .api import (
     openapi,
     secrets,
     sessions,
+    snapshots,
     stream,
 )
 from .api.base import NotFoundHandler, log_request
@@ -37,6 +38,7 @@ from .api.edge import Edge
 from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
+from .notebooks.compare import diff_outputs
 from .observe.loop_lag import LoopLagMonitor
 from .policy.approvals import ApprovalDesk
 from .policy.book import PolicyBook
@@ -51,6 +53,8 @@ from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.pool import WarmPool
+from .sessions.snapshots import Snapshots
+from .sessions.state import KernelState
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ def make_app(
     return tornado.web.Application(
         [
             *sessions.routes,
+            *snapshots.routes,
             *stream.routes,
             *files.routes,
             *notebooks.routes,
@@ -240,8 +245,14 @@ def build_manager(
         max_sandboxes=settings.max_sessions,
         live=sessions,
     )
+    state = KernelState(lifecycle, store, diff_outputs, settings.interrupt_grace)
+    kept = Snapshots(
+        Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
+    )
     gate = Gate(policies, Scanner(), desk)
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions, gate=gate)
+    return SessionManager(
+        settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate
+    )
 
 
 def build_lifecycle(

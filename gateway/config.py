@@ -163,6 +163,12 @@ def _show_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def _idle_action(value: Any) -> str:
+    if value not in ("end", "pause"):
+        raise ValueError(f"{value!r} is neither 'end' nor 'pause'")
+    return str(value)
+
+
 TEXT = Kind(str)
 INT = Kind(int, metavar="N")
 NUMBER = Kind(float, _show_number, "N")
@@ -175,6 +181,7 @@ POOL = Kind(_pool, _show_pool, "KERNEL=N,...")
 PORTS = Kind(_ports, _show_ports, "PORT[-PORT]")
 CIDRS = Kind(_cidrs, lambda networks: ",".join(map(str, networks)), "CIDR,...")
 RULES = Kind(_rules, lambda rules: ",".join(rule.text for rule in rules), "ENTRY,...")
+IDLE_ACTION = Kind(_idle_action, metavar="end|pause")
 SECCOMP = Kind(SeccompProfile.load, lambda profile: profile.source, "PROFILE")
 _BY_TYPE = {str: TEXT, int: INT, float: NUMBER, bool: SWITCH}
 
@@ -313,6 +320,10 @@ class Settings:
     approval_timeout: float = _opt(
         600.0, "seconds a held execute waits for an approver before it is denied", AUTH, SECONDS
     )
+    tenant_max_snapshots: int = _opt(64, "snapshots one tenant may keep", AUTH)
+    tenant_max_snapshot_bytes: int = _opt(
+        "16g", "disk one tenant's snapshots may take, added up", AUTH, SIZE
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -331,6 +342,13 @@ class Settings:
     )
     max_idle_timeout: float = _opt(
         86400.0, "longest idle timeout a session may ask for", LIMITS, SECONDS
+    )
+    idle_action: str = _opt(
+        "end",
+        "what the idle timeout does to a session that asks for nothing else: 'end' it, or "
+        "'pause' it (its kernel's state kept on disk, no memory held; docs/snapshots.md)",
+        LIMITS,
+        IDLE_ACTION,
     )
     default_memory: int = _opt(
         "512m", "memory limit per session (swap is not allowed)", LIMITS, SIZE

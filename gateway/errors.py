@@ -17,12 +17,18 @@ codes themselves. The tree::
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
     │   ├── KernelNotFound                kernel_not_found
+    │   ├── SnapshotNotFound              snapshot_not_found
     │   └── FileNotFound                  file_not_found
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
     │   ├── SessionEnded                  session_ended
-    │   ├── NotAFile                      not_a_file
-    │   └── AlreadyDecided                already_decided (an approval decided before)
+    │   ├── AlreadyDecided                already_decided (an approval decided before)
+    │   ├── SessionBusy                   session_busy (a cell runs: pause or snapshot later)
+    │   ├── NotPaused                     not_paused
+    │   ├── StrategyUnavailable           strategy_unavailable (no way to keep this kernel's state)
+    │   ├── StateNotSaved                 state_not_saved (the kernel could not save it)
+    │   ├── StateNotRestored              state_not_restored (saved state unreadable or missing)
+    │   └── NotAFile                      not_a_file
     ├── PayloadTooLarge               413 payload_too_large (request body, code)
     │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
@@ -101,6 +107,16 @@ class ApprovalNotFound(NotFound):
     code = "approval_not_found"
 
 
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(
+            f"no snapshot {snapshot_id!r}: it never existed or was deleted; "
+            "GET /v1/sessions/{id}/snapshots lists a session's"
+        )
+
+
 class KernelNotFound(NotFound):
     code = "kernel_not_found"
 
@@ -129,6 +145,34 @@ class KernelDied(Conflict):
 
 class SessionEnded(Conflict):
     code = "session_ended"
+
+
+class SessionBusy(Conflict):
+    """A cell is running; its state cannot be saved until it finishes."""
+
+    code = "session_busy"
+
+
+class NotPaused(Conflict):
+    code = "not_paused"
+
+
+class StrategyUnavailable(Conflict):
+    """The kernel state strategy asked for cannot be used for this session."""
+
+    code = "strategy_unavailable"
+
+
+class StateNotSaved(Conflict):
+    """The kernel's state could not be saved (no disk, no memory); the session keeps running."""
+
+    code = "state_not_saved"
+
+
+class StateNotRestored(Conflict):
+    """A saved kernel state is missing or unreadable; nothing was changed."""
+
+    code = "state_not_restored"
 
 
 class NotAFile(Conflict):

@@ -50,6 +50,7 @@ def test_every_command_has_help():
         ["sessions", "show"], ["sessions", "rm"], ["files"], ["files", "put"], ["files", "get"],
         ["files", "ls"], ["files", "rm"], ["export"], ["replay"], ["mcp"], ["serve"],
         ["images"], ["images", "build"], ["images", "ls"], ["approvals"], ["approve"], ["deny"],
+        ["pause"], ["resume"], ["snapshot"], ["snapshots"], ["fork"],
     ]  # fmt: skip
     for command in commands:
         result = sbx(*command, "--help")
@@ -144,6 +145,25 @@ def test_exec_keeps_state_between_calls(gateway, cli_session, tmp_path):
     assert (tmp_path / "output-1.png").exists()
     failed = sbx("exec", cli_session.id, "undefined_name", gateway=gateway)
     assert failed.returncode == 1 and "NameError" in failed.stderr
+
+
+def test_pause_resume_snapshot_and_fork(gateway, sdk, cli_session):
+    assert sbx("exec", cli_session.id, "kept = 21", gateway=gateway).returncode == 0
+    paused = sbx("pause", cli_session.id, gateway=gateway)
+    assert paused.returncode == 0 and "paused (namespace)" in paused.stderr, paused.stderr
+    resumed = sbx("resume", cli_session.id, gateway=gateway)
+    assert resumed.returncode == 0 and "idle (namespace)" in resumed.stderr, resumed.stderr
+    taken = sbx("snapshot", cli_session.id, "--name", "cli", gateway=gateway)
+    assert taken.returncode == 0, taken.stderr
+    snapshot_id = taken.stdout.strip()
+    listed = sbx("snapshots", cli_session.id, gateway=gateway)
+    assert snapshot_id in listed.stdout and "cli" in listed.stdout, listed.stdout
+    forked = sbx("fork", snapshot_id, gateway=gateway)
+    assert forked.returncode == 0, forked.stderr
+    child = sdk.session(forked.stdout.strip(), keep=False)
+    with child:
+        assert child.run("print(kept * 2)").stdout == "42\n"
+    assert sbx("fork", "no-such-snapshot", gateway=gateway).returncode == 2
 
 
 def test_files_put_ls_get_rm(gateway, cli_session, tmp_path):

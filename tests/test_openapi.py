@@ -226,6 +226,43 @@ def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
     assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
 
 
+def test_pause_resume_and_their_errors(admin, sid):
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a = 1"}).status_code == 200
+    assert code_of(admin.post(f"/v1/sessions/{sid}/resume")) == "not_paused"
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": 3}).status_code == 400
+    refused = admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "checkpoint"})
+    assert code_of(refused) == "strategy_unavailable"
+    paused = admin.post(f"/v1/sessions/{sid}/pause")
+    assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
+    assert admin.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "namespace"
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a"}).json()["resumed"]
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "replay"}).status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/resume").json()["differed"] == []
+    for path in ("pause", "resume"):
+        assert admin.post(f"/v1/sessions/nope/{path}").status_code == 404
+
+
+def test_snapshots_forks_and_their_errors(admin, sid):
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "b = 2"}).status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/snapshots", json={"name": 5}).status_code == 400
+    taken = admin.post(f"/v1/sessions/{sid}/snapshots", json={"name": "s"})
+    assert taken.status_code == 201, taken.text
+    snap = taken.json()["id"]
+    assert admin.get(f"/v1/sessions/{sid}/snapshots").json()["snapshots"][0]["id"] == snap
+    assert admin.get(f"/v1/snapshots/{snap}").json()["name"] == "s"
+    fork = admin.post("/v1/sessions", json={"from_snapshot": snap, "limits": {"disk": "16m"}})
+    assert fork.status_code == 201 and fork.json()["forked_from"]["snapshot_id"] == snap, fork.text
+    assert admin.delete(f"/v1/sessions/{fork.json()['id']}").status_code == 204
+    wrong = admin.post("/v1/sessions", json={"from_snapshot": snap, "kernel": "bash"})
+    assert wrong.status_code == 409, wrong.text
+    assert admin.delete(f"/v1/snapshots/{snap}").status_code == 204
+    for method in ("get", "delete"):
+        assert code_of(getattr(admin, method)(f"/v1/snapshots/{snap}")) == "snapshot_not_found"
+    assert code_of(admin.post("/v1/sessions", json={"from_snapshot": snap})) == "snapshot_not_found"
+    assert admin.get("/v1/sessions/nope/snapshots").status_code == 404
+    assert admin.post("/v1/sessions/nope/snapshots").status_code == 404
+
+
 def test_files_both_ways_and_their_errors(admin, sid):
     files = f"/v1/sessions/{sid}/files"
     put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")

@@ -27,6 +27,8 @@ on them. The tokens file::
     max_disk = "40g"                       # the sum of its sessions' workspace sizes
     package_allow = ["numpy", "pandas==2.2.3"]   # from the package cache; empty: any
     package_deny = ["evil-pkg"]
+    max_snapshots = 20                     # snapshots it keeps
+    max_snapshot_bytes = "10g"             # their sizes on disk, added up
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Quota:
     max_disk: int  # workspaces are real disk on the host, so their sizes add up too
     package_allow: tuple[str, ...] = ()  # what its sessions may install (empty: any)
     package_deny: tuple[str, ...] = ()
+    max_snapshots: int = 64  # snapshots it keeps (they outlive sessions)
+    max_snapshot_bytes: int = 16 * 2**30  # their sizes on disk, added up
 
 
 def digest(token: str) -> str:
@@ -104,6 +108,8 @@ class Authenticator:
             max_disk=settings.tenant_max_disk,
             package_allow=settings.package_allow,
             package_deny=settings.package_deny,
+            max_snapshots=settings.tenant_max_snapshots,
+            max_snapshot_bytes=settings.tenant_max_snapshot_bytes,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -185,6 +191,10 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
             package_allow=_names(values, "package_allow", default.package_allow, path),
             package_deny=_names(values, "package_deny", default.package_deny, path),
+            max_snapshots=int(values.get("max_snapshots", default.max_snapshots)),
+            max_snapshot_bytes=parse_size(
+                values.get("max_snapshot_bytes", default.max_snapshot_bytes), "max_snapshot_bytes"
+            ),
         )
     return principals, quotas
 

@@ -162,6 +162,7 @@ class ChannelsHandler(JSONWebSocketHandler):
 
     async def open(self, kernel_id: str) -> None:
         self.set_nodelay(True)  # see JSONWebSocketHandler
+        await self.manager.wake(kernel_id, self.principal)  # a paused kernel resumes first
         if self.resuming:
             self.relay.resume(self._deliver)
         else:

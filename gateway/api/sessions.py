@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..access.audit import code_facts
 from ..errors import Denied
 from ..execution.kernel import ExecutionResult
-from ..sessions.requests import CreateSession, ExecuteCode, UpdateSession
+from ..sessions.requests import CreateSession, ExecuteCode, PauseSession, UpdateSession
 from ..store.sqlite import HISTORY_PAGE
 from .base import JSONHandler
 
@@ -93,6 +93,25 @@ class RestartHandler(JSONHandler):
         self.send(session.to_json())
 
 
+class PauseHandler(JSONHandler):
+    actions = {"POST": "session.pause"}
+
+    async def post(self, session_id: str) -> None:
+        request = PauseSession.from_json(self.json_body())
+        session, saved = await self.manager.pause(session_id, self.principal, request)
+        self.audit_detail["strategy"] = saved["strategy"]
+        self.send({**session.to_json(), "strategy": saved["strategy"], "lost": saved["lost"]})
+
+
+class ResumeHandler(JSONHandler):
+    actions = {"POST": "session.resume"}
+
+    async def post(self, session_id: str) -> None:
+        session, report = await self.manager.resume(session_id, self.principal)
+        self.audit_detail["strategy"] = report["strategy"]
+        self.send({**session.to_json(), **report})
+
+
 class HistoryHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
         page = await self.manager.history(
@@ -121,6 +140,8 @@ routes = [
     (rf"/v1/sessions/{_ID}/execute", ExecuteHandler),
     (rf"/v1/sessions/{_ID}/interrupt", InterruptHandler),
     (rf"/v1/sessions/{_ID}/restart", RestartHandler),
+    (rf"/v1/sessions/{_ID}/pause", PauseHandler),
+    (rf"/v1/sessions/{_ID}/resume", ResumeHandler),
     (rf"/v1/sessions/{_ID}/history", HistoryHandler),
     (rf"/v1/sessions/{_ID}/network", NetworkHandler),
 ]

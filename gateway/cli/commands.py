@@ -1,7 +1,8 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
-``run``, ``exec``, ``sessions``, ``files``, ``export``, ``replay``, ``approvals``,
-``approve``, ``deny`` and ``mcp``.
+``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``snapshot``,
+``snapshots``, ``fork``, ``export``, ``replay``, ``approvals``, ``approve``, ``deny``
+and ``mcp``.
 Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``) and needs
 nothing else of the settings: handlers get the SDK's ``ClientSettings``. Exit codes:
 0 done, 1 the code (or a replay) failed, 2 the gateway refused or was unreachable.
@@ -244,6 +245,55 @@ def _decide(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _pause(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("pausing"):
+        info = client.session(args.session).pause(args.strategy)
+    _report_state(info.raw)
+    return 0
+
+
+def _resume(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("resuming"):
+        info = client.session(args.session).resume()
+    _report_state(info.raw)
+    return 0
+
+
+def _report_state(doc: dict[str, Any]) -> None:
+    """Say how a kernel's state was kept, and what it lost, on stderr."""
+    terminal.err.print(f"{doc['id']} {doc['state']} ({doc['strategy']})")
+    for lost in doc.get("lost") or []:
+        terminal.err.print(f"  lost {lost['name']} ({lost['type']}): {lost['reason']}")
+    for cell in doc.get("differed") or []:
+        terminal.err.print(f"  cell [{cell['execution_count']}] replayed with other outputs")
+
+
+def _snapshot(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("taking a snapshot"):
+        snap = client.session(args.session).snapshot(args.name, strategy=args.strategy)
+    for lost in snap.lost:
+        terminal.err.print(f"  lost {lost['name']} ({lost['type']}): {lost['reason']}")
+    print(snap.id)
+    return 0
+
+
+def _snapshots(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        snaps = client.session(args.session).snapshots()
+    if args.json:
+        terminal.print_json([s.raw for s in snaps])
+    for s in [] if args.json else snaps:
+        print(f"{s.id}  {s.created_at}  {s.size_bytes:>12}  {s.strategy:<9}  {s.name or ''}")
+    return 0
+
+
+def _fork(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("forking"):
+        session = client.snapshot(args.snapshot).fork(keep=True)
+    print(session.id)
+    return 0
+
+
 def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
@@ -356,6 +406,23 @@ def add_client_commands(commands: Any) -> None:
     frm.add_argument("session", help="session id")
     frm.add_argument("path", help="workspace path")
 
+    pause = _command(commands, "pause", _pause, "pause a session: its state kept, no memory held")
+    pause.add_argument("session", help="session id")
+    pause.add_argument("--strategy", help="namespace or replay (default: the best there is)")
+    resume = _command(commands, "resume", _resume, "resume a paused session")
+    resume.add_argument("session", help="session id")
+    snapshot = _command(
+        commands, "snapshot", _snapshot, "snapshot a session's state and files; print its id"
+    )
+    snapshot.add_argument("session", help="session id")
+    snapshot.add_argument("--name", help="a name to know it by")
+    snapshot.add_argument("--strategy", help="namespace or replay (default: the best there is)")
+    snapshots = _command(commands, "snapshots", _snapshots, "list a session's snapshots")
+    snapshots.add_argument("session", help="session id")
+    snapshots.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    fork = _command(commands, "fork", _fork, "start a session from a snapshot and print its id")
+    fork.add_argument("snapshot", help="snapshot id")
+
     export = _command(commands, "export", _export, "download a session as a .ipynb notebook")
     export.add_argument("session", help="session id")
     export.add_argument("-o", "--output", help="file to write (default session-ID.ipynb)")
@@ -401,7 +468,7 @@ def add_client_commands(commands: Any) -> None:
         _mcp,
         "serve the gateway to MCP clients (stdio, or streamable HTTP with --http)",
         "Serve the gateway as a Model Context Protocol server: tools create_session, run_code, "
-        "upload_file, download_file, list_files, export_notebook, delete_session.",
+        "upload_file, download_file, list_files, export_notebook, snapshot, fork, delete_session.",
     )
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")

@@ -43,12 +43,12 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from .aio import AsyncClient, AsyncFiles, AsyncSession
+from .aio import AsyncClient, AsyncFiles, AsyncSession, AsyncSnapshot
 from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
 from .models import Approval, Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
 from .stream import RunCallbacks
-from .sync import Client, Files, Session
+from .sync import Client, Files, Session, Snapshot
 
 __all__ = [
     "Approval",
@@ -56,6 +56,7 @@ __all__ = [
     "AsyncClient",
     "AsyncFiles",
     "AsyncSession",
+    "AsyncSnapshot",
     "BadRequest",
     "Client",
     "Conflict",
@@ -92,6 +93,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "SessionOptions",
+    "Snapshot",
     "TooManySessions",
     "Unauthorized",
     "Unavailable",

@@ -23,6 +23,7 @@ from .base import (
     BaseClient,
     BaseFiles,
     BaseSession,
+    BaseSnapshot,
     Call,
     Progress,
     SessionOptions,
@@ -99,6 +100,10 @@ class Client(BaseClient):
     ) -> dict[str, Any]:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
         return self.call(self._replay_call(notebook, image_tolerance))
+
+    def snapshot(self, snapshot_id: str) -> Snapshot:
+        """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
+        return self.call(self._snapshot_call(snapshot_id))
 
     def health(self) -> dict[str, Any]:
         return self.call(self._health_call())
@@ -276,6 +281,21 @@ class Session(BaseSession[Client]):
         """Replace the kernel with a fresh one (state is lost; files stay)."""
         return self.client.call(self._action_call("restart"))
 
+    def pause(self, strategy: str | None = None) -> SessionInfo:
+        """Save the kernel's state, free its memory; ``info.raw["lost"]``: what was not kept."""
+        return self.client.call(self._pause_call(strategy))
+
+    def resume(self) -> SessionInfo:
+        """Start a fresh kernel with the paused state (a run resumes by itself too)."""
+        return self.client.call(self._action_call("resume"))
+
+    def snapshot(self, name: str | None = None, *, strategy: str | None = None) -> Snapshot:
+        """Keep the kernel's state and files as a snapshot to fork from; the session runs on."""
+        return self.client.call(self._take_snapshot_call(name, strategy))
+
+    def snapshots(self) -> list[Snapshot]:
+        return self.client.call(self._snapshots_call())
+
     def set_timeout(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
@@ -323,6 +343,20 @@ class Session(BaseSession[Client]):
                         raise
         finally:
             self.close()
+
+
+class Snapshot(BaseSnapshot[Client]):
+    """A session's kernel state and files, kept: ``fork()`` starts a session holding them."""
+
+    def fork(self, *, keep: bool = False, **options: Unpack[SessionOptions]) -> Session:
+        """A new session holding this snapshot's state, files and history."""
+        return self.client.create_session(keep=keep, from_snapshot=self.id, **options)
+
+    def delete(self) -> None:
+        self.client.call(self._delete_call())
+
+
+Client.snapshot_class = Snapshot
 
 
 def _owning(client: Client, make: Callable[[Client], Session]) -> Session:

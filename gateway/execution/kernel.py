@@ -42,6 +42,7 @@ class ExecutionResult:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
     files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
+    resumed: dict[str, Any] | None = None  # the session was paused: how it was resumed first
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -57,7 +58,9 @@ class ExecutionResult:
         )
 
     def to_json(self) -> dict[str, Any]:
+        resumed = {} if self.resumed is None else {"resumed": self.resumed}
         return {
+            **resumed,
             "status": self.status,
             "execution_count": self.execution_count,
             "outputs": self.outputs,
@@ -352,6 +355,30 @@ class Kernel:
         if reply is None or reply.get("status") != "ok":
             raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
 
+    async def evaluate(self, code: str, expression: str, timeout: float) -> str:
+        """Run code silently, then return the text of ``expression`` evaluated after it.
+
+        For the gateway's own work in the kernel (saving its state, say): no
+        execution count, history or output. Raises ``RuntimeError`` with the
+        kernel's error when either fails, ``TimeoutError`` when no reply comes.
+        """
+        assert self.client is not None
+        msg_id = self.client.execute(
+            code,
+            silent=True,
+            store_history=False,
+            allow_stdin=False,
+            user_expressions={"value": expression},
+        )
+        reply = await self._reply(msg_id, timeout)
+        if reply is None:
+            raise TimeoutError(f"the kernel gave no answer within {timeout:g} s")
+        value = reply.get("user_expressions", {}).get("value", {})
+        for answer in (reply, value):
+            if answer.get("status") != "ok":
+                raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
+        return str(value.get("data", {}).get("text/plain", ""))
+
     async def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info_reply content (language_info, implementation)."""
         assert self.client is not None
@@ -371,6 +398,12 @@ class Kernel:
             await self.start()
         finally:
             self.restarting = False
+
+    async def stop(self) -> None:
+        """Stop the kernel and remove its sandbox, ready for a later ``start`` (a pause)."""
+        self._stop_channels()
+        self.client = None
+        await self.manager.shutdown_kernel(now=True, restart=True)
 
     async def interrupt(self) -> None:
         self._interrupting = True

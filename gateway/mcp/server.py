@@ -55,7 +55,9 @@ INSTRUCTIONS = """\
 Run code in sandboxed, stateful Jupyter kernels (no network; memory, CPU, disk limits).
 Call create_session once, then run_code as often as needed: variables, imports and files
 persist between calls in the same session. Files live in the session's workspace (the
-kernel's working directory). Delete the session when done; it also ends on its TTL."""
+kernel's working directory). To try several paths from one state, call snapshot, then fork
+it once per path: each fork is a new session holding that state and files, and the original
+is untouched. Delete the session when done; it also ends on its TTL."""
 
 SessionId = Annotated[str, Field(description="id returned by create_session")]
 WorkspacePath = Annotated[str, Field(description="path in the session's workspace, e.g. data.csv")]
@@ -221,6 +223,32 @@ class SandboxTools:
                 text=json.dumps(notebook, indent=1),
             ),
         )
+
+    @_tool
+    async def snapshot(
+        self,
+        session_id: SessionId,
+        name: Annotated[str | None, Field(description="a name to know it by")] = None,
+    ) -> dict[str, Any]:
+        """Keep the session's variables, imports and files as a snapshot to fork from."""
+        snap = await self._session(session_id).snapshot(name)
+        return {
+            "snapshot_id": snap.id,
+            "session_id": snap.session_id,
+            "name": snap.name,
+            "strategy": snap.strategy,
+            "lost": [lost["name"] for lost in snap.lost],
+            "size_bytes": snap.size_bytes,
+        }
+
+    @_tool
+    async def fork(
+        self, snapshot_id: Annotated[str, Field(description="id returned by snapshot")]
+    ) -> dict[str, Any]:
+        """Start a new session holding a snapshot's state and files; use it like any session."""
+        snap = await self.client.snapshot(snapshot_id)
+        session = await snap.fork(keep=True, metadata={"client": "mcp"})
+        return {"session_id": session.id, "forked_from": snapshot_id, "state": session.info.state}
 
     @_tool
     async def delete_session(self, session_id: SessionId) -> str:

@@ -80,6 +80,7 @@ def _notebook(session: dict[str, Any]) -> dict[str, Any]:
                 "packages": session.get("packages", []),
                 "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "gateway_version": __version__,
+                **({"forked_from": session["forked_from"]} if session.get("forked_from") else {}),
             },
         }
     )

@@ -138,6 +138,14 @@ class Placement(abc.ABC):
     async def prepare(self, spec: Any) -> None:
         """Make what must exist before the kernel starts; called before each first start."""
 
+    def kernel_exchange(self, session_id: str) -> tuple[str, Path] | None:
+        """A directory the kernel can write and this host can read: its path inside, and here.
+
+        Pausing passes a kernel's saved state through it; a placement without
+        one (the kernel's files are on another node) cannot pause.
+        """
+        return None
+
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
 

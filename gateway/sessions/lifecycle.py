@@ -6,6 +6,7 @@ removed one way only::
 
     new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
     from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
+    from_record -> adopt_paused (isolation, spec, reattach) -> resume      -> ... -> teardown
 
 It turns a session into the plain ``SandboxRequest`` the placement takes, and
 the placement's answer into the session's ``Kernel`` and workspace.
@@ -100,6 +101,7 @@ class SandboxLifecycle:
             secret_names=request.secrets,
             secrets_as=request.secrets_as,
             policy=request.policy,
+            idle_action=request.idle_action or s.idle_action,
         )
 
     async def unseal(self, session: Session, strict: bool = True) -> None:
@@ -211,13 +213,20 @@ class SandboxLifecycle:
         await self.placement.reattach(session.id)
         await self.connect_packages(session, relay=False)
 
+    async def adopt_paused(self, session: Session) -> None:
+        """Take over a session a previous gateway process paused: no sandbox, its files here."""
+        await self.unseal(session, strict=False)  # its resumed kernel gets them again
+        await self._isolate(session)
+        self._equip(session)
+        await self.placement.reattach(session.id)
+
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self.isolation.release(session.id)
         if self.packages is not None:
             self.packages.close(session.id)
         kernel = session.kernel
-        if kernel is not None:
+        if kernel is not None and session.paused is None:  # a paused one has no kernel running
             try:
                 await kernel.shutdown()
             except Exception as e:  # its sandbox is removed below all the same

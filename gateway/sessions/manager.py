@@ -5,6 +5,7 @@ A session owns one kernel in one container. States::
     starting -> idle <-> busy
         \\         \\       /
          +-------> dead (reason) --restart--> starting
+    idle --pause / idle timeout (idle_action pause)--> paused --resume / execute--> idle
     any state --delete / ttl / idle timeout--> deleted (reason)
 
 ``SessionManager`` is what the HTTP handlers call. It is handed its
@@ -39,8 +40,10 @@ from ..errors import (
     Denied,
     GatewayError,
     KernelDied,
+    NotPaused,
     PayloadTooLarge,
     QuotaExceeded,
+    SessionBusy,
     SessionEnded,
     SessionNotFound,
     TooManySessions,
@@ -65,14 +68,17 @@ from .lifecycle import SandboxLifecycle
 from .model import Session, public_view
 from .pool import WarmPool
 from .recovery import recover
-from .requests import CreateSession, ExecuteCode, UpdateSession
+from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
+from .snapshots import Snapshots
+from .state import KernelState, SavedState
 from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("starting", "idle", "busy", "dead")
 # Egress connections recorded per session (by this process); past it they are only counted.
 MAX_CONNECTION_RECORDS = 10_000
+LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
+_NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -88,6 +94,8 @@ class SessionManager:
         pool: WarmPool,
         quota: Callable[[str], Quota],
         sessions: dict[str, Session],
+        state: KernelState,
+        snapshots: Snapshots,
         clock: Callable[[], float] = time.time,
         *,
         gate: Gate,
@@ -95,6 +103,8 @@ class SessionManager:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
         ``gate``: the policies, scanner and approvals every execute passes.
+        ``state`` saves and restores kernels' state for pause and resume;
+        ``snapshots`` keeps snapshots, and forks start from them.
         """
         self.settings = settings
         self.gate = gate
@@ -104,6 +114,8 @@ class SessionManager:
         self.quota = quota  # a tenant's quota, by tenant name
         self.clock = clock
         self.sessions = sessions
+        self.state = state
+        self.snapshots = snapshots
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
@@ -139,6 +151,7 @@ class SessionManager:
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle)
         await self.gate.desk.close_orphans()
+        await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
 
@@ -290,7 +303,15 @@ class SessionManager:
     # -- commands -----------------------------------------------------------------------
 
     async def create(self, request: CreateSession, who: Principal) -> Session:
-        """Check a create request against the server and start its kernel; idle on return."""
+        """Check a create request against the server and start its kernel; idle on return.
+
+        A fork (``from_snapshot``) then gets the snapshot's history, files and
+        kernel state; if that fails, it ends and the error says why.
+        """
+        snapshot = None
+        if request.from_snapshot is not None:
+            snapshot = await self.snapshots.get(request.from_snapshot, who)
+            request = _fork_request(request, snapshot)
         session = self.lifecycle.new_session(request, who.tenant)
         await self.lifecycle.unseal(session)
         if request.session_id is not None and await self.store.get_session(session.id):
@@ -311,12 +332,32 @@ class SessionManager:
             except BaseException as e:
                 await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
                 raise
+        if snapshot is not None:
+            await self._fork(session, snapshot)
         session.state = "idle"
         await self.save(session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session
+
+    async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
+        """Give a new session a snapshot's history, files and state; end it if that fails."""
+        session.forked_from = {
+            "session_id": snapshot["session_id"],
+            "snapshot_id": snapshot["id"],
+            "snapshot_name": snapshot["name"],
+        }
+        await self.save(session)
+        try:
+            session.executions = await self.store.copy_history(
+                snapshot["session_id"], session.id, snapshot["last_execution"]
+            )
+            await self.snapshots.restore_into(session, snapshot)
+        except BaseException as e:
+            reason = e.message if isinstance(e, GatewayError) else repr(e)
+            await self.end(session, f"could not be forked from snapshot {snapshot['id']}: {reason}")
+            raise
 
     @staticmethod
     @contextlib.asynccontextmanager
@@ -409,6 +450,7 @@ class SessionManager:
         if decision.action == "deny":
             raise await self._refuse(session, code, request.description, review, decision.reasons)
         async with session.lock:
+            resumed = await self._resume(session) if session.state == "paused" else None
             self._check_usable(session)
             session.state = "busy"
             session.touch()
@@ -439,6 +481,7 @@ class SessionManager:
                 await self.lifecycle.connect_packages(session)
             result.files, result.artifacts_truncated = await session.workspace.changes()
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
+            result.resumed = resumed
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -586,6 +629,11 @@ class SessionManager:
             )
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+        if session.state == "paused":
+            raise Conflict(
+                f"session {session.id} is paused and runs nothing; POST "
+                f"/v1/sessions/{session.id}/resume (or execute: it resumes first)"
+            )
 
     async def interrupt(self, session_id: str, who: Principal) -> Session:
         session = self.get(session_id, who)
@@ -596,16 +644,20 @@ class SessionManager:
         return session
 
     async def restart(self, session_id: str, who: Principal) -> Session:
-        """Give the session a fresh kernel; works on a dead session too."""
+        """Give the session a fresh kernel; works on a dead or paused one too (its state goes)."""
         session = self.get(session_id, who)
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
+        paused = session.state == "paused"  # no kernel to stop: start one
         session.state = "starting"
         session.reason = None
         try:
             async with self._ended_meanwhile(session, "restarted"):
-                await session.kernel.restart()
+                await (session.kernel.start() if paused else session.kernel.restart())
+                if paused:
+                    session.paused = None
+                    await self.state.forget(session)
                 await self.lifecycle.connect_packages(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
@@ -615,6 +667,117 @@ class SessionManager:
         session.touch()
         await self.save(session)
         return session
+
+    async def pause(
+        self, session_id: str, who: Principal, request: PauseSession
+    ) -> tuple[Session, dict[str, Any]]:
+        """Save the kernel's state and remove its sandbox; the workspace stays on disk.
+
+        Refused while a cell runs. Pausing a paused session answers as the pause did.
+        """
+        session = self.get(session_id, who)
+        if session.state == "paused" and session.paused is not None:
+            return session, session.paused
+        self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            self._check_idle(session)
+            saved = await self._pause(session, request.strategy)
+        return session, saved.to_json()
+
+    def _check_idle(self, session: Session, executing: bool = False) -> None:
+        """Refuse to save a kernel's state while a cell runs (``executing``: one is queued)."""
+        self._check_usable(session)
+        if session.state == "starting":
+            raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        if executing or session.running or session.state == "busy":
+            raise SessionBusy(
+                f"session {session.id} is running a cell; its state can be saved once the cell "
+                f"finishes: wait for it, or POST /v1/sessions/{session.id}/interrupt"
+            )
+
+    async def _pause(self, session: Session, requested: str | None) -> SavedState:
+        """Pause with the session's lock held.
+
+        The record says paused before the sandbox goes: a gateway killed in
+        between finds a paused session and removes the leftover container.
+        """
+        strategy = self.state.choose(session, requested)
+        saved = await self.state.save(session, strategy, self.settings.kernel_start_timeout)
+        session.state = "paused"
+        session.paused = saved.to_json()
+        await self.save(session)
+        if session.stream is not None:
+            session.stream.close()
+            session.stream = None
+        for relay in list(session.parked.values()):
+            relay.close()
+        assert session.kernel is not None
+        try:
+            await session.kernel.stop()
+        except ENGINE_ERRORS as e:  # the next start's recovery removes what is left
+            log.warning("session %s: its paused sandbox is left for later: %s", session.id, e)
+        log.info("session %s paused (%s)", session.id, strategy)
+        return saved
+
+    async def snapshot(
+        self, session_id: str, who: Principal, request: TakeSnapshot
+    ) -> dict[str, Any]:
+        """Save an idle (or paused) session's kernel state and workspace; it carries on."""
+        session = self.get(session_id, who)
+        if session.state != "paused":
+            self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            if session.state != "paused":
+                self._check_idle(session)
+            return await self.snapshots.take(
+                session, request.name, request.strategy, self.settings.kernel_start_timeout
+            )
+
+    async def snapshots_of(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """A session's snapshots, live or ended, oldest first."""
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.snapshots.of_session(session_id)
+
+    async def wake(self, session_id: str, who: Principal) -> None:
+        """Resume a session if it is paused (a Jupyter client connecting to its kernel)."""
+        session = self.get(session_id, who)
+        if session.state == "paused":
+            async with session.lock:
+                if session.state == "paused":
+                    await self._resume(session)
+
+    async def resume(self, session_id: str, who: Principal) -> tuple[Session, dict[str, Any]]:
+        """Start a fresh kernel over the session's workspace and give it its state back."""
+        session = self.get(session_id, who)
+        async with session.lock:
+            if session.state != "paused":
+                raise NotPaused(f"session {session.id} is {session.state}, not paused")
+            report = await self._resume(session)
+        return session, report
+
+    async def _resume(self, session: Session) -> dict[str, Any]:
+        """Resume with the session's lock held; a failure leaves it paused, its state kept."""
+        assert session.paused is not None and session.kernel is not None
+        saved = SavedState.from_json(session.paused)
+        kernel = session.kernel
+        session.state = "starting"
+        try:
+            async with self._ended_meanwhile(session, "resumed"):
+                report = await self.state.restore(session, saved, kernel.start)
+                await self.lifecycle.connect_packages(session)
+        except BaseException:
+            if session.state == "starting":
+                session.state = "paused"
+                with contextlib.suppress(Exception):
+                    await kernel.stop()
+            raise
+        session.paused = None
+        session.state = "idle"
+        session.touch()
+        await self.save(session)
+        await self.state.forget(session)
+        log.info("session %s resumed (%s)", session.id, saved.strategy)
+        return report
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity)."""
@@ -682,8 +845,8 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None and self.pool.forget(session_id):
             return  # a pooled kernel died; the pool replaces it
-        if session is None or session.kernel is None or session.state in ("starting", "deleted"):
-            return  # expected: a delete or a restart stopped it
+        if session is None or session.kernel is None or session.state in _NOT_RUNNING:
+            return  # expected: a delete, a restart or a pause stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:
             return
         self.spawn(self._mark_dead(session, container_id, exit_code))
@@ -748,7 +911,7 @@ class SessionManager:
                 log.exception("culling failed; will retry")
 
     async def cull(self) -> None:
-        """End sessions past their TTL, and idle ones past their idle timeout."""
+        """End sessions past their TTL (paused too), and pause or end idle ones."""
         now = self.clock()
         for session in list(self.sessions.values()):
             if now >= session.expires_at:
@@ -758,7 +921,21 @@ class SessionManager:
                 and session.connections == 0
                 and now >= session.idle_deadline
             ):
-                await self.end(session, f"idle for {session.idle_timeout:g} s")
+                if session.state == "idle" and session.idle_action == "pause":
+                    await self._pause_idle(session)
+                else:
+                    await self.end(session, f"idle for {session.idle_timeout:g} s")
+
+    async def _pause_idle(self, session: Session) -> None:
+        """Pause a session past its idle timeout; one that cannot be paused ends as before."""
+        if session.lock.locked():
+            return  # an execute just came in
+        try:
+            async with session.lock:
+                if session.state == "idle":
+                    await self._pause(session, None)
+        except GatewayError as e:
+            await self.end(session, f"idle for {session.idle_timeout:g} s ({e.message})")
 
     async def save(self, session: Session) -> None:
         """Store the session's record, and its kernel's runtime info while it is open."""
@@ -770,3 +947,14 @@ def _retrieve(task: asyncio.Task) -> None:
     """Mark a background execute's failure as seen: its caller had its 202 already."""
     if not task.cancelled():
         task.exception()
+
+
+def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSession:
+    """A create request for a fork: the snapshot's kernel and image, or a 409 naming them."""
+    for what, asked in (("kernel", request.kernel), ("image", request.image)):
+        if asked and asked != snapshot[what]:
+            raise Conflict(
+                f"snapshot {snapshot['id']} holds the state of a {snapshot[what]} {what}; a "
+                f"fork of it cannot run {asked}: leave {what} out"
+            )
+    return dataclasses.replace(request, kernel=snapshot["kernel"], image=snapshot["image"])

@@ -48,6 +48,7 @@ class Session:
         secret_names: tuple[str, ...] = (),
         secrets_as: str = "env",
         policy: Policy | None = None,
+        idle_action: str = "end",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.policy = policy  # the session's own, tightening its tenant's
@@ -61,6 +62,7 @@ class Session:
         self.limits = limits
         self.ttl = ttl
         self.idle_timeout = idle_timeout
+        self.idle_action = idle_action  # "end" or "pause" once the idle timeout passes
         self.env = env
         self.secret_names = secret_names
         self.secrets_as = secrets_as  # env variables, or files in /run/secrets
@@ -73,6 +75,8 @@ class Session:
         self.ended_at: float | None = None
         self.state = "starting"
         self.reason: str | None = None
+        self.paused: dict[str, Any] | None = None  # a SavedState's JSON while paused
+        self.forked_from: dict[str, Any] | None = None  # the snapshot a fork started from
         # What a notebook export records so a replay can check its environment.
         self.image_digest: str | None = None
         self.packages: list[str] = []
@@ -109,7 +113,10 @@ class Session:
             secret_names=tuple(doc.get("secrets", ())),
             secrets_as=doc.get("secrets_as", "env"),
             policy=session_policy(doc.get("policy")),
+            idle_action=doc.get("idle_action", "end"),
         )
+        session.paused = doc.get("paused")
+        session.forked_from = doc.get("forked_from")
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
         session.state = doc["state"]
@@ -173,6 +180,9 @@ class Session:
             "limits": self.limits.to_json(),
             "ttl": self.ttl,
             "idle_timeout": self.idle_timeout,
+            "idle_action": self.idle_action,
+            "paused": self.paused,
+            "forked_from": self.forked_from,
             "runtime": self.runtime,
             "network": self.network.to_json(),
             "env": sorted(self.env),  # names only: values may be credentials

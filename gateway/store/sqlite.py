@@ -147,6 +147,19 @@ MIGRATIONS = [
     );
     CREATE INDEX approvals_by_state ON approvals (state, created_at);
     """,
+    # Snapshots of sessions' kernel state and workspace; they outlive their sessions.
+    """
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+    CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -338,6 +351,72 @@ class Store:
         return [
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
+
+    async def add_snapshot(self, doc: dict[str, Any]) -> None:
+        await self._run(
+            self._exec,
+            "INSERT INTO snapshots (id, tenant, session_id, created_at, size_bytes, doc)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                doc["id"],
+                doc["tenant"],
+                doc["session_id"],
+                doc["created_at"],
+                doc["size_bytes"],
+                json.dumps(doc),
+            ),
+        )
+
+    async def get_snapshot(self, snapshot_id: str) -> dict[str, Any] | None:
+        rows = await self._run(self._exec, "SELECT doc FROM snapshots WHERE id = ?", (snapshot_id,))
+        return json.loads(rows[0]["doc"]) if rows else None
+
+    async def snapshots_of(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self._run(
+            self._exec,
+            "SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
+            (session_id,),
+        )
+        return [json.loads(r["doc"]) for r in rows]
+
+    async def snapshot_usage(self, tenant: str) -> tuple[int, int]:
+        """How many snapshots a tenant keeps, and their bytes on disk."""
+        rows = await self._run(
+            self._exec,
+            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM snapshots WHERE tenant = ?",
+            (tenant,),
+        )
+        return rows[0][0], rows[0][1]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._run(self._exec, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
+    async def last_execution(self, session_id: str) -> int:
+        """The id of a session's newest execution (0 for none): where a snapshot stands."""
+        rows = await self._run(
+            self._exec,
+            "SELECT coalesce(max(id), 0) FROM executions WHERE session_id = ?",
+            (session_id,),
+        )
+        return rows[0][0]
+
+    async def copy_history(self, source: str, target: str, up_to: int) -> int:
+        """Give a fork the executions its source had when the snapshot was taken; count them."""
+        where = "WHERE session_id = ? AND id <= ? AND status != 'running'"
+        rows = await self._run(
+            self._exec, f"SELECT count(*) FROM executions {where}", (source, up_to)
+        )
+        first = self._next_execution  # ids are handed out here, on the loop
+        self._next_execution += rows[0][0]
+        columns = ", ".join(("code", "description", *_EXECUTION_COLUMNS, "started_at"))
+        await self._run(
+            self._exec,
+            f"INSERT INTO executions (id, session_id, {columns})"
+            f" SELECT ? + row_number() OVER (ORDER BY id) - 1, ?, {columns}"
+            f" FROM executions {where} ORDER BY id",
+            (first, target, source, up_to),
+        )
+        return rows[0][0]
 
     def start_execution(
         self, session_id: str, record: dict[str, Any]

@@ -33,7 +33,14 @@ from ..base import (
 from ..images import ImageBuilder
 from ..workspace import Workspace
 from .events import ContainerWatcher
-from .provisioner import LABEL_GATEWAY, LABEL_SESSION, SandboxSpec, sandbox_name, update_limits
+from .provisioner import (
+    CONTAINER_RUN_DIR,
+    LABEL_GATEWAY,
+    LABEL_SESSION,
+    SandboxSpec,
+    sandbox_name,
+    update_limits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +113,9 @@ class DockerPlacement(Placement):
             await asyncio.to_thread(
                 write_secret_files, spec.secrets_dir, spec.secret_files, uid, gid
             )
+
+    def kernel_exchange(self, session_id: str) -> tuple[str, Path]:
+        return CONTAINER_RUN_DIR, self.sessions_dir / session_id / "run"
 
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
