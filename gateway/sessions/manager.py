@@ -276,8 +276,7 @@ class SessionManager:
         self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
     ) -> tuple[list[dict[str, Any]], int | None]:
         """A page of the session's egress connections after the cursor ``after``."""
-        if not 1 <= limit <= HISTORY_PAGE_MAX:
-            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+        _check_page(after, limit)
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.store.connections(session_id, after, limit)
 
@@ -293,10 +292,7 @@ class SessionManager:
         self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
     ) -> HistoryPage:
         """A page of a session's executions after the cursor ``after`` (an execution id)."""
-        if not 1 <= limit <= HISTORY_PAGE_MAX:
-            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
-        if after < 0:
-            raise BadRequest("after must be an execution id from a page's 'next', or 0")
+        _check_page(after, limit)
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.store.history(session_id, after, limit)
 
@@ -941,6 +937,14 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+def _check_page(after: int, limit: int) -> None:
+    """A 400 for a page cursor or size the store would not answer sensibly."""
+    if not 1 <= limit <= HISTORY_PAGE_MAX:
+        raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+    if after < 0:
+        raise BadRequest("after must be a cursor from a page's 'next', or 0")
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavailable
+from ..execution.outputs import OutputCap
 from ..store.sqlite import HISTORY_PAGE_MAX, Store
 from .lifecycle import SandboxLifecycle
 from .model import Session
@@ -277,8 +278,9 @@ class KernelState:
                 result = await kernel.execute(
                     cell["code"],
                     timeout=session.limits.timeout,
-                    cap_bytes=session.limits.output_bytes,
+                    cap=OutputCap(session.limits.output_bytes),
                     grace=self.grace,
+                    mask=session.masker,
                 )
                 diff = await asyncio.to_thread(self.diff, cell["outputs"], result.outputs)
                 if diff or result.status != cell["status"]:

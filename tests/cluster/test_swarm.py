@@ -9,6 +9,7 @@ keep working.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import subprocess
@@ -160,7 +161,9 @@ def test_files_round_trip_through_the_sandbox(api, placed, worker):
     assert api.get(f"/v1/sessions/{sid}/files/..%2F..%2Fetc%2Fpasswd").status_code == 400
     r = api.post(f"/v1/sessions/{sid}/files", params={"path": "batch"},
                  files={"f": ("a.txt", b"abc")})  # fmt: skip
-    assert r.status_code == 201 and r.json()["files"] == [{"path": "batch/a.txt", "size": 3}]
+    sha = hashlib.sha256(b"abc").hexdigest()
+    assert r.status_code == 201, r.text
+    assert r.json()["files"] == [{"path": "batch/a.txt", "size": 3, "sha256": sha}]
     assert api.delete(f"/v1/sessions/{sid}/files/in/data.bin").status_code == 204
     assert api.get(f"/v1/sessions/{sid}/files/in/data.bin").status_code == 404
 
