@@ -204,6 +204,7 @@ def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxL
         tmp_size=settings.tmp_size,
         swarm=settings.swarm_options(),
         context=shared_context(),
+        max_message=settings.max_kernel_message,
     )
     return SandboxLifecycle(
         settings,

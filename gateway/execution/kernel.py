@@ -112,14 +112,33 @@ class DropWatch:
     restarts aborted the gateway).
     """
 
-    RETRY_WINDOW = 1.0  # seconds ZeroMQ has to say it reconnects by itself
+    # Seconds ZeroMQ has to say it reconnects by itself: its I/O thread says so
+    # right after the drop. Kept short, for what the kernel sends until the new
+    # connection is up is lost; a reconnect by hand that was not needed is harmless.
+    RETRY_WINDOW = 0.1
 
     def __init__(self, sockets: list[zmq.asyncio.Socket]) -> None:
         self.drops = 0
+        self._down: set[str] = set()  # endpoints dropped and not connected again yet
+        self._changed = asyncio.Event()
         self._tasks = [asyncio.create_task(self._watch(sock)) for sock in sockets]
 
+    async def settled(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until every dropped connection is made again.
+
+        What a kernel publishes while its iopub connection is down is lost; the
+        next execution waits for it rather than lose its outputs.
+        """
+        deadline = time.monotonic() + timeout
+        while self._down and (left := deadline - time.monotonic()) > 0:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
     async def _watch(self, sock: zmq.asyncio.Socket) -> None:
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        monitor = sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
         dropped: dict[str, float] = {}  # endpoint -> when it is ours to connect again
         try:
             while True:
@@ -134,7 +153,11 @@ class DropWatch:
                 endpoint = event["endpoint"].decode()
                 if event["event"] == zmq.EVENT_CONNECT_RETRIED:
                     dropped.pop(endpoint, None)
+                elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._down.discard(endpoint)
+                    self._changed.set()
                 else:
+                    self._down.add(endpoint)
                     dropped.setdefault(endpoint, time.monotonic() + self.RETRY_WINDOW)
         finally:
             monitor.close(linger=0)
@@ -162,6 +185,8 @@ class DropWatch:
 # that sends none of them is taken to have begun this long after it went busy.
 _CELL_BEGUN = {"execute_input", "stream", "display_data", "execute_result", "error"}
 _SILENT_START = 1.0
+# How long an execution waits for a kernel connection dropped before it to be made again.
+_RECONNECT_WAIT = 2.0
 
 
 class Kernel:
@@ -395,6 +420,7 @@ class Kernel:
         deadline = started + timeout
         drops = self._drops
         assert drops is not None
+        await drops.settled(_RECONNECT_WAIT)
         drops_before = drops.drops
         msg_id = self.client.execute(code, allow_stdin=False)
         timed_out = restarted = False
