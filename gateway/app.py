@@ -17,7 +17,9 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
+from .access.secrets import SecretVault, load_key
 from .api import (
+    approvals,
     audit,
     files,
     health,
@@ -26,7 +28,9 @@ from .api import (
     metrics,
     notebooks,
     openapi,
+    secrets,
     sessions,
+    snapshots,
     stream,
 )
 from .api.base import NotFoundHandler, log_request
@@ -34,15 +38,23 @@ from .api.edge import Edge
 from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
+from .notebooks.compare import diff_outputs
 from .observe.loop_lag import LoopLagMonitor
+from .policy.approvals import ApprovalDesk
+from .policy.book import PolicyBook
+from .policy.gate import Gate
+from .policy.scan import Scanner
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
+from .sandbox.packages import PackageCache, PackageGate, PackagePolicy
 from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.pool import WarmPool
+from .sessions.snapshots import Snapshots
+from .sessions.state import KernelState
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -55,6 +67,7 @@ def make_app(
     manager: SessionManager,
     auth: Authenticator,
     audit_log: AuditLog,
+    secrets_vault: SecretVault,
     settings: Settings,
     loop_lag: LoopLagMonitor,
 ) -> tornado.web.Application:
@@ -62,6 +75,7 @@ def make_app(
     return tornado.web.Application(
         [
             *sessions.routes,
+            *snapshots.routes,
             *stream.routes,
             *files.routes,
             *notebooks.routes,
@@ -69,6 +83,8 @@ def make_app(
             *health.routes,
             *openapi.routes,
             *audit.routes,
+            *secrets.routes,
+            *approvals.routes,
             *metrics.routes,
             *jupyter.routes,
         ],
@@ -77,6 +93,7 @@ def make_app(
         sbx_manager=manager,
         sbx_auth=auth,
         sbx_audit=audit_log,
+        sbx_secrets=secrets_vault,
         sbx_loop_lag=loop_lag,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
@@ -96,6 +113,9 @@ class Gateway:
         self.port: int | None = None
         self.audit: AuditLog | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
+        self.package_cache = (
+            PackageCache(Path(settings.data_dir) / "packages") if settings.package_cache else None
+        )
 
     async def start(self) -> None:
         _raise_file_limit()
@@ -108,11 +128,25 @@ class Gateway:
                 f"no Docker engine answers ({e}); run scripts/setup to install and start one"
             ) from e
         await self.store.open()
+        policies = PolicyBook(self.settings.policies_path())
+        await policies.reload()  # a malformed policy stops the start, naming its line
         auth = Authenticator.from_settings(self.settings)
         if not auth.enabled:
             _warn_unauthenticated(self.settings.host)
         audit_log = self.audit = AuditLog(self.store)
-        self.manager = build_manager(self.settings, client, self.store, auth.quota)
+        key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
+        vault = SecretVault(self.store, key, self.settings.max_secret_size)
+        packages = None
+        if self.package_cache is not None:
+            await self.package_cache.start()
+            packages = PackageGate(self.package_cache, self._package_policy)
+            packages.on_install = lambda install: audit_log.package_install(
+                install, self.manager.owner_of(install.session_id) if self.manager else None
+            )
+        self.manager = build_manager(
+            self.settings, client, self.store, auth.quota, policies, vault, packages
+        )
+        self.manager.gate.desk.on_change = audit_log.approval
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
@@ -121,12 +155,15 @@ class Gateway:
             sockets += tornado.netutil.bind_sockets(self.port, host)
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
+        manager.isolation.egress.set_redactor(manager.redact)
+        manager.isolation.egress.set_connection_hook(manager.record_connection)
         manager.isolation.egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
+        manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        app = make_app(self.manager, auth, audit_log, settings, self.loop_lag)
+        app = make_app(self.manager, auth, audit_log, vault, settings, self.loop_lag)
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
             max_body_size=settings.max_anonymous_body,
@@ -145,10 +182,22 @@ class Gateway:
                 end_sessions=self.settings.end_sessions_on_stop,
                 drain_timeout=self.settings.drain_timeout,
             )
+        if self.manager is not None and self.manager.lifecycle.packages is not None:
+            self.manager.lifecycle.packages.stop()
+        if self.package_cache is not None:
+            await self.package_cache.stop()
         if self.audit is not None:
             self.audit.close()
         self.loop_lag.stop()
         await self.store.close()
+
+    def _package_policy(self, session_id: str) -> PackagePolicy | None:
+        """The package policy of a live session's tenant (None: no such session)."""
+        owner = self.manager.owner_of(session_id) if self.manager is not None else None
+        if owner is None:
+            return None
+        quota = self.manager.quota(owner.tenant)
+        return PackagePolicy(quota.package_allow, quota.package_deny)
 
     async def serve(self) -> None:
         """Run until SIGINT/SIGTERM, then shut down cleanly."""
@@ -177,11 +226,18 @@ class Gateway:
 
 
 def build_manager(
-    settings: Settings, client: docker.DockerClient, store: Store, quota: Callable[[str], Quota]
+    settings: Settings,
+    client: docker.DockerClient,
+    store: Store,
+    quota: Callable[[str], Quota],
+    policies: PolicyBook,
+    vault: SecretVault,
+    packages: PackageGate | None = None,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
-    lifecycle = build_lifecycle(settings, client)
+    lifecycle = build_lifecycle(settings, client, vault, packages)
     sessions: dict[str, Session] = {}
+    desk = ApprovalDesk(store, settings.approval_timeout, live=sessions.__contains__)
     pool = WarmPool(
         lifecycle,
         settings.pool,
@@ -189,10 +245,22 @@ def build_manager(
         max_sandboxes=settings.max_sessions,
         live=sessions,
     )
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions)
+    state = KernelState(lifecycle, store, diff_outputs, settings.interrupt_grace)
+    kept = Snapshots(
+        Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
+    )
+    gate = Gate(policies, Scanner(), desk)
+    return SessionManager(
+        settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate
+    )
 
 
-def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxLifecycle:
+def build_lifecycle(
+    settings: Settings,
+    client: docker.DockerClient,
+    vault: SecretVault,
+    packages: PackageGate | None = None,
+) -> SandboxLifecycle:
     """Wire the sandbox side from the settings: the one place that reads them for it."""
     limit_kernel_messages(settings.max_kernel_message)
     images = ImageBuilder(client, Path(settings.images_dir), base=settings.base_image)
@@ -212,6 +280,8 @@ def build_lifecycle(settings: Settings, client: docker.DockerClient) -> SandboxL
         images,
         IsolationManager(settings.isolation_options(), client),
         placement,
+        vault,
+        packages,
     )
 
 

@@ -163,6 +163,12 @@ def _show_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def _idle_action(value: Any) -> str:
+    if value not in ("end", "pause"):
+        raise ValueError(f"{value!r} is neither 'end' nor 'pause'")
+    return str(value)
+
+
 TEXT = Kind(str)
 INT = Kind(int, metavar="N")
 NUMBER = Kind(float, _show_number, "N")
@@ -175,6 +181,7 @@ POOL = Kind(_pool, _show_pool, "KERNEL=N,...")
 PORTS = Kind(_ports, _show_ports, "PORT[-PORT]")
 CIDRS = Kind(_cidrs, lambda networks: ",".join(map(str, networks)), "CIDR,...")
 RULES = Kind(_rules, lambda rules: ",".join(rule.text for rule in rules), "ENTRY,...")
+IDLE_ACTION = Kind(_idle_action, metavar="end|pause")
 SECCOMP = Kind(SeccompProfile.load, lambda profile: profile.source, "PROFILE")
 _BY_TYPE = {str: TEXT, int: INT, float: NUMBER, bool: SWITCH}
 
@@ -296,6 +303,27 @@ class Settings:
     tenant_max_disk: int = _opt(
         "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
     )
+    secrets_key_file: str = _opt(
+        "",
+        "file holding the key that seals tenants' secrets (base64 of 32 bytes; made, mode "
+        "0600, when missing); keep it apart from the database and its backups (empty: "
+        "secrets.key in data_dir)",
+        AUTH,
+    )
+    max_secret_size: int = _opt("4k", "largest value of one sealed secret", AUTH, SIZE)
+    policies_dir: str = _opt(
+        "",
+        "directory of execute policies, <tenant>.toml or .yaml and default.*, read at start "
+        "and on POST /v1/policies/reload (empty: <data_dir>/policies; docs/approvals.md)",
+        AUTH,
+    )
+    approval_timeout: float = _opt(
+        600.0, "seconds a held execute waits for an approver before it is denied", AUTH, SECONDS
+    )
+    tenant_max_snapshots: int = _opt(64, "snapshots one tenant may keep", AUTH)
+    tenant_max_snapshot_bytes: int = _opt(
+        "16g", "disk one tenant's snapshots may take, added up", AUTH, SIZE
+    )
     token: str = _opt(
         "",
         "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
@@ -314,6 +342,13 @@ class Settings:
     )
     max_idle_timeout: float = _opt(
         86400.0, "longest idle timeout a session may ask for", LIMITS, SECONDS
+    )
+    idle_action: str = _opt(
+        "end",
+        "what the idle timeout does to a session that asks for nothing else: 'end' it, or "
+        "'pause' it (its kernel's state kept on disk, no memory held; docs/snapshots.md)",
+        LIMITS,
+        IDLE_ACTION,
     )
     default_memory: int = _opt(
         "512m", "memory limit per session (swap is not allowed)", LIMITS, SIZE
@@ -439,6 +474,28 @@ class Settings:
         "(comma-separated)",
         ISOLATION,
         RULES,
+    )
+
+    package_cache: bool = _opt(
+        False,
+        "run devpi-server beside the gateway as a caching mirror of the index pip is "
+        "configured with here; Python sessions install from it with no network "
+        "(docs/packages.md)",
+        ISOLATION,
+    )
+    package_allow: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may install from the cache, names or name==version "
+        "(comma-separated; empty: any); a tenant's package_allow replaces it",
+        ISOLATION,
+        NAMES,
+    )
+    package_deny: tuple[str, ...] = _opt(
+        "",
+        "packages sessions may not install, names or name==version (comma-separated); "
+        "a tenant's package_deny replaces it",
+        ISOLATION,
+        NAMES,
     )
 
     # -- swarm
@@ -579,6 +636,9 @@ class Settings:
             raise ConfigError(f"placement must be 'docker' or 'swarm', not {self.placement!r}")
         if self.placement != "swarm":
             return
+        if self.package_cache:
+            raise ConfigError("the package cache serves this host's sandboxes only: "
+                              "set package_cache=false with placement swarm")  # fmt: skip
         # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
         if self.runtimes != ("runc",) or self.network_policies != ("none",):
             raise ConfigError(
@@ -603,6 +663,14 @@ class Settings:
                 state_dir=Path(self.data_dir) / "egress",
             ),
         )
+
+    def secrets_key_path(self) -> Path:
+        """Where the secrets key lives."""
+        return Path(self.secrets_key_file or Path(self.data_dir) / "secrets.key")
+
+    def policies_path(self) -> Path:
+        """Where tenants' execute policies are read from (and written by the API)."""
+        return Path(self.policies_dir or Path(self.data_dir) / "policies")
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

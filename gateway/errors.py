@@ -8,17 +8,26 @@ codes themselves. The tree::
     ├── ConfigError                       config_error (a setting or config file is unusable)
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
-    │   └── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    │   ├── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    │   └── PolicyInvalid                 policy_invalid (a policy file or document, with its line)
     ├── Unauthorized                  401 unauthorized (no token, or not a valid one)
     ├── Forbidden                     403 forbidden (an admin-only endpoint)
+    │   └── Denied                        denied (a policy or an approver refused the code)
     ├── PathForbidden                 403 path_forbidden
     ├── NotFound                      404
     │   ├── SessionNotFound               session_not_found
     │   ├── KernelNotFound                kernel_not_found
+    │   ├── SnapshotNotFound              snapshot_not_found
     │   └── FileNotFound                  file_not_found
     ├── Conflict                      409
     │   ├── KernelDied                    kernel_died
     │   ├── SessionEnded                  session_ended
+    │   ├── AlreadyDecided                already_decided (an approval decided before)
+    │   ├── SessionBusy                   session_busy (a cell runs: pause or snapshot later)
+    │   ├── NotPaused                     not_paused
+    │   ├── StrategyUnavailable           strategy_unavailable (no way to keep this kernel's state)
+    │   ├── StateNotSaved                 state_not_saved (the kernel could not save it)
+    │   ├── StateNotRestored              state_not_restored (saved state unreadable or missing)
     │   └── NotAFile                      not_a_file
     ├── PayloadTooLarge               413 payload_too_large (request body, code)
     │   └── FileTooLarge                  file_too_large
@@ -73,6 +82,12 @@ class NotAllowed(BadRequest):
     code = "not_allowed"
 
 
+class PolicyInvalid(BadRequest):
+    """A policy that cannot be used; the message names the line at fault."""
+
+    code = "policy_invalid"
+
+
 class NotFound(GatewayError):
     status = 404
     code = "not_found"
@@ -85,6 +100,20 @@ class SessionNotFound(NotFound):
         super().__init__(
             f"no session {session_id!r}: it never existed or was deleted; "
             "create one with POST /v1/sessions"
+        )
+
+
+class ApprovalNotFound(NotFound):
+    code = "approval_not_found"
+
+
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(
+            f"no snapshot {snapshot_id!r}: it never existed or was deleted; "
+            "GET /v1/sessions/{id}/snapshots lists a session's"
         )
 
 
@@ -118,8 +147,40 @@ class SessionEnded(Conflict):
     code = "session_ended"
 
 
+class SessionBusy(Conflict):
+    """A cell is running; its state cannot be saved until it finishes."""
+
+    code = "session_busy"
+
+
+class NotPaused(Conflict):
+    code = "not_paused"
+
+
+class StrategyUnavailable(Conflict):
+    """The kernel state strategy asked for cannot be used for this session."""
+
+    code = "strategy_unavailable"
+
+
+class StateNotSaved(Conflict):
+    """The kernel's state could not be saved (no disk, no memory); the session keeps running."""
+
+    code = "state_not_saved"
+
+
+class StateNotRestored(Conflict):
+    """A saved kernel state is missing or unreadable; nothing was changed."""
+
+    code = "state_not_restored"
+
+
 class NotAFile(Conflict):
     code = "not_a_file"
+
+
+class AlreadyDecided(Conflict):
+    code = "already_decided"
 
 
 class Unauthorized(GatewayError):
@@ -130,6 +191,12 @@ class Unauthorized(GatewayError):
 class Forbidden(GatewayError):
     status = 403
     code = "forbidden"
+
+
+class Denied(Forbidden):
+    """An execute a policy or an approver refused (or whose approval timed out): it never ran."""
+
+    code = "denied"
 
 
 class PayloadTooLarge(GatewayError):

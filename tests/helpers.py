@@ -380,3 +380,27 @@ def canary_session(gw: GatewayProcess) -> Iterator[str]:
     run(gw.client, sid, "alive = 42")
     yield sid
     gw.client.delete(f"/v1/sessions/{sid}")
+
+
+@contextlib.contextmanager
+def tenant_gateway(
+    start_gateway, tokens: dict[str, str], *flags: str, tenants: str = ""
+) -> Iterator[tuple[GatewayProcess, dict[str, httpx.Client]]]:
+    """A gateway with one token per tenant (``tokens``: tenant -> token), and a client each.
+
+    ``tenants``: more of the tokens file, e.g. ``[tenants.beta]`` settings.
+    """
+    data_dir = short_tmpdir()
+    tokens_file = data_dir / "tokens.toml"
+    entries = "".join(f'[[tokens]]\ntenant = "{t}"\ntoken = "{k}"\n\n' for t, k in tokens.items())
+    tokens_file.write_text(entries + tenants)
+    gw = start_gateway("--tokens-file", str(tokens_file), *flags, data_dir=data_dir)
+    clients = {
+        name: httpx.Client(base_url=gw.url, timeout=300, headers={"Authorization": f"Bearer {t}"})
+        for name, t in tokens.items()
+    }
+    try:
+        yield gw, clients
+    finally:
+        for client in clients.values():
+            client.close()

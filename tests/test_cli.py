@@ -49,7 +49,8 @@ def test_every_command_has_help():
         [], ["run"], ["exec"], ["sessions"], ["sessions", "ls"], ["sessions", "new"],
         ["sessions", "show"], ["sessions", "rm"], ["files"], ["files", "put"], ["files", "get"],
         ["files", "ls"], ["files", "rm"], ["export"], ["replay"], ["mcp"], ["serve"],
-        ["images"], ["images", "build"], ["images", "ls"],
+        ["images"], ["images", "build"], ["images", "ls"], ["approvals"], ["approve"], ["deny"],
+        ["pause"], ["resume"], ["snapshot"], ["snapshots"], ["fork"],
     ]  # fmt: skip
     for command in commands:
         result = sbx(*command, "--help")
@@ -122,7 +123,7 @@ def test_sessions_new_ls_show_rm(gateway, sdk):
             and "test=cli-ls" in show.stdout
         )
         shown = json.loads(sbx("sessions", "show", session_id, "--json", gateway=gateway).stdout)
-        assert shown["env"] == {"A": "b"} and shown["ttl"] == 600 and shown["runtime"] == "runc"
+        assert shown["env"] == ["A"] and shown["ttl"] == 600 and shown["runtime"] == "runc"
         assert shown["network"] == {"allow": ["example.com"]}
     finally:
         rm = sbx("sessions", "rm", session_id, gateway=gateway)
@@ -144,6 +145,25 @@ def test_exec_keeps_state_between_calls(gateway, cli_session, tmp_path):
     assert (tmp_path / "output-1.png").exists()
     failed = sbx("exec", cli_session.id, "undefined_name", gateway=gateway)
     assert failed.returncode == 1 and "NameError" in failed.stderr
+
+
+def test_pause_resume_snapshot_and_fork(gateway, sdk, cli_session):
+    assert sbx("exec", cli_session.id, "kept = 21", gateway=gateway).returncode == 0
+    paused = sbx("pause", cli_session.id, gateway=gateway)
+    assert paused.returncode == 0 and "paused (namespace)" in paused.stderr, paused.stderr
+    resumed = sbx("resume", cli_session.id, gateway=gateway)
+    assert resumed.returncode == 0 and "idle (namespace)" in resumed.stderr, resumed.stderr
+    taken = sbx("snapshot", cli_session.id, "--name", "cli", gateway=gateway)
+    assert taken.returncode == 0, taken.stderr
+    snapshot_id = taken.stdout.strip()
+    listed = sbx("snapshots", cli_session.id, gateway=gateway)
+    assert snapshot_id in listed.stdout and "cli" in listed.stdout, listed.stdout
+    forked = sbx("fork", snapshot_id, gateway=gateway)
+    assert forked.returncode == 0, forked.stderr
+    child = sdk.session(forked.stdout.strip(), keep=False)
+    with child:
+        assert child.run("print(kept * 2)").stdout == "42\n"
+    assert sbx("fork", "no-such-snapshot", gateway=gateway).returncode == 2
 
 
 def test_files_put_ls_get_rm(gateway, cli_session, tmp_path):
@@ -211,3 +231,16 @@ def test_url_and_token_flags_win_over_the_environment(gateway):
         result = sbx("sessions", "ls", "--url", proxy.url, "--token", token, gateway=gateway)
     assert result.returncode == 0, result.stderr
     assert f"authorization: bearer {token}".lower().encode() in bytes(proxy.received).lower()
+
+
+def test_run_with_a_sealed_secret_shows_it_masked(gateway):
+    gateway.client.put("/v1/secrets/CLI_KEY", json={"value": "cli-secret-value-7f3a"})
+    try:
+        code = "import os; print(os.environ['CLI_KEY'][::-1][::-1])"
+        done = sbx("run", "-", "--secret", "CLI_KEY", gateway=gateway, stdin=code)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "***CLI_KEY***\n" and "cli-secret-value" not in done.stderr
+        unknown = sbx("run", "-", "--secret", "NO_SUCH_KEY", gateway=gateway, stdin="1")
+        assert unknown.returncode == 2 and "NO_SUCH_KEY" in unknown.stderr, unknown.stderr
+    finally:
+        gateway.client.delete("/v1/secrets/CLI_KEY")

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import socket
+import ssl
 import threading
+
+import pytest
 
 from gateway.sandbox.egress.policy import AddressGuard, NetworkPolicy
 from gateway.sandbox.egress.proxy import EgressDenial, EgressProxy
+from gateway.sandbox.egress.sni import server_name
 
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
 
@@ -343,8 +348,7 @@ def test_slow_name_lookups_cannot_starve_the_gateways_worker_threads(monkeypatch
             h.proxy.dns_timeout = 1.0
             try:
                 asks = [
-                    h.ask(f"CONNECT slow.example:443 HTTP/1.1\r\n{h.auth()}\r\n")
-                    for _ in range(40)
+                    h.ask(f"CONNECT slow.example:443 HTTP/1.1\r\n{h.auth()}\r\n") for _ in range(40)
                 ]
                 pending = asyncio.gather(*asks)
                 await asyncio.sleep(0.3)
@@ -365,3 +369,117 @@ def test_slow_name_lookups_cannot_starve_the_gateways_worker_threads(monkeypatch
             assert lookups["most"] <= EgressProxy.DNS_THREADS, lookups
 
     run(go())
+
+
+def test_a_sessions_secret_in_a_denied_host_is_masked_in_logs_and_reports(caplog):
+    secret = "s3cretvalue42"
+
+    async def go():
+        async with Harness(["allowed.example"]) as h:
+            h.proxy.redact = lambda session_id, text: text.replace(secret, f"***{session_id}***")
+            await h.ask(f"CONNECT {secret}.exfil.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
+            (denial,) = h.denials
+            assert denial.target == "***s1***.exfil.invalid:443"
+            assert secret not in denial.reason
+
+    with caplog.at_level("DEBUG", logger="gateway.sandbox.egress"):
+        run(go())
+    assert "***s1***" in caplog.text and secret not in caplog.text
+
+
+def client_hello(server_name: str) -> bytes:
+    """A real TLS ClientHello naming ``server_name``, from the ssl module."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_every_connection_is_recorded_with_its_rule_sni_bytes_and_decision():
+    async def go():
+        async with Harness(["127.0.0.1", "allowed.example"]) as h:
+            records = []
+            h.proxy.on_connection = records.append
+            reply, reader, writer = await h.ask(
+                f"CONNECT 127.0.0.1:{h.up_port} HTTP/1.1\r\n{h.auth()}\r\n"
+            )
+            assert reply.startswith(b"HTTP/1.1 200")
+            hello = client_hello("sni.example")
+            writer.write(hello + b"\r\n\r\n")
+            await writer.drain()
+            await reader.read(64)  # the upstream answers, then closes
+            writer.close()
+            await h.ask(f"CONNECT unlisted.invalid:443 HTTP/1.1\r\n{h.auth()}\r\n")
+            for _ in range(100):
+                if len(records) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            allowed, denied = records
+            assert (allowed.session_id, allowed.method, allowed.host, allowed.port) == (
+                "s1", "CONNECT", "127.0.0.1", h.up_port
+            )  # fmt: skip
+            assert allowed.decision == "allowed" and allowed.rule == "127.0.0.1"
+            assert allowed.sni == "sni.example", "the TLS server name was not read"
+            assert allowed.bytes_up == len(hello) + 4 and allowed.bytes_down > 0
+            assert allowed.duration_ms > 0
+            assert (denied.decision, denied.rule, denied.host) == (
+                "denied",
+                None,
+                "unlisted.invalid",
+            )
+            assert "allowlist" in denied.reason and denied.bytes_up == denied.bytes_down == 0
+
+    run(go())
+
+
+@pytest.mark.parametrize("cut", [0, 5, 9, 40, 100])
+def test_a_cut_or_garbled_client_hello_is_no_name(cut):
+    hello = client_hello("sni.example")
+    assert server_name(hello) == "sni.example"
+    assert server_name(hello[:cut]) is None
+    assert server_name(b"\x16\x03\x01\xff\xff" + b"\xff" * cut) is None
+def test_a_first_connection_waits_for_the_host_hook_once_per_host():
+    async def scenario():
+        async with Harness(["127.0.0.1"]) as h:
+            asked: list[str] = []
+            answer = asyncio.get_running_loop().create_future()
+
+            async def hook(session_id: str, target: str) -> bool:
+                asked.append(f"{session_id} {target}")
+                return await answer
+
+            h.proxy.on_new_host = hook
+            target = f"127.0.0.1:{h.up_port}"
+            head = f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{h.auth()}\r\n"
+            first = asyncio.ensure_future(h.ask(head))
+            second = asyncio.ensure_future(h.ask(head))
+            await asyncio.sleep(0.3)
+            assert not first.done() and not second.done(), "the connections did not wait"
+            answer.set_result(True)
+            replies = [(await first)[0], (await second)[0]]
+            third, _, _ = await h.ask(head)
+            h.proxy.on_new_host = None
+            return asked, replies, third
+
+    asked, replies, third = run(scenario())
+    assert len(asked) == 1 and asked[0].startswith("s1 127.0.0.1:"), asked
+    assert all(r.startswith(b"HTTP/1.1 200") for r in [*replies, third]), replies
+
+
+def test_a_host_the_hook_refuses_is_a_reported_403():
+    async def scenario():
+        async with Harness(["127.0.0.1"]) as h:
+
+            async def hook(session_id: str, target: str) -> bool:
+                return False
+
+            h.proxy.on_new_host = hook
+            target = f"127.0.0.1:{h.up_port}"
+            reply, _, _ = await h.ask(f"CONNECT {target} HTTP/1.1\r\n{h.auth()}\r\n")
+            return reply, h.denials, h.received
+
+    reply, denials, received = run(scenario())
+    assert reply.startswith(b"HTTP/1.1 403"), reply
+    assert denials and "not approved" in denials[-1].reason
+    assert received == [], "the refused host was connected to"

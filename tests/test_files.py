@@ -34,7 +34,8 @@ def test_50mb_round_trip_is_streamed(gateway, new_session):
 
     r = api.put(f"/v1/sessions/{sid}/files/in/blob.bin", content=chunks())
     assert r.status_code == 201, r.text
-    assert r.json() == {"path": "in/blob.bin", "size": len(data)}
+    digest = hashlib.sha256(data).hexdigest()
+    assert r.json() == {"path": "in/blob.bin", "size": len(data), "sha256": digest}
     digest = hashlib.sha256()
     with api.stream("GET", f"/v1/sessions/{sid}/files/in/blob.bin") as response:
         assert response.status_code == 200

@@ -371,3 +371,37 @@ def test_none_sessions_keep_no_network_on_an_egress_gateway(egress_gateway, engi
         assert engine.api.inspect_container(f"sbx-{sid}")["HostConfig"]["NetworkMode"] == "none"
     finally:
         egress_gateway.client.delete(f"/v1/sessions/{sid}")
+
+
+def test_every_connection_is_recorded_per_session_and_execution(
+    egress_gateway, egress_session, local_index
+):
+    api = egress_gateway.client
+    sid = egress_session(["127.0.0.1"])
+    code = FETCH + (
+        f"print(fetch('http://{local_index}/hello.txt'))\nprint(fetch('http://unlisted.example/'))"
+    )
+    run(api, sid, code)
+    (execution,) = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    page = api.get(f"/v1/sessions/{sid}/network")
+    assert page.status_code == 200 and page.json()["next"] is None
+    allowed, denied = page.json()["connections"]
+    assert allowed["host"] == "127.0.0.1" and allowed["port"] == int(local_index.split(":")[1])
+    assert (allowed["method"], allowed["decision"], allowed["rule"]) == (
+        "GET",
+        "allowed",
+        "127.0.0.1",
+    )
+    assert allowed["bytes_down"] > len("hello from the host") and allowed["duration_ms"] > 0
+    assert (denied["host"], denied["decision"], denied["rule"]) == (
+        "unlisted.example",
+        "denied",
+        None,
+    )
+    assert {allowed["execution_id"], denied["execution_id"]} == {execution["id"]}
+    assert execution["network"]["connections"] == 2 and execution["network"]["refused"] == 1
+    cell = api.get(f"/v1/sessions/{sid}/notebook").json()["cells"][0]
+    assert cell["metadata"]["sbx"]["network"]["hosts"] == ["127.0.0.1", "unlisted.example"]
+    assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 1}).json()["next"]
+    assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
+    assert api.get("/v1/sessions/no-such/network").status_code == 404

@@ -27,11 +27,22 @@ TOOLS = {
     "list_files",
     "export_notebook",
     "delete_session",
+    "snapshot",
+    "fork",
 }
 PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
     "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n"
 )
+
+
+def stdio_params(gateway) -> StdioServerParameters:
+    """``sbx mcp`` over stdio, with this checkout on its path (the SDK passes little env)."""
+    token = getattr(gateway, "token", "")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    return StdioServerParameters(
+        command=SBX, args=["mcp", "--url", gateway.url, "--token", token], env=env
+    )
 
 
 def _texts(result) -> list[str]:
@@ -95,10 +106,7 @@ async def _chart_file(client: Client):
 
 
 def test_stdio_server_serves_every_tool(gateway, api):
-    token = getattr(gateway, "token", "")
-    params = StdioServerParameters(
-        command=SBX, args=["mcp", "--url", gateway.url, "--token", token]
-    )
+    params = stdio_params(gateway)
 
     async def scenario():
         async with Client(params) as client:
@@ -237,3 +245,30 @@ def test_streamable_http_server(gateway):
     assert second.content[0].text == "[stdout]\n42\n"
     assert not deleted.is_error
     assert json.dumps(second.structured_content)  # plain JSON for any client
+
+
+def test_an_agent_tries_two_paths_from_one_snapshot(gateway):
+    params = stdio_params(gateway)
+
+    async def scenario() -> list[str]:
+        async with Client(params) as client:
+            created = await client.call_tool("create_session", {})
+            sid = created.structured_content["session_id"]
+            await client.call_tool("run_code", {"session_id": sid, "code": "base = 100"})
+            snap = await client.call_tool("snapshot", {"session_id": sid, "name": "start"})
+            assert not snap.is_error, _texts(snap)
+            snapshot_id = snap.structured_content["snapshot_id"]
+            answers = []
+            for step in ("base + 1", "base * 2"):
+                fork = await client.call_tool("fork", {"snapshot_id": snapshot_id})
+                assert not fork.is_error, _texts(fork)
+                child = fork.structured_content["session_id"]
+                ran = await client.call_tool("run_code", {"session_id": child, "code": step})
+                answers += _texts(ran)
+                await client.call_tool("delete_session", {"session_id": child})
+            missing = await client.call_tool("fork", {"snapshot_id": "nope"})
+            answers.append(str(missing.is_error))
+            await client.call_tool("delete_session", {"session_id": sid})
+            return answers
+
+    assert asyncio.run(scenario()) == ["101", "200", "True"]

@@ -28,6 +28,7 @@ from tornado.websocket import websocket_connect
 pytestmark = pytest.mark.docker
 
 USER_TOKEN = "acme-user-token-5d1e"
+AGENT_TOKEN, APPROVER_TOKEN = "review-agent-token-81c2", "review-approver-token-0b9e"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,14 @@ def gw(start_gateway):
     tokens_file = data_dir / "tokens.toml"
     digest = hashlib.sha256(USER_TOKEN.encode()).hexdigest()
     tokens_file.write_text(
-        f'[[tokens]]\ntenant = "acme"\nsha256 = "{digest}"\n\n[tenants.acme]\nmax_sessions = 1\n'
+        f'[[tokens]]\ntenant = "acme"\nsha256 = "{digest}"\n\n'
+        f'[[tokens]]\ntenant = "review"\ntoken = "{AGENT_TOKEN}"\n\n'
+        f'[[tokens]]\ntenant = "review"\ntoken = "{APPROVER_TOKEN}"\napprover = true\n\n'
+        "[tenants.acme]\nmax_sessions = 1\n"
+    )
+    (data_dir / "policies").mkdir()
+    (data_dir / "policies" / "review.toml").write_text(
+        'mode = "enforce"\n[rules]\nshell = "hold"\nsecrets = "deny"\n'
     )
     return start_gateway(
         "--tokens-file", str(tokens_file), "--runtimes", "runc", "--network-policies", "none",
@@ -113,7 +121,7 @@ def test_session_lifecycle_and_its_errors(admin):
     assert created.status_code == 201 and created.json()["id"] == chosen
     listed = admin.get("/v1/sessions", params={"metadata.agent": "a1", "state": "idle"})
     assert [s["id"] for s in listed.json()["sessions"]] == [chosen]
-    assert admin.get(f"/v1/sessions/{chosen}").json()["env"] == {"MODE": "fast"}
+    assert admin.get(f"/v1/sessions/{chosen}").json()["env"] == ["MODE"], "names, not values"
     patched = admin.patch(f"/v1/sessions/{chosen}", json={"ttl": 900, "idle_timeout": None})
     assert patched.status_code == 200 and patched.json()["ttl"] == 900
     assert code_of(admin.patch(f"/v1/sessions/{chosen}", json={"kernel": "x"})) == "bad_request"
@@ -135,6 +143,7 @@ def test_session_lifecycle_and_its_errors(admin):
         ({"ttl": 0}, 422, "limit_exceeded"),
         ({"metadata": {"k": [1]}}, 400, "bad_request"),
         ({"env": {"1BAD": "x"}}, 400, "bad_request"),
+        ({"secrets": ["NO_SUCH_SECRET"]}, 400, "bad_request"),
     ]
     for request, status, code in refusals:
         r = admin.post("/v1/sessions", json=request)
@@ -194,6 +203,9 @@ def test_execute_outcomes_history_and_notebook(admin, sid):
     page = admin.get(f"/v1/sessions/{sid}/history", params={"limit": 2}).json()
     assert len(page["executions"]) == 2 and page["next"] == page["executions"][-1]["id"]
     assert admin.get(f"/v1/sessions/{sid}/history", params={"limit": 0}).status_code == 400
+    network = admin.get(f"/v1/sessions/{sid}/network")
+    assert network.json() == {"connections": [], "next": None}, "no network: no connections"
+    assert admin.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
     notebook = admin.get(f"/v1/sessions/{sid}/notebook")
     assert notebook.status_code == 200 and notebook.json()["cells"][0]["cell_type"] == "markdown"
     bare = admin.get(f"/v1/sessions/{sid}/notebook", params={"descriptions": "false"}).json()
@@ -214,10 +226,48 @@ def test_a_dead_kernel_is_a_409_until_restarted(admin, sid, engine):
     assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
 
 
+def test_pause_resume_and_their_errors(admin, sid):
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a = 1"}).status_code == 200
+    assert code_of(admin.post(f"/v1/sessions/{sid}/resume")) == "not_paused"
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": 3}).status_code == 400
+    refused = admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "checkpoint"})
+    assert code_of(refused) == "strategy_unavailable"
+    paused = admin.post(f"/v1/sessions/{sid}/pause")
+    assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
+    assert admin.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "namespace"
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a"}).json()["resumed"]
+    assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "replay"}).status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/resume").json()["differed"] == []
+    for path in ("pause", "resume"):
+        assert admin.post(f"/v1/sessions/nope/{path}").status_code == 404
+
+
+def test_snapshots_forks_and_their_errors(admin, sid):
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "b = 2"}).status_code == 200
+    assert admin.post(f"/v1/sessions/{sid}/snapshots", json={"name": 5}).status_code == 400
+    taken = admin.post(f"/v1/sessions/{sid}/snapshots", json={"name": "s"})
+    assert taken.status_code == 201, taken.text
+    snap = taken.json()["id"]
+    assert admin.get(f"/v1/sessions/{sid}/snapshots").json()["snapshots"][0]["id"] == snap
+    assert admin.get(f"/v1/snapshots/{snap}").json()["name"] == "s"
+    fork = admin.post("/v1/sessions", json={"from_snapshot": snap, "limits": {"disk": "16m"}})
+    assert fork.status_code == 201 and fork.json()["forked_from"]["snapshot_id"] == snap, fork.text
+    assert admin.delete(f"/v1/sessions/{fork.json()['id']}").status_code == 204
+    wrong = admin.post("/v1/sessions", json={"from_snapshot": snap, "kernel": "bash"})
+    assert wrong.status_code == 409, wrong.text
+    assert admin.delete(f"/v1/snapshots/{snap}").status_code == 204
+    for method in ("get", "delete"):
+        assert code_of(getattr(admin, method)(f"/v1/snapshots/{snap}")) == "snapshot_not_found"
+    assert code_of(admin.post("/v1/sessions", json={"from_snapshot": snap})) == "snapshot_not_found"
+    assert admin.get("/v1/sessions/nope/snapshots").status_code == 404
+    assert admin.post("/v1/sessions/nope/snapshots").status_code == 404
+
+
 def test_files_both_ways_and_their_errors(admin, sid):
     files = f"/v1/sessions/{sid}/files"
     put = admin.put(f"{files}/data/in.csv", content=b"a,b\n1,2\n")
-    assert put.status_code == 201 and put.json() == {"path": "data/in.csv", "size": 8}
+    digest = hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    assert put.json() == {"path": "data/in.csv", "size": 8, "sha256": digest}, put.text
     assert admin.get(f"{files}/data/in.csv").content == b"a,b\n1,2\n"
     batch = admin.post(
         files, params={"path": "data"}, files={"one": ("x.txt", b"x"), "two": ("y.txt", b"yy")}
@@ -264,6 +314,21 @@ def test_replay_and_its_errors(admin, sid):
     assert out_of_range.status_code == 400
 
 
+def test_secrets_are_write_only(admin):
+    created = admin.post("/v1/secrets", json={"name": "DOC_KEY", "value": "doc-value-1"})
+    assert created.status_code == 201, created.text
+    assert code_of(admin.post("/v1/secrets", json={"name": "DOC_KEY", "value": "x"})) == "conflict"
+    assert admin.post("/v1/secrets", json={"name": "no spaces", "value": "x"}).status_code == 400
+    assert admin.post("/v1/secrets", json={"name": "BIG", "value": "x" * 70_000}).status_code == 413
+    assert admin.put("/v1/secrets/DOC_KEY", json={"value": "doc-value-2"}).status_code == 200
+    assert admin.put("/v1/secrets/DOC_NEW", json={"value": "doc-value-3"}).status_code == 201
+    assert admin.put("/v1/secrets/DOC_NEW", json={}).status_code == 400
+    assert [s["name"] for s in admin.get("/v1/secrets").json()["secrets"]] == ["DOC_KEY", "DOC_NEW"]
+    for name in ("DOC_KEY", "DOC_NEW"):
+        assert admin.delete(f"/v1/secrets/{name}").status_code == 204
+    assert code_of(admin.delete("/v1/secrets/DOC_KEY")) == "not_found"
+
+
 def test_audit_is_for_admins(admin, user):
     events = admin.get("/v1/audit", params={"action": "session.create", "limit": 5})
     assert events.status_code == 200 and events.json()["events"]
@@ -271,6 +336,47 @@ def test_audit_is_for_admins(admin, user):
     assert admin.get("/v1/audit", params={"limit": 0}).status_code == 400
     assert admin.get("/v1/audit", params={"limit": "many"}).status_code == 400
     assert code_of(user.get("/v1/audit")) == "forbidden"
+
+
+def test_approvals_and_policies(gw, contract, admin):
+    agent, approver = contract.client(AGENT_TOKEN), contract.client(APPROVER_TOKEN)
+    sid = agent.post("/v1/sessions", json={"policy": {"rules": {"network": "hold"}}}).json()["id"]
+    try:
+        shell = {"code": "import os\nos.system('true')"}
+        held = agent.post(f"/v1/sessions/{sid}/execute", json=shell)
+        assert held.status_code == 202, held.text
+        approval_id = held.json()["approval_id"]
+        pending = approver.get("/v1/approvals", params={"state": "pending"})
+        assert [a["id"] for a in pending.json()["approvals"]] == [approval_id]
+        assert approver.get(f"/v1/approvals/{approval_id}").status_code == 200
+        assert code_of(agent.post(f"/v1/approvals/{approval_id}/approve", json={})) == "forbidden"
+        r = approver.post(f"/v1/approvals/{approval_id}/approve", json={"reason": "fine"})
+        assert r.status_code == 200 and r.json()["state"] == "approved"
+        again = approver.post(f"/v1/approvals/{approval_id}/deny", json={})
+        assert code_of(again) == "already_decided"
+        second = agent.post(f"/v1/sessions/{sid}/execute", json=shell).json()["approval_id"]
+        assert approver.post(f"/v1/approvals/{second}/deny", json={}).status_code == 200
+        refused = agent.post(f"/v1/sessions/{sid}/execute", json={"code": "open('/etc/shadow')"})
+        assert code_of(refused) == "denied"
+        history = agent.get(f"/v1/sessions/{sid}/history").json()["executions"]
+        assert [e["status"] for e in history] == ["ok", "denied", "denied"]
+        assert approver.get("/v1/approvals", params={"state": "denied"}).json()["approvals"]
+        assert code_of(approver.get("/v1/approvals", params={"state": "maybe"})) == "bad_request"
+        missing = approver.post(f"/v1/approvals/{'0' * 32}/approve", json={})
+        assert code_of(missing) == "approval_not_found"
+    finally:
+        agent.delete(f"/v1/sessions/{sid}")
+    page = contract.client().get("/approvals")
+    assert page.status_code == 200 and "Pending approvals" in page.text
+    assert admin.get("/v1/policies/review").json()["policy"]["mode"] == "enforce"
+    assert code_of(agent.get("/v1/policies/review")) == "forbidden"
+    yaml = {"Content-Type": "application/yaml"}
+    malformed = "mode: enforce\nrules: {shell: x}\n"
+    bad = admin.put("/v1/policies/other", content=malformed, headers=yaml)
+    assert code_of(bad) == "policy_invalid" and "line 2" in bad.json()["error"]["message"]
+    good = admin.put("/v1/policies/other", content="mode: report\n", headers=yaml)
+    assert good.status_code == 200
+    assert admin.post("/v1/policies/reload").json()["tenants"] == ["other", "review"]
 
 
 def test_websocket_endpoints_refuse_with_json_errors(gw, contract, admin, anonymous, sid):

@@ -46,6 +46,7 @@ def test_generated_requests_get_only_documented_answers(start_gateway, engine, t
         "--max-timeout", "10", "--interrupt-grace", "1", "--kernel-start-timeout", "30",
         "--runtimes", "runc", "--network-policies", "none", "--max-code-size", "64k",
         "--max-request-body", "256k", "--reconnect-grace", "1",
+        "--approval-timeout", "2",  # a policy it PUTs may hold executes: let them end soon
     )  # fmt: skip
     started = time.monotonic()
     run = subprocess.run(

@@ -23,6 +23,12 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from gateway.access.auth import Principal, Quota
 from gateway.config import Settings
+from gateway.errors import StrategyUnavailable
+from gateway.notebooks.compare import diff_outputs
+from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.book import PolicyBook
+from gateway.policy.gate import Gate
+from gateway.policy.scan import Scanner
 from gateway.sandbox.base import Placement, SandboxRequest, SandboxState
 from gateway.sandbox.egress import EgressOptions
 from gateway.sandbox.isolation.manager import IsolationManager, IsolationOptions
@@ -31,7 +37,9 @@ from gateway.sandbox.workspace import Workspace
 from gateway.sessions.lifecycle import SandboxLifecycle
 from gateway.sessions.manager import SessionManager
 from gateway.sessions.pool import WarmPool
-from gateway.sessions.requests import CreateSession, ExecuteCode
+from gateway.sessions.requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot
+from gateway.sessions.snapshots import Snapshots
+from gateway.sessions.state import KernelState
 from gateway.store.sqlite import Store
 
 WHO = Principal(tenant="default", token_id="test")
@@ -164,7 +172,13 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
     sessions: dict = {}
     pool = WarmPool(lifecycle, s.pool, 1, s.max_sessions, live=sessions)
     quota = lambda tenant: Quota(4, 8 * 2**30, 8 * 2**30)  # noqa: E731
-    manager = SessionManager(s, lifecycle, store, pool, quota, sessions, clock)
+    desk = ApprovalDesk(store, s.approval_timeout, live=sessions.__contains__)
+    gate = Gate(PolicyBook(tmp_path / "policies"), Scanner(), desk)
+    state = KernelState(lifecycle, store, diff_outputs, s.interrupt_grace)
+    snapshots = Snapshots(short / "snapshots", store, state, quota, s.max_archive_size)
+    manager = SessionManager(
+        s, lifecycle, store, pool, quota, sessions, state, snapshots, clock, gate=gate
+    )
     return manager, placement, store
 
 
@@ -214,6 +228,32 @@ def test_the_clock_decides_when_a_session_has_lived_its_ttl(tmp_path, kernels_di
             await manager.cull()
             assert session.state == "deleted" and session.reason == "ttl expired after 60 s"
             assert placement.removed == [session.id]
+        finally:
+            await stopped(manager, store)
+
+    asyncio.run(scenario())
+
+
+def test_a_placement_sharing_no_directory_with_its_kernels_cannot_pause(tmp_path, kernels_dir):
+    """The Swarm's limit: kernels on other nodes pass no saved state to this host."""
+    now = [time.time()]
+
+    async def scenario() -> None:
+        manager, _, store = build(tmp_path, kernels_dir, clock=lambda: now[0])
+        await started(manager, store)
+        try:
+            session = await manager.create(CreateSession(idle_timeout=10, idle_action="pause"), WHO)
+            for refused in (
+                manager.pause(session.id, WHO, PauseSession()),
+                manager.snapshot(session.id, WHO, TakeSnapshot()),
+            ):
+                with pytest.raises(StrategyUnavailable, match="local placement keeps no"):
+                    await refused
+            assert session.state == "idle", "a refused pause leaves the session running"
+            session.last_activity = now[0] - 11
+            await manager.cull()
+            assert session.state == "deleted", "an idle session that cannot pause ends"
+            assert session.reason.startswith("idle for 10 s (the local placement"), session.reason
         finally:
             await stopped(manager, store)
 

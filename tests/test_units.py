@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -285,6 +286,26 @@ def test_store_prunes_history_past_its_retention_in_batches(tmp_path, monkeypatc
     assert again == newest + 1, "a pruned execution's id was handed out again"
 
 
+def test_store_prunes_egress_connections_past_the_history_age(tmp_path):
+    from gateway.store.sqlite import Retention
+
+    def connection(at: str) -> dict:
+        return {"at": at, "host": "h.example", "decision": "allowed", "bytes_up": 1,
+                "bytes_down": 2, "sni": None}  # fmt: skip
+
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3", Retention(max_age=3600))
+        await store.open()
+        await store.add_connection("s", None, connection("2020-01-01T00:00:00.000Z"))
+        await store.add_connection("s", None, connection("2999-01-01T00:00:00.000Z"))
+        await store.prune()
+        page, _ = await store.connections("s")
+        await store.close()
+        return [c["at"] for c in page]
+
+    assert asyncio.run(scenario()) == ["2999-01-01T00:00:00.000Z"]
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io
@@ -395,7 +416,7 @@ def test_the_async_workspace_does_its_file_work_off_the_event_loop(tmp_path):
     async def scenario():
         loop_thread = threading.get_ident()
         await workspace.baseline()
-        assert await workspace.save("d/a.txt", b"hello") == 5
+        assert (await workspace.save("d/a.txt", b"hello")).size == 5
         upload = await workspace.open_write("d/b.bin")
         await upload.write(b"x" * 1000)
         await upload.finish(True)
@@ -441,7 +462,9 @@ def test_artifacts_of_a_small_workspace_are_found_on_the_loop(tmp_path):
         ("plot.png", "created", "image/png")
     ]
     assert [(a["path"], a["change"], a["size"]) for a in second] == [("plot.png", "modified", 4)]
-    assert sync.threads == {loop_thread}
+    assert loop_thread in sync.threads, "the small workspace was not walked on the loop"
+    # Hashing what changed reads files: that alone goes to a worker thread.
+    assert second[0]["sha256"] == hashlib.sha256(b"png2").hexdigest()
 
 
 def test_an_upload_discarded_mid_write_leaves_nothing(tmp_path):

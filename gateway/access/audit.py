@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from ..sandbox.egress.proxy import EgressDenial
+from ..sandbox.packages import Install
 from ..sandbox.workspace import iso
 from ..store.sqlite import Store
 from .auth import Principal, token_id
@@ -75,6 +76,22 @@ class AuditLog:
         written = self.store.add_audit(event)
         written.add_done_callback(_report_failure)
 
+    def approval(self, doc: dict[str, Any], who: Principal | None) -> None:
+        """Record a held execute's request or decision: who, when, what (by hash), why."""
+        self.record(
+            f"approval.{doc['state']}",
+            who or Principal(tenant=doc["tenant"], token_id=doc["decided_by"] or "gateway"),
+            "ok",
+            session_id=doc["session_id"],
+            detail={
+                "approval_id": doc["id"],
+                "requested_by": doc["requested_by"],
+                "reasons": doc["reasons"],
+                "reason": doc["reason"],
+                **code_facts(doc["code"]),
+            },
+        )
+
     def auth_failure(self, remote: str | None, method: str, path: str, token: str | None) -> bool:
         """Record a refused token (401), folded per address and minute.
 
@@ -122,6 +139,20 @@ class AuditLog:
                 "suppressed": denial.suppressed,
             },
         )
+
+    def package_install(self, install: Install, owner: Principal | None) -> None:
+        """Record a package file a session installed from the cache, or one its policy refused."""
+        detail = {
+            "name": install.name,
+            "version": install.version,
+            "filename": install.filename,
+        }
+        if install.refused is not None:
+            self.record("package.refused", owner, "denied", session_id=install.session_id,
+                        detail={**detail, "reason": install.refused})  # fmt: skip
+            return
+        detail.update(size=install.size, sha256=install.sha256, cached=install.cached)
+        self.record("package.install", owner, "ok", session_id=install.session_id, detail=detail)
 
     async def events(
         self, filters: dict[str, str], since: str | None, until: str | None, limit: int

@@ -16,10 +16,19 @@ on them. The tokens file::
     token = "..."
     admin = true                           # sees every tenant, reads the audit log
 
+    [[tokens]]
+    tenant = "acme"
+    token = "..."
+    approver = true                        # decides acme's held executes (docs/approvals.md)
+
     [tenants.acme]                         # quotas; defaults come from settings
     max_sessions = 10
     max_memory = "8g"
     max_disk = "40g"                       # the sum of its sessions' workspace sizes
+    package_allow = ["numpy", "pandas==2.2.3"]   # from the package cache; empty: any
+    package_deny = ["evil-pkg"]
+    max_snapshots = 20                     # snapshots it keeps
+    max_snapshot_bytes = "10g"             # their sizes on disk, added up
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ class Principal:
     tenant: str
     admin: bool = False
     token_id: str = ""  # a prefix of the token's digest: names it in logs, reveals nothing
+    approver: bool = False  # may approve or deny its tenant's held executes
 
     def owns(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant
@@ -62,6 +72,10 @@ class Quota:
     max_sessions: int
     max_memory: int
     max_disk: int  # workspaces are real disk on the host, so their sizes add up too
+    package_allow: tuple[str, ...] = ()  # what its sessions may install (empty: any)
+    package_deny: tuple[str, ...] = ()
+    max_snapshots: int = 64  # snapshots it keeps (they outlive sessions)
+    max_snapshot_bytes: int = 16 * 2**30  # their sizes on disk, added up
 
 
 def digest(token: str) -> str:
@@ -92,6 +106,10 @@ class Authenticator:
             max_sessions=settings.tenant_max_sessions,
             max_memory=settings.tenant_max_memory,
             max_disk=settings.tenant_max_disk,
+            package_allow=settings.package_allow,
+            package_deny=settings.package_deny,
+            max_snapshots=settings.tenant_max_snapshots,
+            max_snapshot_bytes=settings.tenant_max_snapshot_bytes,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -142,8 +160,8 @@ def presented_token(authorization: str | None, query_token: str | None) -> str |
     return query_token or None
 
 
-def _principal(token_digest: str, tenant: str, admin: bool) -> Principal:
-    return Principal(tenant=tenant, admin=admin, token_id=token_digest[:12])
+def _principal(token_digest: str, tenant: str, admin: bool, approver: bool = False) -> Principal:
+    return Principal(tenant=tenant, admin=admin, token_id=token_digest[:12], approver=approver)
 
 
 def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal], dict[str, Quota]]:
@@ -162,15 +180,30 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             token_digest = digest(str(entry["token"]))
         else:
             raise ConfigError(f"{path}: token #{n} needs sha256 (preferred) or token")
-        principals[token_digest] = _principal(token_digest, tenant, bool(entry.get("admin")))
+        principals[token_digest] = _principal(
+            token_digest, tenant, bool(entry.get("admin")), bool(entry.get("approver"))
+        )
     quotas = {}
     for tenant, values in data.get("tenants", {}).items():
         quotas[tenant] = Quota(
             max_sessions=int(values.get("max_sessions", default.max_sessions)),
             max_memory=parse_size(values.get("max_memory", default.max_memory), "max_memory"),
             max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
+            package_allow=_names(values, "package_allow", default.package_allow, path),
+            package_deny=_names(values, "package_deny", default.package_deny, path),
+            max_snapshots=int(values.get("max_snapshots", default.max_snapshots)),
+            max_snapshot_bytes=parse_size(
+                values.get("max_snapshot_bytes", default.max_snapshot_bytes), "max_snapshot_bytes"
+            ),
         )
     return principals, quotas
+
+
+def _names(values: dict, key: str, default: tuple[str, ...], path: Path) -> tuple[str, ...]:
+    found = values.get(key, default)
+    if not isinstance(found, list | tuple) or not all(isinstance(v, str) for v in found):
+        raise ConfigError(f'{path}: {key} must be a list of package names, e.g. ["numpy"]')
+    return tuple(found)
 
 
 def _generated_token(data_dir: Path) -> str:

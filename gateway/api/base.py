@@ -29,6 +29,7 @@ import tornado.websocket
 
 from ..access.audit import AuditLog, code_facts
 from ..access.auth import Authenticator, Principal, presented_token
+from ..access.secrets import SecretVault
 from ..errors import (
     BadRequest,
     Forbidden,
@@ -96,6 +97,10 @@ class GatewayHandlerMixin:
     @property
     def audit(self) -> AuditLog:
         return self.settings["sbx_audit"]
+
+    @property
+    def secrets(self) -> SecretVault:
+        return self.settings["sbx_secrets"]
 
     def authenticate(self) -> Principal:
         """Who is calling; a missing or bad token is audited and refused with 401."""

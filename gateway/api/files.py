@@ -6,7 +6,7 @@ import urllib.parse
 
 import tornado.web
 
-from ..errors import BadRequest, FileTooLarge, GatewayError
+from ..errors import BadRequest, Denied, FileTooLarge, GatewayError
 from ..sandbox.files import AsyncReader, AsyncUpload, AsyncWorkspace
 from .base import JSONHandler
 
@@ -30,7 +30,7 @@ class FilesHandler(JSONHandler):
         path = self.get_argument("path", "")
         fmt = self.get_argument("format", None)
         if fmt is not None:
-            await _send_archive(self, workspace, path, fmt)
+            await _send_archive(self, workspace, session_id, path, fmt)
             return
         self.send({"path": path, **await workspace.list(path)})
 
@@ -40,21 +40,29 @@ class FilesHandler(JSONHandler):
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
             raise BadRequest("send the files as multipart/form-data parts with a filename")
-        if sum(len(f.body) for f in files) > await workspace.free_bytes():
+        size = sum(len(f.body) for f in files)
+        self.manager.check_file(session_id, self.principal, "upload", size)
+        if size > await workspace.free_bytes():
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
         saved = []
         for part in files:
             path = f"{directory}/{part.filename}" if directory else part.filename
-            saved.append({"path": path, "size": await workspace.save(path, part.body)})
+            upload = await workspace.save(path, part.body)
+            saved.append({"path": path, "size": upload.size, "sha256": upload.sha256})
         self.audit_detail["files"] = saved
         self.send({"files": saved}, status=201)
 
 
 async def _send_archive(
-    handler: JSONHandler, workspace: AsyncWorkspace, path: str, fmt: str
+    handler: JSONHandler, workspace: AsyncWorkspace, session_id: str, path: str, fmt: str
 ) -> None:
-    """Stream a directory's archive as it is made; one past the size limit is a 413."""
-    source = await workspace.archive(path, fmt, handler.manager.settings.max_archive_size)
+    """Stream a directory's archive as it is made; one past the size limit is a 413.
+
+    The limit is the smaller of ``max_archive_size`` and the policy's ``max_download``.
+    """
+    limit = handler.manager.settings.max_archive_size
+    policy_limit = handler.manager.check_file(session_id, handler.principal, "download")
+    source = await workspace.archive(path, fmt, min(limit, policy_limit or limit))
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
@@ -72,12 +80,16 @@ def _attachment(handler: JSONHandler, name: str) -> None:
 
 
 async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
-    """Copy a file to the response a chunk at a time, waiting for the client."""
+    """Copy a file to the response a chunk at a time, waiting for the client.
+
+    What was sent is recorded (audited) with its size and SHA-256.
+    """
     async with source:
         await handler.flush()  # the headers at once: an archive's first piece may take a moment
         while chunk := await source.read():
             handler.write(chunk)
             await handler.flush()
+    handler.audit_detail.update(size=source.size, sha256=source.sha256)
     handler.finish()
 
 
@@ -90,7 +102,7 @@ class FileHandler(JSONHandler):
     drop the connection, and the client sees a reset instead of the error.
     """
 
-    actions = {"PUT": "files.upload", "DELETE": "files.delete"}
+    actions = {"PUT": "files.upload", "GET": "files.download", "DELETE": "files.delete"}
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
@@ -108,9 +120,11 @@ class FileHandler(JSONHandler):
             raise self.refusal
 
     async def _start_upload(self) -> None:
-        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
+        session_id = self.path_kwargs["session_id"]
+        workspace = self.manager.files(session_id, self.principal)
         free = await workspace.free_bytes()
         declared = int(self.request.headers.get("Content-Length", 0) or 0)
+        self.manager.check_file(session_id, self.principal, "upload", declared)
         if declared > free:
             raise FileTooLarge(
                 f"{declared} bytes do not fit: the workspace has {free} bytes free "
@@ -134,8 +148,9 @@ class FileHandler(JSONHandler):
         await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
-        self.audit_detail.update(path=path, size=upload.size)
-        self.send({"path": path, "size": upload.size}, status=201)
+        saved = {"path": path, "size": upload.size, "sha256": upload.sha256}
+        self.audit_detail.update(saved)
+        self.send(saved, status=201)
 
     def on_finish(self) -> None:
         self._discard()
@@ -153,10 +168,16 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         workspace = self.manager.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
+        self.audit_detail["path"] = path
         if fmt is not None:
-            await _send_archive(self, workspace, path, fmt)
+            await _send_archive(self, workspace, session_id, path, fmt)
             return
         source, info = await workspace.open_read(path)
+        try:
+            self.manager.check_file(session_id, self.principal, "download", info.st_size)
+        except Denied:
+            await source.aclose()
+            raise
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         _attachment(self, path.rsplit("/", 1)[-1])
@@ -166,6 +187,7 @@ class FileHandler(JSONHandler):
         self._answer_refusal()
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
+        self.manager.check_file(session_id, self.principal, "delete")
         await workspace.remove(path)
         self.set_status(204)
         self.finish()

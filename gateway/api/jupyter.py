@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BadRequest, NotFound
+from ..errors import BadRequest, Denied, NotFound
 from ..relays.jupyter_channels import KernelChannels
 from ..sessions.model import Session
 from ..sessions.requests import CreateSession
@@ -162,6 +162,7 @@ class ChannelsHandler(JSONWebSocketHandler):
 
     async def open(self, kernel_id: str) -> None:
         self.set_nodelay(True)  # see JSONWebSocketHandler
+        await self.manager.wake(kernel_id, self.principal)  # a paused kernel resumes first
         if self.resuming:
             self.relay.resume(self._deliver)
         else:
@@ -185,6 +186,8 @@ class ChannelsHandler(JSONWebSocketHandler):
             self.relay.send(msg)
         except (ValueError, TypeError) as e:
             self.send({"channel": "error", "error": f"message refused: {e}"})
+        except Denied as e:  # the session's policy refused (or would hold) the code
+            self.send({"channel": "error", "error": f"message refused: {e.message}"})
 
     def _audit(self, msg: dict[str, Any]) -> None:
         """Executes and interrupts are state changes; the other messages are not."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ..access.audit import code_facts
-from ..sessions.requests import CreateSession, ExecuteCode, UpdateSession
+from ..errors import Denied
+from ..execution.kernel import ExecutionResult
+from ..sessions.requests import CreateSession, ExecuteCode, PauseSession, UpdateSession
 from ..store.sqlite import HISTORY_PAGE
 from .base import JSONHandler
 
@@ -60,7 +62,17 @@ class ExecuteHandler(JSONHandler):
         if isinstance(body.get("code"), str):
             self.audit_detail.update(code_facts(body["code"]))
         request = ExecuteCode.from_json(body)
-        result = await self.manager.execute(session_id, self.principal, request)
+        try:
+            result = await self.manager.submit(session_id, self.principal, request)
+        except Denied as e:
+            self.audit_detail["denied"] = e.message
+            raise
+        if not isinstance(result, ExecutionResult):  # held for an approver
+            self.audit_detail["approval_id"] = result.id
+            reasons = result.decision["reasons"]
+            held = {"state": "pending_approval", "approval_id": result.id, "reasons": reasons}
+            self.send(held, status=202)
+            return
         self.audit_detail["execution_status"] = result.status
         self.send(result.to_json())
 
@@ -81,6 +93,25 @@ class RestartHandler(JSONHandler):
         self.send(session.to_json())
 
 
+class PauseHandler(JSONHandler):
+    actions = {"POST": "session.pause"}
+
+    async def post(self, session_id: str) -> None:
+        request = PauseSession.from_json(self.json_body())
+        session, saved = await self.manager.pause(session_id, self.principal, request)
+        self.audit_detail["strategy"] = saved["strategy"]
+        self.send({**session.to_json(), "strategy": saved["strategy"], "lost": saved["lost"]})
+
+
+class ResumeHandler(JSONHandler):
+    actions = {"POST": "session.resume"}
+
+    async def post(self, session_id: str) -> None:
+        session, report = await self.manager.resume(session_id, self.principal)
+        self.audit_detail["strategy"] = report["strategy"]
+        self.send({**session.to_json(), **report})
+
+
 class HistoryHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
         page = await self.manager.history(
@@ -92,11 +123,25 @@ class HistoryHandler(JSONHandler):
         self.send({"executions": page.executions, "next": page.next})
 
 
+class NetworkHandler(JSONHandler):
+    async def get(self, session_id: str) -> None:
+        connections, after = await self.manager.network(
+            session_id,
+            self.principal,
+            after=self.int_argument("after", 0),
+            limit=self.int_argument("limit", HISTORY_PAGE),
+        )
+        self.send({"connections": connections, "next": after})
+
+
 routes = [
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/{_ID}", SessionHandler),
     (rf"/v1/sessions/{_ID}/execute", ExecuteHandler),
     (rf"/v1/sessions/{_ID}/interrupt", InterruptHandler),
     (rf"/v1/sessions/{_ID}/restart", RestartHandler),
+    (rf"/v1/sessions/{_ID}/pause", PauseHandler),
+    (rf"/v1/sessions/{_ID}/resume", ResumeHandler),
     (rf"/v1/sessions/{_ID}/history", HistoryHandler),
+    (rf"/v1/sessions/{_ID}/network", NetworkHandler),
 ]

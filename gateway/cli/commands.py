@@ -1,6 +1,8 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
-``run``, ``exec``, ``sessions``, ``files``, ``export``, ``replay`` and ``mcp``.
+``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``snapshot``,
+``snapshots``, ``fork``, ``export``, ``replay``, ``approvals``, ``approve``, ``deny``
+and ``mcp``.
 Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``) and needs
 nothing else of the settings: handlers get the SDK's ``ClientSettings``. Exit codes:
 0 done, 1 the code (or a replay) failed, 2 the gateway refused or was unreachable.
@@ -58,6 +60,7 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         "disk": args.disk,
         "ttl": args.ttl,
         "env": _pairs(args.env, "--env") or None,
+        "secrets": args.secret,
         "metadata": _pairs(args.metadata, "--metadata") or None,
         "runtime": args.runtime,
         "network": {"allow": args.allow} if args.allow else None,
@@ -222,6 +225,75 @@ def _replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0 if report["reproduced"] else 1
 
 
+def _approvals(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.approvals(None if args.state == "all" else args.state)
+    if args.json:
+        terminal.print_json([a.raw for a in found])
+    elif found:
+        terminal.out.print(terminal.approvals_table(found))
+    else:
+        terminal.err.print(f"no {args.state} approvals" if args.state != "all" else "no approvals")
+    return 0
+
+
+def _decide(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        decide = client.approve if args.verb == "approve" else client.deny
+        approval = decide(args.approval, args.reason)
+    terminal.err.print(f"{approval.id}: {approval.state}")
+    return 0
+
+
+def _pause(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("pausing"):
+        info = client.session(args.session).pause(args.strategy)
+    _report_state(info.raw)
+    return 0
+
+
+def _resume(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("resuming"):
+        info = client.session(args.session).resume()
+    _report_state(info.raw)
+    return 0
+
+
+def _report_state(doc: dict[str, Any]) -> None:
+    """Say how a kernel's state was kept, and what it lost, on stderr."""
+    terminal.err.print(f"{doc['id']} {doc['state']} ({doc['strategy']})")
+    for lost in doc.get("lost") or []:
+        terminal.err.print(f"  lost {lost['name']} ({lost['type']}): {lost['reason']}")
+    for cell in doc.get("differed") or []:
+        terminal.err.print(f"  cell [{cell['execution_count']}] replayed with other outputs")
+
+
+def _snapshot(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("taking a snapshot"):
+        snap = client.session(args.session).snapshot(args.name, strategy=args.strategy)
+    for lost in snap.lost:
+        terminal.err.print(f"  lost {lost['name']} ({lost['type']}): {lost['reason']}")
+    print(snap.id)
+    return 0
+
+
+def _snapshots(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        snaps = client.session(args.session).snapshots()
+    if args.json:
+        terminal.print_json([s.raw for s in snaps])
+    for s in [] if args.json else snaps:
+        print(f"{s.id}  {s.created_at}  {s.size_bytes:>12}  {s.strategy:<9}  {s.name or ''}")
+    return 0
+
+
+def _fork(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("forking"):
+        session = client.snapshot(args.snapshot).fork(keep=True)
+    print(session.id)
+    return 0
+
+
 def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
@@ -256,6 +328,12 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         "--allow", action="append", metavar="HOST", help="let the code reach HOST (egress)"
     )
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="kernel env var")
+    parser.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help="a sealed secret (POST /v1/secrets) the kernel gets as env var NAME",
+    )
     parser.add_argument(
         "--metadata", action="append", metavar="KEY=VALUE", help="label to find the session by"
     )
@@ -328,6 +406,23 @@ def add_client_commands(commands: Any) -> None:
     frm.add_argument("session", help="session id")
     frm.add_argument("path", help="workspace path")
 
+    pause = _command(commands, "pause", _pause, "pause a session: its state kept, no memory held")
+    pause.add_argument("session", help="session id")
+    pause.add_argument("--strategy", help="namespace or replay (default: the best there is)")
+    resume = _command(commands, "resume", _resume, "resume a paused session")
+    resume.add_argument("session", help="session id")
+    snapshot = _command(
+        commands, "snapshot", _snapshot, "snapshot a session's state and files; print its id"
+    )
+    snapshot.add_argument("session", help="session id")
+    snapshot.add_argument("--name", help="a name to know it by")
+    snapshot.add_argument("--strategy", help="namespace or replay (default: the best there is)")
+    snapshots = _command(commands, "snapshots", _snapshots, "list a session's snapshots")
+    snapshots.add_argument("session", help="session id")
+    snapshots.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    fork = _command(commands, "fork", _fork, "start a session from a snapshot and print its id")
+    fork.add_argument("snapshot", help="snapshot id")
+
     export = _command(commands, "export", _export, "download a session as a .ipynb notebook")
     export.add_argument("session", help="session id")
     export.add_argument("-o", "--output", help="file to write (default session-ID.ipynb)")
@@ -352,13 +447,28 @@ def add_client_commands(commands: Any) -> None:
         help="compare images by pixels, allowing this mean difference (0 to 1)",
     )
 
+    approvals = _command(
+        commands, "approvals", _approvals, "list executes held for an approver (docs/approvals.md)"
+    )
+    approvals.add_argument(
+        "--state", default="pending", help="pending (default), approved, denied or all"
+    )
+    approvals.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for verb in ("approve", "deny"):
+        decide = _command(
+            commands, verb, _decide, f"{verb} a held execute (an approver token, not the asker's)"
+        )
+        decide.add_argument("approval", help="approval id (from sbx approvals)")
+        decide.add_argument("--reason", help="why; recorded with the decision")
+        decide.set_defaults(verb=verb)
+
     mcp = _command(
         commands,
         "mcp",
         _mcp,
         "serve the gateway to MCP clients (stdio, or streamable HTTP with --http)",
         "Serve the gateway as a Model Context Protocol server: tools create_session, run_code, "
-        "upload_file, download_file, list_files, export_notebook, delete_session.",
+        "upload_file, download_file, list_files, export_notebook, snapshot, fork, delete_session.",
     )
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")

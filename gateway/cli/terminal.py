@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ..client import Execution, ExecutionError, FileInfo, Result, SessionInfo
+from ..client import Approval, Execution, ExecutionError, FileInfo, Result, SessionInfo
 from ..client.models import strip_ansi
 from ..limits import format_size
 
@@ -79,6 +79,18 @@ def sessions_table(sessions: list[SessionInfo]) -> Table:
             _until(s.expires_at),
             str(s.executions),
             escape(_metadata(s.metadata)),
+        )
+    return table
+
+
+def approvals_table(approvals: list[Approval]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("ID", "STATE", "SESSION", "REASONS", "CODE"):
+        table.add_column(name, no_wrap=name in ("ID", "STATE", "SESSION"))
+    for a in approvals:
+        first_line = a.code.strip().splitlines()[0] if a.code.strip() else ""
+        table.add_row(
+            a.id, a.state, a.session_id[:8], escape("; ".join(a.reasons)), escape(first_line)
         )
     return table
 
@@ -169,7 +181,16 @@ class ExecutionPrinter:
             "on_stderr": self.stderr,
             "on_result": self.result,
             "on_error": self.error,
+            "on_pending": self.pending,
         }
+
+    @staticmethod
+    def pending(approval: Approval) -> None:
+        """Say why the run waits, and how an approver lets it go on."""
+        err.print(f"held for approval {approval.id}; waiting for an approver:")
+        for reason in approval.reasons:
+            err.print(f"  {escape(reason)}")
+        err.print(f"  (sbx approve {approval.id} | sbx deny {approval.id}, with another token)")
 
     @staticmethod
     def stdout(text: str) -> None:

@@ -17,6 +17,7 @@
 from ..errors import (
     BadRequest,
     Conflict,
+    Denied,
     EgressUnavailable,
     EngineUnavailable,
     FileNotFound,
@@ -42,21 +43,24 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from .aio import AsyncClient, AsyncFiles, AsyncSession
+from .aio import AsyncClient, AsyncFiles, AsyncSession, AsyncSnapshot
 from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
-from .models import Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
+from .models import Approval, Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
 from .stream import RunCallbacks
-from .sync import Client, Files, Session
+from .sync import Client, Files, Session, Snapshot
 
 __all__ = [
+    "Approval",
     "Artifact",
     "AsyncClient",
     "AsyncFiles",
     "AsyncSession",
+    "AsyncSnapshot",
     "BadRequest",
     "Client",
     "Conflict",
+    "Denied",
     "EgressUnavailable",
     "EngineUnavailable",
     "Execution",
@@ -89,6 +93,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "SessionOptions",
+    "Snapshot",
     "TooManySessions",
     "Unauthorized",
     "Unavailable",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar, Unpack
@@ -28,11 +29,12 @@ from .base import (
     BaseClient,
     BaseFiles,
     BaseSession,
+    BaseSnapshot,
     Call,
     Progress,
     SessionOptions,
 )
-from .models import Execution, FileInfo, SessionInfo
+from .models import Approval, Execution, FileInfo, SessionInfo
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -132,8 +134,37 @@ class AsyncClient(BaseClient):
             notebook = await asyncio.to_thread(notebook.read_bytes)
         return await self.call(self._replay_call(notebook, image_tolerance))
 
+    async def snapshot(self, snapshot_id: str) -> AsyncSnapshot:
+        """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
+        return await self.call(self._snapshot_call(snapshot_id))
+
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
+
+    async def approvals(self, state: str | None = "pending") -> list[Approval]:
+        """Held executes this token's tenant may see (an approver's view)."""
+        return await self.call(self._approvals_call(state))
+
+    async def approval(self, approval_id: str) -> Approval:
+        return await self.call(self._approval_call(approval_id))
+
+    async def approve(self, approval_id: str, reason: str | None = None) -> Approval:
+        """Let a held execute run (approver tokens; never the one that asked)."""
+        return await self.call(self._decide_call(approval_id, "approve", reason))
+
+    async def deny(self, approval_id: str, reason: str | None = None) -> Approval:
+        return await self.call(self._decide_call(approval_id, "deny", reason))
+
+    async def wait_for_approvals(
+        self, interval: float = 1.0, timeout: float | None = None
+    ) -> list[Approval]:
+        """Poll until some execute is pending (or ``timeout`` passes); those pending."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (pending := await self.approvals("pending")):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(interval)
+        return pending
 
 
 class AsyncFiles(BaseFiles):
@@ -293,6 +324,23 @@ class AsyncSession(BaseSession[AsyncClient]):
         """Replace the kernel with a fresh one (state is lost; files stay)."""
         return await self.client.call(self._action_call("restart"))
 
+    async def pause(self, strategy: str | None = None) -> SessionInfo:
+        """Save the kernel's state, free its memory; ``info.raw["lost"]``: what was not kept."""
+        return await self.client.call(self._pause_call(strategy))
+
+    async def resume(self) -> SessionInfo:
+        """Start a fresh kernel with the paused state (a run resumes by itself too)."""
+        return await self.client.call(self._action_call("resume"))
+
+    async def snapshot(
+        self, name: str | None = None, *, strategy: str | None = None
+    ) -> AsyncSnapshot:
+        """Keep the kernel's state and files as a snapshot to fork from; the session runs on."""
+        return await self.client.call(self._take_snapshot_call(name, strategy))
+
+    async def snapshots(self) -> list[AsyncSnapshot]:
+        return await self.client.call(self._snapshots_call())
+
     async def set_timeout(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
@@ -351,3 +399,19 @@ async def _owning(client: AsyncClient, making: Awaitable[AsyncSession]) -> Async
         raise
     session._owns_client = True
     return session
+
+
+class AsyncSnapshot(BaseSnapshot[AsyncClient]):
+    """A session's kernel state and files, kept: ``fork()`` starts a session holding them."""
+
+    def fork(
+        self, *, keep: bool = False, **options: Unpack[SessionOptions]
+    ) -> Opening[AsyncSession]:
+        """A new session holding this snapshot's state, files and history."""
+        return self.client.create_session(keep=keep, from_snapshot=self.id, **options)
+
+    async def delete(self) -> None:
+        await self.client.call(self._delete_call())
+
+
+AsyncClient.snapshot_class = AsyncSnapshot

@@ -24,7 +24,7 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from .. import __version__
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
-from .models import FileInfo, SessionInfo
+from .models import Approval, FileInfo, SessionInfo
 from .settings import ClientSettings
 from .stream import Run
 
@@ -57,7 +57,11 @@ class SessionOptions(TypedDict, total=False):
     limits: dict[str, Any]  # the same limits as a dict (the keyword forms win)
     ttl: float  # lifetime in seconds from creation
     idle_timeout: float  # seconds without activity before the session ends
+    idle_action: str  # what the idle timeout does: "end" (default) or "pause"
+    from_snapshot: str  # a fork: start holding this snapshot's state (its kernel and image)
     env: dict[str, str]
+    secrets: list[str]  # names of the tenant's sealed secrets (POST /v1/secrets)
+    secrets_as: str  # "env" (the default) or "files" (/run/secrets, on a tmpfs)
     metadata: dict[str, str | int | float | bool]
     runtime: str  # "runc" or "gvisor", as the gateway allows
     network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}
@@ -157,6 +161,7 @@ class BaseClient:
     """
 
     http_class: Any = None  # httpx.Client or httpx.AsyncClient, set by each half
+    snapshot_class: Any = None  # Snapshot or AsyncSnapshot, set by each half
 
     def __init__(
         self,
@@ -256,8 +261,34 @@ class BaseClient:
             "POST", "/v1/notebooks/replay", _json, params=params, content=content, timeout=None
         )
 
+    def _snapshot_call(self, snapshot_id: str) -> Call[Any]:
+        return Call("GET", f"/v1/snapshots/{_segment(snapshot_id)}", self._snapshot)
+
+    def _snapshot(self, response: httpx.Response) -> Any:
+        return self.snapshot_class(self, response.json())
+
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
+
+    def _approvals_call(self, state: str | None) -> Call[list[Approval]]:
+        params = {"state": state} if state else {}
+        return Call("GET", "/v1/approvals", _approval_list, params=params)
+
+    def _approval_call(self, approval_id: str) -> Call[Approval]:
+        return Call("GET", f"/v1/approvals/{_segment(approval_id)}", _approval)
+
+    def _decide_call(self, approval_id: str, verb: str, reason: str | None) -> Call[Approval]:
+        body = {"reason": reason} if reason else {}
+        path = f"/v1/approvals/{_segment(approval_id)}/{verb}"
+        return Call("POST", path, _approval, json=body)
+
+
+def _approval(response: httpx.Response) -> Approval:
+    return Approval.from_json(response.json())
+
+
+def _approval_list(response: httpx.Response) -> list[Approval]:
+    return [Approval.from_json(doc) for doc in response.json()["approvals"]]
 
 
 def _session_info(response: httpx.Response) -> SessionInfo:
@@ -351,6 +382,21 @@ class BaseSession(Generic[C]):
 
     def _delete_call(self) -> Call[None]:
         return Call("DELETE", self._path())
+
+    def _pause_call(self, strategy: str | None) -> Call[SessionInfo]:
+        body = {"strategy": strategy} if strategy else {}
+        return Call("POST", self._path("/pause"), self._remember, json=body)
+
+    def _take_snapshot_call(self, name: str | None, strategy: str | None) -> Call[Any]:
+        body = {k: v for k, v in (("name", name), ("strategy", strategy)) if v is not None}
+        return Call("POST", self._path("/snapshots"), self.client._snapshot, json=body)
+
+    def _snapshots_call(self) -> Call[list[Any]]:
+        def parse(response: httpx.Response) -> list[Any]:
+            make = self.client.snapshot_class
+            return [make(self.client, doc) for doc in response.json()["snapshots"]]
+
+        return Call("GET", self._path("/snapshots"), parse)
 
     def _stream_url(self) -> str:
         return self.client.ws_url(self._path("/stream"))
@@ -453,3 +499,28 @@ class BaseFiles(abc.ABC):
         """The destination and the temporary name a download is written under first."""
         dest = Path(dest)
         return dest, dest.with_name(f".{dest.name}.sbx-part")
+
+
+class BaseSnapshot(Generic[C]):
+    """A snapshot of a session's kernel state and files; ``Snapshot``/``AsyncSnapshot`` act on it.
+
+    ``lost`` lists the names its kernel state could not keep; ``raw`` is the
+    gateway's whole answer.
+    """
+
+    def __init__(self, client: C, doc: dict[str, Any]) -> None:
+        self.client = client
+        self.raw = doc
+        self.id: str = str(doc["id"])
+        self.session_id: str = str(doc.get("session_id", ""))
+        self.name: str | None = doc.get("name")
+        self.created_at: str | None = doc.get("created_at")
+        self.size_bytes: int = int(doc.get("size_bytes") or 0)
+        self.strategy: str = str(doc.get("strategy", ""))
+        self.lost: list[dict[str, Any]] = list(doc.get("lost") or [])
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} of {self.session_id} ({self.strategy})>"
+
+    def _delete_call(self) -> Call[None]:
+        return Call("DELETE", f"/v1/snapshots/{_segment(self.id)}")

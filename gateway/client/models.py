@@ -132,6 +132,7 @@ class Artifact:
     size: int
     mime_type: str
     change: str  # "created" | "modified"
+    sha256: str | None = None  # None past the gateway's hashing budget
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Artifact:
@@ -140,6 +141,7 @@ class Artifact:
             size=int(row.get("size") or 0),
             mime_type=str(row.get("mime_type") or "application/octet-stream"),
             change=str(row.get("change") or "created"),
+            sha256=row.get("sha256"),
         )
 
 
@@ -207,6 +209,36 @@ class Execution:
         """The cell's value as text (``text/plain`` of the main result), if it had one."""
         result = self.result
         return None if result is None else result.text
+
+
+@dataclasses.dataclass
+class Approval:
+    """An execute held for an approver, or the decision on it (docs/approvals.md)."""
+
+    id: str
+    state: str  # pending | approved | denied
+    session_id: str = ""
+    code: str = ""
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    reason: str | None = None  # the approver's, or why the gateway denied it
+    decided_by: str | None = None
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Approval:
+        """From an approval document, or a ``pending_approval`` event (202 body) of its id."""
+        return cls(
+            id=str(doc.get("approval_id") or doc.get("id")),  # an event's id is its request's
+            state=str(doc.get("state", "pending")).replace("pending_approval", "pending"),
+            session_id=str(doc.get("session_id", "")),
+            code=str(doc.get("code", "")),
+            reasons=list(doc.get("reasons") or []),
+            findings=list(doc.get("findings") or []),
+            reason=doc.get("reason"),
+            decided_by=doc.get("decided_by"),
+            raw=doc,
+        )
 
 
 @dataclasses.dataclass

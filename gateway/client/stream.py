@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict, Unpack
 
 from .errors import GatewayUnreachable, error_from_event
-from .models import Execution, ExecutionError, Result
+from .models import Approval, Execution, ExecutionError, Result
 
 Callback = Callable[[Any], Any]
 
@@ -30,6 +30,7 @@ class RunCallbacks(TypedDict, total=False):
     on_stderr: Callback  # text written to stderr
     on_result: Callback  # a Result: display() output or the cell's value
     on_error: Callback  # an ExecutionError: what the code raised
+    on_pending: Callback  # an Approval: the policy held the code for an approver
 
 
 class Run:
@@ -101,6 +102,8 @@ class Run:
             return self._fire("on_result", Result.from_output(event))
         elif kind == "error":
             return self._fire("on_error", ExecutionError.from_json(event))
+        elif kind == "pending_approval":  # the run goes on waiting: done, or rejected (denied)
+            return self._fire("on_pending", Approval.from_json(event))
         elif kind == "done":
             self.execution = Execution.from_json(
                 {k: v for k, v in event.items() if k not in ("type", "id")}

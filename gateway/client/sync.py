@@ -23,11 +23,12 @@ from .base import (
     BaseClient,
     BaseFiles,
     BaseSession,
+    BaseSnapshot,
     Call,
     Progress,
     SessionOptions,
 )
-from .models import Execution, FileInfo, SessionInfo
+from .models import Approval, Execution, FileInfo, SessionInfo
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -100,8 +101,37 @@ class Client(BaseClient):
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
         return self.call(self._replay_call(notebook, image_tolerance))
 
+    def snapshot(self, snapshot_id: str) -> Snapshot:
+        """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
+        return self.call(self._snapshot_call(snapshot_id))
+
     def health(self) -> dict[str, Any]:
         return self.call(self._health_call())
+
+    def approvals(self, state: str | None = "pending") -> list[Approval]:
+        """Held executes this token's tenant may see (an approver's view)."""
+        return self.call(self._approvals_call(state))
+
+    def approval(self, approval_id: str) -> Approval:
+        return self.call(self._approval_call(approval_id))
+
+    def approve(self, approval_id: str, reason: str | None = None) -> Approval:
+        """Let a held execute run (approver tokens; never the one that asked)."""
+        return self.call(self._decide_call(approval_id, "approve", reason))
+
+    def deny(self, approval_id: str, reason: str | None = None) -> Approval:
+        return self.call(self._decide_call(approval_id, "deny", reason))
+
+    def wait_for_approvals(
+        self, interval: float = 1.0, timeout: float | None = None
+    ) -> list[Approval]:
+        """Poll until some execute is pending (or ``timeout`` passes); those pending."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (pending := self.approvals("pending")):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+        return pending
 
 
 class Files(BaseFiles):
@@ -251,6 +281,21 @@ class Session(BaseSession[Client]):
         """Replace the kernel with a fresh one (state is lost; files stay)."""
         return self.client.call(self._action_call("restart"))
 
+    def pause(self, strategy: str | None = None) -> SessionInfo:
+        """Save the kernel's state, free its memory; ``info.raw["lost"]``: what was not kept."""
+        return self.client.call(self._pause_call(strategy))
+
+    def resume(self) -> SessionInfo:
+        """Start a fresh kernel with the paused state (a run resumes by itself too)."""
+        return self.client.call(self._action_call("resume"))
+
+    def snapshot(self, name: str | None = None, *, strategy: str | None = None) -> Snapshot:
+        """Keep the kernel's state and files as a snapshot to fork from; the session runs on."""
+        return self.client.call(self._take_snapshot_call(name, strategy))
+
+    def snapshots(self) -> list[Snapshot]:
+        return self.client.call(self._snapshots_call())
+
     def set_timeout(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
@@ -298,6 +343,20 @@ class Session(BaseSession[Client]):
                         raise
         finally:
             self.close()
+
+
+class Snapshot(BaseSnapshot[Client]):
+    """A session's kernel state and files, kept: ``fork()`` starts a session holding them."""
+
+    def fork(self, *, keep: bool = False, **options: Unpack[SessionOptions]) -> Session:
+        """A new session holding this snapshot's state, files and history."""
+        return self.client.create_session(keep=keep, from_snapshot=self.id, **options)
+
+    def delete(self) -> None:
+        self.client.call(self._delete_call())
+
+
+Client.snapshot_class = Snapshot
 
 
 def _owning(client: Client, make: Callable[[Client], Session]) -> Session:

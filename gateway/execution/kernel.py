@@ -22,6 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
+from ..masking import NO_SECRETS, Masker
 from .outputs import OutputCap, OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class ExecutionResult:
     output_bytes: int = 0  # what its outputs charged to the session's output budget
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
+    files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
+    resumed: dict[str, Any] | None = None  # the session was paused: how it was resumed first
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -55,7 +58,9 @@ class ExecutionResult:
         )
 
     def to_json(self) -> dict[str, Any]:
+        resumed = {} if self.resumed is None else {"resumed": self.resumed}
         return {
+            **resumed,
             "status": self.status,
             "execution_count": self.execution_count,
             "outputs": self.outputs,
@@ -64,6 +69,7 @@ class ExecutionResult:
             "truncated": self.truncated,
             "artifacts": self.artifacts,
             "artifacts_truncated": self.artifacts_truncated,
+            "files": self.files,
         }
 
 
@@ -349,6 +355,30 @@ class Kernel:
         if reply is None or reply.get("status") != "ok":
             raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
 
+    async def evaluate(self, code: str, expression: str, timeout: float) -> str:
+        """Run code silently, then return the text of ``expression`` evaluated after it.
+
+        For the gateway's own work in the kernel (saving its state, say): no
+        execution count, history or output. Raises ``RuntimeError`` with the
+        kernel's error when either fails, ``TimeoutError`` when no reply comes.
+        """
+        assert self.client is not None
+        msg_id = self.client.execute(
+            code,
+            silent=True,
+            store_history=False,
+            allow_stdin=False,
+            user_expressions={"value": expression},
+        )
+        reply = await self._reply(msg_id, timeout)
+        if reply is None:
+            raise TimeoutError(f"the kernel gave no answer within {timeout:g} s")
+        value = reply.get("user_expressions", {}).get("value", {})
+        for answer in (reply, value):
+            if answer.get("status") != "ok":
+                raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
+        return str(value.get("data", {}).get("text/plain", ""))
+
     async def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info_reply content (language_info, implementation)."""
         assert self.client is not None
@@ -368,6 +398,12 @@ class Kernel:
             await self.start()
         finally:
             self.restarting = False
+
+    async def stop(self) -> None:
+        """Stop the kernel and remove its sandbox, ready for a later ``start`` (a pause)."""
+        self._stop_channels()
+        self.client = None
+        await self.manager.shutdown_kernel(now=True, restart=True)
 
     async def interrupt(self) -> None:
         self._interrupting = True
@@ -389,11 +425,13 @@ class Kernel:
         grace: float,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
+        mask: Masker = NO_SECRETS,
     ) -> ExecutionResult:
         """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
 
         ``on_output`` hears of each output kept and each clear as they happen;
-        ``on_start`` runs once an interrupt would be honoured for this cell.
+        ``on_start`` runs once an interrupt would be honoured for this cell;
+        ``mask`` takes the session's secrets out of every output first.
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
@@ -402,7 +440,7 @@ class Kernel:
         if on_start is not None:
             on_start()
         try:
-            collector = OutputCollector(cap.bytes, on_output, cap.limit)
+            collector = OutputCollector(cap.bytes, on_output, cap.limit, mask)
             return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = self._executing = False

@@ -24,6 +24,7 @@ from nbformat import ValidationError
 from nbformat.v4 import new_output, output_from_msg
 
 from ..limits import format_size
+from ..masking import NO_SECRETS, Masker
 
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 _MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
@@ -75,7 +76,11 @@ class OutputCollector:
     """Accumulates one execution's outputs as notebook outputs."""
 
     def __init__(
-        self, cap_bytes: int, listener: OutputListener | None = None, limit: str | None = None
+        self,
+        cap_bytes: int,
+        listener: OutputListener | None = None,
+        limit: str | None = None,
+        mask: Masker = NO_SECRETS,
     ) -> None:
         self.cap = cap_bytes
         # The limit the cut is over, and what to do about it, for the truncation note.
@@ -84,6 +89,7 @@ class OutputCollector:
             "or write large results to a file)"
         )
         self.listener = listener
+        self.mask = mask  # a session's secrets, masked before anyone hears of an output
         self.outputs: list[dict[str, Any]] = []
         # Text that continues the last output's stream; joined once, not per chunk
         # (appending chunk by chunk copies a long stream over and over).
@@ -102,6 +108,8 @@ class OutputCollector:
     def add_message(self, msg: dict[str, Any]) -> None:
         """Fold one iopub message in; the listener hears of what it changed."""
         kind = msg["header"]["msg_type"]
+        if self.mask:
+            msg = {**msg, "content": self.mask.tree(msg["content"])}
         content = msg["content"]
         if kind == "clear_output":
             if content.get("wait"):
@@ -177,7 +185,9 @@ class OutputCollector:
 
     def _join_tail(self) -> None:
         if self._tail:
-            self.outputs[-1]["text"] += "".join(self._tail)
+            last = self.outputs[-1]
+            # Masked again whole: a secret may have come split across chunks.
+            last["text"] = self.mask.text(last["text"] + "".join(self._tail))
             self._tail.clear()
 
     def _clear(self) -> None:

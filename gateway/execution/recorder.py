@@ -29,11 +29,24 @@ class ExecutionRecorder:
     """One execution's row in the store, kept current while it runs."""
 
     def __init__(
-        self, store: Store, session_id: str, code: str, description: str | None = None
+        self,
+        store: Store,
+        session_id: str,
+        code: str,
+        description: str | None = None,
+        review: dict[str, Any] | None = None,
     ) -> None:
-        """Queue the ``running`` row; make one before the kernel gets the code."""
+        """Queue the ``running`` row; make one before the kernel gets the code.
+
+        ``review``: what the policy made of the code (findings, decision, approval).
+        """
         self.store = store
-        record = {"code": code, "description": description, "started_at": iso(time.time())}
+        record = {
+            "code": code,
+            "description": description,
+            "started_at": iso(time.time()),
+            "review": review,
+        }
         self.id, self._begun = store.start_execution(session_id, record)
 
     def listener(self, forward: OutputListener | None = None) -> OutputListener:

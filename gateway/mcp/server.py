@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import (
     BlobResourceContents,
@@ -34,6 +34,7 @@ from pydantic import Field
 
 from .. import __version__
 from ..client import (
+    Approval,
     AsyncClient,
     AsyncSession,
     Execution,
@@ -54,7 +55,9 @@ INSTRUCTIONS = """\
 Run code in sandboxed, stateful Jupyter kernels (no network; memory, CPU, disk limits).
 Call create_session once, then run_code as often as needed: variables, imports and files
 persist between calls in the same session. Files live in the session's workspace (the
-kernel's working directory). Delete the session when done; it also ends on its TTL."""
+kernel's working directory). To try several paths from one state, call snapshot, then fork
+it once per path: each fork is a new session holding that state and files, and the original
+is untouched. Delete the session when done; it also ends on its TTL."""
 
 SessionId = Annotated[str, Field(description="id returned by create_session")]
 WorkspacePath = Annotated[str, Field(description="path in the session's workspace, e.g. data.csv")]
@@ -94,6 +97,10 @@ class SandboxTools:
             float | None, Field(description="seconds without activity before it ends")
         ] = None,
         env: Annotated[dict[str, str] | None, Field(description="environment variables")] = None,
+        secrets: Annotated[
+            list[str] | None,
+            Field(description="names of sealed secrets to give the kernel as env variables"),
+        ] = None,
         metadata: Annotated[
             dict[str, str] | None, Field(description="labels, e.g. which agent owns it")
         ] = None,
@@ -109,6 +116,7 @@ class SandboxTools:
             "ttl": ttl,
             "idle_timeout": idle_timeout,
             "network": {"allow": allow_hosts} if allow_hosts else None,
+            "secrets": secrets,
         }
         session = await self.client.create_session(
             keep=True,
@@ -131,19 +139,33 @@ class SandboxTools:
         session_id: SessionId,
         code: Annotated[str, Field(description="source code to execute in the kernel")],
         timeout: Annotated[float | None, Field(description="seconds before it is stopped")] = None,
+        ctx: Context | None = None,
     ) -> CallToolResult:
-        """Execute code in the session's kernel; returns stdout/stderr, results, images, errors."""
+        """Execute code in the session's kernel; returns stdout/stderr, results, images, errors.
+
+        Code the session's policy holds waits for a person's approval: the wait
+        is reported as progress, then the code runs, or the tool fails as denied.
+        """
         session = self._session(session_id)
-        execution = await session.run(code, timeout=timeout)
-        return CallToolResult(
-            content=execution_content(execution),
-            structured_content={
-                "status": execution.status,
-                "execution_count": execution.execution_count,
-                "error": None if execution.error is None else str(execution.error),
-                "artifacts": [a.path for a in execution.artifacts],
-            },
-        )
+        held: list[Approval] = []
+
+        async def pending(approval: Approval) -> None:
+            held.append(approval)
+            if ctx is not None:
+                reasons = "; ".join(approval.reasons)
+                message = f"pending_approval {approval.id}: {reasons}; waiting for an approver"
+                await ctx.report_progress(0, message=message)
+
+        execution = await session.run(code, timeout=timeout, on_pending=pending)
+        summary: dict[str, Any] = {
+            "status": execution.status,
+            "execution_count": execution.execution_count,
+            "error": None if execution.error is None else str(execution.error),
+            "artifacts": [a.path for a in execution.artifacts],
+        }
+        if held:  # it ran once approved
+            summary["approval"] = {"id": held[0].id, "reasons": held[0].reasons}
+        return CallToolResult(content=execution_content(execution), structured_content=summary)
 
     @_tool
     async def upload_file(
@@ -201,6 +223,32 @@ class SandboxTools:
                 text=json.dumps(notebook, indent=1),
             ),
         )
+
+    @_tool
+    async def snapshot(
+        self,
+        session_id: SessionId,
+        name: Annotated[str | None, Field(description="a name to know it by")] = None,
+    ) -> dict[str, Any]:
+        """Keep the session's variables, imports and files as a snapshot to fork from."""
+        snap = await self._session(session_id).snapshot(name)
+        return {
+            "snapshot_id": snap.id,
+            "session_id": snap.session_id,
+            "name": snap.name,
+            "strategy": snap.strategy,
+            "lost": [lost["name"] for lost in snap.lost],
+            "size_bytes": snap.size_bytes,
+        }
+
+    @_tool
+    async def fork(
+        self, snapshot_id: Annotated[str, Field(description="id returned by snapshot")]
+    ) -> dict[str, Any]:
+        """Start a new session holding a snapshot's state and files; use it like any session."""
+        snap = await self.client.snapshot(snapshot_id)
+        session = await snap.fork(keep=True, metadata={"client": "mcp"})
+        return {"session_id": session.id, "forked_from": snapshot_id, "state": session.info.state}
 
     @_tool
     async def delete_session(self, session_id: SessionId) -> str:

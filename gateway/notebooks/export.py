@@ -30,7 +30,7 @@ from .compare import diff_outputs
 log = logging.getLogger(__name__)
 
 # Statuses whose cells a notebook runner must not stop at ("running": exported mid-run).
-_FAILED = ("error", "timeout", "interrupted", "dead", CUT_BY_RESTART, "running")
+_FAILED = ("error", "timeout", "interrupted", "dead", "denied", CUT_BY_RESTART, "running")
 
 
 async def export_chunks(
@@ -80,6 +80,7 @@ def _notebook(session: dict[str, Any]) -> dict[str, Any]:
                 "packages": session.get("packages", []),
                 "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "gateway_version": __version__,
+                **({"forked_from": session["forked_from"]} if session.get("forked_from") else {}),
             },
         }
     )
@@ -119,9 +120,14 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     sbx: dict[str, Any] = {"status": status, "duration_ms": execution["duration_ms"]}
     if execution.get("truncated"):
         sbx["truncated"] = True
+    if execution.get("network"):
+        sbx["network"] = execution["network"]  # the connections the cell made
     if status in _FAILED:
         sbx["error"] = execution["error"]
         cell.metadata["tags"] = ["raises-exception"]
+    review = execution.get("review")
+    if review and (review["decision"]["findings"] or review["decision"]["reasons"]):
+        sbx["review"] = review  # the policy's findings and decision, and who approved
     cell.metadata["sbx"] = sbx
     return cell
 

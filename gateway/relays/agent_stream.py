@@ -22,6 +22,7 @@ from typing import Any
 from ..access.auth import Principal
 from ..config import Settings
 from ..errors import BadRequest, GatewayError
+from ..policy.approvals import Approval
 from ..sessions.manager import SessionManager
 from ..sessions.model import Session
 from ..sessions.requests import ExecuteCode
@@ -151,6 +152,17 @@ class StreamHub:
             event = {k: v for k, v in out.items() if k != "output_type"}
             self.publish({"type": out["output_type"], **event, "id": request_id})
 
+        def held(approval: Approval) -> None:
+            reasons = approval.decision["reasons"]
+            self.publish(
+                {
+                    "type": "pending_approval",
+                    "id": request_id,
+                    "approval_id": approval.id,
+                    "reasons": reasons,
+                }
+            )
+
         try:
             result = await self.manager.execute(
                 self.session.id,
@@ -158,6 +170,7 @@ class StreamHub:
                 ExecuteCode.from_json(request),
                 on_output=output,
                 on_start=started,
+                on_hold=held,
             )
         except GatewayError as e:
             self.reject(request_id, e)

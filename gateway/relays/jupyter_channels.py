@@ -27,6 +27,7 @@ import zmq.asyncio
 from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
+from ..errors import Denied
 from ..execution.kernel import DropWatch, ExecutionResult
 from ..execution.outputs import OutputCollector
 from ..sessions.manager import Session, SessionManager
@@ -41,11 +42,15 @@ Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 class _Pending:
     """An execute_request from a client, recorded from the moment it is relayed."""
 
-    def __init__(self, manager: SessionManager, session: Session, code: str) -> None:
+    def __init__(
+        self, manager: SessionManager, session: Session, code: str, review: dict[str, Any]
+    ) -> None:
         self.started = time.monotonic()
-        self.recorder = manager.begin_execution(session, code)
+        self.recorder = manager.begin_execution(session, code, review=review)
         cap = manager.output_cap(session)
-        self.collector = OutputCollector(cap.bytes, self.recorder.listener(), cap.limit)
+        self.collector = OutputCollector(
+            cap.bytes, self.recorder.listener(), cap.limit, session.masker
+        )
 
 
 class KernelChannels:
@@ -161,7 +166,20 @@ class KernelChannels:
         header = msg["header"]
         if header.get("msg_type") == "execute_request" and not msg["content"].get("silent"):
             code = str(msg["content"].get("code", ""))
-            self.pending[header.get("msg_id", "")] = _Pending(self.manager, self.session, code)
+            session = self.session
+            decision = self.manager.gate.judge(
+                session.tenant, session.policy, session.language, code
+            )
+            if decision.action != "allow":
+                # Jupyter's protocol has no "wait for a person": held code is refused here.
+                verb = "refuses" if decision.action == "deny" else "holds"
+                raise Denied(
+                    f"the policy {verb} this code: {'; '.join(decision.reasons)}"
+                    + ("; held code runs through the v1 API or the agent stream, where an "
+                       "approver can approve it" if decision.action == "hold" else "")
+                )  # fmt: skip
+            review = {"decision": decision.to_json()}
+            self.pending[header.get("msg_id", "")] = _Pending(self.manager, session, code, review)
         self.session.touch()
         self.signer.send(self.streams[channel], msg)
 
@@ -177,6 +195,8 @@ class KernelChannels:
         if msg.get("parent_header", {}).get("msg_id") in self.nudges:
             return  # answers to our own nudges are not the client's
         msg.pop("buffers", None)
+        if self.session.masker:
+            msg["content"] = self.session.masker.tree(msg["content"])
         msg["channel"] = channel
         self._observe(channel, msg)
         text = json.dumps(msg, default=json_default)

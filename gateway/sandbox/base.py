@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,10 @@ import requests.exceptions
 from ..limits import Limits, format_size
 from . import volume
 from .workspace import Workspace
+
+# Host tmpfs under which sandboxes' secret files live (never on disk), one directory each.
+SECRETS_TMPFS = Path("/dev/shm/sbx-secrets")
+SECRETS_MOUNT = "/run/secrets"  # where a sandbox sees them, read-only
 
 # Called on the loop when a sandbox stops: (session id, sandbox id, exit code).
 DeathCallback = Callable[[str, str, int], None]
@@ -64,6 +70,8 @@ class SandboxRequest:
     isolation: Isolation
     user: str  # uid:gid the kernel runs as (the kernelspec's sandbox.user)
     start_timeout: float  # seconds the kernel may take to answer
+    # Sealed secrets given as files in SECRETS_MOUNT, by name (not in env).
+    secret_files: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
 
 # Hands a placement the kernel's provisioner once it exists (a swarm workspace
@@ -77,6 +85,8 @@ class Placement(abc.ABC):
     name = ""
     # Whether a running sandbox's limits can change in place (a warm-pool claim needs it).
     resizes_in_place = False
+    # Whether secrets can be given as files on a tmpfs (the host's, bind-mounted).
+    secret_files = False
 
     def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
         self.sessions_dir = sessions_dir  # one directory per session on this host
@@ -128,6 +138,14 @@ class Placement(abc.ABC):
     async def prepare(self, spec: Any) -> None:
         """Make what must exist before the kernel starts; called before each first start."""
 
+    def kernel_exchange(self, session_id: str) -> tuple[str, Path] | None:
+        """A directory the kernel can write and this host can read: its path inside, and here.
+
+        Pausing passes a kernel's saved state through it; a placement without
+        one (the kernel's files are on another node) cannot pause.
+        """
+        return None
+
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
 
@@ -163,6 +181,7 @@ class Placement(abc.ABC):
         """
         await self.remove(session_id)
         await self.remove_directory(session_id)
+        await asyncio.to_thread(shutil.rmtree, SECRETS_TMPFS / session_id, ignore_errors=True)
 
     async def remove_directory(self, session_id: str) -> None:
         """Unmount and delete a session's directory (its workspace, its sockets)."""
@@ -177,6 +196,25 @@ class Placement(abc.ABC):
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
         raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")
+
+
+def write_secret_files(directory: Path, files: dict[str, str], uid: int, gid: int) -> None:
+    """Write secrets one file each, readable by the sandbox user alone (on a tmpfs)."""
+    SECRETS_TMPFS.mkdir(mode=0o711, exist_ok=True)  # others may pass, not list
+    directory.mkdir(mode=0o700, exist_ok=True)
+    owned = os.geteuid() == 0  # else the sandbox user can read them only if all can
+    for name, value in files.items():
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        if owned:
+            os.chown(path, uid, gid)
+        else:
+            path.chmod(0o444)
+    if owned:
+        os.chown(directory, uid, gid)
+    directory.chmod(0o500 if owned else 0o555)
 
 
 def exit_reason(exit_code: int) -> str:

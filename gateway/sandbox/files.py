@@ -11,6 +11,7 @@ in a worker thread, so nothing that blocks, or needs the loop free, runs on it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -79,8 +80,8 @@ class AsyncWorkspace:
     async def open_write(self, path: str) -> AsyncUpload:
         return AsyncUpload(await _blocking(self.sync.open_write, path))
 
-    async def save(self, path: str, data: bytes) -> int:
-        """Write a whole file (renamed into place only once complete); return its size."""
+    async def save(self, path: str, data: bytes) -> AsyncUpload:
+        """Write a whole file (renamed into place only once complete); its size and hash."""
         upload = await self.open_write(path)
         try:
             await upload.write(data)
@@ -88,7 +89,7 @@ class AsyncWorkspace:
             await upload.finish(False)
             raise
         await upload.finish(True)
-        return upload.size
+        return upload
 
     async def baseline(self) -> None:
         """Remember the files before an execution, unless the last one's end still holds."""
@@ -96,20 +97,26 @@ class AsyncWorkspace:
             await _blocking(self.sync.baseline)
 
     async def changes(self) -> tuple[list[dict[str, Any]], bool]:
-        """What an execution created or changed, as artifacts, and whether the walk was cut.
+        """What an execution created, changed or deleted, hashed, and whether the walk was cut.
 
         A small workspace is walked right here: a few directory entries cost
         less than a trip to a worker thread, which would add to every
         execute's round trip. That walk has tight bounds (the kernel may have
         grown the tree since): cut short, it is redone in a thread, as a larger
-        workspace (or a remote one, never small) always is.
+        workspace (or a remote one, never small) always is. Hashing reads
+        files, so it runs in a thread, and only when something changed.
         """
+        changes, cut = None, False
         if self.sync.small:
             walk = self.sync.walk([], INLINE)
             if walk.truncated is None:
-                return self.sync.changes(walk), False
-        artifacts = await _blocking(self.sync.changes)
-        return artifacts, self.sync.cut is not None
+                changes = self.sync.changes(walk)
+        if changes is None:
+            changes = await _blocking(self.sync.changes)
+            cut = self.sync.cut is not None
+        if changes:
+            await _blocking(self.sync.hash, changes)
+        return changes, cut
 
 
 class AsyncReader:
@@ -118,9 +125,21 @@ class AsyncReader:
     def __init__(self, file: IO[bytes] | Archive, executor: Executor | None = None) -> None:
         self._file = file
         self._executor = executor  # None: the default one
+        self._digest = hashlib.sha256()  # of what was read, for the record of a download
+        self.size = 0
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
 
     async def read(self, size: int = CHUNK) -> bytes:
-        return await self._run(self._file.read, size)
+        return await self._run(self._read, size)
+
+    def _read(self, size: int) -> bytes:
+        chunk = self._file.read(size)
+        self._digest.update(chunk)
+        self.size += len(chunk)
+        return chunk
 
     async def aclose(self) -> None:
         # A remote download cut short tells the agent to close its end: a round trip.
@@ -147,14 +166,23 @@ class AsyncUpload:
         self._upload = upload
         self._lock = asyncio.Lock()
         self._finished = False
+        self._digest = hashlib.sha256()  # of what was received, for the upload's record
 
     @property
     def size(self) -> int:
         return self._upload.size
 
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
     async def write(self, chunk: bytes) -> None:
         async with self._lock:
-            await _blocking(self._upload.write, chunk)
+            await _blocking(self._write, chunk)
+
+    def _write(self, chunk: bytes) -> None:
+        self._upload.write(chunk)
+        self._digest.update(chunk)
 
     async def finish(self, ok: bool) -> None:
         """Rename into place (``ok``) or discard; later calls do nothing."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import mimetypes
 import os
 import stat
@@ -43,6 +44,8 @@ UPLOAD_PREFIX = ".sbx-upload-"
 REMOVE_PREFIX = ".sbx-remove-"  # directories too deep to hold open are moved up under this
 # Up to this many entries, a workspace is walked on the event loop (see files.AsyncWorkspace).
 SMALL_WORKSPACE = 64
+# Bytes of changed files one execution's record hashes; files past it get sha256 None.
+HASH_BUDGET = 256 * 2**20
 # A DELETE stops after this long; what is left, the next one removes.
 REMOVE_SECONDS = 10.0
 # Directories held open at once while removing; deeper ones are moved up first.
@@ -59,6 +62,9 @@ class Bounds:
 
 
 WALK = Bounds()
+# The walk that tells what an execution changed: a workspace of 10,000 files (in
+# a few hundred directories) is seen whole (docs/PERFORMANCE.md, "Recording file changes").
+SNAPSHOT = Bounds(entries=20_000)
 # A walk on the event loop (the workspace was small at the last one); cut short, it
 # is redone in a thread.
 INLINE = Bounds(entries=4 * SMALL_WORKSPACE, seconds=0.02)
@@ -117,6 +123,8 @@ class Workspace:
     seen: dict[str, tuple[int, int]] | None = field(default=None, repr=False)
     walked: int = field(default=0, repr=False)  # entries the last full walk went through
     cut: str | None = field(default=None, repr=False)  # why the last snapshot stopped early
+    # sha256 of files hashed before, by path, with the (mtime, size) they had then.
+    digests: dict[str, tuple[tuple[int, int], str]] = field(default_factory=dict, repr=False)
 
     # -- resolving --------------------------------------------------------------------
 
@@ -380,7 +388,7 @@ class Workspace:
 
     def snapshot(self, walk: Walk | None = None) -> dict[str, tuple[int, int]]:
         """(mtime, size) of every file, to tell what an execution changed."""
-        walk = walk or self.walk([])
+        walk = walk or self.walk([], SNAPSHOT)
         self.cut = walk.truncated
         return {rel: (info.st_mtime_ns, info.st_size) for rel, info in walk.files}
 
@@ -401,14 +409,16 @@ class Workspace:
         return self.seen is not None and self.walked <= SMALL_WORKSPACE
 
     def changes(self, walk: Walk | None = None) -> list[dict[str, Any]]:
-        """Files created or modified since the baseline, as artifacts (``walk``: done already).
+        """Files created, modified or deleted since the baseline (``walk``: done already).
 
-        A walk cut short leaves ``cut`` saying why: the artifacts are then
-        those of the part it saw.
+        A walk cut short leaves ``cut`` saying why: the changes are then those
+        of the part it saw, and no file is called deleted (it may be unseen).
+        Created and modified files carry their MIME type; ``hash`` adds digests.
         """
         before = self.seen or {}
+        complete = self.seen is not None and self.cut is None
         self.seen = after = self.snapshot(walk)
-        artifacts = [
+        changes = [
             {
                 "path": rel,
                 "size": size,
@@ -418,7 +428,46 @@ class Workspace:
             for rel, (mtime, size) in after.items()
             if before.get(rel) != (mtime, size)
         ]
-        return sorted(artifacts, key=_by_path)
+        if complete and self.cut is None:
+            changes += [
+                {"path": rel, "size": size, "change": "deleted"}
+                for rel, (_, size) in before.items()
+                if rel not in after
+            ]
+        return sorted(changes, key=_by_path)
+
+    def hash(self, changes: list[dict[str, Any]], budget: int = HASH_BUDGET) -> None:
+        """Give each change its file's sha256, reading at most ``budget`` bytes in all.
+
+        A deleted file has the digest it had when last hashed here, if it was;
+        a file past the budget, or gone or replaced meanwhile, has None.
+        """
+        for change in changes:
+            rel = change["path"]
+            if change["change"] == "deleted":
+                known = self.digests.pop(rel, None)
+                change["sha256"] = known[1] if known else None
+                continue
+            change["sha256"] = None
+            if change["size"] > budget:
+                continue
+            budget -= change["size"]
+            with contextlib.suppress(GatewayError, OSError):
+                change["sha256"] = self.digest(rel)
+
+    def digest(self, path: str) -> str:
+        """The sha256 of a file, opened as a download is (no links, no devices)."""
+        file, info = self.open_read(path)
+        digest = hashlib.sha256()
+        with file:
+            while chunk := file.read(CHUNK):
+                digest.update(chunk)
+        sha = digest.hexdigest()
+        self.digests.pop(path, None)
+        self.digests[path] = ((info.st_mtime_ns, info.st_size), sha)
+        while len(self.digests) > SNAPSHOT.entries:  # bounded: the oldest go first
+            del self.digests[next(iter(self.digests))]
+        return sha
 
 
 class Archive:

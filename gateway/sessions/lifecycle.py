@@ -6,6 +6,7 @@ removed one way only::
 
     new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
     from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
+    from_record -> adopt_paused (isolation, spec, reattach) -> resume      -> ... -> teardown
 
 It turns a session into the plain ``SandboxRequest`` the placement takes, and
 the placement's answer into the session's ``Kernel`` and workspace.
@@ -17,14 +18,16 @@ import asyncio
 import logging
 from typing import Any
 
+from ..access.secrets import SecretVault
 from ..config import Settings
-from ..errors import BadRequest, EngineUnavailable
+from ..errors import BadRequest, EngineUnavailable, NotAllowed
 from ..execution.kernel import Kernel
 from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxRequest
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.packages import PIP_ENV, RELAY, PackageGate
 from ..validation import seconds
 from .model import Session
 from .requests import CreateSession
@@ -42,8 +45,14 @@ class SandboxLifecycle:
         images: ImageBuilder,
         isolation: IsolationManager,
         placement: Placement,
+        secrets: SecretVault | None = None,
+        packages: PackageGate | None = None,
     ) -> None:
+        """``secrets``: where sessions' sealed secrets come from; ``packages``: the package
+        cache's gate for Python sessions. None offers none."""
         self.settings = settings
+        self.secrets = secrets
+        self.packages = packages
         self.kernelspecs = kernelspecs
         self.images = images
         self.isolation = isolation
@@ -61,6 +70,11 @@ class SandboxLifecycle:
         s = self.settings
         sandbox = self.kernelspecs.sandbox(request.kernel)
         runtime, network = self.isolation.choose(request.runtime, request.network, sandbox)
+        if request.secrets_as == "files" and not self.placement.secret_files:
+            raise NotAllowed(
+                f"the {self.placement.name} placement gives secrets as env only; "
+                'ask for "secrets_as": "env"'
+            )
         return Session(
             kernel_name=request.kernel,
             image=request.image or self.kernel_image(request.kernel),
@@ -84,7 +98,24 @@ class SandboxLifecycle:
             runtime=runtime,
             network=network,
             tenant=tenant,
+            secret_names=request.secrets,
+            secrets_as=request.secrets_as,
+            policy=request.policy,
+            idle_action=request.idle_action or s.idle_action,
         )
+
+    async def unseal(self, session: Session, strict: bool = True) -> None:
+        """Give the session the values of the secrets it names (a 400 for an unknown one).
+
+        Not ``strict`` (a session taken over after a restart): a secret deleted
+        meanwhile is left out, so the kernel keeps running.
+        """
+        if not session.secret_names:
+            return
+        if self.secrets is None:
+            raise BadRequest("this gateway offers no sealed secrets")
+        values = await self.secrets.unseal(session.tenant, session.secret_names, strict)
+        session.give_secrets(values)
 
     def kernel_image(self, kernel_name: str) -> str:
         """The tag of the image a kernel's sessions run in unless they name another."""
@@ -93,11 +124,14 @@ class SandboxLifecycle:
     def _equip(self, session: Session) -> None:
         """Give a session its Kernel and workspace objects (no sandbox is started)."""
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
+        as_files = session.secrets_as == "files"
+        pip = PIP_ENV if self._installs(session) else {}
         request = SandboxRequest(
             session_id=session.id,
             image=session.image,
             limits=session.limits,
-            env=session.env,
+            env={**pip, **session.env, **({} if as_files else session.secrets)},
+            secret_files=session.secrets if as_files else {},
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
             start_timeout=session.start_timeout or self.settings.kernel_start_timeout,
@@ -145,24 +179,54 @@ class SandboxLifecycle:
         session.packages = facts["packages"]
         session.language_info = (await session.kernel.kernel_info()).get("language_info", {})
         session.display_name = self.kernelspecs.get(session.kernel_name).display_name
+        await self.connect_packages(session)
+
+    def _installs(self, session: Session) -> bool:
+        """Whether the session's kernel installs packages through the cache (Python only)."""
+        if self.packages is None:
+            return False
+        return self.kernelspecs.get(session.kernel_name).language == "python"
+
+    async def connect_packages(self, session: Session, relay: bool = True) -> None:
+        """Serve the session's package socket, and start the kernel's relay to it.
+
+        Called once its kernel runs, and after each restart of it (a new
+        process has no relay); ``relay`` false: the kernel still runs one.
+        """
+        if self.packages is None or session.kernel is None or not self._installs(session):
+            return
+        await self.packages.open(session.id, session.kernel.sandbox.run_dir)
+        if relay:
+            await session.kernel.run_silently(RELAY)
 
     async def adopt(self, session: Session, runtime: dict[str, Any]) -> None:
         """Take over a sandbox a previous gateway process started (its kernel's runtime info).
 
         Raises GatewayError when this host can no longer give the sandbox what it had.
         """
+        await self.unseal(session, strict=False)
         # The egress proxy lives in this process: let the session's kernel back in.
         await self._isolate(session)
         self._equip(session)
         assert session.kernel is not None
         await session.kernel.adopt(runtime)
         await self.placement.reattach(session.id)
+        await self.connect_packages(session, relay=False)
+
+    async def adopt_paused(self, session: Session) -> None:
+        """Take over a session a previous gateway process paused: no sandbox, its files here."""
+        await self.unseal(session, strict=False)  # its resumed kernel gets them again
+        await self._isolate(session)
+        self._equip(session)
+        await self.placement.reattach(session.id)
 
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self.isolation.release(session.id)
+        if self.packages is not None:
+            self.packages.close(session.id)
         kernel = session.kernel
-        if kernel is not None:
+        if kernel is not None and session.paused is None:  # a paused one has no kernel running
             try:
                 await kernel.shutdown()
             except Exception as e:  # its sandbox is removed below all the same

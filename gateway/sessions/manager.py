@@ -5,6 +5,7 @@ A session owns one kernel in one container. States::
     starting -> idle <-> busy
         \\         \\       /
          +-------> dead (reason) --restart--> starting
+    idle --pause / idle timeout (idle_action pause)--> paused --resume / execute--> idle
     any state --delete / ttl / idle timeout--> deleted (reason)
 
 ``SessionManager`` is what the HTTP handlers call. It is handed its
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -35,10 +37,13 @@ from ..errors import (
     BadRequest,
     ConfigError,
     Conflict,
+    Denied,
     GatewayError,
     KernelDied,
+    NotPaused,
     PayloadTooLarge,
     QuotaExceeded,
+    SessionBusy,
     SessionEnded,
     SessionNotFound,
     TooManySessions,
@@ -47,23 +52,33 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..policy.approvals import Approval
+from ..policy.gate import Gate
+from ..policy.model import Decision
 from ..sandbox.base import ENGINE_ERRORS
+from ..sandbox.egress import EgressConnection
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
 from .lifecycle import SandboxLifecycle
-from .model import Session
+from .model import Session, public_view
 from .pool import WarmPool
 from .recovery import recover
-from .requests import CreateSession, ExecuteCode, UpdateSession
+from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
+from .snapshots import Snapshots
+from .state import KernelState, SavedState
 from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("starting", "idle", "busy", "dead")
+# Egress connections recorded per session (by this process); past it they are only counted.
+MAX_CONNECTION_RECORDS = 10_000
+LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
+_NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -79,16 +94,28 @@ class SessionManager:
         pool: WarmPool,
         quota: Callable[[str], Quota],
         sessions: dict[str, Session],
+        state: KernelState,
+        snapshots: Snapshots,
         clock: Callable[[], float] = time.time,
+        *,
+        gate: Gate,
     ) -> None:
-        """``sessions`` starts empty; the pool is handed the same dict to count them."""
+        """``sessions`` starts empty; the pool is handed the same dict to count them.
+
+        ``gate``: the policies, scanner and approvals every execute passes.
+        ``state`` saves and restores kernels' state for pause and resume;
+        ``snapshots`` keeps snapshots, and forks start from them.
+        """
         self.settings = settings
+        self.gate = gate
         self.lifecycle = lifecycle
         self.store = store
         self.pool = pool
         self.quota = quota  # a tenant's quota, by tenant name
         self.clock = clock
         self.sessions = sessions
+        self.state = state
+        self.snapshots = snapshots
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
@@ -123,6 +150,8 @@ class SessionManager:
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle)
+        await self.gate.desk.close_orphans()
+        await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
         self.pool.start()
 
@@ -188,9 +217,7 @@ class SessionManager:
 
     async def describe(self, session_id: str, who: Principal) -> dict[str, Any]:
         """The API view of a session, live or ended."""
-        doc = await self.record(session_id, who)
-        doc.pop("packages", None)
-        return doc
+        return public_view(await self.record(session_id, who))
 
     def list(
         self,
@@ -218,6 +245,47 @@ class SessionManager:
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
 
+    def record_connection(self, connection: EgressConnection) -> None:
+        """Keep a connection the egress proxy saw, under its session and the running execution.
+
+        Host names and reasons are masked of the session's secrets; past
+        ``MAX_CONNECTION_RECORDS`` a session's connections are only counted.
+        """
+        session = self.sessions.get(connection.session_id)
+        if session is None:
+            return
+        session.egress_recorded += 1
+        if session.egress_recorded > MAX_CONNECTION_RECORDS:
+            if session.egress_recorded == MAX_CONNECTION_RECORDS + 1:
+                log.warning("session %s: further egress connections are not recorded", session.id)
+            return
+        mask = session.masker
+        running = next(iter(session.running), None)
+        record = dataclasses.asdict(connection)
+        record.update(
+            at=iso(record.pop("started")),
+            duration_ms=round(connection.duration_ms, 3),
+            host=mask.text(connection.host),
+            sni=connection.sni and mask.text(connection.sni),
+            reason=connection.reason and mask.text(connection.reason),
+        )
+        del record["session_id"]
+        self.store.add_connection(session.id, running.id if running else None, record)
+
+    async def network(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of the session's egress connections after the cursor ``after``."""
+        if not 1 <= limit <= HISTORY_PAGE_MAX:
+            raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.store.connections(session_id, after, limit)
+
+    def redact(self, session_id: str, text: str) -> str:
+        """``text`` with a live session's secrets masked (the egress proxy's log lines)."""
+        session = self.sessions.get(session_id)
+        return session.masker.text(text) if session else text
+
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 
@@ -235,8 +303,17 @@ class SessionManager:
     # -- commands -----------------------------------------------------------------------
 
     async def create(self, request: CreateSession, who: Principal) -> Session:
-        """Check a create request against the server and start its kernel; idle on return."""
+        """Check a create request against the server and start its kernel; idle on return.
+
+        A fork (``from_snapshot``) then gets the snapshot's history, files and
+        kernel state; if that fails, it ends and the error says why.
+        """
+        snapshot = None
+        if request.from_snapshot is not None:
+            snapshot = await self.snapshots.get(request.from_snapshot, who)
+            request = _fork_request(request, snapshot)
         session = self.lifecycle.new_session(request, who.tenant)
+        await self.lifecycle.unseal(session)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self._reserve(session)
@@ -255,12 +332,32 @@ class SessionManager:
             except BaseException as e:
                 await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
                 raise
+        if snapshot is not None:
+            await self._fork(session, snapshot)
         session.state = "idle"
         await self.save(session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session
+
+    async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
+        """Give a new session a snapshot's history, files and state; end it if that fails."""
+        session.forked_from = {
+            "session_id": snapshot["session_id"],
+            "snapshot_id": snapshot["id"],
+            "snapshot_name": snapshot["name"],
+        }
+        await self.save(session)
+        try:
+            session.executions = await self.store.copy_history(
+                snapshot["session_id"], session.id, snapshot["last_execution"]
+            )
+            await self.snapshots.restore_into(session, snapshot)
+        except BaseException as e:
+            reason = e.message if isinstance(e, GatewayError) else repr(e)
+            await self.end(session, f"could not be forked from snapshot {snapshot['id']}: {reason}")
+            raise
 
     @staticmethod
     @contextlib.asynccontextmanager
@@ -326,6 +423,7 @@ class SessionManager:
         request: ExecuteCode,
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
+        on_hold: Callable[[Approval], None] | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
@@ -333,6 +431,9 @@ class SessionManager:
         step; it is recorded and becomes a markdown cell in the notebook export.
         ``on_start`` is called when this execution's turn comes (others may be
         queued ahead). ``on_output`` hears of each output once it is stored.
+        The code first passes the policy's gate: refused, it raises Denied;
+        held, ``on_hold`` hears of the approval request and the session stays
+        busy (its other work queued) until an approver decides.
         """
         session = self.get(session_id, who)
         code = request.code
@@ -344,12 +445,19 @@ class SessionManager:
         limit = seconds(
             request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
         )
+        decision = await self.gate.review(session.tenant, session.policy, session.language, code)
+        review: dict[str, Any] = {"decision": decision.to_json()}
+        if decision.action == "deny":
+            raise await self._refuse(session, code, request.description, review, decision.reasons)
         async with session.lock:
+            resumed = await self._resume(session) if session.state == "paused" else None
             self._check_usable(session)
             session.state = "busy"
             session.touch()
             assert session.kernel is not None and session.workspace is not None
-            recorder = self.begin_execution(session, code, request.description)
+            if decision.action == "hold":
+                review["approval"] = await self._hold(session, who, request, decision, on_hold)
+            recorder = self.begin_execution(session, code, request.description, review)
             await session.workspace.baseline()
             result = await session.kernel.execute(
                 code,
@@ -358,6 +466,7 @@ class SessionManager:
                 grace=self.settings.interrupt_grace,
                 on_output=recorder.listener(on_output),
                 on_start=on_start,
+                mask=session.masker,
             )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""
@@ -368,7 +477,11 @@ class SessionManager:
                 }
             elif session.state == "busy":
                 session.state = "idle"
-            result.artifacts, result.artifacts_truncated = await session.workspace.changes()
+            if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
+                await self.lifecycle.connect_packages(session)
+            result.files, result.artifacts_truncated = await session.workspace.changes()
+            result.artifacts = [c for c in result.files if c["change"] != "deleted"]
+            result.resumed = resumed
             await self.finish_execution(session, recorder, result)
         return result
 
@@ -383,14 +496,95 @@ class SessionManager:
             f"this session's output limit of {format_size(total)}, all its executions "
             "together (start a new session, or write large results to files)",
         )
+    async def submit(
+        self, session_id: str, who: Principal, request: ExecuteCode
+    ) -> ExecutionResult | Approval:
+        """Run an execute; if it is held, return its approval request as soon as it is made.
+
+        A held execute goes on in the background: it runs once approved (its
+        outcome in the session's history) or ends denied.
+        """
+        held: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
+        run = self.spawn(self.execute(session_id, who, request, on_hold=held.set_result))
+        run.add_done_callback(_retrieve)
+        await asyncio.wait((run, held), return_when=asyncio.FIRST_COMPLETED)
+        if run.done():
+            held.cancel()
+            return run.result()
+        return held.result()
 
     def begin_execution(
-        self, session: Session, code: str, description: str | None = None
+        self,
+        session: Session,
+        code: str,
+        description: str | None = None,
+        review: dict[str, Any] | None = None,
     ) -> ExecutionRecorder:
         """Record an execution as running, however it is run (v1 API or Jupyter client)."""
-        recorder = ExecutionRecorder(self.store, session.id, code, description)
+        mask = session.masker
+        recorder = ExecutionRecorder(
+            self.store,
+            session.id,
+            mask.text(code),
+            description and mask.text(description),
+            mask.tree(review),
+        )
         session.running.add(recorder)
         return recorder
+
+    async def _hold(
+        self,
+        session: Session,
+        who: Principal,
+        request: ExecuteCode,
+        decision: Decision,
+        on_hold: Callable[[Approval], None] | None,
+    ) -> dict[str, Any]:
+        """Wait, holding the session's turn, for an approver; the approval's record if approved."""
+        assert session.kernel is not None
+        desk = self.gate.desk
+        approval = await desk.request(
+            session.id,
+            session.tenant,
+            who,
+            session.masker.text(request.code),
+            session.language,
+            decision,
+        )
+        if on_hold is not None:
+            on_hold(approval)
+        await desk.wait(approval, session.kernel.died)
+        if approval.state == "approved":
+            return approval.record()
+        if session.state == "busy":
+            session.state = "idle"
+        who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"
+        why = approval.reason or "no reason given"
+        review = {"decision": decision.to_json(), "approval": approval.record()}
+        raise await self._refuse(
+            session,
+            request.code,
+            request.description,
+            review,
+            (f"approval {approval.id} was denied by {who_denied}: {why}",),
+        )
+
+    async def _refuse(
+        self,
+        session: Session,
+        code: str,
+        description: str | None,
+        review: dict[str, Any],
+        reasons: tuple[str, ...],
+    ) -> Denied:
+        """Record an execute that never ran; the Denied error that says why, to raise."""
+        message = "the policy refused this code: " + "; ".join(reasons)
+        recorder = self.begin_execution(session, code, description, review)
+        error = {"ename": "Denied", "evalue": message, "traceback": []}
+        await self.finish_execution(
+            session, recorder, ExecutionResult("denied", None, [], error, 0.0)
+        )
+        return Denied(message)
 
     async def finish_execution(
         self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
@@ -435,6 +629,11 @@ class SessionManager:
             )
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+        if session.state == "paused":
+            raise Conflict(
+                f"session {session.id} is paused and runs nothing; POST "
+                f"/v1/sessions/{session.id}/resume (or execute: it resumes first)"
+            )
 
     async def interrupt(self, session_id: str, who: Principal) -> Session:
         session = self.get(session_id, who)
@@ -445,16 +644,21 @@ class SessionManager:
         return session
 
     async def restart(self, session_id: str, who: Principal) -> Session:
-        """Give the session a fresh kernel; works on a dead session too."""
+        """Give the session a fresh kernel; works on a dead or paused one too (its state goes)."""
         session = self.get(session_id, who)
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
+        paused = session.state == "paused"  # no kernel to stop: start one
         session.state = "starting"
         session.reason = None
         try:
             async with self._ended_meanwhile(session, "restarted"):
-                await session.kernel.restart()
+                await (session.kernel.start() if paused else session.kernel.restart())
+                if paused:
+                    session.paused = None
+                    await self.state.forget(session)
+                await self.lifecycle.connect_packages(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")
@@ -463,6 +667,117 @@ class SessionManager:
         session.touch()
         await self.save(session)
         return session
+
+    async def pause(
+        self, session_id: str, who: Principal, request: PauseSession
+    ) -> tuple[Session, dict[str, Any]]:
+        """Save the kernel's state and remove its sandbox; the workspace stays on disk.
+
+        Refused while a cell runs. Pausing a paused session answers as the pause did.
+        """
+        session = self.get(session_id, who)
+        if session.state == "paused" and session.paused is not None:
+            return session, session.paused
+        self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            self._check_idle(session)
+            saved = await self._pause(session, request.strategy)
+        return session, saved.to_json()
+
+    def _check_idle(self, session: Session, executing: bool = False) -> None:
+        """Refuse to save a kernel's state while a cell runs (``executing``: one is queued)."""
+        self._check_usable(session)
+        if session.state == "starting":
+            raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        if executing or session.running or session.state == "busy":
+            raise SessionBusy(
+                f"session {session.id} is running a cell; its state can be saved once the cell "
+                f"finishes: wait for it, or POST /v1/sessions/{session.id}/interrupt"
+            )
+
+    async def _pause(self, session: Session, requested: str | None) -> SavedState:
+        """Pause with the session's lock held.
+
+        The record says paused before the sandbox goes: a gateway killed in
+        between finds a paused session and removes the leftover container.
+        """
+        strategy = self.state.choose(session, requested)
+        saved = await self.state.save(session, strategy, self.settings.kernel_start_timeout)
+        session.state = "paused"
+        session.paused = saved.to_json()
+        await self.save(session)
+        if session.stream is not None:
+            session.stream.close()
+            session.stream = None
+        for relay in list(session.parked.values()):
+            relay.close()
+        assert session.kernel is not None
+        try:
+            await session.kernel.stop()
+        except ENGINE_ERRORS as e:  # the next start's recovery removes what is left
+            log.warning("session %s: its paused sandbox is left for later: %s", session.id, e)
+        log.info("session %s paused (%s)", session.id, strategy)
+        return saved
+
+    async def snapshot(
+        self, session_id: str, who: Principal, request: TakeSnapshot
+    ) -> dict[str, Any]:
+        """Save an idle (or paused) session's kernel state and workspace; it carries on."""
+        session = self.get(session_id, who)
+        if session.state != "paused":
+            self._check_idle(session, session.lock.locked())
+        async with session.lock:
+            if session.state != "paused":
+                self._check_idle(session)
+            return await self.snapshots.take(
+                session, request.name, request.strategy, self.settings.kernel_start_timeout
+            )
+
+    async def snapshots_of(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """A session's snapshots, live or ended, oldest first."""
+        await self.record(session_id, who)  # 404 for unknown ids and others' sessions
+        return await self.snapshots.of_session(session_id)
+
+    async def wake(self, session_id: str, who: Principal) -> None:
+        """Resume a session if it is paused (a Jupyter client connecting to its kernel)."""
+        session = self.get(session_id, who)
+        if session.state == "paused":
+            async with session.lock:
+                if session.state == "paused":
+                    await self._resume(session)
+
+    async def resume(self, session_id: str, who: Principal) -> tuple[Session, dict[str, Any]]:
+        """Start a fresh kernel over the session's workspace and give it its state back."""
+        session = self.get(session_id, who)
+        async with session.lock:
+            if session.state != "paused":
+                raise NotPaused(f"session {session.id} is {session.state}, not paused")
+            report = await self._resume(session)
+        return session, report
+
+    async def _resume(self, session: Session) -> dict[str, Any]:
+        """Resume with the session's lock held; a failure leaves it paused, its state kept."""
+        assert session.paused is not None and session.kernel is not None
+        saved = SavedState.from_json(session.paused)
+        kernel = session.kernel
+        session.state = "starting"
+        try:
+            async with self._ended_meanwhile(session, "resumed"):
+                report = await self.state.restore(session, saved, kernel.start)
+                await self.lifecycle.connect_packages(session)
+        except BaseException:
+            if session.state == "starting":
+                session.state = "paused"
+                with contextlib.suppress(Exception):
+                    await kernel.stop()
+            raise
+        session.paused = None
+        session.state = "idle"
+        session.touch()
+        await self.save(session)
+        await self.state.forget(session)
+        log.info("session %s resumed (%s)", session.id, saved.strategy)
+        return report
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity)."""
@@ -482,6 +797,20 @@ class SessionManager:
         if session.workspace is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
+
+    async def approve_host(self, session_id: str, target: str) -> bool:
+        """Whether a first connection to ``target`` may go ahead (the egress proxy asks)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.kernel is None:
+            return False
+        return await self.gate.approve_host(
+            session.id, session.tenant, session.policy, session.owner, session.kernel.died, target
+        )
+
+    def check_file(self, session_id: str, who: Principal, op: str, size: int = 0) -> int:
+        """Refuse a files API ``op`` the session's policy forbids; its download limit (0: none)."""
+        session = self.get(session_id, who)
+        return self.gate.check_file(session.tenant, session.policy, op, size)
 
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")
@@ -516,8 +845,8 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None and self.pool.forget(session_id):
             return  # a pooled kernel died; the pool replaces it
-        if session is None or session.kernel is None or session.state in ("starting", "deleted"):
-            return  # expected: a delete or a restart stopped it
+        if session is None or session.kernel is None or session.state in _NOT_RUNNING:
+            return  # expected: a delete, a restart or a pause stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:
             return
         self.spawn(self._mark_dead(session, container_id, exit_code))
@@ -582,7 +911,7 @@ class SessionManager:
                 log.exception("culling failed; will retry")
 
     async def cull(self) -> None:
-        """End sessions past their TTL, and idle ones past their idle timeout."""
+        """End sessions past their TTL (paused too), and pause or end idle ones."""
         now = self.clock()
         for session in list(self.sessions.values()):
             if now >= session.expires_at:
@@ -592,9 +921,40 @@ class SessionManager:
                 and session.connections == 0
                 and now >= session.idle_deadline
             ):
-                await self.end(session, f"idle for {session.idle_timeout:g} s")
+                if session.state == "idle" and session.idle_action == "pause":
+                    await self._pause_idle(session)
+                else:
+                    await self.end(session, f"idle for {session.idle_timeout:g} s")
+
+    async def _pause_idle(self, session: Session) -> None:
+        """Pause a session past its idle timeout; one that cannot be paused ends as before."""
+        if session.lock.locked():
+            return  # an execute just came in
+        try:
+            async with session.lock:
+                if session.state == "idle":
+                    await self._pause(session, None)
+        except GatewayError as e:
+            await self.end(session, f"idle for {session.idle_timeout:g} s ({e.message})")
 
     async def save(self, session: Session) -> None:
         """Store the session's record, and its kernel's runtime info while it is open."""
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Mark a background execute's failure as seen: its caller had its 202 already."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSession:
+    """A create request for a fork: the snapshot's kernel and image, or a 409 naming them."""
+    for what, asked in (("kernel", request.kernel), ("image", request.image)):
+        if asked and asked != snapshot[what]:
+            raise Conflict(
+                f"snapshot {snapshot['id']} holds the state of a {snapshot[what]} {what}; a "
+                f"fork of it cannot run {asked}: leave {what} out"
+            )
+    return dataclasses.replace(request, kernel=snapshot["kernel"], image=snapshot["image"])

@@ -15,6 +15,8 @@ from ..access.auth import Principal
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
+from ..masking import NO_SECRETS, Masker
+from ..policy.model import Policy, session_policy
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..sandbox.workspace import iso, parse_iso
@@ -43,8 +45,13 @@ class Session:
         runtime: str = "runc",
         network: NetworkPolicy | None = None,
         tenant: str = "default",
+        secret_names: tuple[str, ...] = (),
+        secrets_as: str = "env",
+        policy: Policy | None = None,
+        idle_action: str = "end",
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
+        self.policy = policy  # the session's own, tightening its tenant's
         self.tenant = tenant
         self.start_timeout = start_timeout
         self.runtime = runtime
@@ -55,13 +62,21 @@ class Session:
         self.limits = limits
         self.ttl = ttl
         self.idle_timeout = idle_timeout
+        self.idle_action = idle_action  # "end" or "pause" once the idle timeout passes
         self.env = env
+        self.secret_names = secret_names
+        self.secrets_as = secrets_as  # env variables, or files in /run/secrets
+        # Their values, for the sandbox alone: never in a view or a record.
+        self.secrets: dict[str, str] = {}
+        self.masker: Masker = NO_SECRETS
         self.metadata = metadata
         self.created_at = time.time()
         self.last_activity = self.created_at
         self.ended_at: float | None = None
         self.state = "starting"
         self.reason: str | None = None
+        self.paused: dict[str, Any] | None = None  # a SavedState's JSON while paused
+        self.forked_from: dict[str, Any] | None = None  # the snapshot a fork started from
         # What a notebook export records so a replay can check its environment.
         self.image_digest: str | None = None
         self.packages: list[str] = []
@@ -74,6 +89,7 @@ class Session:
         self.executions = 0
         self.output_bytes = 0  # kept over its life, against session_output_bytes
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.stream: Relay | None = None  # the agent stream, made on first use
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
@@ -94,7 +110,13 @@ class Session:
             runtime=doc.get("runtime", "runc"),
             network=NetworkPolicy.parse(doc.get("network", "none")),
             tenant=doc.get("tenant", "default"),
+            secret_names=tuple(doc.get("secrets", ())),
+            secrets_as=doc.get("secrets_as", "env"),
+            policy=session_policy(doc.get("policy")),
+            idle_action=doc.get("idle_action", "end"),
         )
+        session.paused = doc.get("paused")
+        session.forked_from = doc.get("forked_from")
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
         session.state = doc["state"]
@@ -118,6 +140,11 @@ class Session:
         self.image_digest, self.packages = pooled.image_digest, pooled.packages
         self.language_info, self.display_name = pooled.language_info, pooled.display_name
 
+    def give_secrets(self, values: dict[str, str]) -> None:
+        """Hold the values the sandbox gets, and mask them out of all it produces."""
+        self.secrets = values
+        self.masker = Masker(values)
+
     @property
     def owner(self) -> Principal:
         """The gateway acting for the session's tenant, when no caller is there to ask."""
@@ -130,6 +157,11 @@ class Session:
     @property
     def idle_deadline(self) -> float:
         return self.last_activity + self.idle_timeout
+
+    @property
+    def language(self) -> str:
+        """The kernel's language (``python``, ``R``...): how its code is scanned."""
+        return self.language_info.get("name") or self.kernel_name
 
     def touch(self) -> None:
         self.last_activity = time.time()
@@ -148,9 +180,14 @@ class Session:
             "limits": self.limits.to_json(),
             "ttl": self.ttl,
             "idle_timeout": self.idle_timeout,
+            "idle_action": self.idle_action,
+            "paused": self.paused,
+            "forked_from": self.forked_from,
             "runtime": self.runtime,
             "network": self.network.to_json(),
-            "env": self.env,
+            "env": sorted(self.env),  # names only: values may be credentials
+            "secrets": list(self.secret_names),
+            "secrets_as": self.secrets_as,
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
             "expires_at": iso(self.expires_at),
@@ -163,5 +200,15 @@ class Session:
         }
 
     def record(self) -> dict[str, Any]:
-        """What the store keeps: the API view plus the image's package list."""
-        return {**self.to_json(), "packages": self.packages}
+        """What the store keeps: the API view plus env values, the image's package list
+        and the session's own policy."""
+        policy = self.policy.to_json() if self.policy is not None else None
+        return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy}
+
+
+def public_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored session record as the API shows it: no package list, policy or env values."""
+    view = {k: v for k, v in record.items() if k not in ("packages", "policy")}
+    view["env"] = sorted(view.get("env", ()))
+    view.setdefault("secrets", [])
+    return view

@@ -8,10 +8,11 @@ kernel process as a cold start would have it. A request the pool cannot
 satisfy starts cold: another image, runtime or network policy, another
 workspace size (its filesystem is made at pool time, and online resizing
 is not permitted everywhere), a memory limit that changes /tmp's size, a
-client-chosen id, env for a kernel that cannot take it late, or, where the
-placement cannot resize a running sandbox (swarm), any other limits. A
-pooled kernel serves exactly one session, ever. Refills run in the
-background, a bounded number at a time, so they do not starve live sessions;
+client-chosen id, sealed secrets (they reach a kernel only as it starts),
+env for a kernel that cannot take it late, or, where the placement
+cannot resize a running sandbox (swarm), any other limits. A pooled
+kernel serves exactly one session, ever. Refills run in the background,
+a bounded number at a time, so they do not starve live sessions;
 pooled sandboxes count against the server's session limit and give way to
 real sessions when it is reached.
 """
@@ -106,7 +107,7 @@ class WarmPool:
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)
-        if not ready or request.session_id is not None:
+        if not ready or request.session_id is not None or session.secret_names:
             return None
         pooled = ready[0]
         language = pooled.language_info.get("name", "")

@@ -1,6 +1,7 @@
 """Take over what a previous gateway process left, so a restart loses nothing.
 
-At start the gateway reattaches to every open session whose container still
+At start the gateway keeps every paused session paused (its saved state and
+workspace are on disk), reattaches to every open session whose container still
 runs (the kernel, and so its state, carried on without it), marks dead those
 whose container stopped or vanished meanwhile, ends those that expired or
 never finished starting, closes the executions the restart cut short, and
@@ -86,18 +87,28 @@ async def _take_over(
     was_cut: bool,
 ) -> None:
     session = Session.from_record(doc)
-    if session.state == "starting" or not runtime or not runtime.get("container_id"):
+    paused = session.state == "paused"  # no sandbox: its state and workspace are on disk
+    if not paused and (
+        session.state == "starting" or not runtime or not runtime.get("container_id")
+    ):
         await registry.end(session, "the gateway restarted while the session was starting")
         return
     if time.time() >= session.expires_at:
         await registry.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
         return
     try:
-        await lifecycle.adopt(session, runtime)
+        if paused:
+            await lifecycle.adopt_paused(session)
+        else:
+            assert runtime is not None
+            await lifecycle.adopt(session, runtime)
     except GatewayError as e:
         await registry.end(session, f"its sandbox cannot be restored here: {e.message}")
         return
     registry.sessions[session.id] = session
+    if paused:  # a container a pause did not get to remove is left over, and goes
+        await registry.save(session)
+        return
     container = next((c for c in containers if c.id == runtime["container_id"]), None)
     if container is not None:
         claimed.add(container.id)

@@ -14,8 +14,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ..access.secrets import secret_names
 from ..errors import BadRequest
 from ..limits import Limits
+from ..policy.model import Policy, session_policy
 from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
 from ..validation import env_vars, image_ref, metadata_dict
@@ -36,6 +38,16 @@ def _seconds(value: Any, name: str) -> float | None:
     return float(value)
 
 
+IDLE_ACTIONS = ("end", "pause")
+
+
+def idle_action(value: Any) -> str | None:
+    """What the idle timeout does to a session: end it, or pause it."""
+    if value is not None and value not in IDLE_ACTIONS:
+        raise BadRequest(f"idle_action must be 'end' or 'pause', not {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class CreateSession:
     """``POST /v1/sessions`` (and a Jupyter client's kernel start)."""
@@ -46,16 +58,24 @@ class CreateSession:
     limits: Mapping[str, int | float] = dataclasses.field(default_factory=dict)
     ttl: float | None = None
     idle_timeout: float | None = None
+    idle_action: str | None = None  # None: the server's idle_action
     start_timeout: float | None = None
     runtime: str | None = None
     network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of the tenant's sealed secrets
+    secrets_as: str = "env"  # or "files": one file each in /run/secrets, on a tmpfs
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    policy: Policy | None = None  # tightens the tenant's policy, never loosens it
+    from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
         body = _body(body)
-        kernel = body.get("kernel") or "python3"
+        from_snapshot = body.get("from_snapshot")
+        if from_snapshot is not None and not isinstance(from_snapshot, str):
+            raise BadRequest("from_snapshot must be a snapshot id (POST .../snapshots made one)")
+        kernel = body.get("kernel") or ("" if from_snapshot else "python3")
         if not isinstance(kernel, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
         session_id = body.get("id")
@@ -67,6 +87,13 @@ class CreateSession:
         runtime = body.get("runtime")
         if runtime is not None and not isinstance(runtime, str):
             raise BadRequest(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        env, secrets = env_vars(body.get("env")), secret_names(body.get("secrets"))
+        secrets_as = body.get("secrets_as") or "env"
+        if secrets_as not in ("env", "files"):
+            raise BadRequest(f"secrets_as must be 'env' or 'files', not {secrets_as!r}")
+        both = sorted(set(env) & set(secrets))
+        if both:
+            raise BadRequest(f"{', '.join(both)} named in both env and secrets; name each once")
         return cls(
             kernel=kernel,
             image=image_ref(body.get("image")),
@@ -74,11 +101,16 @@ class CreateSession:
             limits=Limits.requested(body.get("limits")),
             ttl=_seconds(body.get("ttl"), "ttl"),
             idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
+            idle_action=idle_action(body.get("idle_action")),
             start_timeout=_seconds(body.get("start_timeout"), "start_timeout"),
             runtime=runtime,
             network=NetworkPolicy.parse(body.get("network")),
-            env=env_vars(body.get("env")),
+            env=env,
+            secrets=secrets,
+            secrets_as=secrets_as,
             metadata=metadata_dict(body.get("metadata")),
+            policy=session_policy(body.get("policy")),
+            from_snapshot=from_snapshot,
         )
 
 
@@ -119,3 +151,34 @@ class ExecuteCode:
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
         return cls(code, _seconds(body.get("timeout"), "timeout"), description)
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseSession:
+    """``POST /v1/sessions/{id}/pause``: how to keep the kernel's state (None: the best)."""
+
+    strategy: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> PauseSession:
+        body = _body(body)
+        strategy = body.get("strategy")
+        if strategy is not None and not isinstance(strategy, str):
+            raise BadRequest("strategy must be a string such as 'namespace' or 'replay'")
+        return cls(strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class TakeSnapshot:
+    """``POST /v1/sessions/{id}/snapshots``: an optional name, and a strategy like a pause's."""
+
+    name: str | None = None
+    strategy: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> TakeSnapshot:
+        body = _body(body)
+        name = body.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 200):
+            raise BadRequest("name must be a string of at most 200 characters")
+        return cls(name, PauseSession.from_json(body).strategy)

@@ -106,12 +106,67 @@ MIGRATIONS = [
     """
     CREATE INDEX executions_by_start ON executions (started_at);
     """,
+    # Tenants' sealed secrets: only ciphertext (access.secrets holds the key).
+    """
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed BLOB NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    """,
+    # What each execution did to the workspace: created, modified, deleted files.
+    """
+    ALTER TABLE executions ADD COLUMN files TEXT;
+    """,
+    # Every connection a session made through the egress proxy, allowed or denied.
+    """
+    CREATE TABLE connections (
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id INTEGER,
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    """,
+    # What the policy made of each execution (findings, decision), and approvals.
+    """
+    ALTER TABLE executions ADD COLUMN review TEXT;
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals (state, created_at);
+    """,
+    # Snapshots of sessions' kernel state and workspace; they outlive their sessions.
+    """
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+    CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
 
 _EXECUTION_COLUMNS = (
-    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms"
+    "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms",
+    "files",
 )  # fmt: skip
 
 
@@ -297,6 +352,72 @@ class Store:
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
 
+    async def add_snapshot(self, doc: dict[str, Any]) -> None:
+        await self._run(
+            self._exec,
+            "INSERT INTO snapshots (id, tenant, session_id, created_at, size_bytes, doc)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                doc["id"],
+                doc["tenant"],
+                doc["session_id"],
+                doc["created_at"],
+                doc["size_bytes"],
+                json.dumps(doc),
+            ),
+        )
+
+    async def get_snapshot(self, snapshot_id: str) -> dict[str, Any] | None:
+        rows = await self._run(self._exec, "SELECT doc FROM snapshots WHERE id = ?", (snapshot_id,))
+        return json.loads(rows[0]["doc"]) if rows else None
+
+    async def snapshots_of(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self._run(
+            self._exec,
+            "SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
+            (session_id,),
+        )
+        return [json.loads(r["doc"]) for r in rows]
+
+    async def snapshot_usage(self, tenant: str) -> tuple[int, int]:
+        """How many snapshots a tenant keeps, and their bytes on disk."""
+        rows = await self._run(
+            self._exec,
+            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM snapshots WHERE tenant = ?",
+            (tenant,),
+        )
+        return rows[0][0], rows[0][1]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._run(self._exec, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
+    async def last_execution(self, session_id: str) -> int:
+        """The id of a session's newest execution (0 for none): where a snapshot stands."""
+        rows = await self._run(
+            self._exec,
+            "SELECT coalesce(max(id), 0) FROM executions WHERE session_id = ?",
+            (session_id,),
+        )
+        return rows[0][0]
+
+    async def copy_history(self, source: str, target: str, up_to: int) -> int:
+        """Give a fork the executions its source had when the snapshot was taken; count them."""
+        where = "WHERE session_id = ? AND id <= ? AND status != 'running'"
+        rows = await self._run(
+            self._exec, f"SELECT count(*) FROM executions {where}", (source, up_to)
+        )
+        first = self._next_execution  # ids are handed out here, on the loop
+        self._next_execution += rows[0][0]
+        columns = ", ".join(("code", "description", *_EXECUTION_COLUMNS, "started_at"))
+        await self._run(
+            self._exec,
+            f"INSERT INTO executions (id, session_id, {columns})"
+            f" SELECT ? + row_number() OVER (ORDER BY id) - 1, ?, {columns}"
+            f" FROM executions {where} ORDER BY id",
+            (first, target, source, up_to),
+        )
+        return rows[0][0]
+
     def start_execution(
         self, session_id: str, record: dict[str, Any]
     ) -> tuple[int, asyncio.Future]:
@@ -312,7 +433,8 @@ class Store:
         written = self._submit(
             self._exec,
             "INSERT INTO executions (id, session_id, status, code, description, outputs,"
-            " started_at, ended_at, duration_ms) VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0)",
+            " started_at, ended_at, duration_ms, review)"
+            " VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0, ?)",
             (
                 execution_id,
                 session_id,
@@ -320,6 +442,7 @@ class Store:
                 record.get("description"),
                 record["started_at"],
                 record["started_at"],
+                json.dumps(record["review"]) if record.get("review") else None,
             ),
             lazy=True,
         )
@@ -420,6 +543,103 @@ class Store:
             {**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows
         ]
 
+    async def put_secret(
+        self, tenant: str, name: str, sealed: bytes, at: str, overwrite: bool
+    ) -> tuple[dict[str, str], bool] | None:
+        """Store a sealed value: (its dates, whether new); None if it exists, not to overwrite."""
+
+        def put() -> tuple[dict[str, str], bool] | None:
+            found = self._exec(
+                "SELECT 1 FROM secrets WHERE tenant = ? AND name = ?", (tenant, name)
+            )
+            if found and not overwrite:
+                return None
+            self._exec(
+                "INSERT INTO secrets (tenant, name, sealed, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) DO UPDATE"
+                " SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+                (tenant, name, sealed, at, at),
+            )
+            row = self._exec(
+                "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? AND name = ?",
+                (tenant, name),
+            )[0]
+            return dict(row), not found
+
+        return await self._run(put)
+
+    async def delete_secret(self, tenant: str, name: str) -> bool:
+        """Forget a secret; whether there was one."""
+
+        def delete() -> bool:
+            assert self._db is not None, "store is not open"
+            sql = "DELETE FROM secrets WHERE tenant = ? AND name = ?"
+            return self._db.execute(sql, (tenant, name)).rowcount > 0
+
+        return await self._run(delete)
+
+    async def secret_dates(self, tenant: str) -> list[dict[str, str]]:
+        """A tenant's secrets by name with their dates; never their values."""
+        rows = await self._run(
+            self._exec,
+            "SELECT name, created_at, updated_at FROM secrets WHERE tenant = ? ORDER BY name",
+            (tenant,),
+        )
+        return [dict(row) for row in rows]
+
+    async def sealed_secrets(self, tenant: str, names: list[str]) -> dict[str, bytes]:
+        """The sealed values of those of ``names`` the tenant holds."""
+        marks = ", ".join("?" * len(names))
+        rows = await self._run(
+            self._exec,
+            f"SELECT name, sealed FROM secrets WHERE tenant = ? AND name IN ({marks})",
+            (tenant, *names),
+        )
+        return {row["name"]: bytes(row["sealed"]) for row in rows}
+
+    def add_connection(
+        self, session_id: str, execution_id: int | None, record: dict[str, Any]
+    ) -> asyncio.Future:
+        """Append one egress connection of a session (and the execution it ran in)."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO connections (session_id, execution_id, at, record) VALUES (?, ?, ?, ?)",
+            (session_id, execution_id, record["at"], json.dumps(record)),
+            lazy=True,
+        )
+
+    async def connections(
+        self, session_id: str, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of a session's connections, oldest first, and the next page's cursor."""
+        rows = await self._run(
+            self._exec,
+            "SELECT id, execution_id, record FROM connections WHERE session_id = ? AND id > ?"
+            " ORDER BY id LIMIT ?",
+            (session_id, after, limit + 1),
+        )
+        page = [
+            {"id": r["id"], "execution_id": r["execution_id"], **json.loads(r["record"])}
+            for r in rows[:limit]
+        ]
+        return page, (page[-1]["id"] if len(rows) > limit else None)
+
+    def _network(self, execution_id: int) -> dict[str, Any] | None:
+        """What an execution's connections add up to, for its history row and notebook cell."""
+        rows = self._exec(
+            "SELECT record FROM connections WHERE execution_id = ? ORDER BY id", (execution_id,)
+        )
+        if not rows:
+            return None
+        records = [json.loads(r["record"]) for r in rows]
+        return {
+            "connections": len(records),
+            "refused": sum(r["decision"] != "allowed" for r in records),
+            "bytes_up": sum(r["bytes_up"] for r in records),
+            "bytes_down": sum(r["bytes_down"] for r in records),
+            "hosts": sorted({r["sni"] or r["host"] for r in records}),
+        }
+
     async def _prune_forever(self) -> None:
         """Prune a batch at a time: back to back while there is a backlog, else each interval."""
         while True:
@@ -450,6 +670,11 @@ class Store:
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
+                ).rowcount
+                budget -= db.execute(
+                    "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
+                    " WHERE at < ? ORDER BY at LIMIT ?)",
+                    (cutoff, max(budget, 0)),
                 ).rowcount
                 budget -= db.execute(
                     "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
@@ -532,7 +757,50 @@ class Store:
             "started_at": r["started_at"],
             "ended_at": None if running else r["ended_at"],
             "duration_ms": r["duration_ms"],
+            "files": json.loads(r["files"]) if r["files"] else [],
+            "network": self._network(r["id"]),
+            "review": json.loads(r["review"]) if r["review"] else None,
         }
+
+    def save_approval(self, doc: dict[str, Any]) -> asyncio.Future:
+        """Insert or replace an approval request's record."""
+        return self._submit(
+            self._exec,
+            "INSERT INTO approvals (id, tenant, session_id, state, created_at, doc)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE"
+            " SET state = excluded.state, doc = excluded.doc",
+            (
+                doc["id"],
+                doc["tenant"],
+                doc["session_id"],
+                doc["state"],
+                doc["created_at"],
+                json.dumps(doc),
+            ),
+        )
+
+    async def approvals(
+        self, tenant: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Approval records, oldest first, of one tenant (None: all) and state (None: any)."""
+        where, params = [], []
+        for column, value in (("tenant", tenant), ("state", state)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT doc FROM approvals"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = await self._run(
+            self._exec, sql + " ORDER BY created_at, id LIMIT ?", (*params, limit)
+        )
+        return [json.loads(r["doc"]) for r in rows]
+
+    async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        rows = await self._run(
+            self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,)
+        )
+        return json.loads(rows[0]["doc"]) if rows else None
 
 
 def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Future) -> None:
@@ -560,6 +828,7 @@ def _execution_values(record: dict[str, Any]) -> tuple:
         json.dumps(record["error"]) if record["error"] else None,
         record["ended_at"],
         record["duration_ms"],
+        json.dumps(record.get("files") or []),
     )
 
 

@@ -1,19 +1,10 @@
 // Open a notebook in JupyterLab, run its first cell, and report what the page shows.
 // Usage: node lab.mjs NOTEBOOK_URL SCREENSHOT_PATH
-import { chromium } from "playwright-core";
+import { openPage } from "./browser.mjs";
 
 const [url, screenshot] = process.argv.slice(2);
-let page;
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-  ],
-});
+const { browser, page } = await openPage({ width: 1280, height: 860 });
 try {
-  page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
-  page.on("console", (m) => { if (m.type() !== "debug") console.error(`[page] ${m.text()}`); });
   await page.goto(url);
   const cell = page.locator(".jp-Notebook .jp-CodeCell").first();
   await cell.waitFor({ timeout: 120_000 });
@@ -30,7 +21,7 @@ try {
   console.log(JSON.stringify({ text, image: size }));
 } catch (error) {
   // Keep what the page showed: it says more than a timeout does.
-  if (page) await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png") });
+  await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png") });
   throw error;
 } finally {
   await browser.close();

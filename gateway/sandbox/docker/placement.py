@@ -28,11 +28,19 @@ from ..base import (
     SandboxState,
     exit_reason,
     oom_reason,
+    write_secret_files,
 )
 from ..images import ImageBuilder
 from ..workspace import Workspace
 from .events import ContainerWatcher
-from .provisioner import LABEL_GATEWAY, LABEL_SESSION, SandboxSpec, sandbox_name, update_limits
+from .provisioner import (
+    CONTAINER_RUN_DIR,
+    LABEL_GATEWAY,
+    LABEL_SESSION,
+    SandboxSpec,
+    sandbox_name,
+    update_limits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ class DockerPlacement(Placement):
 
     name = "docker"
     resizes_in_place = True
+    secret_files = True
 
     def __init__(
         self,
@@ -90,6 +99,7 @@ class DockerPlacement(Placement):
             max_message=self.max_message,
             user=request.user,
             isolation=request.isolation,
+            secret_files=request.secret_files,
         )
 
     def workspace(self, spec: SandboxSpec, provisioner: ProvisionerRef) -> Workspace:
@@ -102,6 +112,13 @@ class DockerPlacement(Placement):
         await asyncio.to_thread(
             volume.create, self.sessions_dir / spec.session_id, spec.limits.disk, uid, gid
         )
+        if spec.secrets_dir is not None:
+            await asyncio.to_thread(
+                write_secret_files, spec.secrets_dir, spec.secret_files, uid, gid
+            )
+
+    def kernel_exchange(self, session_id: str) -> tuple[str, Path]:
+        return CONTAINER_RUN_DIR, self.sessions_dir / session_id / "run"
 
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""

@@ -40,7 +40,7 @@ from jupyter_core.paths import secure_write
 
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
-from ..base import Isolation
+from ..base import SECRETS_MOUNT, SECRETS_TMPFS, Isolation
 from ..guard import MessageGuard
 
 LABEL_GATEWAY = "sbx.gateway"
@@ -74,6 +74,12 @@ class SandboxSpec:
     user: str = "1000:1000"
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
+    secret_files: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def secrets_dir(self) -> Path | None:
+        """The host tmpfs directory of the secret files, mounted read-only; None without."""
+        return SECRETS_TMPFS / self.session_id if self.secret_files else None
 
     @property
     def provisioner_class(self) -> type[DockerProvisioner]:
@@ -116,6 +122,8 @@ class SandboxSpec:
             Mount(CONTAINER_KERNEL_DIR, str(self.kernel_dir), type="bind", read_only=True),
             Mount(self.workdir, str(self.workspace), type="bind"),
         ]
+        if self.secrets_dir is not None:
+            mounts.append(Mount(SECRETS_MOUNT, str(self.secrets_dir), type="bind", read_only=True))
         if isolation.resolv_conf is not None:
             mounts.append(
                 Mount("/etc/resolv.conf", str(isolation.resolv_conf), type="bind", read_only=True)

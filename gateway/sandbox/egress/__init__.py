@@ -24,9 +24,17 @@ import docker
 from ...errors import EgressUnavailable, NotAllowed
 from .network import EgressNetwork
 from .policy import AddressGuard, IPNetwork, NetworkPolicy, Rule
-from .proxy import DenialHook, EgressDenial, EgressProxy
+from .proxy import (
+    ConnectionHook,
+    DenialHook,
+    EgressConnection,
+    EgressDenial,
+    EgressProxy,
+    HostHook,
+    Redactor,
+)
 
-__all__ = ["Egress", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
+__all__ = ["Egress", "EgressConnection", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,9 @@ class Egress:
         self.state_dir = options.state_dir
         self.proxy: EgressProxy | None = None
         self._on_denied: DenialHook | None = None
+        self._redact: Redactor | None = None
+        self._on_connection: ConnectionHook | None = None
+        self._on_new_host: HostHook | None = None
         self._endpoint: tuple[str, int] | None = None
         self._lock = asyncio.Lock()
 
@@ -74,6 +85,24 @@ class Egress:
         self._on_denied = hook
         if self.proxy is not None:
             self.proxy.on_denied = hook
+
+    def set_redactor(self, redact: Redactor) -> None:
+        """Mask sessions' secrets out of the targets the proxy logs and reports."""
+        self._redact = redact
+        if self.proxy is not None:
+            self.proxy.redact = redact
+
+    def set_connection_hook(self, hook: ConnectionHook) -> None:
+        """Hand every connection a session made, once ended, to ``hook`` (its record)."""
+        self._on_connection = hook
+        if self.proxy is not None:
+            self.proxy.on_connection = hook
+
+    def set_host_hook(self, hook: HostHook | None) -> None:
+        """Ask ``hook`` before each session's first connection to a host (approvals)."""
+        self._on_new_host = hook
+        if self.proxy is not None:
+            self.proxy.on_new_host = hook
 
     def protect_port(self, port: int) -> None:
         """Never let a sandbox reach ``port`` on this host (the gateway's API port)."""
@@ -116,6 +145,9 @@ class Egress:
                 address = await asyncio.to_thread(self.network.ensure)
                 key, preferred = await asyncio.to_thread(self._load_state)
                 proxy = EgressProxy(self.guard, key, on_denied=self._on_denied)
+                proxy.redact = self._redact
+                proxy.on_connection = self._on_connection
+                proxy.on_new_host = self._on_new_host
                 try:
                     port = await proxy.start(address, self.network.ports, preferred)
                 except OSError as e:

@@ -248,13 +248,19 @@ class NetworkPolicy:
 
     def permits(self, host: str | IPAddress, port: int) -> bool:
         """Whether ``host:port`` is on the list; a string goes through ``parse_host`` first."""
+        return self.rule_for(host, port) is not None
+
+    def rule_for(self, host: str | IPAddress, port: int) -> Rule | None:
+        """The first rule that lets ``host:port`` through, or None."""
         if isinstance(host, str):
             host = parse_host(host)
-        if not self.rules:
-            return False
-        if isinstance(host, str):
-            return any(r.matches_name(host, port) for r in self.rules)
-        return any(r.matches_address(host, port) for r in self.rules)
+        by_name = isinstance(host, str)
+        for rule in self.rules or ():
+            if by_name and rule.matches_name(host, port):  # type: ignore[arg-type]
+                return rule
+            if not by_name and rule.matches_address(host, port):  # type: ignore[arg-type]
+                return rule
+        return None
 
 
 def parse_ranges(text: str, what: str) -> list[IPNetwork]:

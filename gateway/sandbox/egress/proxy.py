@@ -29,12 +29,13 @@ import hmac
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from .policy import AddressGuard, Host, IPAddress, NetworkPolicy, format_authority, parse_authority
+from .sni import server_name
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,32 @@ class EgressDenial:
 
 
 DenialHook = Callable[[EgressDenial], None]
+# Asked once per session and host:port before the first connection: may it go ahead?
+HostHook = Callable[[str, str], Awaitable[bool]]
+
+
+@dataclasses.dataclass
+class EgressConnection:
+    """One connection a session made through the proxy, allowed or not, for its record."""
+
+    session_id: str
+    method: str  # CONNECT, or the plain-HTTP request's method
+    host: str  # the host asked for (the raw target until it parses)
+    started: float  # time.time() at its start
+    port: int | None = None
+    sni: str | None = None  # the TLS server name a CONNECT tunnel's client sent
+    decision: str = "denied"  # allowed, denied (by policy), failed (bad request, upstream)
+    rule: str | None = None  # the allowlist entry that let it through
+    reason: str | None = None  # why it was refused or failed
+    bytes_up: int = 0  # from the sandbox
+    bytes_down: int = 0  # to the sandbox
+    duration_ms: float = 0.0
+
+
+# Hears of every authenticated connection once it has ended.
+ConnectionHook = Callable[[EgressConnection], None]
+# Masks a session's secrets out of text (a target it asked for) before it is logged.
+Redactor = Callable[[str, str], str]
 
 
 class _Refused(Exception):
@@ -79,6 +106,7 @@ class _Tenant:
     window: float = 0.0  # start of the current one-second reporting window
     reported: int = 0
     suppressed: int = 0
+    hosts: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)  # decided
 
 
 class EgressProxy:
@@ -100,6 +128,9 @@ class EgressProxy:
         self.guard = guard
         self.key = key
         self.on_denied = on_denied  # the hook an audit log plugs into
+        self.redact: Redactor | None = None  # (session id, text) -> text without its secrets
+        self.on_connection: ConnectionHook | None = None  # the session's connection record
+        self.on_new_host: HostHook | None = None  # a policy that holds first connections
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
@@ -167,8 +198,9 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
-        tenant = None
+        tenant = record = None
         method, target = "?", "?"
+        started = time.monotonic()
         try:
             try:
                 async with asyncio.timeout(self.head_timeout):
@@ -178,23 +210,38 @@ class EgressProxy:
             method, target, version, headers = _parse_head(head)
             tenant = self._authenticate(headers)
             tenant.tasks.add(task)
-            await self._relay(tenant, reader, writer, method, target, version, headers)
+            record = EgressConnection(tenant.session_id, method, _printable(target), time.time())
+            await self._relay(tenant, reader, writer, record, target, version, headers)
         except _Refused as refused:
+            if record is not None:
+                record.decision = "denied" if refused.denied else "failed"
+                record.reason = refused.reason
+            shown, reason = self._redacted(tenant, _printable(target), refused.reason)
             if refused.denied:
-                self._report(tenant, method, _printable(target), refused.reason)
+                self._report(tenant, method, shown, reason)
             else:
-                log.debug("egress %s %s failed: %s", method, target, refused.reason)
+                log.debug("egress %s %s failed: %s", method, shown, reason)
             await _answer(writer, refused.status, refused.reason)
         except (ConnectionError, OSError):
             pass  # the client or the upstream went away
         finally:
             if tenant is not None:
                 tenant.tasks.discard(task)
+            if record is not None:
+                record.duration_ms = (time.monotonic() - started) * 1000
+                self._recorded(record)
             writer.close()
             self._handlers.discard(task)
             self._peers[peer] -= 1
             if not self._peers[peer]:
                 del self._peers[peer]
+
+    def _recorded(self, record: EgressConnection) -> None:
+        if self.on_connection is not None:
+            try:
+                self.on_connection(record)
+            except Exception:
+                log.exception("the egress connection hook failed")
 
     def _authenticate(self, headers: dict[str, str]) -> _Tenant:
         scheme, _, credentials = headers.get("proxy-authorization", "").partition(" ")
@@ -216,11 +263,12 @@ class EgressProxy:
         tenant: _Tenant,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        method: str,
+        record: EgressConnection,
         target: str,
         version: str,
         headers: dict[str, str],
     ) -> None:
+        method = record.method
         # Refused whole, before urlsplit quietly drops tabs and newlines from a URL.
         odd = next((c for c in target if not c.isprintable()), None)
         if odd is not None:
@@ -228,7 +276,7 @@ class EgressProxy:
             raise _Refused(400, reason, denied=True)
         if method == "CONNECT":
             host, port = _target(target, None)
-            up_reader, up_writer = await self._open(tenant, host, port)
+            up_reader, up_writer = await self._open(tenant, host, port, record)
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             url = None
@@ -237,19 +285,24 @@ class EgressProxy:
             if url is None or url.scheme != "http" or not url.netloc:
                 raise _Refused(400, "send http://host/path, or CONNECT host:port for HTTPS")
             host, port = _target(url.netloc, 80)
-            up_reader, up_writer = await self._open(tenant, host, port)
+            up_reader, up_writer = await self._open(tenant, host, port, record)
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             authority = format_authority(host, None if port == 80 else port)
             up_writer.write(_origin_head(method, path, version, headers, authority))
-        await _splice(reader, writer, up_reader, up_writer)
+        await _splice(reader, writer, up_reader, up_writer, record)
 
     async def _open(
-        self, tenant: _Tenant, host: Host, port: int
+        self, tenant: _Tenant, host: Host, port: int, record: EgressConnection
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to ``host:port`` if the policy and the guard allow it."""
         target = format_authority(host, port)
-        if not tenant.policy.permits(host, port):
+        record.host, record.port = format_authority(host, None), port
+        rule = tenant.policy.rule_for(host, port)
+        if rule is None:
             raise _Refused(403, f"{target} is not on this session's allowlist", denied=True)
+        record.rule = rule.text
+        if self.on_new_host is not None and not await self._first_use(tenant, target):
+            raise _Refused(403, f"the first connection to {target} was not approved", denied=True)
         refusals, failure = [], None
         for address in await self._addresses(host, port):
             refusal = self.guard.refusal(address, port)
@@ -258,12 +311,29 @@ class EgressProxy:
                 continue
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    return await asyncio.open_connection(str(address), port, limit=CHUNK)
+                    opened = await asyncio.open_connection(str(address), port, limit=CHUNK)
+                record.decision = "allowed"
+                return opened
             except (OSError, TimeoutError) as e:
                 failure = e
         if failure is not None:
             raise _Refused(502, f"cannot connect to {target}: {str(failure) or 'timed out'}")
         raise _Refused(403, f"{target} refused: " + "; ".join(refusals), denied=True)
+
+    async def _first_use(self, tenant: _Tenant, target: str) -> bool:
+        """Ask the hook once per host:port; connections meanwhile wait for the same answer."""
+        assert self.on_new_host is not None
+        decided = tenant.hosts.get(target)
+        if decided is None:
+            decided = asyncio.ensure_future(self.on_new_host(tenant.session_id, target))
+            tenant.hosts[target] = decided
+        try:
+            return await asyncio.shield(decided)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the egress host hook failed; %s refused", target)
+            return False
 
     async def _addresses(self, host: Host, port: int) -> list[IPAddress]:
         if not isinstance(host, str):
@@ -279,6 +349,12 @@ class EgressProxy:
             raise _Refused(502, f"cannot resolve {host}: {e.strerror}") from None
         inet = (socket.AF_INET, socket.AF_INET6)
         return list(dict.fromkeys(ip_address(i[4][0]) for i in infos if i[0] in inet))
+
+    def _redacted(self, tenant: _Tenant | None, *texts: str) -> tuple[str, ...]:
+        """``texts`` without the secrets of the session asking, for logs and the audit."""
+        if tenant is None or self.redact is None:
+            return texts
+        return tuple(self.redact(tenant.session_id, text) for text in texts)
 
     def _report(self, tenant: _Tenant | None, method: str, target: str, reason: str) -> None:
         """Log a denial and pass it to the hook, at most ``reports_per_second`` per session.
@@ -361,9 +437,12 @@ def _origin_head(
     return "\r\n".join(lines).encode("latin-1")
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Callable[[bytes], None]
+) -> None:
     with contextlib.suppress(ConnectionError, OSError):
         while data := await reader.read(CHUNK):
+            seen(data)
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -375,11 +454,24 @@ async def _splice(
     writer: asyncio.StreamWriter,
     up_reader: asyncio.StreamReader,
     up_writer: asyncio.StreamWriter,
+    record: EgressConnection,
 ) -> None:
-    """Copy both ways until the upstream is done; the client's EOF only half-closes."""
-    upload = asyncio.create_task(_pipe(reader, up_writer))
+    """Copy both ways until the upstream is done; the client's EOF only half-closes.
+
+    The bytes each way are counted, and a tunnel's first bytes read for a TLS server name.
+    """
+
+    def up(data: bytes) -> None:
+        if record.method == "CONNECT" and not record.bytes_up:
+            record.sni = server_name(data)
+        record.bytes_up += len(data)
+
+    def down(data: bytes) -> None:
+        record.bytes_down += len(data)
+
+    upload = asyncio.create_task(_pipe(reader, up_writer, up))
     try:
-        await _pipe(up_reader, writer)
+        await _pipe(up_reader, writer, down)
     finally:
         upload.cancel()
         with contextlib.suppress(asyncio.CancelledError):

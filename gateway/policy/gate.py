@@ -1,0 +1,99 @@
+"""The gate every execute passes: its tenant's policy, tightened by its session's, on a scan.
+
+Scanning a cell takes tens of microseconds, so it runs on the loop; a cell
+past ``OFFLOAD_BYTES`` is scanned on a thread instead. A scanner that breaks
+is logged, and under an enforcing policy the code is refused (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..access.auth import Principal
+from ..errors import Denied
+from .approvals import ApprovalDesk
+from .book import PolicyBook
+from .model import Decision, Policy
+from .scan import ScanFailed, Scanner
+
+log = logging.getLogger(__name__)
+
+OFFLOAD_BYTES = 64 * 1024
+
+
+class Gate:
+    """Policies, the scanner and the approval desk, for the session manager."""
+
+    def __init__(self, book: PolicyBook, scanner: Scanner, desk: ApprovalDesk) -> None:
+        self.book = book
+        self.scanner = scanner
+        self.desk = desk
+
+    async def review(
+        self, tenant: str, session_policy: Policy | None, language: str, code: str
+    ) -> Decision:
+        """What the policy in force says about ``code``, with the scan's findings."""
+        if len(code) > OFFLOAD_BYTES:
+            return await asyncio.to_thread(self.judge, tenant, session_policy, language, code)
+        return self.judge(tenant, session_policy, language, code)
+
+    def judge(
+        self, tenant: str, session_policy: Policy | None, language: str, code: str
+    ) -> Decision:
+        """``review`` on the caller's thread (the Jupyter relay's sends are synchronous)."""
+        policy = self.book.policy(tenant).tighten(session_policy)
+        if not policy.scans:
+            return policy.decide(())
+        try:
+            findings = self.scanner.scan(code, language, policy.patterns)
+        except ScanFailed as e:
+            log.error(
+                "the scanner failed on a %s cell of tenant %s (%s); %s",
+                language,
+                tenant,
+                e,
+                "refused (fail closed)" if policy.enforcing else "allowed (report mode)",
+            )
+            return policy.failed_scan(str(e))
+        return policy.decide(findings)
+
+    def check_file(self, tenant: str, session_policy: Policy | None, op: str, size: int = 0) -> int:
+        """Refuse a files API ``op`` the policy forbids (Denied); the download limit in force.
+
+        In report mode a refusal is only logged.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        refusal = policy.files.refusal(op, size)
+        if refusal is not None and policy.enforcing:
+            raise Denied(refusal)
+        if refusal is not None:
+            log.info("report mode: tenant %s: %s", tenant, refusal)
+            return 0
+        return policy.files.max_download if policy.enforcing else 0
+
+    async def approve_host(
+        self,
+        session_id: str,
+        tenant: str,
+        session_policy: Policy | None,
+        owner: Principal,
+        ended: asyncio.Event,
+        target: str,
+    ) -> bool:
+        """Whether a session's first connection to ``target`` may go ahead (the proxy waits).
+
+        The ``egress`` rule decides: allow, deny, or hold for an approver, bounded
+        by ``approval_timeout``. In report mode every host goes ahead.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        action = policy.action("egress") if policy.enforcing else "allow"
+        if action != "hold":
+            return action == "allow"
+        reason = f"the first connection of this session to {target}"
+        decision = Decision("hold", "hold", policy.mode, (reason,))
+        approval = await self.desk.request(
+            session_id, tenant, owner, f"CONNECT {target}", "egress", decision
+        )
+        await self.desk.wait(approval, ended)
+        return approval.state == "approved"

@@ -1,0 +1,414 @@
+"""Package installs through a cache: devpi-server beside the gateway, reached from no network.
+
+``PackageCache`` runs devpi-server as a process of its own, with one mirror
+index of the index pip is configured with on this host (pip's own
+configuration and environment, else pip's default), so a package is fetched
+from upstream once and served from the cache to every session after.
+
+A sandbox keeps ``--network none``: the gateway serves each session a Unix
+socket in its run directory (``/run/sbx/pkg.sock`` inside), and a small relay
+thread in the Python kernel listens on the sandbox's own loopback for pip
+(``PIP_INDEX_URL``). ``PackageGate`` answers on those sockets: it applies the
+session's tenant's allow and deny lists (names, or ``name==version``), refuses
+a package file with a 403 whose reason pip prints (project pages pass, so
+pip names the version it was refused), forwards the rest to the cache, and
+reports every package file served (name, version, size, SHA-256, whether the
+cache had it) as an ``Install``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import secrets
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+INDEX = "root/sbx"  # the cache's mirror index
+RELAY_PORT = 3141  # where pip finds the index on a sandbox's own loopback
+SOCKET_NAME = "pkg.sock"  # in the session's run directory
+HEAD_LIMIT = 64 * 1024
+CHUNK = 64 * 1024
+
+# Set in the kernel's environment: pip asks the relay, and nothing else.
+PIP_ENV = {
+    "PIP_INDEX_URL": f"http://127.0.0.1:{RELAY_PORT}/{INDEX}/+simple/",
+    "PIP_TRUSTED_HOST": f"127.0.0.1:{RELAY_PORT}",
+    "PIP_EXTRA_INDEX_URL": "",
+    "PIP_FIND_LINKS": "",
+    "PIP_NO_INPUT": "1",
+    "PIP_DEFAULT_TIMEOUT": "120",  # the cache's first fetch of a page waits for upstream
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+# Run in a Python kernel (silently) once it starts: loopback TCP -> the session's socket.
+RELAY = f"""
+def _sbx_package_relay():
+    import socket, threading
+    def pipe(source, sink):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    def serve(listener):
+        while True:
+            client, _ = listener.accept()
+            upstream = socket.socket(socket.AF_UNIX)
+            try:
+                upstream.connect("/run/sbx/{SOCKET_NAME}")
+            except OSError:
+                client.close()
+                continue
+            for ends in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pipe, args=ends, daemon=True).start()
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", {RELAY_PORT}))
+    except OSError:
+        return  # relaying already
+    listener.listen(64)
+    threading.Thread(target=serve, args=(listener,), daemon=True, name="sbx-packages").start()
+_sbx_package_relay()
+del _sbx_package_relay
+"""
+
+_FILE = re.compile(r"/\w+/\w+/\+f/[0-9a-f]{3}/[0-9a-f]+/(?P<file>[^/?#]+)$")
+_SIMPLE = re.compile(r"/\w+/\w+/\+simple/(?P<name>[^/?#]+)/?$")
+# name-version[-build]-tags.whl, or name-version.tar.gz / .zip (sdists)
+_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-.+\.whl$")
+_SDIST = re.compile(r"^(?P<name>.+)-(?P<version>[^-]+)\.(tar\.gz|zip|tar\.bz2)$")
+
+
+def normalize(name: str) -> str:
+    """A project name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def configured_index() -> str:
+    """The index pip uses on this host: its environment and config files, else its default."""
+    from pip._internal.configuration import Configuration, ConfigurationError
+    from pip._internal.models.index import PyPI
+
+    config = Configuration(isolated=False)
+    config.load()
+    for key in (":env:.index-url", "install.index-url", "global.index-url"):
+        with contextlib.suppress(ConfigurationError):
+            return str(config.get_value(key))
+    return PyPI.simple_url
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagePolicy:
+    """A tenant's packages: ``allow`` (empty: any) and ``deny`` entries, names or name==version."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    def refusal(self, name: str, version: str | None = None) -> str | None:
+        """Why the policy refuses ``name`` (at ``version``), or None."""
+        project = normalize(name)
+        pin = f"{project}=={version}" if version else None
+        deny = {_entry(e) for e in self.deny}
+        if project in deny or pin in deny:
+            return f"{pin if pin in deny else project} is on the deny list"
+        allow = {_entry(e) for e in self.allow}
+        if not allow or project in allow:
+            return None
+        pinned = {a for a in allow if a.startswith(f"{project}==")}
+        if not pinned:
+            return f"{project} is not on the allow list"
+        if pin is not None and pin not in pinned:
+            return f"{project} {version} is not an allowed version"
+        return None
+
+
+def _entry(text: str) -> str:
+    name, _, version = text.partition("==")
+    return normalize(name.strip()) + (f"=={version.strip()}" if version else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Install:
+    """One package file a session asked for: served (with its facts) or refused."""
+
+    session_id: str
+    name: str
+    version: str | None
+    filename: str | None
+    refused: str | None = None  # the policy's reason
+    size: int = 0
+    sha256: str | None = None
+    cached: bool = False  # the cache had it before: no upstream fetch
+    at: float = dataclasses.field(default_factory=time.time)
+
+
+InstallHook = Callable[[Install], None]
+
+
+class PackageCache:
+    """devpi-server, run and configured by the gateway; a mirror of pip's configured index."""
+
+    def __init__(self, state_dir: Path, start_timeout: float = 180.0) -> None:
+        self.state_dir = state_dir
+        self.server_dir = state_dir / "server"
+        self.start_timeout = start_timeout
+        self.port = 0
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def file_path(self, url_path: str) -> Path:
+        """Where the cache keeps the file a ``+f`` URL names, once it has it."""
+        return self.server_dir / "+files" / url_path.lstrip("/")
+
+    async def start(self) -> None:
+        """Start devpi-server (made on first use) and point its mirror at pip's index."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        password = await asyncio.to_thread(self._password)
+        if not (self.server_dir / ".nodeinfo").exists():
+            await self._run("devpi-init", "--serverdir", str(self.server_dir),
+                            "--root-passwd", password)  # fmt: skip
+        self.port = _free_port()
+        log_file = await asyncio.to_thread(open, self.state_dir / "devpi.log", "ab")
+        with log_file:  # the process keeps its own descriptor
+            self._proc = await asyncio.create_subprocess_exec(
+                _tool("devpi-server"), "--serverdir", str(self.server_dir),
+                "--host", "127.0.0.1", "--port", str(self.port),
+                stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
+            await self._wait_ready(client)
+            await self._configure(client, password, configured_index())
+        log.info("package cache (devpi-server) on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            try:
+                async with asyncio.timeout(20):
+                    await self._proc.wait()
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+    def _password(self) -> str:
+        path = self.state_dir / "root-password"
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
+    async def _run(self, tool: str, *args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            _tool(tool), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"{tool} failed: {out.decode(errors='replace')[-2000:]}")
+
+    async def _wait_ready(self, client: httpx.AsyncClient) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.returncode is not None:
+                raise RuntimeError(f"devpi-server exited; see {self.state_dir / 'devpi.log'}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get("/+api")).status_code == 200:
+                    return
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"devpi-server did not answer within {self.start_timeout:g} s")
+
+    async def _configure(self, client: httpx.AsyncClient, password: str, index: str) -> None:
+        """Make (or repoint) the mirror index at ``index``."""
+        login = await client.post(
+            "/+login", json={"user": "root", "password": password}, headers=_JSON
+        )
+        login.raise_for_status()
+        token = login.json()["result"]["password"]
+        auth = {**_JSON, "X-Devpi-Auth": base64.b64encode(f"root:{token}".encode()).decode()}
+        made = await client.put(f"/{INDEX}", json={"type": "mirror", "mirror_url": index},
+                                headers=auth)  # fmt: skip
+        if made.status_code == 409:  # made by an earlier start
+            made = await client.patch(f"/{INDEX}", json=[f"mirror_url={index}"], headers=auth)
+        made.raise_for_status()
+
+
+_JSON = {"Accept": "application/json", "Content-Type": "application/json"}
+
+
+def _tool(name: str) -> str:
+    """A console script of this Python's environment (where devpi-server is installed)."""
+    return str(Path(sys.executable).parent / name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PackageGate:
+    """The sessions' Unix sockets in front of the cache: policy, forwarding, records."""
+
+    def __init__(
+        self,
+        cache: PackageCache,
+        policy_of: Callable[[str], PackagePolicy | None],
+        head_timeout: float = 30.0,
+    ) -> None:
+        """``policy_of(session_id)``: its tenant's policy, None for no live session."""
+        self.cache = cache
+        self.policy_of = policy_of
+        self.head_timeout = head_timeout
+        self.on_install: InstallHook | None = None
+        self._servers: dict[str, asyncio.Server] = {}
+
+    async def open(self, session_id: str, run_dir: Path) -> None:
+        """Serve the session's socket in its run directory (again, after a gateway restart)."""
+        self.close(session_id)
+        path = run_dir / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server = await asyncio.start_unix_server(
+            lambda r, w: self._serve(session_id, r, w), path, limit=HEAD_LIMIT
+        )
+        path.chmod(0o777)  # the sandbox user connects; only its own sandbox sees the directory
+        self._servers[session_id] = server
+
+    def close(self, session_id: str) -> None:
+        server = self._servers.pop(session_id, None)
+        if server is not None:
+            server.close()
+
+    def stop(self) -> None:
+        for session_id in list(self._servers):
+            self.close(session_id)
+
+    async def _serve(
+        self, session_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            async with asyncio.timeout(self.head_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            method, quoted, _ = [*request_line.split(" "), "", ""][:3]
+            path = urllib.parse.unquote(quoted.split("?", 1)[0])  # pip sends + as %2B
+            policy = self.policy_of(session_id)
+            name, version, filename = project_of(path)
+            # Decided on the file, not the project page: pip shows a download's
+            # refusal as an error with its reason, a page's only with --verbose.
+            refused = (
+                "the session has ended"
+                if policy is None
+                else (policy.refusal(name, version) if name and filename else None)
+            )
+            if refused is not None:
+                await _refuse(writer, f"package policy refused {name or path}: {refused}")
+                self._report(Install(session_id, name or path, version, filename, refused))
+                return
+            cached = filename is not None and await asyncio.to_thread(
+                self.cache.file_path(path).exists
+            )
+            size, digest = await self._forward(head, method, reader, writer)
+            if filename is not None and name:
+                self._report(
+                    Install(session_id, name, version, filename, None, size, digest, cached)
+                )
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            await _refuse(writer, "incomplete or oversized request", 400)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _forward(
+        self, head: bytes, method: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[int, str]:
+        """Send the request to the cache (one per connection) and its answer back.
+
+        Returns the response body's size and SHA-256.
+        """
+        if method not in ("GET", "HEAD"):
+            raise ConnectionError("only GET and HEAD reach the package cache")
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.cache.port)
+        lines = [
+            line
+            for line in head.decode("latin-1").split("\r\n")
+            if line and not line.lower().startswith(("connection:", "keep-alive:"))
+        ]
+        up_writer.write(("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1"))
+        digest, size, body = hashlib.sha256(), 0, False
+        try:
+            buffered = b""
+            while data := await up_reader.read(CHUNK):
+                writer.write(data)
+                await writer.drain()
+                if body:
+                    digest.update(data)
+                    size += len(data)
+                    continue
+                buffered += data
+                if b"\r\n\r\n" in buffered:
+                    body = True
+                    rest = buffered.split(b"\r\n\r\n", 1)[1]
+                    digest.update(rest)
+                    size += len(rest)
+                    buffered = b""
+        finally:
+            up_writer.close()
+        return size, digest.hexdigest()
+
+    def _report(self, install: Install) -> None:
+        if self.on_install is not None:
+            try:
+                self.on_install(install)
+            except Exception:
+                log.exception("the package install hook failed")
+
+
+def project_of(path: str) -> tuple[str | None, str | None, str | None]:
+    """(name, version, filename) that a cache URL asks for; None where it names none."""
+    match = _SIMPLE.match(path)
+    if match:
+        return match["name"], None, None
+    match = _FILE.match(path)
+    if match:
+        filename = match["file"]
+        parts = _WHEEL.match(filename) or _SDIST.match(filename)
+        if parts:
+            return parts["name"], parts["version"], filename
+        return None, None, filename
+    return None, None, None
+
+
+async def _refuse(writer: asyncio.StreamWriter, reason: str, status: int = 403) -> None:
+    """Answer with ``reason`` as the status line's phrase: pip prints it."""
+    phrase = reason.replace("\r", " ").replace("\n", " ")[:300]
+    body = f"sbx: {phrase}\n".encode()
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(
+            f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        )
+        await writer.drain()

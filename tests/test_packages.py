@@ -1,0 +1,111 @@
+"""Package installs through the cache: devpi-server beside the gateway, sandboxes on no network.
+
+A real install of a small package from the index pip is configured with on
+this host, a second install served from the cache, a package a tenant's
+policy denies refused with a pip error that says so, and every install in
+the audit log with its version and hash.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from helpers import run, tenant_gateway, text_of
+
+from gateway.sandbox.packages import PackagePolicy, project_of
+
+pytestmark = pytest.mark.docker
+
+TOKENS = {"alpha": "alpha-packages-token-3e1f", "beta": "beta-packages-token-9b2c"}
+PACKAGE = "six"  # one small pure-Python wheel
+
+INSTALL = (
+    "import subprocess, sys\n"
+    "done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', "
+    "'--target', '/tmp/pkgs', '{package}'], capture_output=True, text=True)\n"
+    "print(done.returncode)\n"
+    "print(done.stdout[-1500:] + done.stderr[-1500:])"
+)
+
+
+@pytest.fixture(scope="module")
+def cached(start_gateway):
+    deny = f'[tenants.beta]\npackage_deny = ["{PACKAGE}"]\n'
+    with tenant_gateway(start_gateway, TOKENS, "--package-cache", "true", tenants=deny) as found:
+        yield found
+
+
+def install(client: httpx.Client, package: str = PACKAGE) -> tuple[int, str]:
+    sid = client.post("/v1/sessions", json={}).json()["id"]
+    try:
+        out = text_of(run(client, sid, INSTALL.format(package=package), timeout=240))
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+    code, _, log = out.partition("\n")
+    return int(code), log
+
+
+def test_a_network_none_session_installs_from_the_cache_and_a_second_install_hits_it(cached):
+    gw, c = cached
+    code, log = install(c["alpha"])
+    assert code == 0, f"pip install through the package cache failed: {log}"
+    again, log = install(c["alpha"])
+    assert again == 0, log
+    events = gw.client.get("/v1/audit", params={"action": "package.install"}).json()["events"]
+    wheels = [e for e in reversed(events) if e["detail"]["filename"].endswith(".whl")]
+    assert len(wheels) == 2, events
+    first, second = (e["detail"] for e in wheels)
+    assert first["name"] == PACKAGE and first["version"] and len(first["sha256"]) == 64
+    assert (first["cached"], second["cached"]) == (False, True), "the second was fetched again"
+    assert first["sha256"] == second["sha256"] and first["size"] == second["size"]
+    assert {e["tenant"] for e in wheels} == {"alpha"}
+
+
+def test_a_package_the_tenants_policy_denies_is_a_pip_error_saying_so(cached):
+    gw, c = cached
+    code, log = install(c["beta"])
+    assert code != 0, log
+    assert f"package policy refused {PACKAGE}: {PACKAGE} is on the deny list" in log, log
+    refused = gw.client.get("/v1/audit", params={"action": "package.refused"}).json()["events"]
+    assert refused and refused[0]["tenant"] == "beta" and refused[0]["outcome"] == "denied"
+
+
+def test_a_session_without_a_network_reaches_nothing_but_the_cache(cached):
+    _, c = cached
+    sid = c["alpha"].post("/v1/sessions", json={}).json()["id"]
+    try:
+        code = (
+            "import socket\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 443), timeout=3); print('reached')\n"
+            "except OSError as e:\n    print('refused', e.errno)"
+        )
+        assert text_of(run(c["alpha"], sid, code)).startswith("refused")
+    finally:
+        c["alpha"].delete(f"/v1/sessions/{sid}")
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "name", "version", "refused"),
+    [
+        ((), (), "Six", "1.0", None),
+        ((), ("six",), "Six", "1.0", "six is on the deny list"),
+        ((), ("six==1.0",), "six", "1.0", "six==1.0 is on the deny list"),
+        ((), ("six==1.0",), "six", "1.1", None),
+        (("numpy",), (), "six", "1.0", "six is not on the allow list"),
+        (("Zope.Interface",), (), "zope_interface", "6.0", None),
+        (("pandas==2.2.3",), (), "pandas", "2.2.3", None),
+        (("pandas==2.2.3",), (), "pandas", "2.1.0", "pandas 2.1.0 is not an allowed version"),
+        (("pandas",), ("pandas",), "pandas", "2.2.3", "pandas is on the deny list"),
+    ],
+)
+def test_package_policies_by_name_and_version(allow, deny, name, version, refused):
+    assert PackagePolicy(allow, deny).refusal(name, version) == refused
+
+
+def test_cache_urls_name_their_project_and_version():
+    assert project_of("/root/sbx/+simple/six/") == ("six", None, None)
+    wheel = "/root/sbx/+f/472/1f391ed90541f/six-1.17.0-py2.py3-none-any.whl"
+    assert project_of(wheel) == ("six", "1.17.0", "six-1.17.0-py2.py3-none-any.whl")
+    sdist = "/root/sbx/+f/14f/d1ed3dd0e1a46/zope.interface-6.0.tar.gz"
+    assert project_of(sdist) == ("zope.interface", "6.0", "zope.interface-6.0.tar.gz")
+    assert project_of("/+api") == (None, None, None)

@@ -1,0 +1,201 @@
+"""Pause and resume: a paused session holds no kernel memory and comes back as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from helpers import execute_in_background, run, run_over_channels, text_of, wait_for
+
+pytestmark = pytest.mark.docker
+
+SETUP = """
+import math
+x = 41
+def f(a):
+    return a + 1
+class Point:
+    def __init__(self, v):
+        self.v = v
+p = Point(7)
+_mine = 'kept'
+with open('note.txt', 'w') as fh:
+    fh.write('hi')
+gen = (i for i in range(3))
+"""
+CHECK = "print(f(x), math.pi > 3, open('note.txt').read(), p.v, Point.__name__, _mine)"
+
+
+def containers_of(engine, sid: str) -> list:
+    return engine.containers.list(all=True, filters={"label": f"sbx.session={sid}"})
+
+
+def pause(api, sid: str, **body) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/pause", json=body)
+    assert r.status_code == 200, f"pause answered {r.status_code}: {r.text}"
+    return r.json()
+
+
+def resume(api, sid: str) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/resume", json={})
+    assert r.status_code == 200, f"resume answered {r.status_code}: {r.text}"
+    return r.json()
+
+
+def test_pause_releases_the_kernel_and_resume_brings_its_state_back(api, engine, session):
+    sid = session["id"]
+    run(api, sid, SETUP)
+    paused = pause(api, sid)
+    assert paused["state"] == "paused" and paused["strategy"] == "namespace", paused
+    lost = {entry["name"] for entry in paused["lost"]}
+    assert lost == {"gen", "fh"}, f"the generator and the file should be listed: {paused['lost']}"
+    assert containers_of(engine, sid) == [], "a paused session's container still exists"
+    assert api.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    assert api.get(f"/v1/sessions/{sid}/files/note.txt").text == "hi"
+    resumed = resume(api, sid)
+    assert resumed["state"] == "idle" and resumed["strategy"] == "namespace", resumed
+    reply = run(api, sid, CHECK)
+    assert text_of(reply) == "42 True hi 7 Point kept\n", reply
+    assert "resumed" not in reply
+
+
+def test_an_execute_on_a_paused_session_resumes_it_first(api, session):
+    sid = session["id"]
+    run(api, sid, "y = [1, 2, 3]")
+    pause(api, sid)
+    reply = run(api, sid, "print(sum(y))")
+    assert text_of(reply) == "6\n", reply
+    assert reply["resumed"]["strategy"] == "namespace", reply
+    assert reply["execution_count"] == 2, "the execution count should go on where it stopped"
+
+
+def test_pausing_or_snapshotting_a_busy_session_is_refused(api, session):
+    sid = session["id"]
+    thread, box = execute_in_background(api, sid, "import time; time.sleep(3); z = 1")
+    wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "busy")
+    for path in ("pause", "snapshots"):
+        r = api.post(f"/v1/sessions/{sid}/{path}", json={})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "session_busy", r.text
+    thread.join()
+    assert box["reply"]["status"] == "ok"
+
+
+def test_a_strategy_that_cannot_be_honoured_is_refused(api, new_session):
+    sid = new_session()["id"]
+    r = api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "checkpoint"})
+    assert r.status_code == 409, r.text
+    assert "Unix socket" in r.json()["error"]["message"], r.text
+    bash = new_session(kernel="bash")["id"]
+    r = api.post(f"/v1/sessions/{bash}/pause", json={"strategy": "namespace"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "strategy_unavailable", r.text
+    r = api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "magic"})
+    assert r.status_code == 400, r.text
+
+
+def test_resuming_a_session_that_is_not_paused_is_refused(api, session):
+    r = api.post(f"/v1/sessions/{session['id']}/resume", json={})
+    assert r.status_code == 409 and "not paused" in r.json()["error"]["message"], r.text
+
+
+def test_replay_keeps_a_bash_session_and_reports_cells_that_differ(api, engine, new_session):
+    sid = new_session(kernel="bash")["id"]
+    run(api, sid, "x=5; echo start > log.txt")
+    run(api, sid, "date +%s%N")
+    paused = pause(api, sid)
+    assert paused["strategy"] == "replay" and paused["lost"] == [], paused
+    assert containers_of(engine, sid) == []
+    resumed = resume(api, sid)
+    assert resumed["strategy"] == "replay", resumed
+    assert [cell["execution_count"] for cell in resumed["differed"]] == [2], resumed
+    assert text_of(run(api, sid, "echo $x; cat log.txt")) == "5\nstart\n"
+
+
+def test_a_paused_session_stays_paused_across_a_gateway_restart(start_gateway, engine):
+    first = start_gateway(keep_sessions=True)
+    sid = first.client.post("/v1/sessions", json={}).json()["id"]
+    run(first.client, sid, "kept = 'yes'")
+    pause(first.client, sid)
+    first.stop()
+    second = start_gateway(data_dir=first.data_dir)
+    assert second.client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    assert containers_of(engine, sid) == []
+    assert text_of(run(second.client, sid, "print(kept)")) == "yes\n"
+
+
+def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway):
+    gw = start_gateway("--cull-interval", "0.3", "--idle-action", "pause")
+    api = gw.client
+    sid = api.post("/v1/sessions", json={"idle_timeout": 1, "ttl": 20}).json()["id"]
+    ends = api.post("/v1/sessions", json={"idle_timeout": 1, "idle_action": "end"}).json()
+    assert ends["idle_action"] == "end"
+    run(api, sid, "v = 3")
+    assert wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "paused", 10)
+    assert api.get(f"/v1/sessions/{ends['id']}").json()["state"] == "deleted"
+    assert text_of(run(api, sid, "print(v)")) == "3\n"
+    assert wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "paused", 10)
+    doc = wait_for(
+        lambda: (d := api.get(f"/v1/sessions/{sid}").json())["state"] == "deleted" and d, 25
+    )
+    assert doc and doc["reason"] == "ttl expired after 20 s", doc
+
+
+def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_gateway):
+    first = start_gateway(keep_sessions=True)
+    api = first.client
+    sid = api.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
+    run(api, sid, "import numpy as np\nblob = np.ones(40 * 2**20, dtype=np.uint8)\nmark = 'here'")
+
+    def pause_and_lose_the_answer() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the gateway dies under the request
+            api.post(f"/v1/sessions/{sid}/pause", json={})
+
+    paused = threading.Thread(target=pause_and_lose_the_answer)
+    paused.start()
+    time.sleep(0.3)
+    first.stop(signal.SIGKILL)
+    paused.join()
+    second = start_gateway(data_dir=first.data_dir)
+    state = second.client.get(f"/v1/sessions/{sid}").json()["state"]
+    assert state in ("idle", "paused"), f"after a crash mid-pause the session is {state}"
+    assert text_of(run(second.client, sid, "print(mark, int(blob.sum()))")) == (
+        f"here {40 * 2**20}\n"
+    )
+
+
+def test_pause_snapshot_and_fork_under_gvisor(api, engine, new_session):
+    sid = new_session(runtime="gvisor")["id"]
+    run(api, sid, "g = {'under': 'gvisor'}")
+    paused = pause(api, sid)
+    assert paused["strategy"] == "namespace" and containers_of(engine, sid) == [], paused
+    assert text_of(run(api, sid, "print(g['under'])")) == "gvisor\n"
+    snap = api.post(f"/v1/sessions/{sid}/snapshots", json={}).json()
+    child = api.post("/v1/sessions", json={"from_snapshot": snap["id"]}).json()
+    try:
+        assert child["runtime"] == "runc", "a fork's runtime is its own request's"
+        assert text_of(run(api, child["id"], "print(g['under'])")) == "gvisor\n"
+    finally:
+        api.delete(f"/v1/sessions/{child['id']}")
+
+
+def test_a_paused_session_interrupts_no_one_restarts_fresh_and_wakes_for_jupyter(
+    gateway, api, session
+):
+    sid = session["id"]
+    run(api, sid, "q = 9")
+    pause(api, sid)
+    r = api.post(f"/v1/sessions/{sid}/interrupt")
+    assert r.status_code == 409 and "paused" in r.json()["error"]["message"], r.text
+    seen = asyncio.run(
+        run_over_channels(gateway.ws_url(f"/api/kernels/{sid}/channels"), "print(q)")
+    )
+    assert [m["content"]["text"] for m in seen if m["msg_type"] == "stream"] == ["9\n"], seen
+    pause(api, sid)
+    restarted = api.post(f"/v1/sessions/{sid}/restart")
+    assert restarted.status_code == 200 and restarted.json()["paused"] is None, restarted.text
+    reply = run(api, sid, "print('q' in globals())")
+    assert text_of(reply) == "False\n" and "resumed" not in reply, reply
