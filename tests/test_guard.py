@@ -106,3 +106,27 @@ def test_a_message_of_frames_each_under_the_limit_is_refused_and_the_connection_
     assert got[0] == [b"hello"]
     assert got[1:] == [[b"after"]], "the message over the limit got through, or nothing after it"
     assert drops == 1
+
+
+def test_a_connection_made_before_the_kernel_listens_is_closed_at_once(tmp_path):
+    """libzmq connects before the kernel binds: the guard must hang up, so libzmq retries.
+
+    Left open, libzmq waited out its 30 s handshake timeout: every cold start took 31 s.
+    """
+
+    async def scenario() -> bytes:
+        guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", LIMIT)
+        await guard.start()
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "guard"))
+            writer.write(GREETING)
+            try:
+                return await asyncio.wait_for(reader.read(), 2)
+            except ConnectionResetError:  # hung up with the greeting unread
+                return b""
+            finally:
+                writer.close()
+        finally:
+            await guard.close()
+
+    assert asyncio.run(scenario()) == b""

@@ -100,10 +100,12 @@ class _Side(asyncio.Protocol):
         self.peer: _Side | None = None
         self.early: list[bytes] = []  # what came before the other end was connected
         self.registry: set[_Side] | None = None  # the guard's open connections
+        self.made = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         peer = self.peer.transport if self.peer is not None else None
@@ -170,6 +172,8 @@ class MessageGuard:
         return gateway_side
 
     async def _connect(self, gateway_side: _Side) -> None:
+        # Its transport comes after this task starts; a refusal must be able to close it.
+        await gateway_side.made
         kernel_side = _Side(FrameCounter(self.limit))
         try:
             await asyncio.get_running_loop().create_unix_connection(
