@@ -23,8 +23,13 @@ def make_placement(
     tmp_size: int,
     swarm: SwarmOptions,
     context: zmq.asyncio.Context,
+    max_message: int,
 ) -> Placement:
-    """The ``docker`` or ``swarm`` placement; ``swarm`` options matter only to the latter."""
+    """The ``docker`` or ``swarm`` placement; ``swarm`` options matter only to the latter.
+
+    ``max_message`` bounds a kernel message whole where the placement can
+    (docker: its guards); every socket's libzmq bounds each frame.
+    """
     if name == "swarm":
         return SwarmPlacement(client, images, sessions_dir, swarm, tmp_size, context)
-    return DockerPlacement(client, images, sessions_dir, tmp_size)
+    return DockerPlacement(client, images, sessions_dir, tmp_size, max_message)

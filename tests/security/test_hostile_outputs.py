@@ -76,6 +76,9 @@ ATTACKS = {
     "    raw({'prompt': 'x' * 20_000_000, 'password': False}, kind='input_request')",
     "raw oversized frame": RAW + "raw({'name': 'stdout', 'text': 'raw'}, [b'x' * 300_000_000])",
     "raw oversized content": RAW + "raw({'name': 'stdout', 'text': 'y' * 300_000_000})",
+    # Each frame under max_kernel_message, the message 40 times over: sent from 30 MB held once.
+    "raw message of many frames": RAW
+    + "b = b'x' * 30_000_000\nraw({'name': 'stdout', 'text': 'raw'}, [b] * 40)",
 }
 
 

@@ -58,9 +58,11 @@ class DockerPlacement(Placement):
         images: ImageBuilder,
         sessions_dir: Path,
         tmp_size: int,
+        max_message: int,
     ) -> None:
         super().__init__(sessions_dir, tmp_size)
         self.docker = client
+        self.max_message = max_message
         self.images = images
         self._watcher: ContainerWatcher | None = None
         self._image_facts: dict[str, dict[str, Any]] = {}
@@ -94,6 +96,7 @@ class DockerPlacement(Placement):
             run_dir=session_dir / "run",
             workspace=session_dir / "workspace",
             tmp_bytes=self.tmp_bytes(request.limits),
+            max_message=self.max_message,
             user=request.user,
             isolation=request.isolation,
             secret_files=request.secret_files,

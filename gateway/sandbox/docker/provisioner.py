@@ -6,7 +6,10 @@ egress network: see gateway.sandbox.egress), and runs under runc or gVisor
 run directory, which is bind-mounted into the container, so the gateway
 connects to the same Unix sockets and no port is opened. Inside, the directory
 is at a short fixed path: some kernels (xeus-based ones) read socket names back
-into 32-byte buffers, and the host path is long.
+into 32-byte buffers, and the host path is long. The gateway's sockets connect
+to the kernel's through a ``MessageGuard`` each (gateway.sandbox.guard),
+listening in a directory of the gateway's own, so no message over
+``max_kernel_message`` reaches libzmq whole.
 The kernel can write its run directory (it binds sockets there), so nothing
 the gateway reads or writes lives in it: jupyter_client's connection file is
 beside it, out of the sandbox's reach, and the kernel's copy (naming the
@@ -38,6 +41,7 @@ from jupyter_core.paths import secure_write
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
 from ..base import SECRETS_MOUNT, SECRETS_TMPFS, Isolation
+from ..guard import MessageGuard
 
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
@@ -66,6 +70,7 @@ class SandboxSpec:
     run_dir: Path
     workspace: Path  # host directory mounted at /workspace
     tmp_bytes: int
+    max_message: int  # largest kernel message the guards let through
     user: str = "1000:1000"
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
@@ -86,15 +91,20 @@ class SandboxSpec:
         return self.run_dir.parent / "connection.json"
 
     @property
+    def guard_dir(self) -> Path:
+        """Where the guards listen for the gateway's sockets: out of the sandbox's reach."""
+        return self.run_dir.parent / "guard"
+
+    @property
     def kernel_dir(self) -> Path:
         """The kernel's copy of the connection file lives here, mounted read-only."""
         return self.run_dir.parent / "kernel"
 
     def manager_options(self) -> dict[str, Any]:
-        """How jupyter_client reaches the kernel: ipc sockets in the run directory."""
+        """How jupyter_client reaches the kernel: through the guards of its ipc sockets."""
         return {
             "transport": "ipc",
-            "ip": str(self.run_dir / "k"),
+            "ip": str(self.guard_dir / "k"),
             "connection_file": str(self.connection_file),
         }
 
@@ -201,10 +211,39 @@ class DockerProvisioner(SandboxProvisioner):
     """Kernel lifecycle hooks mapped onto one Docker container."""
 
     _client: docker.DockerClient | None = None
+    _spec: SandboxSpec | None = None
+    _guards: tuple[MessageGuard, ...] = ()
 
     def use_sandbox(self, spec: SandboxSpec) -> None:
         """Bind to a session's sandbox: on every launch, and when reattaching."""
         self._client = spec.docker
+        self._spec = spec
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        # A record from before the guards named the kernel's own sockets.
+        assert self._spec is not None
+        self.parent.ip = str(self._spec.guard_dir / "k")
+        await self._guard()
+
+    async def _guard(self) -> None:
+        """(Re)open a guard per kernel socket: jupyter_client removes their files on shutdown."""
+        await self._unguard()
+        spec, km = self._spec, self.parent
+        assert spec is not None
+        spec.guard_dir.mkdir(mode=0o700, exist_ok=True)
+        guards = tuple(
+            MessageGuard(spec.guard_dir / f"k-{port}", spec.run_dir / f"k-{port}", spec.max_message)
+            for port in km.ports
+        )
+        for guard in guards:
+            await guard.start()
+        self._guards = guards
+
+    async def _unguard(self) -> None:
+        for guard in self._guards:
+            await guard.close()
+        self._guards = ()
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Write the connection files (the kernel's read-only); build cmd and env.
@@ -220,6 +259,7 @@ class DockerProvisioner(SandboxProvisioner):
         self.connection_info = km.get_connection_info()
         _write_kernel_connection_file({**self.connection_info, "kernel_name": km.kernel_name}, spec)
         os.chown(spec.run_dir, *spec.uid_gid)  # the kernel binds its sockets there
+        await self._guard()
         cmd = [
             arg.replace(km.connection_file, f"{CONTAINER_KERNEL_DIR}/{KERNEL_CONNECTION_FILE}")
             for arg in km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
@@ -282,6 +322,8 @@ class DockerProvisioner(SandboxProvisioner):
 
     async def cleanup(self, restart: bool = False) -> None:
         """Remove the container, so a stopped kernel leaves nothing behind."""
+        if not restart:
+            await self._unguard()
         if self.container_id is None:
             return
         assert self._client is not None

@@ -1,0 +1,206 @@
+"""A relay between the gateway's ZeroMQ sockets and a kernel's: no message over the limit gets by.
+
+libzmq's ``MAXMSGSIZE`` bounds one frame, but libzmq holds a multipart
+message until its last frame is in, so one message of many frames each under
+the limit (forty 30 MB buffers of one Jupyter message, sent by a kernel
+holding 30 MB once) grew the gateway by more than a gigabyte. The guard
+listens where the gateway connects, opens a connection to the kernel's socket
+for each connection it accepts, and passes the bytes on as they come. From
+the kernel's side it reads only ZMTP frame headers; at the first frame that
+takes a message past the limit it sends the gateway a frame header over
+libzmq's own limit instead, so libzmq drops the connection as after an
+oversized frame (``DropWatch`` connects again; the execution's outputs say
+so), and closes both connections. Nothing is buffered beyond one read per
+direction: a side that does not read stops the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_GREETING = 64  # ZMTP 3: signature (10), version (2), mechanism (20), as-server, filler
+_MORE, _LONG, _COMMAND = 1, 2, 4
+
+
+class FrameCounter:
+    """Reads the ZMTP 3 frame headers in a byte stream; finds the first message over ``limit``.
+
+    A header is held back until it is whole (at most 9 bytes), so the stream
+    can be cut exactly before the frame that crosses the limit; bodies pass
+    through as views of the data, uncopied.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._greeting = bytearray()
+        self._head = bytearray()
+        self._body = 0  # bytes of the current frame's body still to come
+        self._message = 0  # bytes of the current message's frames so far
+
+    def feed(self, data: bytes) -> tuple[list[bytes | memoryview], bool]:
+        """What of ``data`` may pass on, and whether the stream must be cut after it."""
+        view, out, i, n = memoryview(data), [], 0, len(data)
+        while i < n:
+            if len(self._greeting) < _GREETING:
+                take = min(_GREETING - len(self._greeting), n - i)
+                self._greeting += data[i : i + take]
+                out.append(view[i : i + take])
+                i += take
+                if not self._greeting_ok():
+                    return out, True
+            elif self._body:
+                take = min(self._body, n - i)
+                out.append(view[i : i + take])
+                self._body -= take
+                i += take
+            else:
+                self._head.append(data[i])
+                i += 1
+                flags = self._head[0]
+                if len(self._head) < (9 if flags & _LONG else 2):
+                    continue
+                size = int.from_bytes(self._head[1:], "big")
+                total = size if flags & _COMMAND else self._message + size
+                if total > self.limit:
+                    return out, True
+                out.append(bytes(self._head))
+                self._head.clear()
+                if not flags & _COMMAND:
+                    self._message = total if flags & _MORE else 0
+                self._body = size
+        return out, False
+
+    @property
+    def greeted(self) -> bool:
+        """The greeting is through: what follows is frames."""
+        return len(self._greeting) == _GREETING
+
+    def _greeting_ok(self) -> bool:
+        """A ZMTP 3 signature and version, as far as they have come."""
+        g = self._greeting
+        return g[0] == 0xFF and (len(g) < 10 or g[9] & 1 == 1) and (len(g) < 11 or g[10] >= 3)
+
+    def oversized_header(self) -> bytes:
+        """A frame header libzmq's ``MAXMSGSIZE`` (the same limit) refuses unread."""
+        return bytes([_LONG]) + (self.limit + 1).to_bytes(8, "big")
+
+
+class _Side(asyncio.Protocol):
+    """One end of a relayed connection; what it receives is written to the other end."""
+
+    def __init__(self, counter: FrameCounter | None = None) -> None:
+        self.counter = counter  # only the kernel's side is read for frames
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.early: list[bytes] = []  # what came before the other end was connected
+        self.registry: set[_Side] | None = None  # the guard's open connections
+        self.made = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.made.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer.transport if self.peer is not None else None
+        if peer is None:
+            self.early.append(data)
+            return
+        if self.counter is None:
+            peer.write(data)
+            return
+        parts, cut = self.counter.feed(data)
+        peer.writelines(parts)
+        if cut:
+            if self.counter.greeted:
+                peer.write(self.counter.oversized_header())
+                log.warning("a kernel message over max_kernel_message was cut")
+            peer.close()  # after what is buffered is sent
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.registry is not None:
+            self.registry.discard(self)
+        if self.peer is not None:
+            self.peer.close()
+
+    # A side whose transport holds too much stops the other from reading.
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class MessageGuard:
+    """Relays each connection made to ``listen`` (a Unix socket) to ``target``.
+
+    ``listen`` may outlive the kernel behind ``target``: a connection made
+    while nothing listens there is closed at once, and libzmq tries again.
+    """
+
+    def __init__(self, listen: Path, target: Path, limit: int) -> None:
+        self.listen, self.target, self.limit = listen, target, limit
+        self._server: asyncio.AbstractServer | None = None
+        self._pending: set[asyncio.Task] = set()  # connections to the kernel being made
+        self._open: set[_Side] = set()
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.listen)  # left by a gateway that stopped
+        self._server = await asyncio.get_running_loop().create_unix_server(
+            self._accepted, str(self.listen)
+        )
+
+    def _accepted(self) -> _Side:
+        gateway_side = _Side()
+        task = asyncio.get_running_loop().create_task(self._connect(gateway_side))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return gateway_side
+
+    async def _connect(self, gateway_side: _Side) -> None:
+        # Its transport comes after this task starts; a refusal must be able to close it.
+        await gateway_side.made
+        kernel_side = _Side(FrameCounter(self.limit))
+        try:
+            await asyncio.get_running_loop().create_unix_connection(
+                lambda: kernel_side, str(self.target)
+            )
+        except OSError:
+            gateway_side.close()  # the kernel is not up (yet, or any more)
+            return
+        kernel_side.peer, gateway_side.peer = gateway_side, kernel_side
+        if gateway_side.transport is None or gateway_side.transport.is_closing():
+            kernel_side.close()
+            return
+        for side in (gateway_side, kernel_side):
+            if side.transport is not None and not side.transport.is_closing():
+                side.registry = self._open
+                self._open.add(side)
+            early, side.early = side.early, []
+            for data in early:
+                side.data_received(data)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._pending):
+            task.cancel()
+        for side in list(self._open):
+            side.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.listen)
