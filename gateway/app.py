@@ -272,7 +272,7 @@ def build_lifecycle(
         tmp_size=settings.tmp_size,
         swarm=settings.swarm_options(),
         context=shared_context(),
-        max_message=settings.max_kernel_message,
+        max_message=settings.max_kernel_message if settings.kernel_message_guard else 0,
     )
     return SandboxLifecycle(
         settings,

@@ -413,10 +413,17 @@ class Settings:
     )
     max_kernel_message: int = _opt(
         "32m",
-        "largest frame of a kernel message the gateway reads; a bigger one is refused "
-        "before it is read, and the execution's outputs say so",
+        "largest kernel message the gateway reads (all its frames; on swarm each frame); "
+        "a bigger one is refused before it is held whole, and the execution's outputs say so",
         KERNELS,
         SIZE,
+    )
+    kernel_message_guard: bool = _opt(
+        True,
+        "relay each local kernel's sockets through a guard that bounds a whole message "
+        "(libzmq alone bounds each frame: one message of many frames under the limit "
+        "could grow the gateway); off only for trusted kernels, or to measure its cost",
+        KERNELS,
     )
     kernel_start_timeout: float = _opt(
         60.0, "seconds to wait for a new kernel to answer", KERNELS, SECONDS

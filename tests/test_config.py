@@ -76,6 +76,7 @@ SAMPLES = {
     "base_image": "debian:trixie-slim",
     "default_images": "python, r",
     "max_kernel_message": "16m",
+    "kernel_message_guard": "false",
     "kernel_start_timeout": "30",
     "interrupt_grace": "1",
     "runtimes": "runc",

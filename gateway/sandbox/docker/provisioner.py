@@ -70,7 +70,7 @@ class SandboxSpec:
     run_dir: Path
     workspace: Path  # host directory mounted at /workspace
     tmp_bytes: int
-    max_message: int  # largest kernel message the guards let through
+    max_message: int  # largest kernel message the guards let through (0: no guards)
     user: str = "1000:1000"
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
@@ -100,11 +100,16 @@ class SandboxSpec:
         """The kernel's copy of the connection file lives here, mounted read-only."""
         return self.run_dir.parent / "kernel"
 
+    @property
+    def sockets(self) -> Path:
+        """The prefix of the ipc sockets the gateway connects to: the guards', or the kernel's."""
+        return (self.guard_dir if self.max_message else self.run_dir) / "k"
+
     def manager_options(self) -> dict[str, Any]:
-        """How jupyter_client reaches the kernel: through the guards of its ipc sockets."""
+        """How jupyter_client reaches the kernel: ipc sockets, through guards unless off."""
         return {
             "transport": "ipc",
-            "ip": str(self.guard_dir / "k"),
+            "ip": str(self.sockets),
             "connection_file": str(self.connection_file),
         }
 
@@ -221,9 +226,9 @@ class DockerProvisioner(SandboxProvisioner):
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
-        # A record from before the guards named the kernel's own sockets.
+        # The record may come from a gateway run with the guards the other way.
         assert self._spec is not None
-        self.parent.ip = str(self._spec.guard_dir / "k")
+        self.parent.ip = str(self._spec.sockets)
         await self._guard()
 
     async def _guard(self) -> None:
@@ -231,6 +236,8 @@ class DockerProvisioner(SandboxProvisioner):
         await self._unguard()
         spec, km = self._spec, self.parent
         assert spec is not None
+        if not spec.max_message:
+            return
         spec.guard_dir.mkdir(mode=0o700, exist_ok=True)
         guards = tuple(
             MessageGuard(spec.guard_dir / f"k-{port}", spec.run_dir / f"k-{port}", spec.max_message)
