@@ -107,7 +107,7 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = Store(Path(settings.data_dir) / "gateway.sqlite3", settings.retention())
+        self.store = settings.make_store()
         self.manager: SessionManager | None = None
         self.server: tornado.httpserver.HTTPServer | None = None
         self.port: int | None = None

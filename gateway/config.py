@@ -29,7 +29,7 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.isolation.runtimes import RUNTIMES
 from .sandbox.swarm.placement import SwarmOptions
-from .store.sqlite import Retention
+from .store.sqlite import Retention, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,6 +194,7 @@ KERNELS = "kernels & images"
 ISOLATION = "isolation & egress"
 SWARM = "swarm"
 STORAGE = "storage & lifecycle"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 CLIENT = "client (the SDK, client commands and sbx mcp)"
 
 
@@ -538,6 +539,13 @@ class Settings:
         "$XDG_DATA_HOME/sandbox-gateway, or ~/.local/share/sandbox-gateway)",
         STORAGE,
     )
+    database_url: str = _opt(
+        "",
+        "the store: empty for SQLite in the data dir (one gateway), or a PostgreSQL URL "
+        "(postgresql://user@host/db, or ?host=/socket/dir) that several gateways share; "
+        "scripts/postgres starts a local server",
+        STORAGE,
+    )
     end_sessions_on_stop: bool = _opt(
         False,
         "end every session when the gateway stops; by default they keep running and the "
@@ -599,6 +607,8 @@ class Settings:
         self._check_placement()
         if min(self.history_max_age, self.history_max_executions) < 0:
             raise ConfigError("history_max_age and history_max_executions must be 0 (keep) or more")
+        if self.database_url and not self.database_url.startswith(POSTGRES_SCHEMES):
+            raise ConfigError("database_url must be empty (SQLite) or a postgresql:// URL")
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
@@ -671,6 +681,14 @@ class Settings:
     def policies_path(self) -> Path:
         """Where tenants' execute policies are read from (and written by the API)."""
         return Path(self.policies_dir or Path(self.data_dir) / "policies")
+
+    def make_store(self) -> Store:
+        """The store these settings name: SQLite in the data dir, or a shared PostgreSQL."""
+        if self.database_url:
+            from .store.postgres import PostgresStore  # psycopg only where it is used
+
+            return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
+        return Store(Path(self.data_dir) / "gateway.sqlite3", self.retention())
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

@@ -193,7 +193,13 @@ class Retention:
 
 
 class Store:
-    """Async facade over the gateway's SQLite database."""
+    """Async facade over the gateway's SQLite database.
+
+    ``store.postgres.PostgresStore`` is the same facade over a shared
+    PostgreSQL server: it overrides only what the two dialects do differently.
+    """
+
+    ROW_ORDER = "rowid"  # the column that orders rows as they were inserted
 
     def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self.path = path
@@ -304,9 +310,32 @@ class Store:
             db.execute("COMMIT")
         return outcomes
 
-    def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+    def _cursor(self, sql: str, params: tuple = ()) -> Any:
+        """On the store's thread: run one statement; its cursor (rows, rowcount)."""
         assert self._db is not None, "store is not open"
-        return self._db.execute(sql, params).fetchall()
+        return self._db.execute(sql, params)
+
+    def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        return self._cursor(sql, params).fetchall()
+
+    def _next_id(self) -> int:
+        """Hand out one execution id, on the loop: this process is the file's only writer."""
+        self._next_execution += 1
+        return self._next_execution - 1
+
+    async def _reserve_ids(self, count: int) -> int:
+        """Hand out ``count`` consecutive execution ids; the first."""
+        first = self._next_execution
+        self._next_execution += count
+        return first
+
+    def _keep_newest_id(self) -> None:
+        """On the store's thread: remember the newest id, so pruning it never frees it."""
+        self._cursor(
+            "INSERT INTO meta (key, value) SELECT 'max_execution_id', max(id) FROM executions"
+            " HAVING max(id) IS NOT NULL ON CONFLICT (key) DO UPDATE"
+            " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))"
+        )
 
     async def gateway_id(self) -> str:
         """Return this data directory's stable id, used to label its containers."""
@@ -346,7 +375,8 @@ class Store:
     async def open_sessions(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Sessions not marked ended, with their runtime info: what a restart must account for."""
         rows = await self._run(
-            self._exec, "SELECT doc, runtime FROM sessions WHERE ended_at IS NULL ORDER BY rowid"
+            self._exec,
+            f"SELECT doc, runtime FROM sessions WHERE ended_at IS NULL ORDER BY {self.ROW_ORDER}",
         )
         return [
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
@@ -374,7 +404,7 @@ class Store:
     async def snapshots_of(self, session_id: str) -> list[dict[str, Any]]:
         rows = await self._run(
             self._exec,
-            "SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
+            f"SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, {self.ROW_ORDER}",
             (session_id,),
         )
         return [json.loads(r["doc"]) for r in rows]
@@ -406,8 +436,7 @@ class Store:
         rows = await self._run(
             self._exec, f"SELECT count(*) FROM executions {where}", (source, up_to)
         )
-        first = self._next_execution  # ids are handed out here, on the loop
-        self._next_execution += rows[0][0]
+        first = await self._reserve_ids(rows[0][0])
         columns = ", ".join(("code", "description", *_EXECUTION_COLUMNS, "started_at"))
         await self._run(
             self._exec,
@@ -423,12 +452,11 @@ class Store:
     ) -> tuple[int, asyncio.Future]:
         """Record an execution as ``running``; return its id at once, and the write.
 
-        Ids are handed out here (this process is the database's only writer),
-        so nothing waits for the insert: later writes for the execution queue
-        behind it on the store's thread.
+        Ids are handed out here, from a range this process holds, so nothing
+        waits for the insert: later writes for the execution queue behind it
+        on the store's thread.
         """
-        execution_id = self._next_execution
-        self._next_execution += 1
+        execution_id = self._next_id()
         self._grown.add(session_id)
         written = self._submit(
             self._exec,
@@ -469,14 +497,13 @@ class Store:
         """Replace a running execution's row with its final outcome; returns the write."""
 
         def update() -> None:  # one transaction with the rest of its batch
-            assert self._db is not None, "store is not open"
-            self._db.execute(
+            self._cursor(
                 "UPDATE executions SET "
                 + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
                 + " WHERE id = ?",
                 (*_execution_values(record), execution_id),
             )
-            self._db.execute("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
+            self._cursor("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
 
         return self._submit(update)
 
@@ -572,9 +599,8 @@ class Store:
         """Forget a secret; whether there was one."""
 
         def delete() -> bool:
-            assert self._db is not None, "store is not open"
             sql = "DELETE FROM secrets WHERE tenant = ? AND name = ?"
-            return self._db.execute(sql, (tenant, name)).rowcount > 0
+            return self._cursor(sql, (tenant, name)).rowcount > 0
 
         return await self._run(delete)
 
@@ -657,26 +683,20 @@ class Store:
         sessions, self._grown = self._grown, set()
 
         def delete() -> bool:
-            assert self._db is not None, "store is not open"
-            db, budget = self._db, PRUNE_BATCH
-            # Ids are never reused, even when the newest executions go.
-            db.execute(
-                "INSERT INTO meta (key, value) SELECT 'max_execution_id', max(id) FROM executions"
-                " HAVING max(id) IS NOT NULL ON CONFLICT (key) DO UPDATE"
-                " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))"
-            )
+            budget = PRUNE_BATCH
+            self._keep_newest_id()
             if cutoff is not None:
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
                 ).rowcount
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
                     " WHERE at < ? ORDER BY at LIMIT ?)",
                     (cutoff, max(budget, 0)),
                 ).rowcount
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
                     " WHERE ended_at < ? AND NOT EXISTS"
                     " (SELECT 1 FROM executions e WHERE e.session_id = s.id) LIMIT ?)",
@@ -686,14 +706,14 @@ class Store:
                 if budget <= 0:
                     self._grown.add(session_id)  # not reached in this batch
                     continue
-                newest_cut = db.execute(
+                newest_cut = self._cursor(
                     "SELECT id FROM executions WHERE session_id = ?"
                     " ORDER BY id DESC LIMIT 1 OFFSET ?",
                     (session_id, retention.max_executions),
                 ).fetchone()
                 if newest_cut is None:
                     continue
-                deleted = db.execute(
+                deleted = self._cursor(
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE session_id = ? AND id <= ? AND status != 'running'"
                     " ORDER BY id LIMIT ?)",
@@ -722,8 +742,7 @@ class Store:
         """
 
         def select() -> HistoryPage:
-            assert self._db is not None, "store is not open"
-            rows = self._db.execute(
+            rows = self._cursor(
                 "SELECT *, length(code) + length(outputs) AS size FROM executions"
                 " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
                 (session_id, after, limit + 1),
