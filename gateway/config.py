@@ -546,6 +546,13 @@ class Settings:
         "scripts/postgres starts a local server",
         STORAGE,
     )
+    lease_ttl: float = _opt(
+        3.0,
+        "seconds a gateway's lease on a session lasts unless renewed (renewed each third of "
+        "it); with a shared database, a dead gateway's sessions are free again after this",
+        STORAGE,
+        SECONDS,
+    )
     end_sessions_on_stop: bool = _opt(
         False,
         "end every session when the gateway stops; by default they keep running and the "
@@ -609,6 +616,8 @@ class Settings:
             raise ConfigError("history_max_age and history_max_executions must be 0 (keep) or more")
         if self.database_url and not self.database_url.startswith(POSTGRES_SCHEMES):
             raise ConfigError("database_url must be empty (SQLite) or a postgresql:// URL")
+        if self.lease_ttl <= 0:
+            raise ConfigError("lease_ttl must be positive")
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:

@@ -95,6 +95,8 @@ SAMPLES = {
     "swarm_constraints": "node.role==worker, node.labels.kernels==yes",
     "swarm_poll_interval": "0.5",
     "data_dir": "/srv/sbx",
+    "database_url": "postgresql://sbx@db.example/sbx",
+    "lease_ttl": "4",
     "end_sessions_on_stop": "true",
     "drain_timeout": "3",
     "cull_interval": "0.25",

@@ -32,7 +32,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
         assert gid == await store.gateway_id()
         doc = {"id": "s1", "state": "idle", "created_at": "t0", "ended_at": None}
         await store.save_session(doc, {"container_id": "c1"})
-        assert await store.open_sessions() == [(doc, {"container_id": "c1"})]
+        assert await store.open_sessions("g") == [(doc, {"container_id": "c1"})]
         started = {"code": "print(1)", "started_at": "2026-01-01T00:00:00.000Z"}
         done_id, _ = store.start_execution("s1", started)
         cut_id, begun = store.start_execution("s1", {**started, "code": "loop()"})
@@ -54,9 +54,9 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
         # A new process on the same file: the cut execution is closed with its outputs.
         store = make_store()
         await store.open()
-        assert await close_cut_executions(store) == {"s1"}
+        assert await close_cut_executions(store, {"s1"}) == {"s1"}
         await store.save_session({**doc, "state": "deleted", "ended_at": "t3"}, {"x": 1})
-        assert await store.open_sessions() == []
+        assert await store.open_sessions("g") == []
         history = (await store.history("s1")).executions
         await store.close()
         return history
@@ -81,7 +81,7 @@ def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
         await store.save_session(
             {"id": "new", "state": "idle", "created_at": "t", "ended_at": None}, {"k": 1}
         )
-        sessions = await store.open_sessions()
+        sessions = await store.open_sessions("g")
         await store.close()
         return sessions
 
@@ -160,7 +160,7 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_sto
         with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
             await broken
         await second
-        kept = sorted(d["id"] for d, _ in await store.open_sessions())
+        kept = sorted(d["id"] for d, _ in await store.open_sessions("g"))
         await store.close()
         return kept
 
@@ -191,3 +191,65 @@ def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execu
     ids, gateway_ids = asyncio.run(scenario())
     assert len(set(ids)) == len(ids), f"two gateways handed out the same execution id: {ids}"
     assert len(gateway_ids) == 2, "gateways sharing a database must keep ids of their own"
+
+
+def test_concurrent_claims_of_a_session_leave_exactly_one_owner(postgres, tmp_path):
+    """Gateways racing for the same sessions, each on its own connection: never a split."""
+    url = postgres.database()
+    claimers = 8
+
+    async def scenario():
+        stores = [PostgresStore(url, tmp_path / f"g{n}") for n in range(claimers)]
+        await asyncio.gather(*(store.open() for store in stores))
+        winners = []
+        for round_ in range(20):
+            sid = f"s{round_}"
+            won = await asyncio.gather(
+                *(store.claim_lease(sid, f"g{n}", 30.0) for n, store in enumerate(stores))
+            )
+            winners.append([f"g{n}" for n, ok in enumerate(won) if ok])
+        # An expired lease goes to exactly one of the gateways that want it.
+        await stores[0].claim_lease("short", "g0", 0.05)
+        await asyncio.sleep(0.1)
+        won = await asyncio.gather(
+            *(store.claim_lease("short", f"g{n}", 30.0) for n, store in enumerate(stores[1:], 1))
+        )
+        renewed = await stores[0].renew_leases("g0", 30.0)
+        for store in stores:
+            await store.close()
+        return winners, sum(won), renewed
+
+    winners, took_expired, renewed = asyncio.run(scenario())
+    assert all(len(w) == 1 for w in winners), f"a session had more than one owner: {winners}"
+    assert took_expired == 1, f"{took_expired} gateways took over one expired lease"
+    assert "short" not in renewed and len(renewed) == sum(w == ["g0"] for w in winners), (
+        "a gateway renewed a lease another gateway had taken over"
+    )
+
+
+def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
+    async def scenario():
+        store = make_store()
+        await store.open()
+        assert await store.claim_lease("s", "a", 30.0)
+        assert await store.claim_lease("s", "a", 30.0), "the owner claims its own lease again"
+        assert not await store.claim_lease("s", "b", 30.0)
+        assert await store.renew_leases("a", 30.0) == {"s"}
+        assert await store.renew_leases("b", 30.0) == set()
+        await store.release_lease("s", "b")  # not b's to release
+        assert not await store.claim_lease("s", "b", 30.0)
+        await store.release_lease("s", "a")
+        assert await store.claim_lease("s", "b", 30.0)
+        for sid in ("s", "free"):
+            await store.save_session(
+                {"id": sid, "state": "idle", "created_at": "t", "ended_at": None}
+            )
+        assert [d["id"] for d, _ in await store.open_sessions("a")] == ["free"], (
+            "a restarting gateway was handed another gateway's session"
+        )
+        assert [d["id"] for d, _ in await store.open_sessions("b")] == ["s", "free"]
+        owners = await store.lease_owners(["s", "t"])
+        await store.close()
+        return owners
+
+    assert asyncio.run(scenario()) == {"s": "b"}

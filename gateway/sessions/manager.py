@@ -64,6 +64,7 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
+from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, public_view
 from .pool import WarmPool
@@ -99,10 +100,13 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         *,
         gate: Gate,
+        leases: Leases | None = None,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
         ``gate``: the policies, scanner and approvals every execute passes.
+        ``leases``: which sessions this gateway owns when gateways share the
+        store (by default, from the store: all of them when nobody shares it).
         ``state`` saves and restores kernels' state for pause and resume;
         ``snapshots`` keeps snapshots, and forks start from them.
         """
@@ -116,6 +120,7 @@ class SessionManager:
         self.sessions = sessions
         self.state = state
         self.snapshots = snapshots
+        self.leases = leases or Leases(store, settings.lease_ttl)
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
@@ -146,10 +151,11 @@ class SessionManager:
             )
         for name in self.pool.sizes:
             self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
-        self.lifecycle.gateway_id = await self.store.gateway_id()
+        self.lifecycle.gateway_id = self.leases.owner = await self.store.gateway_id()
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
-        await recover(self, self.store, self.lifecycle)
+        await recover(self, self.store, self.lifecycle, self.leases)
+        self.leases.start(on_lost=self._lose)
         await self.gate.desk.close_orphans()
         await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
@@ -167,6 +173,7 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._culler
         await self.pool.stop()
+        await self.leases.stop()
         sessions = list(self.sessions.values())
         if end_sessions:
             await asyncio.gather(
@@ -203,6 +210,9 @@ class SessionManager:
     def get(self, session_id: str, who: Principal) -> Session:
         """A live session ``who`` may use; someone else's answers as a missing one does."""
         session = self.sessions.get(session_id)
+        if session is not None and not self.leases.holds(session_id):
+            self._lose(session_id)  # its lease ran out before a renewal said so
+            session = None
         if session is None or not who.owns(session.tenant):
             raise SessionNotFound(session_id)
         return session
@@ -323,6 +333,9 @@ class SessionManager:
         finally:
             del self.sessions[requested_id]
             self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id
+        if not await self.leases.claim(session.id):
+            await self.end(session, "another gateway made a session with this id")
+            raise Conflict(f"session id {session.id} is taken")
         if not warm:
             await self.pool.make_room()
             await self.save(session)
@@ -596,6 +609,8 @@ class SessionManager:
         """
         self.counts[result.status] += 1
         session.running.discard(recorder)
+        if not self.leases.holds(session.id):
+            return  # its new owner closes the execution as cut, with the outputs stored
         session.touch()
         session.executions += 1
         session.output_bytes += result.output_bytes
@@ -821,6 +836,9 @@ class SessionManager:
         """Stop the kernel, free the sandbox, and record why the session ended."""
         if session.state == "deleted":
             return
+        if not self.leases.holds(session.id):
+            self._lose(session.id)  # its sandbox is another gateway's to end
+            return
         session.state = "deleted"
         session.reason = reason
         session.ended_at = self.clock()
@@ -838,7 +856,38 @@ class SessionManager:
                         pass
         await self.lifecycle.teardown(session)
         await self.save(session)
+        await self.leases.release(session.id)
         log.info("session %s ended: %s", session.id, reason)
+
+    def _lose(self, session_id: str) -> None:
+        """Stop acting for a session another gateway owns now; its kernel is theirs.
+
+        Nothing of the session is written any more, its clients are cut off
+        (they reconnect to its owner) and an execute in flight returns at once.
+        """
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        log.warning("session %s: this gateway lost its lease; another gateway owns it", session_id)
+        session.reason = (
+            "this gateway lost the session's lease to another gateway; send the request again"
+        )
+        if session.stream is not None:
+            session.stream.close()
+        for relay in list(session.parked.values()):
+            relay.close()
+        if session.kernel is not None:
+            session.kernel.died.set()
+            self.spawn(self._let_go(session))
+
+    async def _let_go(self, session: Session) -> None:
+        """Close a lost session's kernel channels once its execute in flight has returned."""
+        assert session.kernel is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                async with session.lock:
+                    pass
+        session.kernel.detach()
 
     def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
         """Called on the loop by the watcher when one of our containers stops."""
@@ -939,6 +988,8 @@ class SessionManager:
 
     async def save(self, session: Session) -> None:
         """Store the session's record, and its kernel's runtime info while it is open."""
+        if not self.leases.holds(session.id):
+            return  # another gateway's record now
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
 

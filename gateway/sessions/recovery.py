@@ -10,7 +10,8 @@ session accounts for: nothing it started leaks across restarts.
 
 Recovery is handed the store, the sandbox lifecycle and a ``Registry`` (the
 few session commands it needs; the session manager is one), never the
-manager itself.
+manager itself. With a shared store it takes only the sessions whose lease
+it holds or claims (``Leases``): never another live gateway's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..errors import GatewayError
 from ..execution.recorder import close_cut_executions
 from ..sandbox.base import SandboxState
 from ..store.sqlite import Store
+from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session
 
@@ -44,16 +46,21 @@ class Registry(Protocol):
     async def save(self, session: Session) -> None: ...
 
 
-async def recover(registry: Registry, store: Store, lifecycle: SandboxLifecycle) -> None:
+async def recover(
+    registry: Registry, store: Store, lifecycle: SandboxLifecycle, leases: Leases
+) -> None:
     """Reattach, mark dead or end each open session; remove whatever is left over."""
     placement = lifecycle.placement
-    cut = await close_cut_executions(store)
+    left = await store.open_sessions(lifecycle.gateway_id)
+    owned = await asyncio.gather(*(leases.claim(doc["id"]) for doc, _ in left))
+    left = [session for session, ours in zip(left, owned, strict=True) if ours]
+    cut = await close_cut_executions(store, {doc["id"] for doc, _ in left})
     containers = await placement.sandboxes(lifecycle.gateway_id)
     claimed: set[str] = set()
     outcomes = await asyncio.gather(
         *(
             _take_over(registry, lifecycle, doc, runtime, containers, claimed, doc["id"] in cut)
-            for doc, runtime in await store.open_sessions()
+            for doc, runtime in left
         ),
         return_exceptions=True,
     )

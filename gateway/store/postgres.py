@@ -125,6 +125,15 @@ MIGRATIONS = [
     CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
     CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
     """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
 ]
 
 
@@ -164,6 +173,8 @@ class PostgresStore(Store):
     """The store on a PostgreSQL server shared by every gateway of a deployment."""
 
     ROW_ORDER = "seq"
+    NOW = "extract(epoch from clock_timestamp())::double precision"
+    SHARED = True
 
     def __init__(self, url: str, data_dir: Path, retention: Retention | None = None) -> None:
         super().__init__(data_dir / "gateway.sqlite3", retention)  # path: only its directory

@@ -160,6 +160,15 @@ MIGRATIONS = [
     CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
     CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
     """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -200,6 +209,8 @@ class Store:
     """
 
     ROW_ORDER = "rowid"  # the column that orders rows as they were inserted
+    NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the database's clock, in seconds
+    SHARED = False  # whether other gateways may use the same database
 
     def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self.path = path
@@ -372,15 +383,70 @@ class Store:
         rows = await self._run(self._exec, "SELECT doc FROM sessions WHERE id = ?", (session_id,))
         return json.loads(rows[0]["doc"]) if rows else None
 
-    async def open_sessions(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """Sessions not marked ended, with their runtime info: what a restart must account for."""
+    async def open_sessions(self, owner: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Open sessions of ``owner`` (or of no one), with their runtime info.
+
+        What a restart of that gateway must account for: never another
+        gateway's sessions, whose leases say so.
+        """
         rows = await self._run(
             self._exec,
-            f"SELECT doc, runtime FROM sessions WHERE ended_at IS NULL ORDER BY {self.ROW_ORDER}",
+            "SELECT doc, runtime FROM sessions LEFT JOIN leases ON session_id = id"
+            " WHERE ended_at IS NULL AND (owner IS NULL OR owner = ?)"
+            f" ORDER BY sessions.{self.ROW_ORDER}",
+            (owner,),
         )
         return [
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
+
+    async def claim_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Own a session for ``ttl`` seconds unless another owner's lease still runs.
+
+        One statement, so two gateways claiming at once cannot both win: the
+        database serialises them on the lease's row and the second sees the first.
+        """
+        rows = await self._run(
+            self._exec,
+            f"INSERT INTO leases (session_id, owner, expires_at) VALUES (?, ?, {self.NOW} + ?)"
+            " ON CONFLICT (session_id) DO UPDATE"
+            " SET owner = excluded.owner, expires_at = excluded.expires_at"
+            f" WHERE leases.owner = excluded.owner OR leases.expires_at < {self.NOW}"
+            " RETURNING owner",
+            (session_id, owner, ttl),
+        )
+        return bool(rows)
+
+    async def renew_leases(self, owner: str, ttl: float) -> set[str]:
+        """Extend every lease ``owner`` still holds; the sessions whose lease was extended.
+
+        A lease that ran out is not extended, even if nobody took it yet:
+        another gateway may be adopting its session right now.
+        """
+        rows = await self._run(
+            self._exec,
+            f"UPDATE leases SET expires_at = {self.NOW} + ?"
+            f" WHERE owner = ? AND expires_at >= {self.NOW} RETURNING session_id",
+            (ttl, owner),
+        )
+        return {row[0] for row in rows}
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        """Give up a session's lease, if ``owner`` holds it (an ended session's)."""
+        await self._run(
+            self._exec, "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
+        )
+
+    async def lease_owners(self, session_ids: list[str]) -> dict[str, str]:
+        """Who owns each of these sessions whose lease still runs."""
+        marks = ", ".join("?" * len(session_ids))
+        rows = await self._run(
+            self._exec,
+            f"SELECT session_id, owner FROM leases WHERE session_id IN ({marks})"
+            f" AND expires_at >= {self.NOW}",
+            tuple(session_ids),
+        )
+        return {row[0]: row[1] for row in rows}
 
     async def add_snapshot(self, doc: dict[str, Any]) -> None:
         await self._run(
@@ -816,9 +882,7 @@ class Store:
         return [json.loads(r["doc"]) for r in rows]
 
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
-        rows = await self._run(
-            self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,)
-        )
+        rows = await self._run(self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,))
         return json.loads(rows[0]["doc"]) if rows else None
 
 

@@ -1,0 +1,94 @@
+"""Several gateways on one shared PostgreSQL store: ownership, leases, faults.
+
+Real gateway processes on the machine's engine, each with its own data
+directory (and so its own id and containers), sharing a real PostgreSQL
+server started by the tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import psycopg
+import pytest
+from helpers import run, text_of
+
+pytestmark = [pytest.mark.docker, pytest.mark.faults]
+
+LEASE = "1.5"  # seconds: short, so the tests see leases run out quickly
+
+
+@pytest.fixture
+def database(postgres) -> str:
+    return postgres.database()
+
+
+def shared(start_gateway, database: str, *args: str, **kw):
+    return start_gateway("--database-url", database, "--lease-ttl", LEASE, *args, **kw)
+
+
+def new_session(gw) -> str:
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_a_second_gateway_leaves_the_first_ones_sessions_alone(start_gateway, database):
+    first = shared(start_gateway, database)
+    sid = new_session(first)
+    run(first.client, sid, "x = 41")
+    second = shared(start_gateway, database)
+    assert run(second.client, new_session(second), "1 + 1")["status"] == "ok"
+    with psycopg.connect(database) as db:
+        row = db.execute("SELECT state, doc FROM sessions WHERE id = %s", (sid,)).fetchone()
+    assert row[0] == "idle", f"the second gateway took the first one's session: {row[1]}"
+    reply = run(first.client, sid, "print(x + 1)")
+    assert text_of(reply) == "42\n", (
+        f"the first gateway's session broke when a second gateway started: {reply}"
+    )
+    assert first.client.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+
+
+def test_a_gateway_that_loses_a_lease_stops_acting_for_the_session_at_once(
+    start_gateway, database, engine
+):
+    gw = shared(start_gateway, database)
+    sid = new_session(gw)
+    run(gw.client, sid, "x = 1")
+    box: dict = {}
+
+    def slow_cell() -> None:
+        with httpx.Client(base_url=gw.url, timeout=60, headers=gw.client.headers) as own:
+            r = own.post(
+                f"/v1/sessions/{sid}/execute", json={"code": "import time; time.sleep(30)"}
+            )
+            box["reply"] = (r.status_code, r.text)
+
+    worker = threading.Thread(target=slow_cell)
+    worker.start()
+    time.sleep(0.5)
+    with psycopg.connect(database, autocommit=True) as db:  # another gateway takes it over
+        db.execute(
+            "UPDATE leases SET owner = 'thief', expires_at = extract(epoch from now()) + 600"
+            " WHERE session_id = %s",
+            (sid,),
+        )
+        stolen = time.monotonic()
+        worker.join(10)
+        took = time.monotonic() - stolen
+        assert not worker.is_alive() and took < float(LEASE) + 1, (
+            f"the execute in flight still waited {took:.1f} s after the lease was taken"
+        )
+        assert "lease" in str(box["reply"]), box
+        assert gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}).status_code in (
+            404,
+            503,
+        ), "the gateway still ran code for a session it no longer owns"
+        time.sleep(float(LEASE))
+        state = db.execute("SELECT state FROM sessions WHERE id = %s", (sid,)).fetchone()[0]
+    assert state in ("idle", "busy"), f"the gateway wrote the session's record as {state}"
+    container = engine.containers.get(f"sbx-{sid}")
+    assert container.status == "running", "the gateway stopped a kernel it no longer owns"
+    assert "lease" in gw.tail(200)
