@@ -151,6 +151,9 @@ class Gateway:
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         sockets = tornado.netutil.bind_sockets(self.settings.port, first)
         self.port = sockets[0].getsockname()[1]
+        if self.store.SHARED:
+            address = self.settings.advertised(self.port)
+            await self.store.announce(self.manager.leases.owner, address)
         for host in others:
             sockets += tornado.netutil.bind_sockets(self.port, host)
         self.manager.isolation.egress.protect_port(self.port)

@@ -546,6 +546,12 @@ class Settings:
         "scripts/postgres starts a local server",
         STORAGE,
     )
+    advertise_url: str = _opt(
+        "",
+        "where the other gateways sharing the database reach this one, passing on requests "
+        "for its sessions (empty: http://<host>:<port>, 127.0.0.1 for a wildcard host)",
+        STORAGE,
+    )
     lease_ttl: float = _opt(
         3.0,
         "seconds a gateway's lease on a session lasts unless renewed (renewed each third of "
@@ -698,6 +704,13 @@ class Settings:
 
             return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
         return Store(Path(self.data_dir) / "gateway.sqlite3", self.retention())
+
+    def advertised(self, port: int) -> str:
+        """This gateway's base URL for its peers, once it listens on ``port``."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

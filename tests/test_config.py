@@ -96,6 +96,7 @@ SAMPLES = {
     "swarm_poll_interval": "0.5",
     "data_dir": "/srv/sbx",
     "database_url": "postgresql://sbx@db.example/sbx",
+    "advertise_url": "http://10.0.0.5:8765",
     "lease_ttl": "4",
     "end_sessions_on_stop": "true",
     "drain_timeout": "3",

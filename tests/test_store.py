@@ -248,8 +248,9 @@ def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
             "a restarting gateway was handed another gateway's session"
         )
         assert [d["id"] for d, _ in await store.open_sessions("b")] == ["s", "free"]
-        owners = await store.lease_owners(["s", "t"])
+        await store.announce("b", "http://10.0.0.2:8765")
+        found = await store.owner_address("s"), await store.owner_address("free")
         await store.close()
-        return owners
+        return found
 
-    assert asyncio.run(scenario()) == {"s": "b"}
+    assert asyncio.run(scenario()) == (("b", "http://10.0.0.2:8765"), None)

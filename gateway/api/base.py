@@ -36,10 +36,12 @@ from ..errors import (
     GatewayError,
     NotFound,
     PayloadTooLarge,
+    StoreUnavailable,
     Unauthorized,
 )
 from ..limits import format_size
 from ..sessions.manager import SessionManager
+from .forward import connect_upstream, forward_request, passed_on, relay_socket
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tornado.access")
@@ -134,6 +136,22 @@ class GatewayHandlerMixin:
         else:
             log.error("uncaught exception in %s %s", method, path, exc_info=(typ, value, tb))
 
+    def session_elsewhere(self, kwargs: dict[str, Any]) -> str | None:
+        """The session this request names, if another gateway may own it (``locate`` says)."""
+        session_id = kwargs.get("session_id") or kwargs.get("kernel_id")
+        if session_id and not passed_on(self.request) and self.manager.may_be_elsewhere(session_id):
+            return session_id
+        return None
+
+    def check_store(self) -> None:
+        """Refuse new work with a 503 while the database does not answer; work in flight goes on."""
+        down = self.manager.store.down
+        if down is not None:
+            raise StoreUnavailable(
+                f"the gateway's database does not answer ({down}); nothing new can be "
+                "recorded, so nothing new starts: try again shortly"
+            )
+
     def allowed_origin(self, origin: str | None) -> bool:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
         if not origin:
@@ -180,6 +198,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     """Base handler: authenticated, JSON bodies in (bounded), JSON out, audited."""
 
     actions: dict[str, str] = {}  # HTTP method -> the action its requests are audited as
+    forwards = True  # False: the body streams in after prepare (uploads), answered here only
     audit_detail: dict[str, Any]
     audit_session: str | None = None
 
@@ -200,12 +219,21 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         if self.request.method == "OPTIONS" or self.public:
             return None
         self.authenticate()
+        self.check_store()
         if len(self.request.body) > self.body_limit():
             raise PayloadTooLarge(
                 f"the request body is larger than this endpoint's limit of "
                 f"{format_size(self.body_limit())}; send less (upload files with PUT)"
             )
-        return None
+        session_id = self.session_elsewhere(self.path_kwargs) if self.forwards else None
+        return None if session_id is None else self._pass_on(session_id)
+
+    async def _pass_on(self, session_id: str) -> None:
+        """Answer with the reply of the gateway that owns the session, if another one does."""
+        owner = await self.manager.locate(session_id)
+        if owner is not None:
+            self.principal = None  # audited by the owner, where it happens
+            await forward_request(self, owner, self.manager.settings.max_timeout + 60)
 
     def body_limit(self) -> int:
         return self.manager.settings.max_request_body
@@ -296,12 +324,19 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
             if not self.allowed_origin(self.request.headers.get("Origin")):
                 raise Forbidden("WebSockets from pages of other sites are refused (cors_origins)")
             self.authenticate()
+            self.check_store()
             if not _is_upgrade(self.request.headers):
                 raise BadRequest(
                     "this is a WebSocket endpoint: connect with a WebSocket client "
                     "(Upgrade: websocket)"
                 )
-            self.prepare_socket(**kwargs)
+            session_id = self.session_elsewhere(kwargs)
+            owner = await self.manager.locate(session_id) if session_id else None
+            upstream = await connect_upstream(self, owner) if owner else None
+            if upstream is not None:
+                relay_socket(self, upstream)
+            else:
+                self.prepare_socket(**kwargs)
         except GatewayError as e:
             self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return

@@ -46,6 +46,7 @@ from ..errors import (
     SessionBusy,
     SessionEnded,
     SessionNotFound,
+    StoreUnavailable,
     TooManySessions,
 )
 from ..execution.kernel import ExecutionResult
@@ -249,6 +250,17 @@ class SessionManager:
                 continue
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
+
+    def may_be_elsewhere(self, session_id: str) -> bool:
+        """Whether another gateway may own the session (``locate`` finds out)."""
+        return self.leases.shared and session_id not in self.sessions
+
+    async def locate(self, session_id: str) -> str | None:
+        """Where the other gateway that owns the session answers; None if none does."""
+        found = await self.store.owner_address(session_id)
+        if found is None or found[0] == self.leases.owner:
+            return None
+        return found[1]
 
     def owner_of(self, session_id: str | None) -> Principal | None:
         """The tenant a live session belongs to, as a principal acting for it."""
@@ -616,7 +628,10 @@ class SessionManager:
         session.output_bytes += result.output_bytes
         finished = recorder.finish(result)
         self.save_soon(session)
-        await finished
+        try:
+            await finished
+        except StoreUnavailable as e:  # the caller still gets what its code did
+            log.warning("session %s: an execution could not be recorded: %s", session.id, e)
 
     def save_soon(self, session: Session) -> None:
         """Save the session's record within a second.

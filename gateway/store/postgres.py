@@ -11,7 +11,9 @@ the store's own. What differs is only what a shared server needs:
   so gateways starting together migrate once;
 - a gateway's id (which labels its containers) is a file in its own data
   directory, not a row: every gateway has its own;
-- a connection the server dropped is made again before the next batch.
+- a connection the server dropped is made again before the next batch; while
+  the server does not answer, every call fails with ``StoreUnavailable`` and
+  ``down`` says why, until a batch goes through again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from ..errors import StoreUnavailable
 from .sqlite import Retention, Store
 
 ID_RANGE = 4096  # execution ids a gateway draws at a time
@@ -134,6 +137,14 @@ MIGRATIONS = [
     );
     CREATE INDEX leases_by_owner ON leases (owner);
     """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at DOUBLE PRECISION NOT NULL
+    );
+    """,
 ]
 
 
@@ -181,6 +192,7 @@ class PostgresStore(Store):
         self.url = url
         self._range_end = 0  # the held id range is [_next_execution, _range_end)
         self._spare: asyncio.Future[int] | None = None  # the next range, drawn ahead
+        self.down: str | None = None  # why the server did not answer the last batch
 
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(
@@ -211,10 +223,18 @@ class PostgresStore(Store):
             self._grown.update(row[0] for row in over)
 
     def _run_batch(self, calls: list) -> list[tuple[bool, Any]]:
-        if self._db is not None and self._db.broken:
-            self._db.close()
-            self._db = self._connect()
-        return super()._run_batch(calls)
+        try:
+            if self._db is not None and self._db.broken:
+                self._db.close()
+                self._db = self._connect()
+            outcomes = super()._run_batch(calls)
+        except psycopg.OperationalError as e:
+            self.down = str(e).splitlines()[0]
+            raise StoreUnavailable(
+                f"the gateway's database does not answer ({self.down}); try again shortly"
+            ) from e
+        self.down = None
+        return outcomes
 
     def _cursor(self, sql: str, params: tuple = ()) -> Any:
         assert self._db is not None, "store is not open"

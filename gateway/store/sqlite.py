@@ -169,6 +169,14 @@ MIGRATIONS = [
     );
     CREATE INDEX leases_by_owner ON leases (owner);
     """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at REAL NOT NULL
+    );
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -211,6 +219,7 @@ class Store:
     ROW_ORDER = "rowid"  # the column that orders rows as they were inserted
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the database's clock, in seconds
     SHARED = False  # whether other gateways may use the same database
+    down: str | None = None  # why the database does not answer, while it does not
 
     def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self.path = path
@@ -437,16 +446,25 @@ class Store:
             self._exec, "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
         )
 
-    async def lease_owners(self, session_ids: list[str]) -> dict[str, str]:
-        """Who owns each of these sessions whose lease still runs."""
-        marks = ", ".join("?" * len(session_ids))
+    async def announce(self, gateway_id: str, address: str) -> None:
+        """Record where a gateway answers (its base URL), for requests others pass on."""
+        await self._run(
+            self._exec,
+            f"INSERT INTO gateways (id, address, seen_at) VALUES (?, ?, {self.NOW})"
+            " ON CONFLICT (id) DO UPDATE"
+            " SET address = excluded.address, seen_at = excluded.seen_at",
+            (gateway_id, address),
+        )
+
+    async def owner_address(self, session_id: str) -> tuple[str, str] | None:
+        """The gateway holding a running lease on the session, and where it answers."""
         rows = await self._run(
             self._exec,
-            f"SELECT session_id, owner FROM leases WHERE session_id IN ({marks})"
-            f" AND expires_at >= {self.NOW}",
-            tuple(session_ids),
+            "SELECT owner, address FROM leases JOIN gateways ON gateways.id = owner"
+            f" WHERE session_id = ? AND expires_at >= {self.NOW}",
+            (session_id,),
         )
-        return {row[0]: row[1] for row in rows}
+        return (rows[0][0], rows[0][1]) if rows else None
 
     async def add_snapshot(self, doc: dict[str, Any]) -> None:
         await self._run(

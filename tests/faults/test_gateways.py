@@ -7,13 +7,14 @@ server started by the tests.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import httpx
 import psycopg
 import pytest
-from helpers import run, text_of
+from helpers import PostgresServer, run, run_over_channels, text_of, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults]
 
@@ -92,3 +93,62 @@ def test_a_gateway_that_loses_a_lease_stops_acting_for_the_session_at_once(
     container = engine.containers.get(f"sbx-{sid}")
     assert container.status == "running", "the gateway stopped a kernel it no longer owns"
     assert "lease" in gw.tail(200)
+
+
+def test_any_gateway_answers_for_any_session(start_gateway, database):
+    token = "shared-token-of-the-deployment"
+    gateways = [shared(start_gateway, database, env={"SBX_TOKEN": token}) for _ in range(2)]
+    for gw in gateways:
+        gw.client.headers["Authorization"] = f"Bearer {token}"
+        gw.token = token
+    owner, other = gateways
+    sid = new_session(owner)
+    run(owner.client, sid, "x = 20")
+    reply = run(other.client, sid, "x += 1; print(x)")
+    assert text_of(reply) == "21\n", f"an execute through the other gateway: {reply}"
+    session = other.client.get(f"/v1/sessions/{sid}")
+    assert session.status_code == 200 and session.json()["id"] == sid, session.text
+    history = other.client.get(f"/v1/sessions/{sid}/history").json()
+    assert [e["code"] for e in history["executions"]] == ["x = 20", "x += 1; print(x)"]
+    seen = asyncio.run(
+        run_over_channels(other.ws_url(f"/api/kernels/{sid}/channels"), "print(x * 2)")
+    )
+    streams = [m["content"]["text"] for m in seen if m["msg_type"] == "stream"]
+    assert streams == ["42\n"], f"the Jupyter channels through the other gateway: {seen}"
+    assert other.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert owner.client.get(f"/v1/sessions/{sid}").json()["state"] == "deleted"
+
+
+def test_an_unreachable_database_is_a_clear_503_while_executes_in_flight_finish(start_gateway):
+    server = PostgresServer()  # its own: this test stops it
+    try:
+        gw = start_gateway("--database-url", server.database(), "--lease-ttl", "20")
+        sid = new_session(gw)
+        run(gw.client, sid, "x = 1")
+        box: dict = {}
+
+        def slow_cell() -> None:
+            with httpx.Client(base_url=gw.url, timeout=60, headers=gw.client.headers) as own:
+                code = "import time; time.sleep(4); print(x + 1)"
+                r = own.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+                box["reply"] = (r.status_code, r.json())
+
+        worker = threading.Thread(target=slow_cell)
+        worker.start()
+        time.sleep(1)
+        server.stop("kill")
+        refused = gw.client.post("/v1/sessions", json={})
+        worker.join(30)
+        status, reply = box["reply"]
+        assert status == 200 and text_of(reply) == "2\n", (
+            f"an execute in flight when the database went away did not finish: {status} {reply}"
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "store_unavailable", refused.text
+        assert "database" in refused.json()["error"]["message"]
+        server.start()
+        back = wait_for(lambda: gw.client.get(f"/v1/sessions/{sid}").status_code == 200)
+        assert back, "the gateway did not come back when its database did"
+        assert text_of(run(gw.client, sid, "print(x)")) == "1\n"
+    finally:
+        server.remove()
