@@ -149,13 +149,17 @@ class Gateway:
         self.manager.gate.desk.on_change = audit_log.approval
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
-        sockets = tornado.netutil.bind_sockets(self.settings.port, first)
+        reuse = self.settings.reuse_port
+        sockets = tornado.netutil.bind_sockets(self.settings.port, first, reuse_port=reuse)
         self.port = sockets[0].getsockname()[1]
         if self.store.SHARED:
             address = self.settings.advertised(self.port)
+            if reuse and not self.settings.advertise_url:  # the shared port reaches any worker
+                sockets += tornado.netutil.bind_sockets(0, "127.0.0.1")
+                address = f"http://127.0.0.1:{sockets[-1].getsockname()[1]}"
             await self.store.announce(self.manager.leases.owner, address)
         for host in others:
-            sockets += tornado.netutil.bind_sockets(self.port, host)
+            sockets += tornado.netutil.bind_sockets(self.port, host, reuse_port=reuse)
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
         manager.isolation.egress.set_redactor(manager.redact)

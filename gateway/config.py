@@ -230,6 +230,18 @@ class Settings:
     # -- listening
     host: str = _opt("127.0.0.1", "address to listen on", LISTENING)
     port: int = _opt(8765, "port to listen on (0 picks a free one)", LISTENING)
+    workers: int = _opt(
+        1,
+        "gateway processes sharing the port (SO_REUSEPORT) and the database, each with its "
+        "own data dir <data_dir>/worker-<n>; more than one needs database_url",
+        LISTENING,
+    )
+    reuse_port: bool = _opt(
+        False,
+        "share the port with other gateway processes (SO_REUSEPORT) and answer peers on a "
+        "port of its own on 127.0.0.1; --workers sets it for its workers",
+        LISTENING,
+    )
     cors_origins: tuple[str, ...] = _opt(
         "",
         "comma-separated browser origins allowed to call the API (CORS); off when empty",
@@ -622,6 +634,13 @@ class Settings:
             raise ConfigError("history_max_age and history_max_executions must be 0 (keep) or more")
         if self.database_url and not self.database_url.startswith(POSTGRES_SCHEMES):
             raise ConfigError("database_url must be empty (SQLite) or a postgresql:// URL")
+        if self.workers < 1:
+            raise ConfigError("workers must be at least 1")
+        if self.workers > 1 and not self.database_url:
+            raise ConfigError(
+                "workers share their sessions through the database: set database_url "
+                "(scripts/serve --postgres starts a local PostgreSQL)"
+            )
         if self.lease_ttl <= 0:
             raise ConfigError("lease_ttl must be positive")
         if self.history_prune_interval <= 0:

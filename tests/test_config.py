@@ -98,6 +98,8 @@ SAMPLES = {
     "database_url": "postgresql://sbx@db.example/sbx",
     "advertise_url": "http://10.0.0.5:8765",
     "lease_ttl": "4",
+    "workers": "1",
+    "reuse_port": "true",
     "end_sessions_on_stop": "true",
     "drain_timeout": "3",
     "cull_interval": "0.25",

@@ -8,13 +8,18 @@ server started by the tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 from helpers import PostgresServer, run, run_over_channels, text_of, wait_for
+from helpers import gateway_id as gateway_id_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults]
 
@@ -152,3 +157,48 @@ def test_an_unreachable_database_is_a_clear_503_while_executes_in_flight_finish(
         assert text_of(run(gw.client, sid, "print(x)")) == "1\n"
     finally:
         server.remove()
+
+
+def worker_pid(gw, gateway_id: str) -> int:
+    """The process of the worker of ``sbx serve --workers`` whose id is ``gateway_id``."""
+    data_dir = next(d for d in gw.data_dir.glob("worker-*") if gateway_id_of(d) == gateway_id)
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if str(data_dir).encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                return int(proc.name)
+    raise AssertionError(f"no worker runs on {data_dir}")
+
+
+def test_workers_share_one_port_and_a_crashed_one_comes_back_with_its_sessions(
+    start_gateway, database
+):
+    gw = shared(start_gateway, database, "--workers", "2")
+
+    def fresh(timeout: float = 120) -> httpx.Client:  # a new connection may reach either worker
+        return httpx.Client(base_url=gw.url, timeout=timeout, headers=gw.client.headers)
+
+    ids = []
+    for n in range(8):
+        with fresh() as client:
+            r = client.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+            run(client, ids[-1], f"x = {n}")
+    with psycopg.connect(database) as db:
+        owners = dict(db.execute("SELECT session_id, owner FROM leases").fetchall())
+    for n, sid in enumerate(ids):
+        with fresh() as client:
+            assert text_of(run(client, sid, "print(x)")) == f"{n}\n", "a worker lost a session"
+    os.kill(worker_pid(gw, owners[ids[0]]), signal.SIGKILL)
+    killed = time.monotonic()
+
+    def answers() -> bool:
+        with fresh(10) as client:
+            r = client.post(f"/v1/sessions/{ids[0]}/execute", json={"code": "print(x)"})
+            return r.status_code == 200 and text_of(r.json()) == "0\n"
+
+    assert wait_for(answers, timeout=30, interval=0.2), "a crashed worker's session never came back"
+    back = time.monotonic() - killed
+    print(
+        f"{len(set(owners.values()))} workers own sessions; a crashed one's back in {back:.1f} s"
+    )
