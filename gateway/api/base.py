@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..limits import format_size
 from ..sessions.manager import SessionManager
-from .forward import connect_upstream, forward_request, passed_on, relay_socket
+from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tornado.access")
@@ -91,6 +91,10 @@ class GatewayHandlerMixin:
     @property
     def manager(self) -> SessionManager:
         return self.settings["sbx_manager"]
+
+    @property
+    def forwarder(self) -> Forwarder:
+        return self.settings["sbx_forwarder"]
 
     @property
     def auth(self) -> Authenticator:
@@ -230,10 +234,18 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
 
     async def _pass_on(self, session_id: str) -> None:
         """Answer with the reply of the gateway that owns the session, if another one does."""
-        owner = await self.manager.locate(session_id)
-        if owner is not None:
-            self.principal = None  # audited by the owner, where it happens
-            await forward_request(self, owner, self.manager.settings.max_timeout + 60)
+        timeout = self.manager.settings.max_timeout + 60
+        for _ in range(2):  # the owner it was found at may have lost it since: ask once more
+            owner = await self.manager.locate(session_id)
+            if owner is None:
+                return
+            try:
+                if await self.forwarder.forward(self, owner, timeout):
+                    self.principal = None  # audited by the owner, where it happens
+                    return
+            finally:
+                if not self._finished:
+                    self.manager.forget_location(session_id)
 
     def body_limit(self) -> int:
         return self.manager.settings.max_request_body
@@ -332,7 +344,11 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
                 )
             session_id = self.session_elsewhere(kwargs)
             owner = await self.manager.locate(session_id) if session_id else None
-            upstream = await connect_upstream(self, owner) if owner else None
+            try:
+                upstream = await connect_upstream(self, owner) if owner else None
+            except GatewayError:
+                self.manager.forget_location(session_id or "")
+                raise
             if upstream is not None:
                 relay_socket(self, upstream)
             else:

@@ -83,6 +83,7 @@ LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
 _NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
+LOCATIONS_KEPT = 10_000  # other gateways' sessions whose owner is remembered, at most
 
 
 class SessionManager:
@@ -126,6 +127,7 @@ class SessionManager:
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
+        self._locations: dict[str, tuple[str, float]] = {}  # other gateways' sessions: where, until
 
     @property
     def kernelspecs(self) -> KernelSpecs:
@@ -256,11 +258,27 @@ class SessionManager:
         return self.leases.shared and session_id not in self.sessions
 
     async def locate(self, session_id: str) -> str | None:
-        """Where the other gateway that owns the session answers; None if none does."""
+        """Where the other gateway that owns the session answers; None if none does.
+
+        An answer is kept for a third of a lease (``forget_location`` drops it
+        sooner): a session changes owner only once a lease has run out.
+        """
+        now = time.monotonic()
+        known = self._locations.get(session_id)
+        if known is not None and known[1] > now:
+            return known[0]
         found = await self.store.owner_address(session_id)
         if found is None or found[0] == self.leases.owner:
+            self._locations.pop(session_id, None)
             return None
+        if len(self._locations) > LOCATIONS_KEPT:
+            self._locations.clear()
+        self._locations[session_id] = (found[1], now + self.leases.ttl / 3)
         return found[1]
+
+    def forget_location(self, session_id: str) -> None:
+        """Drop where ``locate`` found the session: its owner did not have it."""
+        self._locations.pop(session_id, None)
 
     def owner_of(self, session_id: str | None) -> Principal | None:
         """The tenant a live session belongs to, as a principal acting for it."""
