@@ -24,6 +24,7 @@ import httpx
 from tornado.websocket import websocket_connect
 
 from gateway.sandbox import volume
+from gateway.store.postgres import GATEWAY_ID_FILE
 
 
 class GatewayProcess:
@@ -91,8 +92,8 @@ class GatewayProcess:
 
 def gateway_id(data_dir: Path) -> str | None:
     """The id a gateway labels its containers with: its file (PostgreSQL) or its store."""
-    if (data_dir / "gateway-id").exists():
-        return (data_dir / "gateway-id").read_text().strip()
+    if (data_dir / GATEWAY_ID_FILE).exists():
+        return (data_dir / GATEWAY_ID_FILE).read_text().strip()
     path = data_dir / "gateway.sqlite3"
     if not path.exists():
         return None

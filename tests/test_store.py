@@ -254,3 +254,19 @@ def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
         return found
 
     assert asyncio.run(scenario()) == (("b", "http://10.0.0.2:8765"), None)
+
+
+def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, tmp_path):
+    from gateway.cli.gc import DataDir
+
+    async def start() -> None:
+        store = PostgresStore(postgres.database(), tmp_path)
+        await store.open()
+        await store.gateway_id()
+        await store.close()
+
+    asyncio.run(start())
+    data_dir = DataDir.read(tmp_path, busy=set())
+    assert data_dir.why_orphan("s1") is None, (
+        "sbx gc would remove the sandboxes of a gateway on PostgreSQL: it has no SQLite file"
+    )

@@ -32,6 +32,7 @@ from .sqlite import Retention, Store
 ID_RANGE = 4096  # execution ids a gateway draws at a time
 CONNECT_TIMEOUT = 5  # seconds; an unreachable server fails the batch, not the gateway
 MIGRATION_LOCK = 0x5B5_0001  # advisory lock key held while migrating
+GATEWAY_ID_FILE = "gateway-id"  # in the data dir: a gateway whose store is a shared database
 
 # Each entry moves the schema one version up (schema_version); never edit a
 # shipped entry, append a new one. The first is SQLite's schema at its ninth.
@@ -279,7 +280,7 @@ class PostgresStore(Store):
         """Return this gateway's own id, kept in its data directory: the database is shared."""
 
         def get_or_create() -> str:
-            path = self.path.parent / "gateway-id"
+            path = self.path.parent / GATEWAY_ID_FILE
             try:
                 return path.read_text().strip()
             except FileNotFoundError:
