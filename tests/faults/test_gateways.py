@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -18,8 +19,9 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from helpers import PostgresServer, run, run_over_channels, text_of, wait_for
+from helpers import PostgresServer, closed, run, run_over_channels, text_of, wait_for
 from helpers import gateway_id as gateway_id_of
+from tornado.websocket import websocket_connect
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults]
 
@@ -100,6 +102,30 @@ def test_a_gateway_that_loses_a_lease_stops_acting_for_the_session_at_once(
     assert "lease" in gw.tail(200)
 
 
+async def stream_then_resume_elsewhere(first, second, sid: str):
+    """Start a cell on the agent stream of ``first``, leave, resume on ``second``."""
+    code = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
+    seen: list[dict] = []
+
+    async def until(ws, kind: str) -> dict:
+        while True:
+            raw = await asyncio.wait_for(ws.read_message(), 30)
+            assert raw is not None, f"the stream closed; events so far: {seen}"
+            seen.append(json.loads(raw))
+            if seen[-1]["type"] == kind:
+                return seen[-1]
+
+    ws = await websocket_connect(first.ws_url(f"/v1/sessions/{sid}/stream"))
+    ws.write_message(json.dumps({"type": "execute", "id": "c", "code": code}))
+    last = await until(ws, "stream")
+    await closed(ws)
+    url = second.ws_url(f"/v1/sessions/{sid}/stream", last_event_id=last["event_id"])
+    ws = await websocket_connect(url)
+    done = await until(ws, "done")
+    await closed(ws)
+    return "".join(e.get("text", "") for e in seen), seen, done
+
+
 def test_any_gateway_answers_for_any_session(start_gateway, database):
     token = "shared-token-of-the-deployment"
     gateways = [shared(start_gateway, database, env={"SBX_TOKEN": token}) for _ in range(2)]
@@ -120,6 +146,10 @@ def test_any_gateway_answers_for_any_session(start_gateway, database):
     )
     streams = [m["content"]["text"] for m in seen if m["msg_type"] == "stream"]
     assert streams == ["42\n"], f"the Jupyter channels through the other gateway: {seen}"
+    ticks, seen, done = asyncio.run(stream_then_resume_elsewhere(owner, other, sid))
+    assert done["status"] == "ok" and ticks == "".join(f"tick {i}\n" for i in range(5)), (
+        f"a stream client that reconnected to another gateway did not continue: {seen}"
+    )
     assert other.client.delete(f"/v1/sessions/{sid}").status_code == 204
     assert owner.client.get(f"/v1/sessions/{sid}").json()["state"] == "deleted"
 
@@ -199,6 +229,4 @@ def test_workers_share_one_port_and_a_crashed_one_comes_back_with_its_sessions(
 
     assert wait_for(answers, timeout=30, interval=0.2), "a crashed worker's session never came back"
     back = time.monotonic() - killed
-    print(
-        f"{len(set(owners.values()))} workers own sessions; a crashed one's back in {back:.1f} s"
-    )
+    print(f"{len(set(owners.values()))} workers own sessions; a crashed one's back in {back:.1f} s")
