@@ -69,7 +69,7 @@ from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, public_view
 from .pool import WarmPool
-from .recovery import recover
+from .recovery import recover, take_back
 from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
 from .snapshots import Snapshots
 from .state import KernelState, SavedState
@@ -126,6 +126,7 @@ class SessionManager:
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
+        self._taker: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
         self._locations: dict[str, tuple[str, float]] = {}  # other gateways' sessions: where, until
 
@@ -159,6 +160,8 @@ class SessionManager:
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
         await recover(self, self.store, self.lifecycle, self.leases)
         self.leases.start(on_lost=self._lose)
+        if self.leases.shared:
+            self._taker = asyncio.create_task(self._take_back_forever(), name="sbx-take-back")
         await self.gate.desk.close_orphans()
         await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
@@ -171,10 +174,11 @@ class SessionManager:
         cells; a cell still running then is interrupted and recorded as cut
         by the restart, with its outputs so far.
         """
-        if self._culler is not None:
-            self._culler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._culler
+        for task in (self._culler, self._taker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.pool.stop()
         await self.leases.stop()
         sessions = list(self.sessions.values())
@@ -983,6 +987,15 @@ class SessionManager:
             session.kernel.died.set()
         log.warning("session %s died: %s", session.id, reason)
         await self.save(session)
+
+    async def _take_back_forever(self) -> None:
+        """Each lease, take back the sessions let go of while the database was silent."""
+        while True:
+            await asyncio.sleep(self.leases.ttl)
+            try:
+                await take_back(self, self.store, self.lifecycle, self.leases)
+            except Exception as e:  # the database is still away: next time
+                log.debug("taking sessions back failed: %s", e)
 
     async def _cull_forever(self) -> None:
         while True:

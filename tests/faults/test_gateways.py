@@ -230,3 +230,29 @@ def test_workers_share_one_port_and_a_crashed_one_comes_back_with_its_sessions(
     assert wait_for(answers, timeout=30, interval=0.2), "a crashed worker's session never came back"
     back = time.monotonic() - killed
     print(f"{len(set(owners.values()))} workers own sessions; a crashed one's back in {back:.1f} s")
+
+
+def test_sessions_dropped_in_a_long_database_outage_are_taken_back_when_it_returns(
+    start_gateway,
+):
+    server = PostgresServer()  # its own: this test stops it
+    try:
+        gw = start_gateway("--database-url", server.database(), "--lease-ttl", LEASE)
+        sid = new_session(gw)
+        run(gw.client, sid, "x = 7")
+        server.stop("kill")
+        time.sleep(3 * float(LEASE))  # every lease runs out: the gateway lets go of them all
+        assert gw.client.get(f"/v1/sessions/{sid}").status_code == 503
+        server.start()
+        back = time.monotonic()
+
+        def answers() -> bool:
+            r = gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x)"})
+            return r.status_code == 200 and text_of(r.json()) == "7\n"
+
+        assert wait_for(answers, timeout=20, interval=0.3), (
+            "the gateway never took its session back after the database returned"
+        )
+        print(f"taken back {time.monotonic() - back:.1f} s after the database returned")
+    finally:
+        server.remove()
