@@ -186,6 +186,9 @@ class _OneSession:
     def files(self, session_id: str, who: object) -> AsyncWorkspace:
         return self.workspace
 
+    def check_available(self) -> None:
+        """Its store always answers."""
+
 
 async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Path):
     """The real files handlers on a real port, the session's workspace behind a real agent."""

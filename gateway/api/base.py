@@ -36,7 +36,6 @@ from ..errors import (
     GatewayError,
     NotFound,
     PayloadTooLarge,
-    StoreUnavailable,
     Unauthorized,
 )
 from ..limits import format_size
@@ -147,15 +146,6 @@ class GatewayHandlerMixin:
             return session_id
         return None
 
-    def check_store(self) -> None:
-        """Refuse new work with a 503 while the database does not answer; work in flight goes on."""
-        down = self.manager.store.down
-        if down is not None:
-            raise StoreUnavailable(
-                f"the gateway's database does not answer ({down}); nothing new can be "
-                "recorded, so nothing new starts: try again shortly"
-            )
-
     def allowed_origin(self, origin: str | None) -> bool:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
         if not origin:
@@ -223,7 +213,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         if self.request.method == "OPTIONS" or self.public:
             return None
         self.authenticate()
-        self.check_store()
+        self.manager.check_available()
         if len(self.request.body) > self.body_limit():
             raise PayloadTooLarge(
                 f"the request body is larger than this endpoint's limit of "
@@ -336,7 +326,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
             if not self.allowed_origin(self.request.headers.get("Origin")):
                 raise Forbidden("WebSockets from pages of other sites are refused (cors_origins)")
             self.authenticate()
-            self.check_store()
+            self.manager.check_available()
             if not _is_upgrade(self.request.headers):
                 raise BadRequest(
                     "this is a WebSocket endpoint: connect with a WebSocket client "

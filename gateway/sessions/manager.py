@@ -257,6 +257,14 @@ class SessionManager:
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
 
+    def check_available(self) -> None:
+        """Refuse new work (503) while the database does not answer; work in flight goes on."""
+        if self.store.down is not None:
+            raise StoreUnavailable(
+                f"the gateway's database does not answer ({self.store.down}); nothing new "
+                "can be recorded, so nothing new starts: try again shortly"
+            )
+
     def may_be_elsewhere(self, session_id: str) -> bool:
         """Whether another gateway may own the session (``locate`` finds out)."""
         return self.leases.shared and session_id not in self.sessions
