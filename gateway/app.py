@@ -35,6 +35,7 @@ from .api import (
 )
 from .api.base import NotFoundHandler, log_request
 from .api.edge import Edge
+from .api.forward import Forwarder
 from .config import Settings
 from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
@@ -70,6 +71,7 @@ def make_app(
     secrets_vault: SecretVault,
     settings: Settings,
     loop_lag: LoopLagMonitor,
+    forwarder: Forwarder,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -94,6 +96,7 @@ def make_app(
         sbx_auth=auth,
         sbx_audit=audit_log,
         sbx_secrets=secrets_vault,
+        sbx_forwarder=forwarder,
         sbx_loop_lag=loop_lag,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
@@ -107,12 +110,13 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = Store(Path(settings.data_dir) / "gateway.sqlite3", settings.retention())
+        self.store = settings.make_store()
         self.manager: SessionManager | None = None
         self.server: tornado.httpserver.HTTPServer | None = None
         self.port: int | None = None
         self.audit: AuditLog | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
+        self.forwarder = Forwarder()
         self.package_cache = (
             PackageCache(Path(settings.data_dir) / "packages") if settings.package_cache else None
         )
@@ -149,10 +153,17 @@ class Gateway:
         self.manager.gate.desk.on_change = audit_log.approval
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
-        sockets = tornado.netutil.bind_sockets(self.settings.port, first)
+        reuse = self.settings.reuse_port
+        sockets = tornado.netutil.bind_sockets(self.settings.port, first, reuse_port=reuse)
         self.port = sockets[0].getsockname()[1]
+        if self.store.SHARED:
+            address = self.settings.advertised(self.port)
+            if reuse and not self.settings.advertise_url:  # the shared port reaches any worker
+                sockets += tornado.netutil.bind_sockets(0, "127.0.0.1")
+                address = f"http://127.0.0.1:{sockets[-1].getsockname()[1]}"
+            await self.store.announce(self.manager.leases.owner, address)
         for host in others:
-            sockets += tornado.netutil.bind_sockets(self.port, host)
+            sockets += tornado.netutil.bind_sockets(self.port, host, reuse_port=reuse)
         self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
         manager.isolation.egress.set_redactor(manager.redact)
@@ -163,7 +174,9 @@ class Gateway:
         manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        app = make_app(self.manager, auth, audit_log, vault, settings, self.loop_lag)
+        app = make_app(
+            self.manager, auth, audit_log, vault, settings, self.loop_lag, self.forwarder
+        )
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
             max_body_size=settings.max_anonymous_body,
@@ -189,6 +202,7 @@ class Gateway:
         if self.audit is not None:
             self.audit.close()
         self.loop_lag.stop()
+        self.forwarder.close()
         await self.store.close()
 
     def _package_policy(self, session_id: str) -> PackagePolicy | None:
@@ -250,9 +264,7 @@ def build_manager(
         Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
     )
     gate = Gate(policies, Scanner(), desk)
-    return SessionManager(
-        settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate
-    )
+    return SessionManager(settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate)
 
 
 def build_lifecycle(

@@ -29,7 +29,7 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.isolation.runtimes import RUNTIMES
 from .sandbox.swarm.placement import SwarmOptions
-from .store.sqlite import Retention
+from .store.sqlite import Retention, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,6 +194,7 @@ KERNELS = "kernels & images"
 ISOLATION = "isolation & egress"
 SWARM = "swarm"
 STORAGE = "storage & lifecycle"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 CLIENT = "client (the SDK, client commands and sbx mcp)"
 
 
@@ -229,6 +230,18 @@ class Settings:
     # -- listening
     host: str = _opt("127.0.0.1", "address to listen on", LISTENING)
     port: int = _opt(8765, "port to listen on (0 picks a free one)", LISTENING)
+    workers: int = _opt(
+        1,
+        "gateway processes sharing the port (SO_REUSEPORT) and the database, each with its "
+        "own data dir <data_dir>/worker-<n>; more than one needs database_url",
+        LISTENING,
+    )
+    reuse_port: bool = _opt(
+        False,
+        "share the port with other gateway processes (SO_REUSEPORT) and answer peers on a "
+        "port of its own on 127.0.0.1; --workers sets it for its workers",
+        LISTENING,
+    )
     cors_origins: tuple[str, ...] = _opt(
         "",
         "comma-separated browser origins allowed to call the API (CORS); off when empty",
@@ -545,6 +558,26 @@ class Settings:
         "$XDG_DATA_HOME/sandbox-gateway, or ~/.local/share/sandbox-gateway)",
         STORAGE,
     )
+    database_url: str = _opt(
+        "",
+        "the store: empty for SQLite in the data dir (one gateway), or a PostgreSQL URL "
+        "(postgresql://user@host/db, or ?host=/socket/dir) that several gateways share; "
+        "scripts/postgres starts a local server",
+        STORAGE,
+    )
+    advertise_url: str = _opt(
+        "",
+        "where the other gateways sharing the database reach this one, passing on requests "
+        "for its sessions (empty: http://<host>:<port>, 127.0.0.1 for a wildcard host)",
+        STORAGE,
+    )
+    lease_ttl: float = _opt(
+        3.0,
+        "seconds a gateway's lease on a session lasts unless renewed (renewed each third of "
+        "it); with a shared database, a dead gateway's sessions are free again after this",
+        STORAGE,
+        SECONDS,
+    )
     end_sessions_on_stop: bool = _opt(
         False,
         "end every session when the gateway stops; by default they keep running and the "
@@ -606,6 +639,17 @@ class Settings:
         self._check_placement()
         if min(self.history_max_age, self.history_max_executions) < 0:
             raise ConfigError("history_max_age and history_max_executions must be 0 (keep) or more")
+        if self.database_url and not self.database_url.startswith(POSTGRES_SCHEMES):
+            raise ConfigError("database_url must be empty (SQLite) or a postgresql:// URL")
+        if self.workers < 1:
+            raise ConfigError("workers must be at least 1")
+        if self.workers > 1 and not self.database_url:
+            raise ConfigError(
+                "workers share their sessions through the database: set database_url "
+                "(scripts/serve --postgres starts a local PostgreSQL)"
+            )
+        if self.lease_ttl <= 0:
+            raise ConfigError("lease_ttl must be positive")
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
@@ -678,6 +722,21 @@ class Settings:
     def policies_path(self) -> Path:
         """Where tenants' execute policies are read from (and written by the API)."""
         return Path(self.policies_dir or Path(self.data_dir) / "policies")
+
+    def make_store(self) -> Store:
+        """The store these settings name: SQLite in the data dir, or a shared PostgreSQL."""
+        if self.database_url:
+            from .store.postgres import PostgresStore  # psycopg only where it is used
+
+            return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
+        return Store(Path(self.data_dir) / "gateway.sqlite3", self.retention())
+
+    def advertised(self, port: int) -> str:
+        """This gateway's base URL for its peers, once it listens on ``port``."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def retention(self) -> Retention:
         """How much history the store keeps, as values."""

@@ -39,7 +39,9 @@ codes themselves. The tree::
         ├── KernelStartFailed             kernel_start_failed
         ├── RuntimeUnavailable            runtime_unavailable
         ├── EgressUnavailable             egress_unavailable
-        └── SandboxUnavailable            sandbox_unavailable (a cluster node does not answer)
+        ├── SandboxUnavailable            sandbox_unavailable (a cluster node does not answer)
+        ├── OwnerUnavailable              owner_unavailable (the gateway owning a session does not)
+        └── StoreUnavailable              store_unavailable (the shared database does not answer)
 """
 
 from __future__ import annotations
@@ -255,3 +257,17 @@ class SandboxUnavailable(Unavailable):
     """A cluster sandbox (its node, or the agent in it) does not answer."""
 
     code = "sandbox_unavailable"
+
+
+class OwnerUnavailable(Unavailable):
+    """The gateway that owns the session does not answer; its lease runs out within seconds."""
+
+    code = "owner_unavailable"
+    retry_after = 3
+
+
+class StoreUnavailable(Unavailable):
+    """The shared database does not answer: new work waits for it, work in flight goes on."""
+
+    code = "store_unavailable"
+    retry_after = 2

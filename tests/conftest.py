@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import httpx
 import pytest
-from helpers import GatewayProcess, remove_leftovers, short_tmpdir
+from helpers import GatewayProcess, PostgresServer, remove_leftovers, short_tmpdir
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +37,14 @@ def pytest_runtest_makereport(item, call):
         for gw in _started:
             if gw.log and not gw.stopped:
                 report.sections.append((f"gateway log ({gw.data_dir})", gw.tail(80)))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the tests' shared stores, started once."""
+    server = PostgresServer()
+    yield server
+    server.remove()
 
 
 @pytest.fixture(scope="session")

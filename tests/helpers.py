@@ -24,6 +24,7 @@ import httpx
 from tornado.websocket import websocket_connect
 
 from gateway.sandbox import volume
+from gateway.store.postgres import GATEWAY_ID_FILE
 
 
 class GatewayProcess:
@@ -90,7 +91,9 @@ class GatewayProcess:
 
 
 def gateway_id(data_dir: Path) -> str | None:
-    """The id a gateway labels its containers with, read from its store."""
+    """The id a gateway labels its containers with: its file (PostgreSQL) or its store."""
+    if (data_dir / GATEWAY_ID_FILE).exists():
+        return (data_dir / GATEWAY_ID_FILE).read_text().strip()
     path = data_dir / "gateway.sqlite3"
     if not path.exists():
         return None
@@ -404,3 +407,43 @@ def tenant_gateway(
     finally:
         for client in clients.values():
             client.close()
+
+
+class PostgresServer:
+    """A PostgreSQL server of the tests' own (``scripts/postgres``), in a temporary directory.
+
+    Each test that needs a clean store asks for a ``database()`` of its own.
+    """
+
+    SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "postgres"
+
+    def __init__(self) -> None:
+        self.dir = short_tmpdir()
+        self.url = self.start()
+
+    def start(self) -> str:
+        """Start (or start again) the server; its URL."""
+        done = subprocess.run(
+            [str(self.SCRIPT), "start", str(self.dir)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, f"scripts/postgres start failed: {done.stderr}"
+        return done.stdout.strip()
+
+    def stop(self, mode: str = "stop") -> None:
+        """Stop the server: ``stop`` (fast shutdown) or ``kill`` (immediate, as a crash)."""
+        subprocess.run([str(self.SCRIPT), mode, str(self.dir)], capture_output=True, check=True)
+
+    def database(self) -> str:
+        """A new, empty database on this server; its URL."""
+        import psycopg
+
+        name = f"t{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.url, autocommit=True) as db:
+            db.execute(f"CREATE DATABASE {name}")
+        return self.url.replace("/sbx?", f"/{name}?")
+
+    def remove(self) -> None:
+        """Stop the server and delete its files."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -190,6 +190,9 @@ class _OneSession:
     def check_file(self, session_id: str, who: object, op: str, size: int = 0) -> int:
         return 0  # no policy limits this session's files
 
+    def check_available(self) -> None:
+        """Its store always answers."""
+
 
 async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Path):
     """The real files handlers on a real port, the session's workspace behind a real agent."""

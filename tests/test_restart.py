@@ -60,15 +60,24 @@ def assert_state_kept(gw, ids: list[str]) -> None:
     assert streams == [f"{(len(ids) - 1) * 10 + 1}\n"], seen
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["graceful", "crash"])
-def test_restart_keeps_five_sessions_and_their_state(start_gateway, how):
-    first = start_gateway(keep_sessions=True)
+@pytest.mark.parametrize(
+    "how, backend",
+    [(signal.SIGTERM, "sqlite"), (signal.SIGKILL, "sqlite"), (signal.SIGKILL, "postgres")],
+    ids=["graceful", "crash", "crash-postgres"],
+)
+def test_restart_keeps_five_sessions_and_their_state(start_gateway, request, how, backend):
+    store = (
+        ()
+        if backend == "sqlite"
+        else ("--database-url", request.getfixturevalue("postgres").database())
+    )
+    first = start_gateway(*store, keep_sessions=True)
     ids = make_sessions(first, 5)
     first.stop(how)
     if how == signal.SIGTERM:
         assert first.proc.returncode == 0, first.tail()
         assert "keeping 5 session(s)" in first.tail()
-    second = start_gateway(data_dir=first.data_dir)
+    second = start_gateway(*store, data_dir=first.data_dir)
     assert_state_kept(second, ids)
 
 

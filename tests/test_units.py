@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import os
-import sqlite3
 import tarfile
 import threading
 
@@ -20,7 +19,6 @@ from gateway.limits import Limits, format_size, parse_size
 from gateway.relays.agent_stream import ReplayBuffer
 from gateway.sandbox.files import AsyncWorkspace
 from gateway.sandbox.workspace import SMALL_WORKSPACE, Workspace
-from gateway.store.sqlite import Store
 
 
 def msg(kind: str, **content) -> dict:
@@ -172,140 +170,6 @@ def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():
     assert "cannot hold" in outputs[-1]["text"]
 
 
-def test_store_records_executions_as_they_run_and_closes_cut_ones(tmp_path):
-    from gateway.execution.recorder import CUT_BY_RESTART, close_cut_executions
-
-    async def scenario():
-        store = Store(tmp_path / "db.sqlite3")
-        await store.open()
-        gid = await store.gateway_id()
-        assert gid == await store.gateway_id()
-        doc = {"id": "s1", "state": "idle", "created_at": "t0", "ended_at": None}
-        await store.save_session(doc, {"container_id": "c1"})
-        assert await store.open_sessions() == [(doc, {"container_id": "c1"})]
-        started = {"code": "print(1)", "started_at": "2026-01-01T00:00:00.000Z"}
-        done_id, _ = store.start_execution("s1", started)
-        cut_id, begun = store.start_execution("s1", {**started, "code": "loop()"})
-        await begun
-        await store.add_output(cut_id, {"output_type": "stream", "name": "stdout", "text": "a"})
-        await store.add_output(cut_id, None)  # clear_output
-        for text in ("b", "c"):
-            out = {"output_type": "stream", "name": "stdout", "text": text}
-            await store.add_output(cut_id, out)
-        running = (await store.history("s1")).executions[1]
-        assert running["status"] == "running" and running["ended_at"] is None
-        assert running["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
-        record = {
-            "status": "ok", "execution_count": 1, "outputs": [], "error": None,
-            "ended_at": "t2", "duration_ms": 1.5,
-        }  # fmt: skip
-        await store.finish_execution(done_id, record)
-        await store.close()
-        # A new process on the same file: the cut execution is closed with its outputs.
-        store = Store(tmp_path / "db.sqlite3")
-        await store.open()
-        assert await close_cut_executions(store) == {"s1"}
-        await store.save_session({**doc, "state": "deleted", "ended_at": "t3"}, {"x": 1})
-        assert await store.open_sessions() == []
-        history = (await store.history("s1")).executions
-        await store.close()
-        return history
-
-    done, cut = asyncio.run(scenario())
-    assert done["code"] == "print(1)" and done["status"] == "ok" and done["duration_ms"] == 1.5
-    assert cut["status"] == CUT_BY_RESTART and cut["error"]["ename"] == "GatewayRestarted"
-    assert cut["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
-
-
-def test_store_migrates_a_database_made_before_schema_versions(tmp_path):
-    import sqlite3
-
-    from gateway.store.sqlite import MIGRATIONS
-
-    db = sqlite3.connect(tmp_path / "db.sqlite3")
-    db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
-    db.execute("INSERT INTO sessions VALUES ('old', 'deleted', 't0', 't1', '{}')")
-    db.commit()
-    db.close()
-
-    async def scenario():
-        store = Store(tmp_path / "db.sqlite3")
-        await store.open()
-        await store.save_session(
-            {"id": "new", "state": "idle", "created_at": "t", "ended_at": None}, {"k": 1}
-        )
-        sessions = await store.open_sessions()
-        await store.close()
-        return sessions
-
-    assert [(d["id"], r) for d, r in asyncio.run(scenario())] == [("new", {"k": 1})]
-
-
-def test_store_prunes_history_past_its_retention_in_batches(tmp_path, monkeypatch):
-    from gateway.store import sqlite as store_module
-    from gateway.store.sqlite import Retention
-
-    monkeypatch.setattr(store_module, "PRUNE_BATCH", 3)
-    old, new = "2020-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
-    done = {"status": "ok", "execution_count": 1, "outputs": [], "error": None,
-            "ended_at": new, "duration_ms": 1.0}  # fmt: skip
-
-    async def record(store: Store, session_id: str, started_at: str, finish: bool = True) -> int:
-        execution_id, _ = store.start_execution(session_id, {"code": "1", "started_at": started_at})
-        if finish:
-            await store.finish_execution(execution_id, done)
-        return execution_id
-
-    async def codes(store: Store, session_id: str) -> list[int]:
-        return [e["id"] for e in (await store.history(session_id)).executions]
-
-    async def scenario():
-        store = Store(tmp_path / "db.sqlite3", Retention(max_age=3600, max_executions=4))
-        await store.open()
-        for sid, ended in (("live", None), ("gone", old), ("recent", new)):
-            doc = {"id": sid, "state": "idle", "created_at": old, "ended_at": ended}
-            await store.save_session(doc)
-        stuck = await record(store, "live", old, finish=False)  # running: never pruned
-        kept = [await record(store, "live", new) for _ in range(7)]
-        aged = [await record(store, "gone", old) for _ in range(2)]  # the newest ids
-        passes = [await store.prune() for _ in range(4)]
-        assert passes[0] is True and passes[-1] is False, "a backlog goes in bounded batches"
-        assert await codes(store, "live") == [stuck, *kept[-4:]]
-        assert await codes(store, "gone") == []
-        assert await store.get_session("gone") is None, "an ended session past the age goes"
-        assert await store.get_session("recent") and await store.get_session("live")
-        await store.close()
-        # A restart counts on: ids are never reused, even when the newest were pruned.
-        store = Store(tmp_path / "db.sqlite3")
-        await store.open()
-        again = await record(store, "live", new)
-        await store.close()
-        return again, aged[-1]
-
-    again, newest = asyncio.run(scenario())
-    assert again == newest + 1, "a pruned execution's id was handed out again"
-
-
-def test_store_prunes_egress_connections_past_the_history_age(tmp_path):
-    from gateway.store.sqlite import Retention
-
-    def connection(at: str) -> dict:
-        return {"at": at, "host": "h.example", "decision": "allowed", "bytes_up": 1,
-                "bytes_down": 2, "sni": None}  # fmt: skip
-
-    async def scenario():
-        store = Store(tmp_path / "db.sqlite3", Retention(max_age=3600))
-        await store.open()
-        await store.add_connection("s", None, connection("2020-01-01T00:00:00.000Z"))
-        await store.add_connection("s", None, connection("2999-01-01T00:00:00.000Z"))
-        await store.prune()
-        page, _ = await store.connections("s")
-        await store.close()
-        return [c["at"] for c in page]
-
-    assert asyncio.run(scenario()) == ["2999-01-01T00:00:00.000Z"]
-
-
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io
@@ -361,25 +225,6 @@ def test_plain_outputs_match_nbformat_and_odd_ones_still_validate():
     nbformat.validate(
         nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[_output(odd)])])
     )
-
-
-def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(tmp_path):
-    async def scenario():
-        store = Store(tmp_path / "db.sqlite3")
-        await store.open()
-        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
-        first = store.save_session(doc)
-        broken = store._submit(store._exec, "INSERT INTO no_such_table VALUES (1)")
-        second = store.save_session({**doc, "id": "t"})
-        await first
-        with pytest.raises(sqlite3.OperationalError):
-            await broken
-        await second
-        kept = sorted(d["id"] for d, _ in await store.open_sessions())
-        await store.close()
-        return kept
-
-    assert asyncio.run(scenario()) == ["s", "t"]
 
 
 def test_archiving_a_subdirectory_leaves_the_workspace_count_alone(tmp_path):

@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..limits import format_size
 from ..sessions.manager import SessionManager
+from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tornado.access")
@@ -91,6 +92,10 @@ class GatewayHandlerMixin:
         return self.settings["sbx_manager"]
 
     @property
+    def forwarder(self) -> Forwarder:
+        return self.settings["sbx_forwarder"]
+
+    @property
     def auth(self) -> Authenticator:
         return self.settings["sbx_auth"]
 
@@ -133,6 +138,13 @@ class GatewayHandlerMixin:
             log.info("%s %s -> HTTP %d", method, path, value.status_code)
         else:
             log.error("uncaught exception in %s %s", method, path, exc_info=(typ, value, tb))
+
+    def session_elsewhere(self, kwargs: dict[str, Any]) -> str | None:
+        """The session this request names, if another gateway may own it (``locate`` says)."""
+        session_id = kwargs.get("session_id") or kwargs.get("kernel_id")
+        if session_id and not passed_on(self.request) and self.manager.may_be_elsewhere(session_id):
+            return session_id
+        return None
 
     def allowed_origin(self, origin: str | None) -> bool:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
@@ -180,6 +192,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     """Base handler: authenticated, JSON bodies in (bounded), JSON out, audited."""
 
     actions: dict[str, str] = {}  # HTTP method -> the action its requests are audited as
+    forwards = True  # False: the body streams in after prepare (uploads), answered here only
     audit_detail: dict[str, Any]
     audit_session: str | None = None
 
@@ -200,12 +213,29 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         if self.request.method == "OPTIONS" or self.public:
             return None
         self.authenticate()
+        self.manager.check_available()
         if len(self.request.body) > self.body_limit():
             raise PayloadTooLarge(
                 f"the request body is larger than this endpoint's limit of "
                 f"{format_size(self.body_limit())}; send less (upload files with PUT)"
             )
-        return None
+        session_id = self.session_elsewhere(self.path_kwargs) if self.forwards else None
+        return None if session_id is None else self._pass_on(session_id)
+
+    async def _pass_on(self, session_id: str) -> None:
+        """Answer with the reply of the gateway that owns the session, if another one does."""
+        timeout = self.manager.settings.max_timeout + 60
+        for _ in range(2):  # the owner it was found at may have lost it since: ask once more
+            owner = await self.manager.locate(session_id)
+            if owner is None:
+                return
+            try:
+                if await self.forwarder.forward(self, owner, timeout):
+                    self.principal = None  # audited by the owner, where it happens
+                    return
+            finally:
+                if not self._finished:
+                    self.manager.forget_location(session_id)
 
     def body_limit(self) -> int:
         return self.manager.settings.max_request_body
@@ -296,12 +326,23 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
             if not self.allowed_origin(self.request.headers.get("Origin")):
                 raise Forbidden("WebSockets from pages of other sites are refused (cors_origins)")
             self.authenticate()
+            self.manager.check_available()
             if not _is_upgrade(self.request.headers):
                 raise BadRequest(
                     "this is a WebSocket endpoint: connect with a WebSocket client "
                     "(Upgrade: websocket)"
                 )
-            self.prepare_socket(**kwargs)
+            session_id = self.session_elsewhere(kwargs)
+            owner = await self.manager.locate(session_id) if session_id else None
+            try:
+                upstream = await connect_upstream(self, owner) if owner else None
+            except GatewayError:
+                self.manager.forget_location(session_id or "")
+                raise
+            if upstream is not None:
+                relay_socket(self, upstream)
+            else:
+                self.prepare_socket(**kwargs)
         except GatewayError as e:
             self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return

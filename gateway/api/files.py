@@ -103,6 +103,7 @@ class FileHandler(JSONHandler):
     """
 
     actions = {"PUT": "files.upload", "GET": "files.download", "DELETE": "files.delete"}
+    forwards = False
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None

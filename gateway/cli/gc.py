@@ -30,6 +30,7 @@ import docker
 from ..config import Settings
 from ..sandbox import volume
 from ..sandbox.docker.provisioner import CONTAINER_RUN_DIR, LABEL_GATEWAY, LABEL_SESSION
+from ..store.postgres import GATEWAY_ID_FILE
 from ..store.sqlite import read_open_sessions
 
 STORE = "gateway.sqlite3"
@@ -60,7 +61,9 @@ class DataDir:
     def read(cls, path: Path, busy: set[Path]) -> DataDir:
         store = path / STORE
         if not store.is_file():
-            return cls(path, False, None, frozenset())
+            # A store on a shared database says nothing here: touch nothing of it.
+            shared = (path / GATEWAY_ID_FILE).is_file()
+            return cls(path, shared, None, frozenset())
         try:
             gateway_id, ids = read_open_sessions(store)
         except sqlite3.Error:  # not a store we can read: treat it as in use, touch nothing

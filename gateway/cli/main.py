@@ -17,6 +17,11 @@ from .commands import add_client_commands
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.workers > 1:
+        from .workers import supervise
+
+        return supervise(settings, sys.argv[1:])
+
     from ..app import Gateway
 
     asyncio.run(Gateway(settings).serve())

@@ -77,11 +77,17 @@ class ExecutionRecorder:
         return self.store.finish_execution(self.id, record)
 
 
-async def close_cut_executions(store: Store) -> set[str]:
-    """Close executions a previous gateway process left running; return their sessions."""
+async def close_cut_executions(store: Store, of: set[str]) -> set[str]:
+    """Close executions a previous gateway process left running in sessions ``of``.
+
+    Returns the sessions they were in. Other sessions' running executions
+    belong to other gateways, still running them.
+    """
     now = time.time()
     sessions = set()
     for row in await store.running_executions():
+        if row["session_id"] not in of:
+            continue
         sessions.add(row["session_id"])
         await store.finish_execution(
             row["id"],

@@ -46,6 +46,7 @@ from ..errors import (
     SessionBusy,
     SessionEnded,
     SessionNotFound,
+    StoreUnavailable,
     TooManySessions,
 )
 from ..execution.kernel import ExecutionResult
@@ -64,10 +65,11 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
+from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, public_view
 from .pool import WarmPool
-from .recovery import recover
+from .recovery import recover, take_back
 from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
 from .snapshots import Snapshots
 from .state import KernelState, SavedState
@@ -81,6 +83,7 @@ LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
 _NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
+LOCATIONS_KEPT = 10_000  # other gateways' sessions whose owner is remembered, at most
 
 
 class SessionManager:
@@ -99,10 +102,13 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         *,
         gate: Gate,
+        leases: Leases | None = None,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
         ``gate``: the policies, scanner and approvals every execute passes.
+        ``leases``: which sessions this gateway owns when gateways share the
+        store (by default, from the store: all of them when nobody shares it).
         ``state`` saves and restores kernels' state for pause and resume;
         ``snapshots`` keeps snapshots, and forks start from them.
         """
@@ -116,10 +122,13 @@ class SessionManager:
         self.sessions = sessions
         self.state = state
         self.snapshots = snapshots
+        self.leases = leases or Leases(store, settings.lease_ttl)
         self.tasks = TaskSet()
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
+        self._taker: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
+        self._locations: dict[str, tuple[str, float]] = {}  # other gateways' sessions: where, until
 
     @property
     def kernelspecs(self) -> KernelSpecs:
@@ -146,10 +155,13 @@ class SessionManager:
             )
         for name in self.pool.sizes:
             self.kernelspecs.get(name)  # a pool of an unknown kernel fails at start
-        self.lifecycle.gateway_id = await self.store.gateway_id()
+        self.lifecycle.gateway_id = self.leases.owner = await self.store.gateway_id()
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, self._on_container_death, self._resync)
-        await recover(self, self.store, self.lifecycle)
+        await recover(self, self.store, self.lifecycle, self.leases)
+        self.leases.start(on_lost=self._lose)
+        if self.leases.shared:
+            self._taker = asyncio.create_task(self._take_back_forever(), name="sbx-take-back")
         await self.gate.desk.close_orphans()
         await self.snapshots.sweep()
         self._culler = asyncio.create_task(self._cull_forever(), name="sbx-culler")
@@ -162,11 +174,13 @@ class SessionManager:
         cells; a cell still running then is interrupted and recorded as cut
         by the restart, with its outputs so far.
         """
-        if self._culler is not None:
-            self._culler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._culler
+        for task in (self._culler, self._taker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.pool.stop()
+        await self.leases.stop()
         sessions = list(self.sessions.values())
         if end_sessions:
             await asyncio.gather(
@@ -203,6 +217,9 @@ class SessionManager:
     def get(self, session_id: str, who: Principal) -> Session:
         """A live session ``who`` may use; someone else's answers as a missing one does."""
         session = self.sessions.get(session_id)
+        if session is not None and not self.leases.holds(session_id):
+            self._lose(session_id)  # its lease ran out before a renewal said so
+            session = None
         if session is None or not who.owns(session.tenant):
             raise SessionNotFound(session_id)
         return session
@@ -239,6 +256,41 @@ class SessionManager:
                 continue
             found.append(session)
         return sorted(found, key=lambda s: s.created_at)
+
+    def check_available(self) -> None:
+        """Refuse new work (503) while the database does not answer; work in flight goes on."""
+        if self.store.down is not None:
+            raise StoreUnavailable(
+                f"the gateway's database does not answer ({self.store.down}); nothing new "
+                "can be recorded, so nothing new starts: try again shortly"
+            )
+
+    def may_be_elsewhere(self, session_id: str) -> bool:
+        """Whether another gateway may own the session (``locate`` finds out)."""
+        return self.leases.shared and session_id not in self.sessions
+
+    async def locate(self, session_id: str) -> str | None:
+        """Where the other gateway that owns the session answers; None if none does.
+
+        An answer is kept for a third of a lease (``forget_location`` drops it
+        sooner): a session changes owner only once a lease has run out.
+        """
+        now = time.monotonic()
+        known = self._locations.get(session_id)
+        if known is not None and known[1] > now:
+            return known[0]
+        found = await self.store.owner_address(session_id)
+        if found is None or found[0] == self.leases.owner:
+            self._locations.pop(session_id, None)
+            return None
+        if len(self._locations) > LOCATIONS_KEPT:
+            self._locations.clear()
+        self._locations[session_id] = (found[1], now + self.leases.ttl / 3)
+        return found[1]
+
+    def forget_location(self, session_id: str) -> None:
+        """Drop where ``locate`` found the session: its owner did not have it."""
+        self._locations.pop(session_id, None)
 
     def owner_of(self, session_id: str | None) -> Principal | None:
         """The tenant a live session belongs to, as a principal acting for it."""
@@ -319,6 +371,9 @@ class SessionManager:
         finally:
             del self.sessions[requested_id]
             self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id
+        if not await self.leases.claim(session.id):
+            await self.end(session, "another gateway made a session with this id")
+            raise Conflict(f"session id {session.id} is taken")
         if not warm:
             await self.pool.make_room()
             await self.save(session)
@@ -592,12 +647,17 @@ class SessionManager:
         """
         self.counts[result.status] += 1
         session.running.discard(recorder)
+        if not self.leases.holds(session.id):
+            return  # its new owner closes the execution as cut, with the outputs stored
         session.touch()
         session.executions += 1
         session.output_bytes += result.output_bytes
         finished = recorder.finish(result)
         self.save_soon(session)
-        await finished
+        try:
+            await finished
+        except StoreUnavailable as e:  # the caller still gets what its code did
+            log.warning("session %s: an execution could not be recorded: %s", session.id, e)
 
     def save_soon(self, session: Session) -> None:
         """Save the session's record within a second.
@@ -817,6 +877,9 @@ class SessionManager:
         """Stop the kernel, free the sandbox, and record why the session ended."""
         if session.state == "deleted":
             return
+        if not self.leases.holds(session.id):
+            self._lose(session.id)  # its sandbox is another gateway's to end
+            return
         session.state = "deleted"
         session.reason = reason
         session.ended_at = self.clock()
@@ -834,7 +897,38 @@ class SessionManager:
                         pass
         await self.lifecycle.teardown(session)
         await self.save(session)
+        await self.leases.release(session.id)
         log.info("session %s ended: %s", session.id, reason)
+
+    def _lose(self, session_id: str) -> None:
+        """Stop acting for a session another gateway owns now; its kernel is theirs.
+
+        Nothing of the session is written any more, its clients are cut off
+        (they reconnect to its owner) and an execute in flight returns at once.
+        """
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        log.warning("session %s: this gateway lost its lease; another gateway owns it", session_id)
+        session.reason = (
+            "this gateway lost the session's lease to another gateway; send the request again"
+        )
+        if session.stream is not None:
+            session.stream.close()
+        for relay in list(session.parked.values()):
+            relay.close()
+        if session.kernel is not None:
+            session.kernel.died.set()
+            self.spawn(self._let_go(session))
+
+    async def _let_go(self, session: Session) -> None:
+        """Close a lost session's kernel channels once its execute in flight has returned."""
+        assert session.kernel is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                async with session.lock:
+                    pass
+        session.kernel.detach()
 
     def _on_container_death(self, session_id: str, container_id: str, exit_code: int) -> None:
         """Called on the loop by the watcher when one of our containers stops."""
@@ -898,6 +992,15 @@ class SessionManager:
         log.warning("session %s died: %s", session.id, reason)
         await self.save(session)
 
+    async def _take_back_forever(self) -> None:
+        """Each lease, take back the sessions let go of while the database was silent."""
+        while True:
+            await asyncio.sleep(self.leases.ttl)
+            try:
+                await take_back(self, self.store, self.lifecycle, self.leases)
+            except Exception as e:  # the database is still away: next time
+                log.debug("taking sessions back failed: %s", e)
+
     async def _cull_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.cull_interval)
@@ -935,6 +1038,8 @@ class SessionManager:
 
     async def save(self, session: Session) -> None:
         """Store the session's record, and its kernel's runtime info while it is open."""
+        if not self.leases.holds(session.id):
+            return  # another gateway's record now
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
 

@@ -10,7 +10,8 @@ session accounts for: nothing it started leaks across restarts.
 
 Recovery is handed the store, the sandbox lifecycle and a ``Registry`` (the
 few session commands it needs; the session manager is one), never the
-manager itself.
+manager itself. With a shared store it takes only the sessions whose lease
+it holds or claims (``Leases``): never another live gateway's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..errors import GatewayError
 from ..execution.recorder import close_cut_executions
 from ..sandbox.base import SandboxState
 from ..store.sqlite import Store
+from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session
 
@@ -44,22 +46,13 @@ class Registry(Protocol):
     async def save(self, session: Session) -> None: ...
 
 
-async def recover(registry: Registry, store: Store, lifecycle: SandboxLifecycle) -> None:
+async def recover(
+    registry: Registry, store: Store, lifecycle: SandboxLifecycle, leases: Leases
+) -> None:
     """Reattach, mark dead or end each open session; remove whatever is left over."""
     placement = lifecycle.placement
-    cut = await close_cut_executions(store)
+    claimed = await take_back(registry, store, lifecycle, leases)
     containers = await placement.sandboxes(lifecycle.gateway_id)
-    claimed: set[str] = set()
-    outcomes = await asyncio.gather(
-        *(
-            _take_over(registry, lifecycle, doc, runtime, containers, claimed, doc["id"] in cut)
-            for doc, runtime in await store.open_sessions()
-        ),
-        return_exceptions=True,
-    )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            log.error("recovering a session failed: %r", outcome)
     for container in containers:
         if container.id not in claimed:
             log.info("removing leftover container of session %s", container.session_id)
@@ -75,6 +68,41 @@ async def recover(registry: Registry, store: Store, lifecycle: SandboxLifecycle)
             states.count("idle"),
             states.count("dead"),
         )
+
+
+async def take_back(
+    registry: Registry, store: Store, lifecycle: SandboxLifecycle, leases: Leases
+) -> set[str]:
+    """Take over this gateway's open sessions it does not run, whose lease it can claim.
+
+    At start, that is all of them. Later (the session manager asks every
+    lease), those it let go of when its leases ran out while the database did
+    not answer, and nobody else took: their kernels ran on meanwhile. Returns
+    the containers the sessions taken over run in.
+    """
+    left = [
+        (doc, runtime)
+        for doc, runtime in await store.open_sessions(lifecycle.gateway_id)
+        if doc["id"] not in registry.sessions
+    ]
+    owned = await asyncio.gather(*(leases.claim(doc["id"]) for doc, _ in left))
+    left = [session for session, ours in zip(left, owned, strict=True) if ours]
+    if not left:
+        return set()
+    cut = await close_cut_executions(store, {doc["id"] for doc, _ in left})
+    containers = await lifecycle.placement.sandboxes(lifecycle.gateway_id)
+    claimed: set[str] = set()
+    outcomes = await asyncio.gather(
+        *(
+            _take_over(registry, lifecycle, doc, runtime, containers, claimed, doc["id"] in cut)
+            for doc, runtime in left
+        ),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            log.error("recovering a session failed: %r", outcome)
+    return claimed
 
 
 async def _take_over(
@@ -105,22 +133,24 @@ async def _take_over(
     except GatewayError as e:
         await registry.end(session, f"its sandbox cannot be restored here: {e.message}")
         return
-    registry.sessions[session.id] = session
-    if paused:  # a container a pause did not get to remove is left over, and goes
-        await registry.save(session)
-        return
-    container = next((c for c in containers if c.id == runtime["container_id"]), None)
-    if container is not None:
-        claimed.add(container.id)
-    if session.state == "dead":
-        await registry.save(session)  # died before the restart: keep its reason
-    elif container is None:
-        await registry.mark_dead(session, f"its container was removed {_WHILE_DOWN}")
-    elif not container.running:
-        reason = await lifecycle.placement.stopped_reason(session.limits, container.id)
-        await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
-    else:
-        await _reattach(registry, session, was_cut)
+    # Taken back while serving, requests for it wait until its kernel answers.
+    async with session.lock:
+        registry.sessions[session.id] = session
+        if paused:  # a container a pause did not get to remove is left over, and goes
+            await registry.save(session)
+            return
+        container = next((c for c in containers if c.id == runtime["container_id"]), None)
+        if container is not None:
+            claimed.add(container.id)
+        if session.state == "dead":
+            await registry.save(session)  # died before the restart: keep its reason
+        elif container is None:
+            await registry.mark_dead(session, f"its container was removed {_WHILE_DOWN}")
+        elif not container.running:
+            reason = await lifecycle.placement.stopped_reason(session.limits, container.id)
+            await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
+        else:
+            await _reattach(registry, session, was_cut)
 
 
 async def _reattach(registry: Registry, session: Session, was_cut: bool) -> None:

@@ -160,6 +160,23 @@ MIGRATIONS = [
     CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
     CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
     """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at REAL NOT NULL
+    );
+    """,
 ]
 
 AUDIT_FILTERS = ("tenant", "session_id", "action", "outcome")
@@ -193,7 +210,16 @@ class Retention:
 
 
 class Store:
-    """Async facade over the gateway's SQLite database."""
+    """Async facade over the gateway's SQLite database.
+
+    ``store.postgres.PostgresStore`` is the same facade over a shared
+    PostgreSQL server: it overrides only what the two dialects do differently.
+    """
+
+    ROW_ORDER = "rowid"  # the column that orders rows as they were inserted
+    NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the database's clock, in seconds
+    SHARED = False  # whether other gateways may use the same database
+    down: str | None = None  # why the database does not answer, while it does not
 
     def __init__(self, path: Path, retention: Retention | None = None) -> None:
         self.path = path
@@ -304,9 +330,32 @@ class Store:
             db.execute("COMMIT")
         return outcomes
 
-    def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+    def _cursor(self, sql: str, params: tuple = ()) -> Any:
+        """On the store's thread: run one statement; its cursor (rows, rowcount)."""
         assert self._db is not None, "store is not open"
-        return self._db.execute(sql, params).fetchall()
+        return self._db.execute(sql, params)
+
+    def _exec(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        return self._cursor(sql, params).fetchall()
+
+    def _next_id(self) -> int:
+        """Hand out one execution id, on the loop: this process is the file's only writer."""
+        self._next_execution += 1
+        return self._next_execution - 1
+
+    async def _reserve_ids(self, count: int) -> int:
+        """Hand out ``count`` consecutive execution ids; the first."""
+        first = self._next_execution
+        self._next_execution += count
+        return first
+
+    def _keep_newest_id(self) -> None:
+        """On the store's thread: remember the newest id, so pruning it never frees it."""
+        self._cursor(
+            "INSERT INTO meta (key, value) SELECT 'max_execution_id', max(id) FROM executions"
+            " HAVING max(id) IS NOT NULL ON CONFLICT (key) DO UPDATE"
+            " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))"
+        )
 
     async def gateway_id(self) -> str:
         """Return this data directory's stable id, used to label its containers."""
@@ -343,14 +392,79 @@ class Store:
         rows = await self._run(self._exec, "SELECT doc FROM sessions WHERE id = ?", (session_id,))
         return json.loads(rows[0]["doc"]) if rows else None
 
-    async def open_sessions(self) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """Sessions not marked ended, with their runtime info: what a restart must account for."""
+    async def open_sessions(self, owner: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Open sessions of ``owner`` (or of no one), with their runtime info.
+
+        What a restart of that gateway must account for: never another
+        gateway's sessions, whose leases say so.
+        """
         rows = await self._run(
-            self._exec, "SELECT doc, runtime FROM sessions WHERE ended_at IS NULL ORDER BY rowid"
+            self._exec,
+            "SELECT doc, runtime FROM sessions LEFT JOIN leases ON session_id = id"
+            " WHERE ended_at IS NULL AND (owner IS NULL OR owner = ?)"
+            f" ORDER BY sessions.{self.ROW_ORDER}",
+            (owner,),
         )
         return [
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
+
+    async def claim_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Own a session for ``ttl`` seconds unless another owner's lease still runs.
+
+        One statement, so two gateways claiming at once cannot both win: the
+        database serialises them on the lease's row and the second sees the first.
+        """
+        rows = await self._run(
+            self._exec,
+            f"INSERT INTO leases (session_id, owner, expires_at) VALUES (?, ?, {self.NOW} + ?)"
+            " ON CONFLICT (session_id) DO UPDATE"
+            " SET owner = excluded.owner, expires_at = excluded.expires_at"
+            f" WHERE leases.owner = excluded.owner OR leases.expires_at < {self.NOW}"
+            " RETURNING owner",
+            (session_id, owner, ttl),
+        )
+        return bool(rows)
+
+    async def renew_leases(self, owner: str, ttl: float) -> set[str]:
+        """Extend every lease ``owner`` still holds; the sessions whose lease was extended.
+
+        A lease that ran out is not extended, even if nobody took it yet:
+        another gateway may be adopting its session right now.
+        """
+        rows = await self._run(
+            self._exec,
+            f"UPDATE leases SET expires_at = {self.NOW} + ?"
+            f" WHERE owner = ? AND expires_at >= {self.NOW} RETURNING session_id",
+            (ttl, owner),
+        )
+        return {row[0] for row in rows}
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        """Give up a session's lease, if ``owner`` holds it (an ended session's)."""
+        await self._run(
+            self._exec, "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
+        )
+
+    async def announce(self, gateway_id: str, address: str) -> None:
+        """Record where a gateway answers (its base URL), for requests others pass on."""
+        await self._run(
+            self._exec,
+            f"INSERT INTO gateways (id, address, seen_at) VALUES (?, ?, {self.NOW})"
+            " ON CONFLICT (id) DO UPDATE"
+            " SET address = excluded.address, seen_at = excluded.seen_at",
+            (gateway_id, address),
+        )
+
+    async def owner_address(self, session_id: str) -> tuple[str, str] | None:
+        """The gateway holding a running lease on the session, and where it answers."""
+        rows = await self._run(
+            self._exec,
+            "SELECT owner, address FROM leases JOIN gateways ON gateways.id = owner"
+            f" WHERE session_id = ? AND expires_at >= {self.NOW}",
+            (session_id,),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
 
     async def add_snapshot(self, doc: dict[str, Any]) -> None:
         await self._run(
@@ -374,7 +488,7 @@ class Store:
     async def snapshots_of(self, session_id: str) -> list[dict[str, Any]]:
         rows = await self._run(
             self._exec,
-            "SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, rowid",
+            f"SELECT doc FROM snapshots WHERE session_id = ? ORDER BY created_at, {self.ROW_ORDER}",
             (session_id,),
         )
         return [json.loads(r["doc"]) for r in rows]
@@ -406,8 +520,7 @@ class Store:
         rows = await self._run(
             self._exec, f"SELECT count(*) FROM executions {where}", (source, up_to)
         )
-        first = self._next_execution  # ids are handed out here, on the loop
-        self._next_execution += rows[0][0]
+        first = await self._reserve_ids(rows[0][0])
         columns = ", ".join(("code", "description", *_EXECUTION_COLUMNS, "started_at"))
         await self._run(
             self._exec,
@@ -423,12 +536,11 @@ class Store:
     ) -> tuple[int, asyncio.Future]:
         """Record an execution as ``running``; return its id at once, and the write.
 
-        Ids are handed out here (this process is the database's only writer),
-        so nothing waits for the insert: later writes for the execution queue
-        behind it on the store's thread.
+        Ids are handed out here, from a range this process holds, so nothing
+        waits for the insert: later writes for the execution queue behind it
+        on the store's thread.
         """
-        execution_id = self._next_execution
-        self._next_execution += 1
+        execution_id = self._next_id()
         self._grown.add(session_id)
         written = self._submit(
             self._exec,
@@ -469,14 +581,13 @@ class Store:
         """Replace a running execution's row with its final outcome; returns the write."""
 
         def update() -> None:  # one transaction with the rest of its batch
-            assert self._db is not None, "store is not open"
-            self._db.execute(
+            self._cursor(
                 "UPDATE executions SET "
                 + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
                 + " WHERE id = ?",
                 (*_execution_values(record), execution_id),
             )
-            self._db.execute("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
+            self._cursor("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
 
         return self._submit(update)
 
@@ -572,9 +683,8 @@ class Store:
         """Forget a secret; whether there was one."""
 
         def delete() -> bool:
-            assert self._db is not None, "store is not open"
             sql = "DELETE FROM secrets WHERE tenant = ? AND name = ?"
-            return self._db.execute(sql, (tenant, name)).rowcount > 0
+            return self._cursor(sql, (tenant, name)).rowcount > 0
 
         return await self._run(delete)
 
@@ -657,26 +767,20 @@ class Store:
         sessions, self._grown = self._grown, set()
 
         def delete() -> bool:
-            assert self._db is not None, "store is not open"
-            db, budget = self._db, PRUNE_BATCH
-            # Ids are never reused, even when the newest executions go.
-            db.execute(
-                "INSERT INTO meta (key, value) SELECT 'max_execution_id', max(id) FROM executions"
-                " HAVING max(id) IS NOT NULL ON CONFLICT (key) DO UPDATE"
-                " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))"
-            )
+            budget = PRUNE_BATCH
+            self._keep_newest_id()
             if cutoff is not None:
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
                 ).rowcount
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
                     " WHERE at < ? ORDER BY at LIMIT ?)",
                     (cutoff, max(budget, 0)),
                 ).rowcount
-                budget -= db.execute(
+                budget -= self._cursor(
                     "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions s"
                     " WHERE ended_at < ? AND NOT EXISTS"
                     " (SELECT 1 FROM executions e WHERE e.session_id = s.id) LIMIT ?)",
@@ -686,14 +790,14 @@ class Store:
                 if budget <= 0:
                     self._grown.add(session_id)  # not reached in this batch
                     continue
-                newest_cut = db.execute(
+                newest_cut = self._cursor(
                     "SELECT id FROM executions WHERE session_id = ?"
                     " ORDER BY id DESC LIMIT 1 OFFSET ?",
                     (session_id, retention.max_executions),
                 ).fetchone()
                 if newest_cut is None:
                     continue
-                deleted = db.execute(
+                deleted = self._cursor(
                     "DELETE FROM executions WHERE id IN (SELECT id FROM executions"
                     " WHERE session_id = ? AND id <= ? AND status != 'running'"
                     " ORDER BY id LIMIT ?)",
@@ -722,8 +826,7 @@ class Store:
         """
 
         def select() -> HistoryPage:
-            assert self._db is not None, "store is not open"
-            rows = self._db.execute(
+            rows = self._cursor(
                 "SELECT *, length(code) + length(outputs) AS size FROM executions"
                 " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
                 (session_id, after, limit + 1),
@@ -797,9 +900,7 @@ class Store:
         return [json.loads(r["doc"]) for r in rows]
 
     async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
-        rows = await self._run(
-            self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,)
-        )
+        rows = await self._run(self._exec, "SELECT doc FROM approvals WHERE id = ?", (approval_id,))
         return json.loads(rows[0]["doc"]) if rows else None
 
 

@@ -1,0 +1,75 @@
+"""Several gateways on one PostgreSQL store: what the shared store and forwarding cost.
+
+Starts a PostgreSQL server of its own (``scripts/postgres``), one gateway on
+SQLite and two on the shared server. Times trivial executes (``1 + 1``) over
+HTTP on a session of each: on SQLite, on PostgreSQL through the gateway that
+owns the session, and through the other gateway, which passes each request on
+to the owner; and the gateway CPU each execute costs (the owner's, and the
+forwarder's too for a forwarded one). Writes the table into docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+
+from harness import ROOT, Gateway, cpu_seconds, median, pct, round_trips, write_section
+
+N = 400
+
+
+def measure(via: Gateway, sid: str, gateways: list[Gateway]) -> tuple[list[float], float]:
+    """Round trips of N executes through ``via``, and the CPU ms per execute of ``gateways``."""
+    before = sum(cpu_seconds(g.pid) for g in gateways)
+    trips = round_trips(via.client, sid, N)
+    used = sum(cpu_seconds(g.pid) for g in gateways) - before
+    return trips, used * 1000 / (N + 10)  # round_trips warms up with 10 more
+
+
+def main() -> None:
+    server = tempfile.mkdtemp(prefix="sbx-pg-")
+    url = subprocess.run(
+        [str(ROOT / "scripts" / "postgres"), "start", server],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    dirs = [tempfile.mkdtemp(prefix="sbx-bench-") for _ in range(3)]
+    try:
+        with (
+            Gateway(dirs[0], "--pool", "") as alone,
+            Gateway(dirs[1], "--pool", "", "--database-url", url) as owner,
+            Gateway(dirs[2], "--pool", "", "--database-url", url) as other,
+        ):
+            rows = []
+            for name, via, home, counted in (
+                ("one gateway, SQLite", alone, alone, [alone]),
+                ("shared PostgreSQL, at the owner", owner, owner, [owner]),
+                ("shared PostgreSQL, forwarded by another gateway", other, owner, [owner, other]),
+            ):
+                sid = home.client.post("/v1/sessions", json={}).json()["id"]
+                trips, cpu = measure(via, sid, counted)
+                rows.append(
+                    f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |"
+                )
+                home.client.delete(f"/v1/sessions/{sid}")
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", server], check=False)
+        for path in (server, *dirs):
+            shutil.rmtree(path, ignore_errors=True)
+    body = [
+        "| store and route | execute p50 ms | p90 ms | gateway CPU ms per execute |",
+        "| --- | ---: | ---: | ---: |",
+        *rows,
+    ]
+    print("\n".join(body))
+    write_section(
+        "bench_gateways",
+        "Several gateways: the shared store and forwarding",
+        f"{N} trivial executes (`1 + 1`) over HTTP one after another on one session each; "
+        "CPU counts every gateway process the request went through (docs/SCALING.md).",
+        body,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Several gateways on one shared PostgreSQL store: ownership, leases, faults.
+
+Real gateway processes on the machine's engine, each with its own data
+directory (and so its own id and containers), sharing a real PostgreSQL
+server started by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from helpers import PostgresServer, closed, run, run_over_channels, text_of, wait_for
+from helpers import gateway_id as gateway_id_of
+from tornado.websocket import websocket_connect
+
+pytestmark = [pytest.mark.docker, pytest.mark.faults]
+
+LEASE = "1.5"  # seconds: short, so the tests see leases run out quickly
+
+
+@pytest.fixture
+def database(postgres) -> str:
+    return postgres.database()
+
+
+def shared(start_gateway, database: str, *args: str, **kw):
+    return start_gateway("--database-url", database, "--lease-ttl", LEASE, *args, **kw)
+
+
+def new_session(gw) -> str:
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_a_second_gateway_leaves_the_first_ones_sessions_alone(start_gateway, database):
+    first = shared(start_gateway, database)
+    sid = new_session(first)
+    run(first.client, sid, "x = 41")
+    second = shared(start_gateway, database)
+    assert run(second.client, new_session(second), "1 + 1")["status"] == "ok"
+    with psycopg.connect(database) as db:
+        row = db.execute("SELECT state, doc FROM sessions WHERE id = %s", (sid,)).fetchone()
+    assert row[0] == "idle", f"the second gateway took the first one's session: {row[1]}"
+    reply = run(first.client, sid, "print(x + 1)")
+    assert text_of(reply) == "42\n", (
+        f"the first gateway's session broke when a second gateway started: {reply}"
+    )
+    assert first.client.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+
+
+def test_a_gateway_that_loses_a_lease_stops_acting_for_the_session_at_once(
+    start_gateway, database, engine
+):
+    gw = shared(start_gateway, database)
+    sid = new_session(gw)
+    run(gw.client, sid, "x = 1")
+    box: dict = {}
+
+    def slow_cell() -> None:
+        with httpx.Client(base_url=gw.url, timeout=60, headers=gw.client.headers) as own:
+            r = own.post(
+                f"/v1/sessions/{sid}/execute", json={"code": "import time; time.sleep(30)"}
+            )
+            box["reply"] = (r.status_code, r.text)
+
+    worker = threading.Thread(target=slow_cell)
+    worker.start()
+    time.sleep(0.5)
+    with psycopg.connect(database, autocommit=True) as db:  # another gateway takes it over
+        db.execute(
+            "UPDATE leases SET owner = 'thief', expires_at = extract(epoch from now()) + 600"
+            " WHERE session_id = %s",
+            (sid,),
+        )
+        stolen = time.monotonic()
+        worker.join(10)
+        took = time.monotonic() - stolen
+        assert not worker.is_alive() and took < float(LEASE) + 1, (
+            f"the execute in flight still waited {took:.1f} s after the lease was taken"
+        )
+        assert "lease" in str(box["reply"]), box
+        assert gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}).status_code in (
+            404,
+            503,
+        ), "the gateway still ran code for a session it no longer owns"
+        time.sleep(float(LEASE))
+        state = db.execute("SELECT state FROM sessions WHERE id = %s", (sid,)).fetchone()[0]
+    assert state in ("idle", "busy"), f"the gateway wrote the session's record as {state}"
+    container = engine.containers.get(f"sbx-{sid}")
+    assert container.status == "running", "the gateway stopped a kernel it no longer owns"
+    assert "lease" in gw.tail(200)
+
+
+async def stream_then_resume_elsewhere(first, second, sid: str):
+    """Start a cell on the agent stream of ``first``, leave, resume on ``second``."""
+    code = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
+    seen: list[dict] = []
+
+    async def until(ws, kind: str) -> dict:
+        while True:
+            raw = await asyncio.wait_for(ws.read_message(), 30)
+            assert raw is not None, f"the stream closed; events so far: {seen}"
+            seen.append(json.loads(raw))
+            if seen[-1]["type"] == kind:
+                return seen[-1]
+
+    ws = await websocket_connect(first.ws_url(f"/v1/sessions/{sid}/stream"))
+    ws.write_message(json.dumps({"type": "execute", "id": "c", "code": code}))
+    last = await until(ws, "stream")
+    await closed(ws)
+    url = second.ws_url(f"/v1/sessions/{sid}/stream", last_event_id=last["event_id"])
+    ws = await websocket_connect(url)
+    done = await until(ws, "done")
+    await closed(ws)
+    return "".join(e.get("text", "") for e in seen), seen, done
+
+
+def test_any_gateway_answers_for_any_session(start_gateway, database):
+    token = "shared-token-of-the-deployment"
+    gateways = [shared(start_gateway, database, env={"SBX_TOKEN": token}) for _ in range(2)]
+    for gw in gateways:
+        gw.client.headers["Authorization"] = f"Bearer {token}"
+        gw.token = token
+    owner, other = gateways
+    sid = new_session(owner)
+    run(owner.client, sid, "x = 20")
+    reply = run(other.client, sid, "x += 1; print(x)")
+    assert text_of(reply) == "21\n", f"an execute through the other gateway: {reply}"
+    session = other.client.get(f"/v1/sessions/{sid}")
+    assert session.status_code == 200 and session.json()["id"] == sid, session.text
+    history = other.client.get(f"/v1/sessions/{sid}/history").json()
+    assert [e["code"] for e in history["executions"]] == ["x = 20", "x += 1; print(x)"]
+    seen = asyncio.run(
+        run_over_channels(other.ws_url(f"/api/kernels/{sid}/channels"), "print(x * 2)")
+    )
+    streams = [m["content"]["text"] for m in seen if m["msg_type"] == "stream"]
+    assert streams == ["42\n"], f"the Jupyter channels through the other gateway: {seen}"
+    ticks, seen, done = asyncio.run(stream_then_resume_elsewhere(owner, other, sid))
+    assert done["status"] == "ok" and ticks == "".join(f"tick {i}\n" for i in range(5)), (
+        f"a stream client that reconnected to another gateway did not continue: {seen}"
+    )
+    assert other.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert owner.client.get(f"/v1/sessions/{sid}").json()["state"] == "deleted"
+
+
+def test_an_unreachable_database_is_a_clear_503_while_executes_in_flight_finish(start_gateway):
+    server = PostgresServer()  # its own: this test stops it
+    try:
+        gw = start_gateway("--database-url", server.database(), "--lease-ttl", "20")
+        sid = new_session(gw)
+        run(gw.client, sid, "x = 1")
+        box: dict = {}
+
+        def slow_cell() -> None:
+            with httpx.Client(base_url=gw.url, timeout=60, headers=gw.client.headers) as own:
+                code = "import time; time.sleep(4); print(x + 1)"
+                r = own.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+                box["reply"] = (r.status_code, r.json())
+
+        worker = threading.Thread(target=slow_cell)
+        worker.start()
+        time.sleep(1)
+        server.stop("kill")
+        refused = gw.client.post("/v1/sessions", json={})
+        worker.join(30)
+        status, reply = box["reply"]
+        assert status == 200 and text_of(reply) == "2\n", (
+            f"an execute in flight when the database went away did not finish: {status} {reply}"
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "store_unavailable", refused.text
+        assert "database" in refused.json()["error"]["message"]
+        server.start()
+        back = wait_for(lambda: gw.client.get(f"/v1/sessions/{sid}").status_code == 200)
+        assert back, "the gateway did not come back when its database did"
+        assert text_of(run(gw.client, sid, "print(x)")) == "1\n"
+    finally:
+        server.remove()
+
+
+def worker_pid(gw, gateway_id: str) -> int:
+    """The process of the worker of ``sbx serve --workers`` whose id is ``gateway_id``."""
+    data_dir = next(d for d in gw.data_dir.glob("worker-*") if gateway_id_of(d) == gateway_id)
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if str(data_dir).encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                return int(proc.name)
+    raise AssertionError(f"no worker runs on {data_dir}")
+
+
+def test_workers_share_one_port_and_a_crashed_one_comes_back_with_its_sessions(
+    start_gateway, database
+):
+    gw = shared(start_gateway, database, "--workers", "2")
+
+    def fresh(timeout: float = 120) -> httpx.Client:  # a new connection may reach either worker
+        return httpx.Client(base_url=gw.url, timeout=timeout, headers=gw.client.headers)
+
+    ids = []
+    for n in range(8):
+        with fresh() as client:
+            r = client.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+            run(client, ids[-1], f"x = {n}")
+    with psycopg.connect(database) as db:
+        owners = dict(db.execute("SELECT session_id, owner FROM leases").fetchall())
+    for n, sid in enumerate(ids):
+        with fresh() as client:
+            assert text_of(run(client, sid, "print(x)")) == f"{n}\n", "a worker lost a session"
+    os.kill(worker_pid(gw, owners[ids[0]]), signal.SIGKILL)
+    killed = time.monotonic()
+
+    def answers() -> bool:
+        with fresh(10) as client:
+            r = client.post(f"/v1/sessions/{ids[0]}/execute", json={"code": "print(x)"})
+            return r.status_code == 200 and text_of(r.json()) == "0\n"
+
+    assert wait_for(answers, timeout=30, interval=0.2), "a crashed worker's session never came back"
+    back = time.monotonic() - killed
+    print(f"{len(set(owners.values()))} workers own sessions; a crashed one's back in {back:.1f} s")
+
+
+def test_sessions_dropped_in_a_long_database_outage_are_taken_back_when_it_returns(
+    start_gateway,
+):
+    server = PostgresServer()  # its own: this test stops it
+    try:
+        gw = start_gateway("--database-url", server.database(), "--lease-ttl", LEASE)
+        sid = new_session(gw)
+        run(gw.client, sid, "x = 7")
+        server.stop("kill")
+        time.sleep(3 * float(LEASE))  # every lease runs out: the gateway lets go of them all
+        assert gw.client.get(f"/v1/sessions/{sid}").status_code == 503
+        server.start()
+        back = time.monotonic()
+
+        def answers() -> bool:
+            r = gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x)"})
+            return r.status_code == 200 and text_of(r.json()) == "7\n"
+
+        assert wait_for(answers, timeout=20, interval=0.3), (
+            "the gateway never took its session back after the database returned"
+        )
+        print(f"taken back {time.monotonic() - back:.1f} s after the database returned")
+    finally:
+        server.remove()

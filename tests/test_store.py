@@ -1,0 +1,272 @@
+"""The store's behaviour, on both backends: embedded SQLite and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import psycopg
+import pytest
+
+from gateway.store import sqlite as store_module
+from gateway.store.postgres import PostgresStore
+from gateway.store.sqlite import MIGRATIONS, Retention, Store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_store(request, tmp_path):
+    """Build a store (again, on the same data) for the backend under test."""
+    if request.param == "sqlite":
+        return lambda retention=None: Store(tmp_path / "db.sqlite3", retention)
+    url = request.getfixturevalue("postgres").database()
+    return lambda retention=None: PostgresStore(url, tmp_path, retention)
+
+
+def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
+    from gateway.execution.recorder import CUT_BY_RESTART, close_cut_executions
+
+    async def scenario():
+        store = make_store()
+        await store.open()
+        gid = await store.gateway_id()
+        assert gid == await store.gateway_id()
+        doc = {"id": "s1", "state": "idle", "created_at": "t0", "ended_at": None}
+        await store.save_session(doc, {"container_id": "c1"})
+        assert await store.open_sessions("g") == [(doc, {"container_id": "c1"})]
+        started = {"code": "print(1)", "started_at": "2026-01-01T00:00:00.000Z"}
+        done_id, _ = store.start_execution("s1", started)
+        cut_id, begun = store.start_execution("s1", {**started, "code": "loop()"})
+        await begun
+        await store.add_output(cut_id, {"output_type": "stream", "name": "stdout", "text": "a"})
+        await store.add_output(cut_id, None)  # clear_output
+        for text in ("b", "c"):
+            out = {"output_type": "stream", "name": "stdout", "text": text}
+            await store.add_output(cut_id, out)
+        running = (await store.history("s1")).executions[1]
+        assert running["status"] == "running" and running["ended_at"] is None
+        assert running["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
+        record = {
+            "status": "ok", "execution_count": 1, "outputs": [], "error": None,
+            "ended_at": "t2", "duration_ms": 1.5,
+        }  # fmt: skip
+        await store.finish_execution(done_id, record)
+        await store.close()
+        # A new process on the same file: the cut execution is closed with its outputs.
+        store = make_store()
+        await store.open()
+        assert await close_cut_executions(store, {"s1"}) == {"s1"}
+        await store.save_session({**doc, "state": "deleted", "ended_at": "t3"}, {"x": 1})
+        assert await store.open_sessions("g") == []
+        history = (await store.history("s1")).executions
+        await store.close()
+        return history
+
+    done, cut = asyncio.run(scenario())
+    assert done["code"] == "print(1)" and done["status"] == "ok" and done["duration_ms"] == 1.5
+    assert cut["status"] == CUT_BY_RESTART and cut["error"]["ename"] == "GatewayRestarted"
+    assert cut["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "bc"}]
+
+
+def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
+
+    db = sqlite3.connect(tmp_path / "db.sqlite3")
+    db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
+    db.execute("INSERT INTO sessions VALUES ('old', 'deleted', 't0', 't1', '{}')")
+    db.commit()
+    db.close()
+
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        await store.save_session(
+            {"id": "new", "state": "idle", "created_at": "t", "ended_at": None}, {"k": 1}
+        )
+        sessions = await store.open_sessions("g")
+        await store.close()
+        return sessions
+
+    assert [(d["id"], r) for d, r in asyncio.run(scenario())] == [("new", {"k": 1})]
+
+
+def test_store_prunes_history_past_its_retention_in_batches(make_store, monkeypatch):
+    monkeypatch.setattr(store_module, "PRUNE_BATCH", 3)
+    old, new = "2020-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
+    done = {"status": "ok", "execution_count": 1, "outputs": [], "error": None,
+            "ended_at": new, "duration_ms": 1.0}  # fmt: skip
+
+    async def record(store: Store, session_id: str, started_at: str, finish: bool = True) -> int:
+        execution_id, _ = store.start_execution(session_id, {"code": "1", "started_at": started_at})
+        if finish:
+            await store.finish_execution(execution_id, done)
+        return execution_id
+
+    async def codes(store: Store, session_id: str) -> list[int]:
+        return [e["id"] for e in (await store.history(session_id)).executions]
+
+    async def scenario():
+        store = make_store(Retention(max_age=3600, max_executions=4))
+        await store.open()
+        for sid, ended in (("live", None), ("gone", old), ("recent", new)):
+            doc = {"id": sid, "state": "idle", "created_at": old, "ended_at": ended}
+            await store.save_session(doc)
+        stuck = await record(store, "live", old, finish=False)  # running: never pruned
+        kept = [await record(store, "live", new) for _ in range(7)]
+        aged = [await record(store, "gone", old) for _ in range(2)]  # the newest ids
+        passes = [await store.prune() for _ in range(4)]
+        assert passes[0] is True and passes[-1] is False, "a backlog goes in bounded batches"
+        assert await codes(store, "live") == [stuck, *kept[-4:]]
+        assert await codes(store, "gone") == []
+        assert await store.get_session("gone") is None, "an ended session past the age goes"
+        assert await store.get_session("recent") and await store.get_session("live")
+        await store.close()
+        # A restart counts on: ids are never reused, even when the newest were pruned.
+        store = make_store()
+        await store.open()
+        again = await record(store, "live", new)
+        await store.close()
+        return again, aged[-1]
+
+    again, newest = asyncio.run(scenario())
+    assert again > newest, "a pruned execution's id was handed out again"
+
+
+def test_store_prunes_egress_connections_past_the_history_age(make_store):
+    def connection(at: str) -> dict:
+        return {"at": at, "host": "h.example", "decision": "allowed", "bytes_up": 1,
+                "bytes_down": 2, "sni": None}  # fmt: skip
+
+    async def scenario():
+        store = make_store(Retention(max_age=3600))
+        await store.open()
+        await store.add_connection("s", None, connection("2020-01-01T00:00:00.000Z"))
+        await store.add_connection("s", None, connection("2999-01-01T00:00:00.000Z"))
+        await store.prune()
+        page, _ = await store.connections("s")
+        await store.close()
+        return [c["at"] for c in page]
+
+    assert asyncio.run(scenario()) == ["2999-01-01T00:00:00.000Z"]
+
+
+def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_store):
+    async def scenario():
+        store = make_store()
+        await store.open()
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        first = store.save_session(doc)
+        broken = store._submit(store._exec, "INSERT INTO no_such_table VALUES (1)")
+        second = store.save_session({**doc, "id": "t"})
+        await first
+        with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
+            await broken
+        await second
+        kept = sorted(d["id"] for d, _ in await store.open_sessions("g"))
+        await store.close()
+        return kept
+
+    assert asyncio.run(scenario()) == ["s", "t"]
+
+
+def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execution_id(
+    postgres, tmp_path
+):
+    url = postgres.database()
+
+    async def scenario():
+        stores = [PostgresStore(url, tmp_path / name) for name in ("a", "b")]
+        await asyncio.gather(*(store.open() for store in stores))  # both migrate at once
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        await stores[0].save_session(doc)
+        ids = []
+        for _ in range(3):
+            for store in stores:
+                execution_id, written = store.start_execution("s", {"code": "1", "started_at": "t"})
+                await written
+                ids.append(execution_id)
+        gateway_ids = {await store.gateway_id() for store in stores}
+        for store in stores:
+            await store.close()
+        return ids, gateway_ids
+
+    ids, gateway_ids = asyncio.run(scenario())
+    assert len(set(ids)) == len(ids), f"two gateways handed out the same execution id: {ids}"
+    assert len(gateway_ids) == 2, "gateways sharing a database must keep ids of their own"
+
+
+def test_concurrent_claims_of_a_session_leave_exactly_one_owner(postgres, tmp_path):
+    """Gateways racing for the same sessions, each on its own connection: never a split."""
+    url = postgres.database()
+    claimers = 8
+
+    async def scenario():
+        stores = [PostgresStore(url, tmp_path / f"g{n}") for n in range(claimers)]
+        await asyncio.gather(*(store.open() for store in stores))
+        winners = []
+        for round_ in range(20):
+            sid = f"s{round_}"
+            won = await asyncio.gather(
+                *(store.claim_lease(sid, f"g{n}", 30.0) for n, store in enumerate(stores))
+            )
+            winners.append([f"g{n}" for n, ok in enumerate(won) if ok])
+        # An expired lease goes to exactly one of the gateways that want it.
+        await stores[0].claim_lease("short", "g0", 0.05)
+        await asyncio.sleep(0.1)
+        won = await asyncio.gather(
+            *(store.claim_lease("short", f"g{n}", 30.0) for n, store in enumerate(stores[1:], 1))
+        )
+        renewed = await stores[0].renew_leases("g0", 30.0)
+        for store in stores:
+            await store.close()
+        return winners, sum(won), renewed
+
+    winners, took_expired, renewed = asyncio.run(scenario())
+    assert all(len(w) == 1 for w in winners), f"a session had more than one owner: {winners}"
+    assert took_expired == 1, f"{took_expired} gateways took over one expired lease"
+    assert "short" not in renewed and len(renewed) == sum(w == ["g0"] for w in winners), (
+        "a gateway renewed a lease another gateway had taken over"
+    )
+
+
+def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
+    async def scenario():
+        store = make_store()
+        await store.open()
+        assert await store.claim_lease("s", "a", 30.0)
+        assert await store.claim_lease("s", "a", 30.0), "the owner claims its own lease again"
+        assert not await store.claim_lease("s", "b", 30.0)
+        assert await store.renew_leases("a", 30.0) == {"s"}
+        assert await store.renew_leases("b", 30.0) == set()
+        await store.release_lease("s", "b")  # not b's to release
+        assert not await store.claim_lease("s", "b", 30.0)
+        await store.release_lease("s", "a")
+        assert await store.claim_lease("s", "b", 30.0)
+        for sid in ("s", "free"):
+            await store.save_session(
+                {"id": sid, "state": "idle", "created_at": "t", "ended_at": None}
+            )
+        assert [d["id"] for d, _ in await store.open_sessions("a")] == ["free"], (
+            "a restarting gateway was handed another gateway's session"
+        )
+        assert [d["id"] for d, _ in await store.open_sessions("b")] == ["s", "free"]
+        await store.announce("b", "http://10.0.0.2:8765")
+        found = await store.owner_address("s"), await store.owner_address("free")
+        await store.close()
+        return found
+
+    assert asyncio.run(scenario()) == (("b", "http://10.0.0.2:8765"), None)
+
+
+def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, tmp_path):
+    from gateway.cli.gc import DataDir
+
+    async def start() -> None:
+        store = PostgresStore(postgres.database(), tmp_path)
+        await store.open()
+        await store.gateway_id()
+        await store.close()
+
+    asyncio.run(start())
+    data_dir = DataDir.read(tmp_path, busy=set())
+    assert data_dir.why_orphan("s1") is None, (
+        "sbx gc would remove the sandboxes of a gateway on PostgreSQL: it has no SQLite file"
+    )
