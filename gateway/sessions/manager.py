@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -52,6 +51,7 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..observe.metrics import GatewayMetrics
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
@@ -99,12 +99,14 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         *,
         gate: Gate,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
         ``gate``: the policies, scanner and approvals every execute passes.
         ``state`` saves and restores kernels' state for pause and resume;
         ``snapshots`` keeps snapshots, and forks start from them.
+        ``metrics`` hears of every create and execution (a fresh one by default).
         """
         self.settings = settings
         self.gate = gate
@@ -117,7 +119,7 @@ class SessionManager:
         self.state = state
         self.snapshots = snapshots
         self.tasks = TaskSet()
-        self.counts: Counter[str] = Counter()  # executions by status, for /metrics
+        self.metrics = metrics or GatewayMetrics()
         self._culler: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
 
@@ -308,6 +310,20 @@ class SessionManager:
         A fork (``from_snapshot``) then gets the snapshot's history, files and
         kernel state; if that fails, it ends and the error says why.
         """
+        started = time.monotonic()
+        outcome, start, kernel = "ok", "cold", request.kernel or "snapshot"
+        try:
+            session, warm = await self._create(request, who)
+            kernel, start = session.kernel_name, "warm" if warm else "cold"
+            return session
+        except BaseException as e:
+            outcome = e.code if isinstance(e, GatewayError) else "internal_error"
+            raise
+        finally:
+            self.metrics.created(kernel, who.tenant, outcome, time.monotonic() - started, start)
+
+    async def _create(self, request: CreateSession, who: Principal) -> tuple[Session, bool]:
+        """Create, and say whether a warm kernel served it."""
         snapshot = None
         if request.from_snapshot is not None:
             snapshot = await self.snapshots.get(request.from_snapshot, who)
@@ -339,7 +355,7 @@ class SessionManager:
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
-        return session
+        return session, warm
 
     async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
         """Give a new session a snapshot's history, files and state; end it if that fails."""
@@ -594,7 +610,9 @@ class SessionManager:
         The caller answers only once the outcome is on disk; the session's
         own record (its counters) follows within a second.
         """
-        self.counts[result.status] += 1
+        self.metrics.executed(
+            session.kernel_name, session.tenant, result.status, result.duration_ms / 1000
+        )
         session.running.discard(recorder)
         session.touch()
         session.executions += 1
