@@ -25,6 +25,8 @@ from tornado.websocket import websocket_connect
 
 from gateway.sandbox import volume
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: docs, notebooks, scripts
+
 
 class GatewayProcess:
     """``sbx serve`` in a subprocess, with its log kept for failure messages."""

@@ -9,9 +9,7 @@ import sys
 
 import nbformat
 import pytest
-from helpers import run
-
-from gateway.config import ROOT
+from helpers import ROOT, run
 
 pytestmark = pytest.mark.docker
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import __version__
 from ..config import Settings
 from ..errors import GatewayError
 from .commands import add_client_commands
@@ -73,6 +74,7 @@ def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbx", description="Sandboxed Jupyter kernel gateway.")
+    parser.add_argument("--version", action="version", version=f"sbx {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     image_commands = images.add_subparsers(dest="images_command", required=True)
     build = image_commands.add_parser("build", help="build kernel images (skips unchanged ones)")
     build.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
-    build.add_argument("--all", action="store_true", help="build every image in images/")
+    build.add_argument("--all", action="store_true", help="build every image in images_dir")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     Settings.add_arguments(build)
     build.set_defaults(func=_images_build)
