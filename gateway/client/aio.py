@@ -203,12 +203,21 @@ class AsyncFiles(BaseFiles):
             await response.aclose()
 
     async def download(
-        self, path: str, dest: str | Path, *, on_progress: Progress | None = None
+        self,
+        path: str,
+        dest: str | Path,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
     ) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
+        """Stream a workspace file to a local one, which appears only once complete.
+
+        ``archive`` ("tar" or "zip") downloads the directory ``path`` as a
+        ``.tar.gz`` or ``.zip`` instead.
+        """
         dest, part = self._partial(dest)
         client = self.session.client
-        response = await client.send(self._read_call(path), stream=True)
+        response = await client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
             out = await asyncio.to_thread(open, part, "wb")

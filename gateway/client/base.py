@@ -465,8 +465,12 @@ class BaseFiles(abc.ABC):
     def _chunks(self, file: Any, size: int | None, on_progress: Progress | None) -> Any:
         """The file's content as the half's (sync or async) iterator of chunks."""
 
-    def _read_call(self, path: str) -> Call[bytes]:
-        return Call("GET", self._path(path), lambda r: r.content)
+    def _read_call(self, path: str, archive: str | None = None) -> Call[bytes]:
+        """A file's content, or with ``archive`` ("tar" or "zip") a directory's as one."""
+        if archive not in (None, "tar", "zip"):
+            raise ValueError(f"archive must be 'tar' or 'zip', not {archive!r}")
+        params = {"format": archive} if archive else None
+        return Call("GET", self._path(path.rstrip("/")), lambda r: r.content, params=params)
 
     @staticmethod
     def _check_size(path: str, response: httpx.Response, max_bytes: int) -> None:

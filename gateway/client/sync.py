@@ -166,11 +166,22 @@ class Files(BaseFiles):
         finally:
             response.close()
 
-    def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
+    def download(
+        self,
+        path: str,
+        dest: str | Path,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
+    ) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete.
+
+        ``archive`` ("tar" or "zip") downloads the directory ``path`` as a
+        ``.tar.gz`` or ``.zip`` instead.
+        """
         dest, part = self._partial(dest)
         client = self.session.client
-        response = client.send(self._read_call(path), stream=True)
+        response = client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
             with open(part, "wb") as out:
