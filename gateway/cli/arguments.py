@@ -12,6 +12,7 @@ from typing import Any
 
 from ..client.settings import ClientSettings
 from ..config import Settings
+from ..mcp.config import CLIENTS
 from . import commands as c
 
 
@@ -232,11 +233,34 @@ def add_client_commands(commands: Any) -> None:
         "mcp",
         c.mcp,
         "serve the gateway to MCP clients (stdio, or streamable HTTP with --http)",
-        "Serve the gateway as a Model Context Protocol server: tools create_session, run_code, "
-        "upload_file, download_file, list_files, export_notebook, snapshot, fork, delete_session.",
+        "Serve the gateway as a Model Context Protocol server: tools create_session, "
+        "list_sessions, run_code (with progress), interrupt, restart, upload_file, "
+        "download_file, list_files, export_notebook, snapshot, fork, delete_session; each "
+        "session's files as resources. Over --http every caller sends its own gateway token "
+        "(Authorization: Bearer) and sees only its tenant's sessions. "
+        "`sbx mcp config` prints a client configuration.",
         prints=False,
     )
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     mcp.add_argument("--port", type=int, default=8766, help="HTTP port, 0 for a free one")
     mcp.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    mcp_sub = mcp.add_subparsers(dest="mcp_command", metavar="COMMAND")
+    config = _command(
+        mcp_sub,
+        "config",
+        c.mcp_config,
+        "print an MCP client's configuration for this gateway (stdio, or --http URL)",
+        prints=False,  # it prints JSON (or a claude command) already
+    )
+    config.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="claude-desktop",
+        help="whose format (default claude-desktop; cursor and windsurf share it)",
+    )
+    config.add_argument(
+        "--http",
+        metavar="URL",
+        help="an `sbx mcp --http` endpoint to reach instead of starting `sbx mcp`",
+    )

@@ -393,3 +393,10 @@ def mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
 
     serve(settings, http=args.http, host=args.host, port=args.port, path=args.path)
     return 0
+
+
+def mcp_config(settings: ClientSettings, args: argparse.Namespace) -> int:
+    from ..mcp.config import client_config
+
+    print(client_config(args.client, settings.url, settings.token, args.http))
+    return 0
