@@ -164,10 +164,10 @@ def test_interrupt_restart_timeouts_history_export(sdk_session, tmp_path):
     assert info.state == "idle"
     assert s.run("gone").error.name == "NameError", "restart kept the old kernel's state"
 
-    info = s.set_timeout(900, idle_timeout=300)
+    info = s.set_ttl(900, idle_timeout=300)
     assert (info.ttl, info.idle_timeout) == (900, 300) and s.info.ttl == 900
     with pytest.raises(TypeError):
-        s.set_timeout()
+        s.set_ttl()
     info = s.extend(120)
     left = _seconds_between(info.last_activity, info.expires_at)
     assert 119 < left <= 121, f"extend(120) left the session {left} s to live"

@@ -23,7 +23,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from ..errors import GatewayError
+from ..errors import FileNotFound, GatewayError, NotAFile
 from .base import (
     CHUNK,
     BaseClient,
@@ -241,6 +241,34 @@ class AsyncFiles(BaseFiles):
         """Delete a file or a whole directory."""
         await self.session.client.call(self._remove_call(path))
 
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` is in the workspace: a file, a directory, or anything else."""
+        parent, clean = self._parent(path)
+        try:
+            return any(entry.path == clean for entry in await self.list(parent))
+        except (FileNotFound, NotAFile):
+            return False
+
+    async def upload_dir(
+        self, source: str | Path, path: str = "", *, on_progress: Progress | None = None
+    ) -> list[FileInfo]:
+        """Upload every file under a local directory to ``path`` (default: the top)."""
+        return [
+            await self.upload(local, remote, on_progress=on_progress)
+            for local, remote in self._local_tree(source, path)
+        ]
+
+    async def download_dir(self, path: str, dest: str | Path) -> Path:
+        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        dest = Path(dest)
+        archive = await self.download(
+            path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar"
+        )
+        try:
+            return await asyncio.to_thread(self._extract, archive, dest)
+        finally:
+            archive.unlink(missing_ok=True)
+
     async def _chunks(
         self, file: IO[bytes], size: int | None, on_progress: Progress | None
     ) -> AsyncIterator[bytes]:
@@ -351,15 +379,34 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.client.call(self._snapshots_call())
 
     async def set_timeout(
+        self, timeout: float, *, idle_timeout: float | None = None
+    ) -> SessionInfo:
+        """End the session ``timeout`` seconds from now (by the gateway's clock), as E2B's
+        ``set_timeout`` does."""
+        return await self.client.call(self._update_call(None, idle_timeout, expires_in=timeout))
+
+    async def set_ttl(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
-        """Change the lifetime (seconds from creation) and/or the idle timeout."""
+        """Change the lifetime (seconds from creation, as the API counts) and/or idle timeout."""
         return await self.client.call(self._update_call(ttl, idle_timeout))
 
     async def extend(self, seconds: float) -> SessionInfo:
         """Let the session live ``seconds`` from now (by the gateway's clock)."""
-        await self.refresh()
-        return await self.set_timeout(self._ttl_from_now(seconds))
+        return await self.set_timeout(seconds)
+
+    # E2B's names, where the meaning is the same (docs/sdk.md has the table).
+    async def run_code(self, code: str, **options: Any) -> Execution:
+        """E2B's name for ``run``."""
+        return await self.run(code, **options)
+
+    async def get_info(self) -> SessionInfo:
+        """E2B's name for ``refresh``."""
+        return await self.refresh()
+
+    async def kill(self) -> None:
+        """E2B's name for ``delete``."""
+        await self.delete()
 
     async def history(self) -> list[dict[str, Any]]:
         """Every recorded execution, oldest first, read a page at a time."""

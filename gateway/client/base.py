@@ -12,8 +12,8 @@ import dataclasses
 import json
 import logging
 import os
+import tarfile
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Generic, Self, TypedDict, TypeVar
 from urllib.parse import quote
@@ -52,7 +52,7 @@ class SessionOptions(TypedDict, total=False):
     cpus: float
     pids: int
     disk: str | int  # size of the writable workspace
-    timeout: float  # default execution timeout, seconds
+    execution_timeout: float  # each run's default time limit, seconds (limits.timeout)
     output_bytes: str | int  # output kept per execution
     limits: dict[str, Any]  # the same limits as a dict (the keyword forms win)
     ttl: float  # lifetime in seconds from creation
@@ -67,16 +67,29 @@ class SessionOptions(TypedDict, total=False):
     network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}
 
 
-_LIMITS = ("memory", "cpus", "pids", "disk", "timeout", "output_bytes")
+# Keyword -> key in the API's limits.
+_LIMITS = {
+    "memory": "memory",
+    "cpus": "cpus",
+    "pids": "pids",
+    "disk": "disk",
+    "execution_timeout": "timeout",
+    "output_bytes": "output_bytes",
+}
 
 
 def session_request(options: Mapping[str, Any]) -> dict[str, Any]:
     """The ``POST /v1/sessions`` body for SessionOptions."""
+    if "timeout" in options:  # E2B's create(timeout=) is a lifetime; ours was each run's limit
+        raise TypeError(
+            "timeout= is ambiguous: say ttl= for the session's lifetime in seconds (what E2B's "
+            "Sandbox.create(timeout=) means) or execution_timeout= for each run's time limit"
+        )
     unknown = set(options) - set(SessionOptions.__annotations__)
     if unknown:
         raise TypeError(f"unknown session option(s) {sorted(unknown)}")
     limits = dict(options.get("limits") or {})
-    limits.update({k: options[k] for k in _LIMITS if options.get(k) is not None})
+    limits.update({key: options[k] for k, key in _LIMITS.items() if options.get(k) is not None})
     body = {k: v for k, v in options.items() if k not in (*_LIMITS, "limits") and v is not None}
     if limits:
         body["limits"] = limits
@@ -331,6 +344,11 @@ class BaseSession(Generic[C]):
     def id(self) -> str:
         return self.info.id
 
+    @property
+    def sandbox_id(self) -> str:
+        """E2B's name for ``id``."""
+        return self.info.id
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.info.state}>"
 
@@ -347,21 +365,15 @@ class BaseSession(Generic[C]):
     def _action_call(self, action: str) -> Call[SessionInfo]:
         return Call("POST", self._path(f"/{action}"), self._remember)
 
-    def _update_call(self, ttl: float | None, idle_timeout: float | None) -> Call[SessionInfo]:
-        body = {k: v for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout)) if v is not None}
+    def _update_call(
+        self, ttl: float | None, idle_timeout: float | None, expires_in: float | None = None
+    ) -> Call[SessionInfo]:
+        fields = (("ttl", ttl), ("idle_timeout", idle_timeout), ("expires_in", expires_in))
+        body = {k: v for k, v in fields if v is not None}
         if not body:
-            raise TypeError("set_timeout() needs ttl, idle_timeout or both")
-        # Absolute values: sending it twice changes nothing, so it may be retried.
+            raise TypeError("set_ttl() needs ttl, idle_timeout or both")
+        # Absolute values (expires_in barely moves): sending it twice changes nothing.
         return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
-
-    def _ttl_from_now(self, seconds: float) -> float:
-        """The ttl (counted from creation) that ends the session ``seconds`` from now.
-
-        Uses the gateway's own clock: ``last_activity`` of a fresh refresh is its "now".
-        """
-        created = datetime.fromisoformat(str(self.info.created_at).replace("Z", "+00:00"))
-        now = datetime.fromisoformat(str(self.info.last_activity).replace("Z", "+00:00"))
-        return (now - created).total_seconds() + seconds
 
     def _history_call(self, after: int) -> Call[tuple[list[dict[str, Any]], int | None]]:
         """One page of history and the cursor of the next (None: the last page).
@@ -478,6 +490,33 @@ class BaseFiles(abc.ABC):
         size = int(response.headers.get("Content-Length", 0))
         if size > max_bytes:
             raise FileTooLarge(f"{path} is {size} bytes, over the {max_bytes}-byte limit")
+
+    @staticmethod
+    def _parent(path: str) -> tuple[str, str]:
+        """(the directory to list to find ``path``, ``path`` as listings spell it)."""
+        clean = path.strip("/")
+        return clean.rpartition("/")[0], clean
+
+    @staticmethod
+    def _local_tree(source: str | Path, into: str) -> list[tuple[Path, str]]:
+        """(local file, workspace path) for every regular file under ``source``; links skipped."""
+        root = Path(source)
+        if not root.is_dir():
+            raise NotADirectoryError(f"{source} is not a directory")
+        prefix = into.strip("/")
+        return [
+            (local, "/".join(filter(None, (prefix, local.relative_to(root).as_posix()))))
+            for local in sorted(root.rglob("*"))
+            if local.is_file() and not local.is_symlink()
+        ]
+
+    @staticmethod
+    def _extract(archive: Path, dest: Path) -> Path:
+        """Unpack a downloaded directory archive into ``dest``, refusing paths that leave it."""
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(dest, filter="data")
+        return dest
 
     def _list_call(self, path: str) -> Call[list[FileInfo]]:
         return Call(

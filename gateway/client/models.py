@@ -97,6 +97,27 @@ class Result:
             if mime.startswith("image/") and mime != "image/svg+xml"
         }
 
+    # IPython's display hooks: a Result shown in Jupyter renders as the kernel's output did.
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return dict(self.data), dict(self.metadata)
+
+    def _repr_html_(self) -> str | None:
+        return self.html
+
+    def _repr_markdown_(self) -> str | None:
+        return self.markdown
+
+    def _repr_svg_(self) -> str | None:
+        return self.svg
+
+    def _repr_png_(self) -> bytes | None:
+        return self.png
+
+    def _repr_jpeg_(self) -> bytes | None:
+        return self.jpeg
+
 
 @dataclasses.dataclass
 class ExecutionError:
@@ -177,11 +198,7 @@ class Execution:
         return self.status == "ok"
 
     def _stream(self, name: str) -> str:
-        return "".join(
-            join_text(o.get("text", ""))
-            for o in self.outputs
-            if o.get("output_type") == "stream" and o.get("name") == name
-        )
+        return "".join(self._chunks(name))
 
     @property
     def stdout(self) -> str:
@@ -209,6 +226,35 @@ class Execution:
         """The cell's value as text (``text/plain`` of the main result), if it had one."""
         result = self.result
         return None if result is None else result.text
+
+    @property
+    def logs(self) -> Logs:
+        """The stream outputs as E2B's ``Execution.logs``: lists of chunks, as written."""
+        return Logs(self._chunks("stdout"), self._chunks("stderr"))
+
+    def _chunks(self, name: str) -> list[str]:
+        return [
+            join_text(o.get("text", ""))
+            for o in self.outputs
+            if o.get("output_type") == "stream" and o.get("name") == name
+        ]
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Shown in Jupyter: the cell's value as it rendered, else its text and error."""
+        if self.result is not None:
+            return self.result._repr_mimebundle_()
+        text = self.stdout + self.stderr + (self.error.text if self.error else "")
+        return {"text/plain": text or f"<Execution {self.status}>"}, {}
+
+
+@dataclasses.dataclass
+class Logs:
+    """What the code wrote to stdout and stderr, chunk by chunk."""
+
+    stdout: list[str]
+    stderr: list[str]
 
 
 @dataclasses.dataclass

@@ -798,10 +798,16 @@ class SessionManager:
         return report
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
-        """Change ttl / idle_timeout (seconds, from creation / last activity)."""
+        """Change ttl / idle_timeout (seconds, from creation / last activity).
+
+        ``expires_in`` is a ttl given from now, by this gateway's clock.
+        """
         session = self.get(session_id, who)
         s = self.settings
-        session.ttl = seconds(request.ttl, "ttl", session.ttl, s.max_ttl)
+        ttl = request.ttl
+        if request.expires_in is not None:
+            ttl = self.clock() - session.created_at + request.expires_in
+        session.ttl = seconds(ttl, "ttl", session.ttl, s.max_ttl)
         session.idle_timeout = seconds(
             request.idle_timeout, "idle_timeout", session.idle_timeout, s.max_idle_timeout
         )
