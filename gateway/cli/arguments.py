@@ -189,7 +189,14 @@ def add_client_commands(commands: Any) -> None:
 
     export = _command(commands, "export", c.export, "download a session as a .ipynb notebook")
     export.add_argument("session", help="session id")
-    export.add_argument("-o", "--output", help="file to write (default session-ID.ipynb)")
+    export.add_argument(
+        "-o", "--output", help="file to write (default session-ID.ipynb, or .zip with inputs)"
+    )
+    export.add_argument(
+        "--with-inputs",
+        action="store_true",
+        help="write a bundle (.zip): the notebook and the files the session uploaded",
+    )
     export.add_argument(
         "--no-descriptions",
         dest="descriptions",
@@ -203,7 +210,12 @@ def add_client_commands(commands: Any) -> None:
         c.replay,
         "re-run a notebook in a fresh session; exit 1 unless it reproduces",
     )
-    replay.add_argument("notebook", help=".ipynb file (e.g. from sbx export)")
+    replay.add_argument("notebook", help=".ipynb file, or a bundle from sbx export --with-inputs")
+    replay.add_argument(
+        "--inputs",
+        metavar="DIR",
+        help="the files the session uploaded, at their workspace paths under DIR",
+    )
     replay.add_argument("-o", "--output", help="executed notebook (default NAME.replayed.ipynb)")
     replay.add_argument(
         "--image-tolerance",

@@ -16,14 +16,15 @@ import argparse
 import dataclasses
 import json
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..client import Client, Execution, Session, SessionInfo
 from ..client.settings import ClientSettings
-from ..errors import BadRequest, NotAFile
-from . import terminal
+from ..errors import BadRequest, GatewayError, NotAFile
+from . import bundles, terminal
 
 Handler = Callable[[ClientSettings, argparse.Namespace], int]
 
@@ -244,16 +245,45 @@ def files_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
 
 
 def export(settings: ClientSettings, args: argparse.Namespace) -> int:
-    output = Path(args.output or f"session-{args.session}.ipynb")
+    suffix = "zip" if args.with_inputs else "ipynb"
+    output = Path(args.output or f"session-{args.session}.{suffix}")
     with _client(settings) as client:
-        notebook = client.session(args.session).export(output, descriptions=args.descriptions)
+        session = client.session(args.session)
+        if args.with_inputs:
+            notebook = session.export(descriptions=args.descriptions)
+            inputs = _recorded_inputs(session, notebook)
+            bundles.write_bundle(output, notebook, inputs)
+        else:
+            notebook = session.export(output, descriptions=args.descriptions)
+            inputs = {}
     cells = len(notebook.get("cells", []))
+    with_inputs = f", {len(inputs)} inputs" if args.with_inputs else ""
     _show(
         args,
-        {"output": str(output), "cells": cells},
-        lambda: print(f"wrote {output} ({cells} cells)"),
+        {"output": str(output), "cells": cells, "inputs": sorted(inputs)},
+        lambda: print(f"wrote {output} ({cells} cells{with_inputs})"),
     )
     return 0
+
+
+def _recorded_inputs(session: Session, notebook: dict[str, Any]) -> dict[str, bytes]:
+    """The uploads the notebook records, read back from the workspace while still the same."""
+    found = {}
+    for record in bundles.recorded_inputs(notebook):
+        path = str(record["path"])
+        try:
+            data = session.files.read(path, max_bytes=bundles.MAX_INPUTS)
+        except GatewayError as e:
+            terminal.err.print(f"[yellow]left out {path}: {e.message}[/yellow]")
+            continue
+        if not bundles.matches(record, data):
+            terminal.err.print(
+                f"[yellow]left out {path}: changed since it was uploaded; replay with "
+                "--inputs DIR holding the original[/yellow]"
+            )
+            continue
+        found[path] = data
+    return found
 
 
 def _read_notebook(source: Path) -> bytes:
@@ -262,20 +292,31 @@ def _read_notebook(source: Path) -> bytes:
         content = source.read_bytes()
     except OSError as e:
         raise BadRequest(f"cannot read {source}: {e.strerror}") from None
+    _check_notebook(source, content)
+    return content
+
+
+def _check_notebook(source: Path, content: bytes) -> None:
     try:
         doc = json.loads(content)
     except (UnicodeDecodeError, json.JSONDecodeError):
         doc = None
     if not isinstance(doc, dict) or "cells" not in doc:
         raise BadRequest(f"{source} is not a notebook (.ipynb JSON with cells)")
-    return content
 
 
 def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     source = Path(args.notebook)
-    content = _read_notebook(source)
+    inputs: dict[str, bytes] = {}
+    if zipfile.is_zipfile(source):
+        content, inputs = bundles.read_bundle(source)
+        _check_notebook(source, content)
+    else:
+        content = _read_notebook(source)
+    if args.inputs:
+        inputs.update(bundles.inputs_from(Path(args.inputs), json.loads(content)))
     with _client(settings) as client, terminal.waiting(f"replaying {source}"):
-        report = client.replay(content, image_tolerance=args.image_tolerance)
+        report = client.replay(content, image_tolerance=args.image_tolerance, inputs=inputs)
     output = Path(args.output or source.with_suffix(".replayed.ipynb"))
     output.write_text(json.dumps(report["notebook"], indent=1))
     if args.json:

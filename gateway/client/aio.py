@@ -127,12 +127,20 @@ class AsyncClient(BaseClient):
         return await self.call(self._list_call(state, metadata))
 
     async def replay(
-        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        *,
+        image_tolerance: float | None = None,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> dict[str, Any]:
-        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
+
+        ``inputs`` (workspace path -> content) are uploaded first, checked against the
+        hashes the export recorded (``metadata.sbx.inputs``).
+        """
         if isinstance(notebook, Path):
             notebook = await asyncio.to_thread(notebook.read_bytes)
-        return await self.call(self._replay_call(notebook, image_tolerance))
+        return await self.call(self._replay_call(notebook, image_tolerance, inputs))
 
     async def snapshot(self, snapshot_id: str) -> AsyncSnapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""

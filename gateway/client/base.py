@@ -260,8 +260,12 @@ class BaseClient:
         return Call("GET", "/v1/sessions", _session_list, params=params)
 
     def _replay_call(
-        self, notebook: dict[str, Any] | str | bytes | Path, image_tolerance: float | None
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        image_tolerance: float | None,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> Call[dict[str, Any]]:
+        """The replay request; with ``inputs`` (workspace path -> content), a multipart one."""
         if isinstance(notebook, Path):
             content = notebook.read_bytes()
         elif isinstance(notebook, dict):
@@ -269,9 +273,24 @@ class BaseClient:
         else:
             content = notebook.encode() if isinstance(notebook, str) else notebook
         params = {} if image_tolerance is None else {"image_tolerance": image_tolerance}
+        headers = None
+        if inputs:  # encoded by httpx's own multipart writer, as a request it would send
+            parts = [("notebook", ("notebook.ipynb", content, "application/x-ipynb+json"))]
+            parts += [
+                ("inputs", (path, data, "application/octet-stream"))
+                for path, data in inputs.items()
+            ]
+            encoded = httpx.Request("POST", "http://multipart.invalid/", files=parts)
+            content, headers = encoded.read(), {"Content-Type": encoded.headers["Content-Type"]}
         # A replay runs a whole notebook: no read timeout.
         return Call(
-            "POST", "/v1/notebooks/replay", _json, params=params, content=content, timeout=None
+            "POST",
+            "/v1/notebooks/replay",
+            _json,
+            params=params,
+            content=content,
+            headers=headers,
+            timeout=None,
         )
 
     def _snapshot_call(self, snapshot_id: str) -> Call[Any]:

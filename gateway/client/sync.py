@@ -96,10 +96,18 @@ class Client(BaseClient):
         return self.call(self._list_call(state, metadata))
 
     def replay(
-        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        *,
+        image_tolerance: float | None = None,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> dict[str, Any]:
-        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
-        return self.call(self._replay_call(notebook, image_tolerance))
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
+
+        ``inputs`` (workspace path -> content) are uploaded first, checked against the
+        hashes the export recorded (``metadata.sbx.inputs``).
+        """
+        return self.call(self._replay_call(notebook, image_tolerance, inputs))
 
     def snapshot(self, snapshot_id: str) -> Snapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""

@@ -75,6 +75,9 @@ from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
+# Upload events read back for an export's record of inputs (the newest, past this many).
+MAX_RECORDED_UPLOADS = 10_000
+
 # Egress connections recorded per session (by this process); past it they are only counted.
 MAX_CONNECTION_RECORDS = 10_000
 LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
@@ -301,6 +304,29 @@ class SessionManager:
             raise BadRequest("after must be an execution id from a page's 'next', or 0")
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.store.history(session_id, after, limit)
+
+    async def uploads(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """Every file uploaded to the session, the last upload of each path, by path.
+
+        What a replay must bring (``path``, ``size``, ``sha256``, ``uploaded_at``),
+        read from the audit log, which records each upload's hash.
+        """
+        await self.record(session_id, who)
+        filters = {"session_id": session_id, "action": "files.upload", "outcome": "ok"}
+        events = await self.store.audit_events(filters, limit=MAX_RECORDED_UPLOADS)
+        found: dict[str, dict[str, Any]] = {}
+        for event in reversed(events):  # oldest first: a later upload of a path wins
+            detail = event.get("detail") or {}
+            for saved in detail.get("files") or [detail]:  # a multipart batch, or one PUT
+                if "path" in saved and "sha256" in saved:
+                    path = str(saved["path"]).strip("/")
+                    found[path] = {
+                        "path": path,
+                        "size": saved.get("size"),
+                        "sha256": saved["sha256"],
+                        "uploaded_at": event["at"],
+                    }
+        return sorted(found.values(), key=lambda f: f["path"])
 
     # -- commands -----------------------------------------------------------------------
 
