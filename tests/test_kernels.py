@@ -88,7 +88,7 @@ def test_language_keeps_state_reports_errors_and_replays(api, new_session, engin
 
     report = api.post("/v1/notebooks/replay", json=nb).json()
     assert report["reproduced"], f"the {lang.kernel} notebook did not replay: {report['cells']}"
-    assert report["summary"] == {"same": 3, "different": 0, "error": 0}
+    assert report["summary"] == {"same": 3, "different": 0, "error": 0, "skipped": 0}
 
 
 def test_r_base_plot_is_a_png(api, new_session):

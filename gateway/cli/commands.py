@@ -333,7 +333,8 @@ def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     verdict = "reproduced" if report["reproduced"] else "did NOT reproduce"
     print(
         f"{source}: {verdict} ({summary['same']} same, {summary['different']} different, "
-        f"{summary['error']} error); executed notebook written to {output}"
+        f"{summary['error']} error, {summary.get('skipped', 0)} skipped); "
+        f"executed notebook written to {output}"
     )
     return 0 if report["reproduced"] else 1
 

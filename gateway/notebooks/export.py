@@ -26,7 +26,7 @@ from ..execution.recorder import CUT_BY_RESTART
 from ..sessions.manager import SessionManager
 from ..sessions.requests import CreateSession, ExecuteCode
 from ..validation import image_ref
-from .compare import diff_outputs
+from .compare import IGNORE_OUTPUT_TAGS, SKIP_TAGS, diff_outputs, float_tolerance
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,11 @@ async def replay_notebook(
     kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
     inputs = {path.strip("/"): data for path, data in (inputs or {}).items()}
     warnings = _check_inputs(recorded.get("inputs") or [], inputs)
+    for cell in nb.cells:  # a malformed tag is the caller's to fix, before anything runs
+        try:
+            float_tolerance(cell.metadata.get("tags") or [])
+        except ValueError as e:
+            raise BadRequest(f"cell {cell.get('id')}: {e}") from None
     image = await _recorded_image(manager, recorded.get("image"), warnings)
     request = CreateSession.from_json(
         {
@@ -204,10 +209,15 @@ async def replay_notebook(
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
                 continue
+            tags = set(cell.metadata.get("tags") or [])
+            if tags & SKIP_TAGS:
+                cells.append({"index": index, "cell_id": cell.get("id"), "result": "skipped",
+                              "status": None, "recorded_status": None, "diff": ""})  # fmt: skip
+                continue
             result = await manager.execute(session.id, who, ExecuteCode(cell.source))
             # Images are decoded and compared, text normalised: not on the event loop.
             verdict = await asyncio.to_thread(
-                _verdict, cell, result.status, result.outputs, image_tolerance
+                _verdict, cell, result.status, result.outputs, image_tolerance, tags
             )
             cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
@@ -221,7 +231,8 @@ async def replay_notebook(
         "replay_image": session.image,
     }
     counts = {
-        kind: sum(c["result"] == kind for c in cells) for kind in ("same", "different", "error")
+        kind: sum(c["result"] == kind for c in cells)
+        for kind in ("same", "different", "error", "skipped")
     }
     return {
         "reproduced": counts["different"] == counts["error"] == 0,
@@ -256,12 +267,19 @@ async def _recorded_image(manager: SessionManager, image: Any, warnings: list[st
 
 
 def _verdict(
-    cell: Any, status: str, outputs: list[dict[str, Any]], image_tolerance: float | None
+    cell: Any,
+    status: str,
+    outputs: list[dict[str, Any]],
+    image_tolerance: float | None,
+    tags: set[str],
 ) -> dict[str, Any]:
+    """How a replayed cell compares, as its tags ask (compare.py's docstring)."""
     recorded_status = cell.metadata.get("sbx", {}).get("status") or (
         "error" if any(o.get("output_type") == "error" for o in cell.outputs) else "ok"
     )
-    diff = diff_outputs(cell.outputs, outputs, image_tolerance)
+    diff = ""
+    if not tags & IGNORE_OUTPUT_TAGS:
+        diff = diff_outputs(cell.outputs, outputs, image_tolerance, float_tolerance(tags))
     if status != recorded_status and status in _FAILED:
         result = "error"  # it failed now where it had not, or failed differently
     else:
