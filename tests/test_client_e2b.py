@@ -8,7 +8,7 @@ import time
 import pytest
 from test_client import _seconds_between, client, sdk_session, token  # noqa: F401 (fixtures)
 
-from gateway.client import Execution, Result
+from gateway.client import Execution, RecordedExecution, ReplayReport, Result
 from gateway.client.base import session_request
 
 PNG = (
@@ -77,3 +77,16 @@ def test_directories_go_up_and_come_down_whole(sdk_session, tmp_path):  # noqa: 
     back = sdk_session.files.download_dir("data", tmp_path / "back")
     assert (back / "one.csv").read_text() == "a,b\n"
     assert (back / "deep" / "two.bin").read_bytes() == bytes(range(256))
+
+
+@pytest.mark.docker
+def test_history_and_replay_results_are_typed(sdk_session, client):  # noqa: F811
+    sdk_session.run("x = 6", description="# set")
+    sdk_session.run("x * 7")
+    first, second = sdk_session.history()
+    assert isinstance(first, RecordedExecution) and first.description == "# set"
+    assert second.code == "x * 7" and second.text == "42" and second.id > first.id
+    report = client.replay(sdk_session.export())
+    assert isinstance(report, ReplayReport) and report.reproduced, report
+    assert [c.result for c in report.cells] == ["same", "same"]
+    assert report.summary["same"] == 2 and report.notebook["cells"]

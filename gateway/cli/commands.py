@@ -318,25 +318,25 @@ def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting(f"replaying {source}"):
         report = client.replay(content, image_tolerance=args.image_tolerance, inputs=inputs)
     output = Path(args.output or source.with_suffix(".replayed.ipynb"))
-    output.write_text(json.dumps(report["notebook"], indent=1))
+    output.write_text(json.dumps(report.notebook, indent=1))
     if args.json:
-        doc = {k: v for k, v in report.items() if k != "notebook"}
+        doc = {k: v for k, v in report.raw.items() if k != "notebook"}
         terminal.print_json({**doc, "output": str(output)})
-        return 0 if report["reproduced"] else 1
-    for warning in report["warnings"]:
+        return 0 if report.reproduced else 1
+    for warning in report.warnings:
         print(f"warning: {warning}")
-    for cell in report["cells"]:
-        print(f"cell {cell['index']:>3} [{cell['cell_id']}]: {cell['result']} ({cell['status']})")
-        if cell["diff"] and cell["result"] != "same":
-            print("    " + cell["diff"].replace("\n", "\n    "))
-    summary = report["summary"]
-    verdict = "reproduced" if report["reproduced"] else "did NOT reproduce"
+    for cell in report.cells:
+        print(f"cell {cell.index:>3} [{cell.cell_id}]: {cell.result} ({cell.status})")
+        if cell.diff and cell.result != "same":
+            print("    " + cell.diff.replace("\n", "\n    "))
+    summary = report.summary
+    verdict = "reproduced" if report.reproduced else "did NOT reproduce"
     print(
         f"{source}: {verdict} ({summary['same']} same, {summary['different']} different, "
         f"{summary['error']} error, {summary.get('skipped', 0)} skipped); "
         f"executed notebook written to {output}"
     )
-    return 0 if report["reproduced"] else 1
+    return 0 if report.reproduced else 1
 
 
 def approvals(settings: ClientSettings, args: argparse.Namespace) -> int:

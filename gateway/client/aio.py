@@ -34,7 +34,15 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Approval, Execution, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    Execution,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -132,7 +140,7 @@ class AsyncClient(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
@@ -408,6 +416,10 @@ class AsyncSession(BaseSession[AsyncClient]):
         """E2B's name for ``run``."""
         return await self.run(code, **options)
 
+    async def get_metrics(self) -> SessionMetrics:
+        """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""
+        return await self.client.call(self._metrics_call())
+
     async def get_info(self) -> SessionInfo:
         """E2B's name for ``refresh``."""
         return await self.refresh()
@@ -416,9 +428,9 @@ class AsyncSession(BaseSession[AsyncClient]):
         """E2B's name for ``delete``."""
         await self.delete()
 
-    async def history(self) -> list[dict[str, Any]]:
+    async def history(self) -> list[RecordedExecution]:
         """Every recorded execution, oldest first, read a page at a time."""
-        executions: list[dict[str, Any]] = []
+        executions: list[RecordedExecution] = []
         after: int | None = 0
         while after is not None:
             page, after = await self.client.call(self._history_call(after))

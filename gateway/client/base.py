@@ -24,7 +24,14 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from .. import __version__
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
-from .models import Approval, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .settings import ClientSettings
 from .stream import Run
 
@@ -264,7 +271,7 @@ class BaseClient:
         notebook: dict[str, Any] | str | bytes | Path,
         image_tolerance: float | None,
         inputs: Mapping[str, bytes] | None = None,
-    ) -> Call[dict[str, Any]]:
+    ) -> Call[ReplayReport]:
         """The replay request; with ``inputs`` (workspace path -> content), a multipart one."""
         if isinstance(notebook, Path):
             content = notebook.read_bytes()
@@ -286,7 +293,7 @@ class BaseClient:
         return Call(
             "POST",
             "/v1/notebooks/replay",
-            _json,
+            lambda r: ReplayReport.from_json(r.json()),
             params=params,
             content=content,
             headers=headers,
@@ -394,15 +401,18 @@ class BaseSession(Generic[C]):
         # Absolute values (expires_in barely moves): sending it twice changes nothing.
         return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
 
-    def _history_call(self, after: int) -> Call[tuple[list[dict[str, Any]], int | None]]:
+    def _metrics_call(self) -> Call[SessionMetrics]:
+        return Call("GET", self._path("/metrics"), lambda r: SessionMetrics.from_json(r.json()))
+
+    def _history_call(self, after: int) -> Call[tuple[list[RecordedExecution], int | None]]:
         """One page of history and the cursor of the next (None: the last page).
 
         A gateway that does not page answers without ``next``: one page.
         """
 
-        def parse(response: httpx.Response) -> tuple[list[dict[str, Any]], int | None]:
+        def parse(response: httpx.Response) -> tuple[list[RecordedExecution], int | None]:
             body = response.json()
-            return body["executions"], body.get("next")
+            return [RecordedExecution.from_json(e) for e in body["executions"]], body.get("next")
 
         params = {"after": after} if after else None
         return Call("GET", self._path("/history"), parse, params=params)

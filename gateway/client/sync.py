@@ -28,7 +28,15 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Approval, Execution, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    Execution,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -101,7 +109,7 @@ class Client(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
@@ -361,6 +369,10 @@ class Session(BaseSession[Client]):
         """E2B's name for ``run``."""
         return self.run(code, **options)
 
+    def get_metrics(self) -> SessionMetrics:
+        """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""
+        return self.client.call(self._metrics_call())
+
     def get_info(self) -> SessionInfo:
         """E2B's name for ``refresh``."""
         return self.refresh()
@@ -369,9 +381,9 @@ class Session(BaseSession[Client]):
         """E2B's name for ``delete``."""
         self.delete()
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[RecordedExecution]:
         """Every recorded execution, oldest first, read a page at a time."""
-        executions: list[dict[str, Any]] = []
+        executions: list[RecordedExecution] = []
         after: int | None = 0
         while after is not None:
             page, after = self.client.call(self._history_call(after))

@@ -260,6 +260,8 @@ class SessionManager:
         if session is None:
             return
         session.egress_recorded += 1
+        session.egress_bytes[0] += connection.bytes_up
+        session.egress_bytes[1] += connection.bytes_down
         if session.egress_recorded > MAX_CONNECTION_RECORDS:
             if session.egress_recorded == MAX_CONNECTION_RECORDS + 1:
                 log.warning("session %s: further egress connections are not recorded", session.id)
@@ -276,6 +278,40 @@ class SessionManager:
         )
         del record["session_id"]
         self.store.add_connection(session.id, running.id if running else None, record)
+
+    async def usage(self, session_id: str, who: Principal) -> dict[str, Any]:
+        """What a live session uses now: CPU, memory (now and at peak), network, disk.
+
+        CPU and memory are the sandbox's (None while paused or where the placement
+        cannot tell); network is what passed the egress proxy since this gateway
+        started; disk is the workspace's files.
+        """
+        session = self.get(session_id, who)
+        sandbox: dict[str, Any] = {}
+        if session.state in ("idle", "busy"):
+            sandbox = await self.lifecycle.placement.usage(session.id)
+        disk = None
+        if session.workspace is not None and session.state != "paused":
+            with contextlib.suppress(GatewayError, OSError):
+                disk = await session.workspace.usage()
+        limits = session.limits
+        return {
+            "session_id": session.id,
+            "state": session.state,
+            "at": iso(self.clock()),
+            "cpu_seconds": sandbox.get("cpu_seconds"),
+            "cpus_limit": limits.cpus,
+            "memory_bytes": sandbox.get("memory_bytes"),
+            "memory_peak_bytes": sandbox.get("memory_peak_bytes"),
+            "memory_limit_bytes": limits.memory,
+            "network": {
+                "bytes_sent": session.egress_bytes[0],
+                "bytes_received": session.egress_bytes[1],
+                "connections": session.egress_recorded,
+            },
+            "disk_bytes": disk,
+            "disk_limit_bytes": limits.disk,
+        }
 
     async def network(
         self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
