@@ -212,6 +212,11 @@ def add_client_commands(commands: Any) -> None:
     )
     replay.add_argument("notebook", help=".ipynb file, or a bundle from sbx export --with-inputs")
     replay.add_argument(
+        "--report",
+        metavar="HTML",
+        help="also write a page: each cell recorded and replayed side by side, images inline",
+    )
+    replay.add_argument(
         "--inputs",
         metavar="DIR",
         help="the files the session uploaded, at their workspace paths under DIR",

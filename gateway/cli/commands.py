@@ -25,6 +25,7 @@ from ..client import Client, Execution, Session, SessionInfo
 from ..client.settings import ClientSettings
 from ..errors import BadRequest, GatewayError, NotAFile
 from . import bundles, terminal
+from .report import render_report
 
 Handler = Callable[[ClientSettings, argparse.Namespace], int]
 
@@ -319,6 +320,10 @@ def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
         report = client.replay(content, image_tolerance=args.image_tolerance, inputs=inputs)
     output = Path(args.output or source.with_suffix(".replayed.ipynb"))
     output.write_text(json.dumps(report.notebook, indent=1))
+    if args.report:
+        page = render_report(source.name, json.loads(content), report)
+        Path(args.report).write_text(page, encoding="utf-8")
+        terminal.err.print(f"[dim]report: {args.report}[/dim]")
     if args.json:
         doc = {k: v for k, v in report.raw.items() if k != "notebook"}
         terminal.print_json({**doc, "output": str(output)})
