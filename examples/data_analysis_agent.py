@@ -6,7 +6,10 @@ drew, and export the session as a notebook a person can open or replay::
 
     python examples/data_analysis_agent.py --url http://127.0.0.1:8765 --out results
 
-Writes ``results/sales_by_region.png`` and ``results/analysis.ipynb``.
+Writes ``results/sales_by_region.png``, ``results/analysis.ipynb`` and the CSV it
+uploaded, ``results/inputs/sales.csv``: what a replay needs, on a fresh gateway too::
+
+    sbx replay results/analysis.ipynb --inputs results/inputs
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def expected_totals(data: str) -> dict[str, float]:
 
 def run(url: str | None, token: str | None, out: Path) -> dict:
     data = make_sales()
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "inputs").mkdir(parents=True, exist_ok=True)
+    (out / "inputs" / "sales.csv").write_text(data)  # as uploaded: the export records its hash
     with Session.create(url, token, memory="1g", ttl=600, metadata={"agent": "analysis"}) as s:
         s.files.write("sales.csv", data)
         loaded = s.run(LOAD, description="## Load the sales data")

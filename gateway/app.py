@@ -41,6 +41,7 @@ from .errors import EngineUnavailable
 from .execution.kernel import limit_kernel_messages, shared_context
 from .notebooks.compare import diff_outputs
 from .observe.loop_lag import LoopLagMonitor
+from .observe.metrics import GatewayMetrics
 from .policy.approvals import ApprovalDesk
 from .policy.book import PolicyBook
 from .policy.gate import Gate
@@ -70,7 +71,7 @@ def make_app(
     audit_log: AuditLog,
     secrets_vault: SecretVault,
     settings: Settings,
-    loop_lag: LoopLagMonitor,
+    observed: GatewayMetrics,
     forwarder: Forwarder,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
@@ -97,7 +98,7 @@ def make_app(
         sbx_audit=audit_log,
         sbx_secrets=secrets_vault,
         sbx_forwarder=forwarder,
-        sbx_loop_lag=loop_lag,
+        sbx_metrics=observed,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
@@ -151,6 +152,11 @@ class Gateway:
             self.settings, client, self.store, auth.quota, policies, vault, packages
         )
         self.manager.gate.desk.on_change = audit_log.approval
+        lag = self.loop_lag.max_lag
+        self.manager.metrics.watch(
+            "gauge", "sbx_event_loop_lag_max_seconds",
+            "Longest event-loop stall in the last minute.", [], lambda: {(): lag()},
+        )  # fmt: skip
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         reuse = self.settings.reuse_port
@@ -175,7 +181,7 @@ class Gateway:
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
         app = make_app(
-            self.manager, auth, audit_log, vault, settings, self.loop_lag, self.forwarder
+            self.manager, auth, audit_log, vault, settings, self.manager.metrics, self.forwarder
         )
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
@@ -264,7 +270,37 @@ def build_manager(
         Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
     )
     gate = Gate(policies, Scanner(), desk)
-    return SessionManager(settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate)
+    observed = GatewayMetrics()
+    watch_sessions(observed, sessions, pool)
+    return SessionManager(
+        settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate, metrics=observed
+    )
+
+
+def watch_sessions(observed: GatewayMetrics, sessions: dict[str, Session], pool: WarmPool) -> None:
+    """Expose the live sessions' states and the warm pool, read on each scrape."""
+
+    def states() -> dict[tuple[str, ...], float]:
+        counts = dict.fromkeys((("idle",), ("busy",), ("dead",), ("starting",)), 0.0)
+        for session in sessions.values():
+            counts[(session.state,)] = counts.get((session.state,), 0.0) + 1
+        return counts
+
+    def pool_stat(key: str) -> Callable[[], dict[tuple[str, ...], float]]:
+        return lambda: {(name,): stats[key] for name, stats in pool.stats().items()}
+
+    observed.watch("gauge", "sbx_sessions", "Live sessions by state.", ["state"], states)
+    observed.watch(
+        "gauge", "sbx_pool_ready", "Warm kernels ready to be claimed.", ["kernel"],
+        pool_stat("ready"),
+    )  # fmt: skip
+    observed.watch(
+        "gauge", "sbx_pool_target", "Warm kernels the pool keeps.", ["kernel"], pool_stat("target")
+    )
+    observed.watch(
+        "counter", "sbx_pool_claims", "Session creates, by whether a warm kernel served them.",
+        ["kernel", "result"], lambda: {k: float(v) for k, v in pool.claims.items()},
+    )  # fmt: skip
 
 
 def build_lifecycle(

@@ -31,7 +31,9 @@ from .sandbox.isolation.runtimes import RUNTIMES
 from .sandbox.swarm.placement import SwarmOptions
 from .store.sqlite import Retention, Store
 
-ROOT = Path(__file__).resolve().parent.parent
+# kernels/ and images/ ship inside the package, so an installed wheel finds them too.
+PACKAGE_DIR = Path(__file__).resolve().parent
+KERNELS_DIR, IMAGES_DIR = PACKAGE_DIR / "kernels", PACKAGE_DIR / "images"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,8 +413,8 @@ class Settings:
     )
 
     # -- kernels & images
-    kernels_dir: str = _opt(str(ROOT / "kernels"), "directory of kernelspecs offered", KERNELS)
-    images_dir: str = _opt(str(ROOT / "images"), "directory of kernel image Dockerfiles", KERNELS)
+    kernels_dir: str = _opt(str(KERNELS_DIR), "directory of kernelspecs offered", KERNELS)
+    images_dir: str = _opt(str(IMAGES_DIR), "directory of kernel image Dockerfiles", KERNELS)
     base_image: str = _opt(
         "debian:bookworm-slim",
         "base image for kernel images (debootstrapped if not pullable)",

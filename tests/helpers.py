@@ -26,6 +26,8 @@ from tornado.websocket import websocket_connect
 from gateway.sandbox import volume
 from gateway.store.postgres import GATEWAY_ID_FILE
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: docs, notebooks, scripts
+
 
 class GatewayProcess:
     """``sbx serve`` in a subprocess, with its log kept for failure messages."""

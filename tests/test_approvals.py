@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from helpers import (
+    ROOT,
     closed,
     execute_in_background,
     execute_request,
@@ -31,7 +32,6 @@ from test_stream import Stream
 from tornado.websocket import websocket_connect
 
 from gateway.client import AsyncClient, Client, Denied
-from gateway.config import ROOT
 from gateway.sandbox.workspace import parse_iso
 
 pytestmark = pytest.mark.docker

@@ -29,6 +29,7 @@ from gateway.client import (
     LimitExceeded,
     NotAFile,
     NotFound,
+    RecordedExecution,
     Retry,
     Session,
     SessionEnded,
@@ -50,9 +51,9 @@ def _seconds_between(start: str | None, end: str | None) -> float:
     return (parse(end) - parse(start)).total_seconds()
 
 
-def _finished(history: list[dict]) -> str | None:
+def _finished(history: list[RecordedExecution]) -> str | None:
     """The status of the last execution once it has finished (it is recorded as it starts)."""
-    status = history[-1]["status"] if history else None
+    status = history[-1].status if history else None
     return None if status == "running" else status
 
 
@@ -164,15 +165,15 @@ def test_interrupt_restart_timeouts_history_export(sdk_session, tmp_path):
     assert info.state == "idle"
     assert s.run("gone").error.name == "NameError", "restart kept the old kernel's state"
 
-    info = s.set_timeout(900, idle_timeout=300)
+    info = s.set_ttl(900, idle_timeout=300)
     assert (info.ttl, info.idle_timeout) == (900, 300) and s.info.ttl == 900
     with pytest.raises(TypeError):
-        s.set_timeout()
+        s.set_ttl()
     info = s.extend(120)
     left = _seconds_between(info.last_activity, info.expires_at)
     assert 119 < left <= 121, f"extend(120) left the session {left} s to live"
 
-    assert [h["status"] for h in s.history()] == ["interrupted", "ok", "error"]
+    assert [h.status for h in s.history()] == ["interrupted", "ok", "error"]
     notebook = s.export(tmp_path / "s.ipynb", descriptions=False)
     nbformat.validate(nbformat.from_dict(notebook))
     assert nbformat.read(tmp_path / "s.ipynb", as_version=4).cells[-1].source == "gone"
@@ -231,7 +232,7 @@ def test_results_expose_rich_formats_and_artifacts(sdk_session):
 def test_timeout_and_description(sdk_session):
     execution = sdk_session.run("import time; time.sleep(10)", timeout=1, description="# slow")
     assert execution.status == "timeout" and execution.error.name == "ExecutionTimeout"
-    assert sdk_session.history()[-1]["description"] == "# slow"
+    assert sdk_session.history()[-1].description == "# slow"
 
 
 def test_a_raising_callback_stops_the_run_and_interrupts_the_cell(sdk_session):
@@ -421,7 +422,7 @@ def test_a_stream_that_lost_events_fails_instead_of_hanging(start_gateway):
             cut = lambda _: proxy.drop or proxy.cut(refuse_next=3)  # noqa: E731
             with pytest.raises(GatewayUnreachable, match="lost events"):
                 session.run(code, on_stdout=cut)
-            assert session.history()[-1]["code"] == code, "the run did not reach the gateway"
+            assert session.history()[-1].code == code, "the run did not reach the gateway"
 
 
 def test_unreachable_gateway_gives_up_after_the_retries():
@@ -506,7 +507,7 @@ def test_async_client_errors_interrupt_and_retries(gateway, token):
 
     interrupted, restarted, history, health, connections = asyncio.run(scenario())
     assert interrupted.status == "interrupted"
-    assert restarted.state == "idle" and history[-1]["status"] == "interrupted"
+    assert restarted.state == "idle" and history[-1].status == "interrupted"
     assert health["status"] == "ok" and connections == 2
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gateway.config import ROOT
+from gateway.config import PACKAGE_DIR
 from gateway.sandbox.images import ImageBuilder, host_debian_mirror
 
 
@@ -34,7 +34,7 @@ def test_host_mirror_is_read_from_apt_sources():
 @pytest.mark.docker
 def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
     lines: list[str] = []
-    builder = ImageBuilder(engine, ROOT / "images", progress=lines.append)
+    builder = ImageBuilder(engine, PACKAGE_DIR / "images", progress=lines.append)
     tag = builder.build("python")  # built by scripts/setup already
     lines.clear()
     assert builder.build("python") == tag
@@ -44,7 +44,7 @@ def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
 
 @pytest.mark.docker
 def test_python_image_runs_locked_down(engine):
-    tag = ImageBuilder(engine, ROOT / "images").tag_for("python")
+    tag = ImageBuilder(engine, PACKAGE_DIR / "images").tag_for("python")
     out = engine.containers.run(
         tag,
         [
@@ -85,4 +85,4 @@ def test_build_picks_the_default_set_or_all(args, expected):
         check=True,
     ).stdout
     built = [line.split(":")[0] for line in out.splitlines() if re.match(r"\w+: sbx/", line)]
-    assert built == (expected or ImageBuilder(None, ROOT / "images").names()), out
+    assert built == (expected or ImageBuilder(None, PACKAGE_DIR / "images").names()), out

@@ -10,10 +10,8 @@ import uuid
 import httpx
 import nbformat
 import pytest
-from helpers import short_tmpdir, wait_for
+from helpers import ROOT, short_tmpdir, wait_for
 from test_jupyter_api import free_port
-
-from gateway.config import ROOT
 
 pytestmark = pytest.mark.docker
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from helpers import execute_in_background, run, text_of, wait_for
 
-from gateway.config import ROOT
+from gateway.config import PACKAGE_DIR
 
 pytestmark = pytest.mark.docker
 
@@ -88,7 +88,7 @@ def test_language_keeps_state_reports_errors_and_replays(api, new_session, engin
 
     report = api.post("/v1/notebooks/replay", json=nb).json()
     assert report["reproduced"], f"the {lang.kernel} notebook did not replay: {report['cells']}"
-    assert report["summary"] == {"same": 3, "different": 0, "error": 0}
+    assert report["summary"] == {"same": 3, "different": 0, "error": 0, "skipped": 0}
 
 
 def test_r_base_plot_is_a_png(api, new_session):
@@ -153,7 +153,7 @@ def test_kernel_catalog_lists_languages_and_images(api):
 
 def test_kernel_without_a_built_image_says_how_to_build_it(start_gateway, tmp_path):
     kernels_dir, images_dir = tmp_path / "kernels", tmp_path / "images"
-    shutil.copytree(ROOT / "kernels" / "bash", kernels_dir / "bash")
+    shutil.copytree(PACKAGE_DIR / "kernels" / "bash", kernels_dir / "bash")
     (images_dir / "bash").mkdir(parents=True)
     (images_dir / "bash" / "Dockerfile").write_text("FROM scratch\n# never built\n")
     gw = start_gateway("--kernels-dir", str(kernels_dir), "--images-dir", str(images_dir))

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx2
 import nbformat
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 pytestmark = pytest.mark.docker
 
@@ -29,6 +33,9 @@ TOOLS = {
     "delete_session",
     "snapshot",
     "fork",
+    "list_sessions",
+    "interrupt",
+    "restart",
 }
 PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
@@ -178,11 +185,14 @@ def test_stdio_server_serves_every_tool(gateway, api):
 
 
 class MCPHTTPProcess:
-    """``sbx mcp --http`` on a free port; its URL is read from what it prints."""
+    """``sbx mcp --http`` on a free port; its URL is read from what it prints.
 
-    def __init__(self, gateway) -> None:
+    It has no token of its own (nor a generated one to find): callers send theirs.
+    """
+
+    def __init__(self, gateway_url: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        env.update(SBX_URL=gateway.url, SBX_TOKEN=getattr(gateway, "token", ""))
+        env.update(SBX_URL=gateway_url, XDG_DATA_HOME="/nonexistent")
         self.proc = subprocess.Popen(
             [SBX, "mcp", "--http", "--port", "0"],
             stderr=subprocess.PIPE,
@@ -219,12 +229,20 @@ class MCPHTTPProcess:
         assert self.proc.stderr is not None
         self.proc.stderr.close()
 
+    @contextlib.asynccontextmanager
+    async def client(self, token: str) -> AsyncIterator[Client]:
+        """An MCP client sending ``token``, as a person's MCP client configured with it would."""
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+            async with Client(streamable_http_client(self.url, http_client=http)) as client:
+                yield client
+
 
 def test_streamable_http_server(gateway):
-    server = MCPHTTPProcess(gateway)
+    server = MCPHTTPProcess(gateway.url)
 
     async def scenario():
-        async with Client(server.url) as client:
+        async with server.client(gateway.token) as client:  # each caller sends its own token
             tools = await client.list_tools()
             created = await client.call_tool("create_session", {})
             sid = created.structured_content["session_id"]

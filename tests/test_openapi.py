@@ -206,6 +206,9 @@ def test_execute_outcomes_history_and_notebook(admin, sid):
     network = admin.get(f"/v1/sessions/{sid}/network")
     assert network.json() == {"connections": [], "next": None}, "no network: no connections"
     assert admin.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
+    usage = admin.get(f"/v1/sessions/{sid}/metrics")
+    assert usage.status_code == 200 and usage.json()["session_id"] == sid, usage.text
+    assert admin.get("/v1/sessions/nope/metrics").status_code == 404
     notebook = admin.get(f"/v1/sessions/{sid}/notebook")
     assert notebook.status_code == 200 and notebook.json()["cells"][0]["cell_type"] == "markdown"
     bare = admin.get(f"/v1/sessions/{sid}/notebook", params={"descriptions": "false"}).json()

@@ -27,7 +27,7 @@ def claims(gw) -> dict[str, int]:
     for line in metrics.splitlines():
         if line.startswith('sbx_pool_claims_total{kernel="python3"'):
             result = line.split('result="')[1].split('"')[0]
-            found[result] = int(line.rsplit(" ", 1)[1])
+            found[result] = int(float(line.rsplit(" ", 1)[1]))
     return found
 
 

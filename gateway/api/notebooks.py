@@ -9,6 +9,7 @@ import tornado.iostream
 from ..errors import BadRequest
 from ..notebooks.export import export_chunks, read_notebook, replay_notebook
 from .base import JSONHandler
+from .files import MAX_BATCH
 
 
 class NotebookHandler(JSONHandler):
@@ -31,7 +32,13 @@ class NotebookHandler(JSONHandler):
 
 
 class ReplayHandler(JSONHandler):
+    """``POST``: a notebook as the body, or multipart: a ``notebook`` part and ``inputs``
+    parts (each part's filename is its workspace path), written before the first cell."""
+
     actions = {"POST": "notebook.replay"}
+
+    def body_limit(self) -> int:
+        return max(MAX_BATCH, super().body_limit())
 
     async def post(self) -> None:
         tolerance = self.get_argument("image_tolerance", None)
@@ -41,8 +48,15 @@ class ReplayHandler(JSONHandler):
             image_tolerance = -1.0
         if image_tolerance is not None and not 0 <= image_tolerance <= 1:
             raise BadRequest("image_tolerance must be a number between 0 and 1")
-        nb = await read_notebook(self.request.body)
-        report = await replay_notebook(self.manager, nb, self.principal, image_tolerance)
+        body, inputs = self.request.body, {}
+        if self.request.files:
+            notebooks = self.request.files.get("notebook") or []
+            if len(notebooks) != 1:
+                raise BadRequest("a multipart replay needs one 'notebook' part")
+            body = notebooks[0].body
+            inputs = {part.filename: part.body for part in self.request.files.get("inputs", [])}
+        nb = await read_notebook(body)
+        report = await replay_notebook(self.manager, nb, self.principal, image_tolerance, inputs)
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)
 

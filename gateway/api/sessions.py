@@ -134,6 +134,11 @@ class NetworkHandler(JSONHandler):
         self.send({"connections": connections, "next": after})
 
 
+class MetricsHandler(JSONHandler):
+    async def get(self, session_id: str) -> None:
+        self.send(await self.manager.usage(session_id, self.principal))
+
+
 routes = [
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/{_ID}", SessionHandler),
@@ -144,4 +149,5 @@ routes = [
     (rf"/v1/sessions/{_ID}/resume", ResumeHandler),
     (rf"/v1/sessions/{_ID}/history", HistoryHandler),
     (rf"/v1/sessions/{_ID}/network", NetworkHandler),
+    (rf"/v1/sessions/{_ID}/metrics", MetricsHandler),
 ]

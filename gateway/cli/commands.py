@@ -1,28 +1,31 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
-``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``snapshot``,
-``snapshots``, ``fork``, ``export``, ``replay``, ``approvals``, ``approve``, ``deny``
-and ``mcp``.
-Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``) and needs
-nothing else of the settings: handlers get the SDK's ``ClientSettings``. Exit codes:
-0 done, 1 the code (or a replay) failed, 2 the gateway refused or was unreachable.
+``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``restart``,
+``interrupt``, ``extend``, ``snapshot``, ``snapshots``, ``fork``, ``export``,
+``replay``, ``approvals``, ``approve``, ``deny`` and ``mcp`` (their arguments:
+``arguments.py``). Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``)
+and needs nothing else of the settings: handlers get the SDK's ``ClientSettings``.
+With ``--json`` a command prints one JSON document on stdout and nothing else there.
+Exit codes: 0 done, 1 the code (or a replay) failed, 2 the gateway refused, was
+unreachable, or an argument was wrong.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import json
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..client import Client, Execution, Session
+from ..client import Client, Execution, Session, SessionInfo
 from ..client.settings import ClientSettings
-from ..config import Settings
-from ..errors import BadRequest
-from . import terminal
+from ..errors import BadRequest, GatewayError, NotAFile
+from . import bundles, terminal
+from .report import render_report
 
 Handler = Callable[[ClientSettings, argparse.Namespace], int]
 
@@ -67,7 +70,20 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _upload(session: Session, local: str, remote: str | None = None) -> None:
+def _show(args: argparse.Namespace, doc: Any, human: Callable[[], object]) -> None:
+    """Print ``doc`` as JSON with ``--json``; otherwise call ``human`` to say it to a person."""
+    if args.json:
+        terminal.print_json(doc)
+    else:
+        human()
+
+
+def _show_state(args: argparse.Namespace, info: SessionInfo, done: str) -> None:
+    """A session after an action: its record as JSON, or ``ID done`` on stderr."""
+    _show(args, info.raw, lambda: terminal.err.print(f"{info.id} {done}"))
+
+
+def _upload(session: Session, local: str, remote: str | None = None) -> dict[str, Any]:
     path = Path(local)
     if not path.is_file():
         raise BadRequest(f"{local} is not a file")
@@ -75,19 +91,44 @@ def _upload(session: Session, local: str, remote: str | None = None) -> None:
     with terminal.transfer(f"uploading {local}", path.stat().st_size) as progress:
         info = session.files.upload(path, target, on_progress=progress)
     terminal.err.print(f"[dim]uploaded {local} -> {info.path} ({info.size} bytes)[/dim]")
+    return dataclasses.asdict(info)
 
 
-def _download(session: Session, remote: str, local: str | Path) -> None:
-    if str(local) == "-":
-        sys.stdout.buffer.write(session.files.read(remote))
-        sys.stdout.flush()
-        return
+def _download(
+    session: Session, remote: str, local: Path | None, archive: str | None = None
+) -> dict[str, Any]:
+    """Fetch a file, or a directory as an archive (``remote`` ending in / means one).
+
+    ``local`` is the file to write, or a directory to write it into under its own name.
+    """
+    if archive is None and remote.endswith("/"):
+        archive = "tar"
+    if archive is not None:
+        return _fetch(session, remote, local, archive)
+    try:
+        return _fetch(session, remote, local, None)
+    except NotAFile:  # a directory named without its slash: it comes as an archive too
+        return _fetch(session, remote, local, "tar")
+
+
+def _fetch(
+    session: Session, remote: str, local: Path | None, archive: str | None
+) -> dict[str, Any]:
+    name = Path(remote.rstrip("/")).name or "workspace"
+    name = {"tar": f"{name}.tar.gz", "zip": f"{name}.zip"}.get(archive or "", name)
+    if local is None or local.is_dir():
+        local = (local or Path()) / name
     with terminal.transfer(f"downloading {remote}") as progress:
-        dest = session.files.download(remote, local, on_progress=progress)
+        dest = session.files.download(remote, local, on_progress=progress, archive=archive)
     terminal.err.print(f"[dim]downloaded {remote} -> {dest}[/dim]")
+    return {"path": remote, "local": str(dest), "size": dest.stat().st_size}
 
 
 def _execute(session: Session, code: str, args: argparse.Namespace, stem: str) -> Execution:
+    if args.json:  # the reply as the gateway gave it, outputs and all, and nothing else
+        execution = session.run(code, timeout=args.timeout)
+        terminal.print_json(execution.raw)
+        return execution
     printer = terminal.ExecutionPrinter(Path(args.out), stem)
     execution = session.run(code, timeout=args.timeout, **printer.callbacks())
     if not args.quiet:
@@ -98,7 +139,7 @@ def _execute(session: Session, code: str, args: argparse.Namespace, stem: str) -
 # -- commands ---------------------------------------------------------------------------
 
 
-def _run(settings: ClientSettings, args: argparse.Namespace) -> int:
+def run(settings: ClientSettings, args: argparse.Namespace) -> int:
     code = _read_code(args.script)
     stem = "stdin" if args.script == "-" else Path(args.script).stem
     with _client(settings) as client:
@@ -108,14 +149,16 @@ def _run(settings: ClientSettings, args: argparse.Namespace) -> int:
             for local in args.file or []:
                 _upload(session, local)
             execution = _execute(session, code, args, stem)
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
             for remote in args.get or []:
-                _download(session, remote, Path(args.out) / Path(remote).name)
+                _download(session, remote, out)
             if args.keep:
                 terminal.err.print(f"session {session.id} kept")
     return 0 if execution.ok else 1
 
 
-def _exec(settings: ClientSettings, args: argparse.Namespace) -> int:
+def exec_(settings: ClientSettings, args: argparse.Namespace) -> int:
     code = args.code if args.file is None else _read_code(args.file)
     if code is None:
         raise BadRequest("give the code to run, or --file SCRIPT ('-' for standard input)")
@@ -124,138 +167,239 @@ def _exec(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0 if execution.ok else 1
 
 
-def _sessions_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
+def sessions_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         sessions = client.list_sessions(
             state=args.state, metadata=_pairs(args.metadata, "--metadata")
         )
-    if args.json:
-        terminal.print_json([s.raw for s in sessions])
-    elif sessions:
-        terminal.out.print(terminal.sessions_table(sessions))
-    else:
-        terminal.err.print("no sessions")
+    _show(
+        args,
+        [s.raw for s in sessions],
+        lambda: (
+            terminal.out.print(terminal.sessions_table(sessions))
+            if sessions
+            else terminal.err.print("no sessions")
+        ),
+    )
     return 0
 
 
-def _sessions_new(settings: ClientSettings, args: argparse.Namespace) -> int:
+def sessions_new(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("starting a session"):
         session = client.create_session(keep=True, **_session_options(args))
-    print(session.id)
+    _show(args, session.info.raw, lambda: print(session.id))
     return 0
 
 
-def _sessions_show(settings: ClientSettings, args: argparse.Namespace) -> int:
+def sessions_show(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         info = client.connect(args.session).info
-    if args.json:
-        terminal.print_json(info.raw)
-    else:
-        terminal.out.print(terminal.session_table(info))
+    _show(args, info.raw, lambda: terminal.out.print(terminal.session_table(info)))
     return 0
 
 
-def _sessions_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+def sessions_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         for session_id in args.sessions:
             client.session(session_id).delete()
             terminal.err.print(f"deleted {session_id}")
+    _show(args, {"deleted": args.sessions}, lambda: None)
     return 0
 
 
-def _files_put(settings: ClientSettings, args: argparse.Namespace) -> int:
+def files_put(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        _upload(client.session(args.session), args.local, args.remote)
+        info = _upload(client.session(args.session), args.local, args.remote)
+    _show(args, info, lambda: None)
     return 0
 
 
-def _files_get(settings: ClientSettings, args: argparse.Namespace) -> int:
+def files_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        _download(client.session(args.session), args.remote, args.local or Path(args.remote).name)
+        session = client.session(args.session)
+        if args.local == "-":
+            if args.json or args.format:
+                raise BadRequest("'-' (to stdout) takes neither --json nor --format")
+            sys.stdout.buffer.write(session.files.read(args.remote))
+            sys.stdout.flush()
+            return 0
+        local = Path(args.local) if args.local else None
+        got = _download(session, args.remote, local, args.format)
+    _show(args, got, lambda: None)
     return 0
 
 
-def _files_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
+def files_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         entries = client.session(args.session).files.list(args.path)
-    if args.json:
-        terminal.print_json([vars(e) for e in entries])
-    else:
-        terminal.out.print(terminal.files_table(entries))
+    _show(
+        args, [vars(e) for e in entries], lambda: terminal.out.print(terminal.files_table(entries))
+    )
     return 0
 
 
-def _files_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+def files_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         client.session(args.session).files.remove(args.path)
+    _show(args, {"removed": args.path}, lambda: None)
     return 0
 
 
-def _export(settings: ClientSettings, args: argparse.Namespace) -> int:
-    output = Path(args.output or f"session-{args.session}.ipynb")
+def export(settings: ClientSettings, args: argparse.Namespace) -> int:
+    suffix = "zip" if args.with_inputs else "ipynb"
+    output = Path(args.output or f"session-{args.session}.{suffix}")
     with _client(settings) as client:
-        notebook = client.session(args.session).export(output, descriptions=args.descriptions)
+        session = client.session(args.session)
+        if args.with_inputs:
+            notebook = session.export(descriptions=args.descriptions)
+            inputs = _recorded_inputs(session, notebook)
+            bundles.write_bundle(output, notebook, inputs)
+        else:
+            notebook = session.export(output, descriptions=args.descriptions)
+            inputs = {}
     cells = len(notebook.get("cells", []))
-    print(f"wrote {output} ({cells} cells)")
+    with_inputs = f", {len(inputs)} inputs" if args.with_inputs else ""
+    _show(
+        args,
+        {"output": str(output), "cells": cells, "inputs": sorted(inputs)},
+        lambda: print(f"wrote {output} ({cells} cells{with_inputs})"),
+    )
     return 0
 
 
-def _replay(settings: ClientSettings, args: argparse.Namespace) -> int:
-    source = Path(args.notebook)
+def _recorded_inputs(session: Session, notebook: dict[str, Any]) -> dict[str, bytes]:
+    """The uploads the notebook records, read back from the workspace while still the same."""
+    found = {}
+    for record in bundles.recorded_inputs(notebook):
+        path = str(record["path"])
+        try:
+            data = session.files.read(path, max_bytes=bundles.MAX_INPUTS)
+        except GatewayError as e:
+            terminal.err.print(f"[yellow]left out {path}: {e.message}[/yellow]")
+            continue
+        if not bundles.matches(record, data):
+            terminal.err.print(
+                f"[yellow]left out {path}: changed since it was uploaded; replay with "
+                "--inputs DIR holding the original[/yellow]"
+            )
+            continue
+        found[path] = data
+    return found
+
+
+def _read_notebook(source: Path) -> bytes:
+    """A notebook file's bytes, refused here when it is not one (rather than by the gateway)."""
     try:
         content = source.read_bytes()
     except OSError as e:
         raise BadRequest(f"cannot read {source}: {e.strerror}") from None
+    _check_notebook(source, content)
+    return content
+
+
+def _check_notebook(source: Path, content: bytes) -> None:
+    try:
+        doc = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = None
+    if not isinstance(doc, dict) or "cells" not in doc:
+        raise BadRequest(f"{source} is not a notebook (.ipynb JSON with cells)")
+
+
+def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
+    source = Path(args.notebook)
+    inputs: dict[str, bytes] = {}
+    if zipfile.is_zipfile(source):
+        content, inputs = bundles.read_bundle(source)
+        _check_notebook(source, content)
+    else:
+        content = _read_notebook(source)
+    if args.inputs:
+        inputs.update(bundles.inputs_from(Path(args.inputs), json.loads(content)))
     with _client(settings) as client, terminal.waiting(f"replaying {source}"):
-        report = client.replay(content, image_tolerance=args.image_tolerance)
-    for warning in report["warnings"]:
-        print(f"warning: {warning}")
-    for cell in report["cells"]:
-        print(f"cell {cell['index']:>3} [{cell['cell_id']}]: {cell['result']} ({cell['status']})")
-        if cell["diff"] and cell["result"] != "same":
-            print("    " + cell["diff"].replace("\n", "\n    "))
+        report = client.replay(content, image_tolerance=args.image_tolerance, inputs=inputs)
     output = Path(args.output or source.with_suffix(".replayed.ipynb"))
-    output.write_text(json.dumps(report["notebook"], indent=1))
-    summary = report["summary"]
-    verdict = "reproduced" if report["reproduced"] else "did NOT reproduce"
+    output.write_text(json.dumps(report.notebook, indent=1))
+    if args.report:
+        page = render_report(source.name, json.loads(content), report)
+        Path(args.report).write_text(page, encoding="utf-8")
+        terminal.err.print(f"[dim]report: {args.report}[/dim]")
+    if args.json:
+        doc = {k: v for k, v in report.raw.items() if k != "notebook"}
+        terminal.print_json({**doc, "output": str(output)})
+        return 0 if report.reproduced else 1
+    for warning in report.warnings:
+        print(f"warning: {warning}")
+    for cell in report.cells:
+        print(f"cell {cell.index:>3} [{cell.cell_id}]: {cell.result} ({cell.status})")
+        if cell.diff and cell.result != "same":
+            print("    " + cell.diff.replace("\n", "\n    "))
+    summary = report.summary
+    verdict = "reproduced" if report.reproduced else "did NOT reproduce"
     print(
         f"{source}: {verdict} ({summary['same']} same, {summary['different']} different, "
-        f"{summary['error']} error); executed notebook written to {output}"
+        f"{summary['error']} error, {summary.get('skipped', 0)} skipped); "
+        f"executed notebook written to {output}"
     )
-    return 0 if report["reproduced"] else 1
+    return 0 if report.reproduced else 1
 
 
-def _approvals(settings: ClientSettings, args: argparse.Namespace) -> int:
+def approvals(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         found = client.approvals(None if args.state == "all" else args.state)
-    if args.json:
-        terminal.print_json([a.raw for a in found])
-    elif found:
-        terminal.out.print(terminal.approvals_table(found))
-    else:
-        terminal.err.print(f"no {args.state} approvals" if args.state != "all" else "no approvals")
+    nothing = f"no {args.state} approvals" if args.state != "all" else "no approvals"
+    _show(
+        args,
+        [a.raw for a in found],
+        lambda: (
+            terminal.out.print(terminal.approvals_table(found))
+            if found
+            else terminal.err.print(nothing)
+        ),
+    )
     return 0
 
 
-def _decide(settings: ClientSettings, args: argparse.Namespace) -> int:
+def decide(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         decide = client.approve if args.verb == "approve" else client.deny
         approval = decide(args.approval, args.reason)
-    terminal.err.print(f"{approval.id}: {approval.state}")
+    _show(args, approval.raw, lambda: terminal.err.print(f"{approval.id}: {approval.state}"))
     return 0
 
 
-def _pause(settings: ClientSettings, args: argparse.Namespace) -> int:
+def pause(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("pausing"):
         info = client.session(args.session).pause(args.strategy)
-    _report_state(info.raw)
+    _show(args, info.raw, lambda: _report_state(info.raw))
     return 0
 
 
-def _resume(settings: ClientSettings, args: argparse.Namespace) -> int:
+def resume(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("resuming"):
         info = client.session(args.session).resume()
-    _report_state(info.raw)
+    _show(args, info.raw, lambda: _report_state(info.raw))
+    return 0
+
+
+def restart(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("restarting the kernel"):
+        info = client.session(args.session).restart()
+    _show_state(args, info, "restarted: a fresh kernel, the workspace kept")
+    return 0
+
+
+def interrupt(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        info = client.session(args.session).interrupt()
+    _show_state(args, info, "interrupted")
+    return 0
+
+
+def extend(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        info = client.session(args.session).extend(args.seconds)
+    _show_state(args, info, f"now ends at {info.expires_at}")
     return 0
 
 
@@ -268,209 +412,38 @@ def _report_state(doc: dict[str, Any]) -> None:
         terminal.err.print(f"  cell [{cell['execution_count']}] replayed with other outputs")
 
 
-def _snapshot(settings: ClientSettings, args: argparse.Namespace) -> int:
+def snapshot(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("taking a snapshot"):
         snap = client.session(args.session).snapshot(args.name, strategy=args.strategy)
     for lost in snap.lost:
         terminal.err.print(f"  lost {lost['name']} ({lost['type']}): {lost['reason']}")
-    print(snap.id)
+    _show(args, snap.raw, lambda: print(snap.id))
     return 0
 
 
-def _snapshots(settings: ClientSettings, args: argparse.Namespace) -> int:
+def snapshots(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         snaps = client.session(args.session).snapshots()
-    if args.json:
-        terminal.print_json([s.raw for s in snaps])
-    for s in [] if args.json else snaps:
-        print(f"{s.id}  {s.created_at}  {s.size_bytes:>12}  {s.strategy:<9}  {s.name or ''}")
+    _show(args, [s.raw for s in snaps], lambda: terminal.snapshot_lines(snaps))
     return 0
 
 
-def _fork(settings: ClientSettings, args: argparse.Namespace) -> int:
+def fork(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client, terminal.waiting("forking"):
         session = client.snapshot(args.snapshot).fork(keep=True)
-    print(session.id)
+    _show(args, session.info.raw, lambda: print(session.id))
     return 0
 
 
-def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
+def mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
     serve(settings, http=args.http, host=args.host, port=args.port, path=args.path)
     return 0
 
 
-# -- parsers ----------------------------------------------------------------------------
+def mcp_config(settings: ClientSettings, args: argparse.Namespace) -> int:
+    from ..mcp.config import client_config
 
-
-def _command(
-    parent: Any, name: str, handler: Handler, help: str, description: str | None = None
-) -> argparse.ArgumentParser:
-    parser = parent.add_parser(name, help=help, description=description or help)
-    Settings.add_arguments(parser, only=("url", "token"))
-    parser.set_defaults(func=functools.partial(_with_client_settings, handler))
-    return parser
-
-
-def _with_client_settings(handler: Handler, _server: Settings, args: argparse.Namespace) -> int:
-    """Call ``handler`` with the client's settings; ``main`` loads the server's for logging."""
-    return handler(ClientSettings.load(args.url, args.token, config=args.config), args)
-
-
-def _add_session_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kernel", help="kernelspec name (default: the gateway's, python3)")
-    parser.add_argument("--memory", help="memory limit, e.g. 1g")
-    parser.add_argument("--disk", help="workspace size, e.g. 2g")
-    parser.add_argument("--ttl", type=float, help="session lifetime in seconds")
-    parser.add_argument("--runtime", help="container runtime: runc (default) or gvisor")
-    parser.add_argument(
-        "--allow", action="append", metavar="HOST", help="let the code reach HOST (egress)"
-    )
-    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="kernel env var")
-    parser.add_argument(
-        "--secret",
-        action="append",
-        metavar="NAME",
-        help="a sealed secret (POST /v1/secrets) the kernel gets as env var NAME",
-    )
-    parser.add_argument(
-        "--metadata", action="append", metavar="KEY=VALUE", help="label to find the session by"
-    )
-
-
-def _add_execution_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=float, help="execution timeout in seconds")
-    parser.add_argument(
-        "--out", default=".", help="directory for saved images and downloads (default: .)"
-    )
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", help="no summary line after the outputs"
-    )
-
-
-def add_client_commands(commands: Any) -> None:
-    """Add the gateway-client commands to ``sbx``'s subcommand parsers."""
-    run = _command(
-        commands,
-        "run",
-        _run,
-        "run a script in a new session, then delete it; exit 1 if the code fails",
-        "Start a session, upload --file inputs, run SCRIPT (- for stdin) streaming its "
-        "output, save images to --out, download --get files, and delete the session.",
-    )
-    run.add_argument("script", help="file of code to run, or - for standard input")
-    run.add_argument("--file", action="append", metavar="PATH", help="upload before running")
-    run.add_argument("--get", action="append", metavar="PATH", help="download after running")
-    run.add_argument("--keep", action="store_true", help="keep the session and print its id")
-    _add_session_options(run)
-    _add_execution_options(run)
-
-    exec_ = _command(
-        commands, "exec", _exec, "run code in an existing session; exit 1 if the code fails"
-    )
-    exec_.add_argument("session", help="session id")
-    exec_.add_argument("code", nargs="?", help="code to run (or use --file)")
-    exec_.add_argument("--file", metavar="SCRIPT", help="run this file instead (- for stdin)")
-    _add_execution_options(exec_)
-
-    sessions = commands.add_parser("sessions", help="list, start, inspect and delete sessions")
-    sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")
-    ls = _command(sub, "ls", _sessions_ls, "list live sessions")
-    ls.add_argument("--state", help="only sessions in this state (idle, busy, dead, ...)")
-    ls.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="filter by label")
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    new = _command(sub, "new", _sessions_new, "start a session and print its id")
-    _add_session_options(new)
-    show = _command(sub, "show", _sessions_show, "show one session, live or ended")
-    show.add_argument("session", help="session id")
-    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    rm = _command(sub, "rm", _sessions_rm, "delete sessions (their containers are removed)")
-    rm.add_argument("sessions", nargs="+", metavar="SESSION", help="session ids")
-
-    files = commands.add_parser("files", help="move files in and out of a session's workspace")
-    sub = files.add_subparsers(dest="files_command", required=True, metavar="COMMAND")
-    put = _command(sub, "put", _files_put, "upload a local file (streamed, with progress)")
-    put.add_argument("session", help="session id")
-    put.add_argument("local", help="local file")
-    put.add_argument("remote", nargs="?", help="workspace path (default: the file's name)")
-    get = _command(sub, "get", _files_get, "download a workspace file (streamed, with progress)")
-    get.add_argument("session", help="session id")
-    get.add_argument("remote", help="workspace path")
-    get.add_argument("local", nargs="?", help="local file (default: its name; - for stdout)")
-    fls = _command(sub, "ls", _files_ls, "list a workspace directory")
-    fls.add_argument("session", help="session id")
-    fls.add_argument("path", nargs="?", default="", help="directory (default: the top)")
-    fls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    frm = _command(sub, "rm", _files_rm, "delete a workspace file or directory")
-    frm.add_argument("session", help="session id")
-    frm.add_argument("path", help="workspace path")
-
-    pause = _command(commands, "pause", _pause, "pause a session: its state kept, no memory held")
-    pause.add_argument("session", help="session id")
-    pause.add_argument("--strategy", help="namespace or replay (default: the best there is)")
-    resume = _command(commands, "resume", _resume, "resume a paused session")
-    resume.add_argument("session", help="session id")
-    snapshot = _command(
-        commands, "snapshot", _snapshot, "snapshot a session's state and files; print its id"
-    )
-    snapshot.add_argument("session", help="session id")
-    snapshot.add_argument("--name", help="a name to know it by")
-    snapshot.add_argument("--strategy", help="namespace or replay (default: the best there is)")
-    snapshots = _command(commands, "snapshots", _snapshots, "list a session's snapshots")
-    snapshots.add_argument("session", help="session id")
-    snapshots.add_argument("--json", action="store_true", help="print JSON instead of lines")
-    fork = _command(commands, "fork", _fork, "start a session from a snapshot and print its id")
-    fork.add_argument("snapshot", help="snapshot id")
-
-    export = _command(commands, "export", _export, "download a session as a .ipynb notebook")
-    export.add_argument("session", help="session id")
-    export.add_argument("-o", "--output", help="file to write (default session-ID.ipynb)")
-    export.add_argument(
-        "--no-descriptions",
-        dest="descriptions",
-        action="store_false",
-        help="leave out the markdown cells made from execute descriptions",
-    )
-
-    replay = _command(
-        commands,
-        "replay",
-        _replay,
-        "re-run a notebook in a fresh session; exit 1 unless it reproduces",
-    )
-    replay.add_argument("notebook", help=".ipynb file (e.g. from sbx export)")
-    replay.add_argument("-o", "--output", help="executed notebook (default NAME.replayed.ipynb)")
-    replay.add_argument(
-        "--image-tolerance",
-        type=float,
-        help="compare images by pixels, allowing this mean difference (0 to 1)",
-    )
-
-    approvals = _command(
-        commands, "approvals", _approvals, "list executes held for an approver (docs/approvals.md)"
-    )
-    approvals.add_argument(
-        "--state", default="pending", help="pending (default), approved, denied or all"
-    )
-    approvals.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    for verb in ("approve", "deny"):
-        decide = _command(
-            commands, verb, _decide, f"{verb} a held execute (an approver token, not the asker's)"
-        )
-        decide.add_argument("approval", help="approval id (from sbx approvals)")
-        decide.add_argument("--reason", help="why; recorded with the decision")
-        decide.set_defaults(verb=verb)
-
-    mcp = _command(
-        commands,
-        "mcp",
-        _mcp,
-        "serve the gateway to MCP clients (stdio, or streamable HTTP with --http)",
-        "Serve the gateway as a Model Context Protocol server: tools create_session, run_code, "
-        "upload_file, download_file, list_files, export_notebook, snapshot, fork, delete_session.",
-    )
-    mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
-    mcp.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
-    mcp.add_argument("--port", type=int, default=8766, help="HTTP port, 0 for a free one")
-    mcp.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    print(client_config(args.client, settings.url, settings.token, args.http))
+    return 0

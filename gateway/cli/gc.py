@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import sqlite3
@@ -169,14 +170,19 @@ def run_gc(settings: Settings, args: argparse.Namespace) -> int:
     under = Path(args.under).resolve() if args.under else None
     data_dirs = [Path(settings.data_dir)] if settings.data_dir else []
     orphans = find_orphans(client, data_dirs, under)
+    if args.yes:
+        for orphan in orphans:
+            remove(client, orphan)
+    if args.json:
+        found = [dataclasses.asdict(o) for o in orphans]
+        print(json.dumps({"orphans": found, "removed": args.yes}, indent=2))
+        return 0
     print(f"{'KIND':<10} {'SESSION':<36}  {'WHY':<40} TARGET")
     for orphan in orphans:
         target = orphan.target[:12] if orphan.kind == "container" else orphan.target
         print(f"{orphan.kind:<10} {orphan.session_id:<36}  {orphan.why:<40} {target}")
-    if not args.yes:
+    if args.yes:
+        print(f"removed {len(orphans)} orphan(s)")
+    else:
         print(f"{len(orphans)} orphan(s); run `sbx gc --yes` to remove them")
-        return 0
-    for orphan in orphans:
-        remove(client, orphan)
-    print(f"removed {len(orphans)} orphan(s)")
     return 0

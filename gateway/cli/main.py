@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import __version__
 from ..config import Settings
 from ..errors import GatewayError
-from .commands import add_client_commands
+from .arguments import add_client_commands
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -34,26 +36,37 @@ def _gc(settings: Settings, args: argparse.Namespace) -> int:
     return run_gc(settings, args)
 
 
-def _builder(settings: Settings):
+def _builder(settings: Settings, args: argparse.Namespace):
+    """The image builder; its progress goes to stderr when stdout is for ``--json``."""
     import docker
 
     from ..sandbox.images import ImageBuilder
 
+    stream = sys.stderr if args.json else sys.stdout
     return ImageBuilder(
         docker.from_env(),
         Path(settings.images_dir),
         base=settings.base_image,
-        progress=lambda line: print(line, flush=True),
+        progress=lambda line: print(line, file=stream, flush=True),
     )
 
 
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2))
+
+
 def _images_build(settings: Settings, args: argparse.Namespace) -> int:
-    builder = _builder(settings)
+    builder = _builder(settings, args)
     names = builder.names() if args.all else args.names or settings.default_images
+    built = []
     for name in names:
         started = time.monotonic()
         tag = builder.build(name, force=args.force)
-        print(f"{name}: {tag} ({time.monotonic() - started:.0f} s)")
+        built.append({"name": name, "tag": tag, "seconds": round(time.monotonic() - started, 1)})
+        if not args.json:
+            print(f"{name}: {tag} ({built[-1]['seconds']:.0f} s)")
+    if args.json:
+        _print_json(built)
     return 0
 
 
@@ -61,14 +74,21 @@ def _images_push(settings: Settings, args: argparse.Namespace) -> int:
     registry = args.to or settings.registry
     if not registry:
         raise GatewayError("say where to push: --to HOST:PORT, or set registry")
-    builder = _builder(settings)
-    for name in args.names or settings.default_images:
-        builder.push(name, registry)
+    builder = _builder(settings, args)
+    pushed = [
+        {"name": name, "ref": builder.push(name, registry)}
+        for name in args.names or settings.default_images
+    ]
+    if args.json:
+        _print_json(pushed)
     return 0
 
 
 def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
-    rows = _builder(settings).list()
+    rows = _builder(settings, args).list()
+    if args.json:
+        _print_json(rows)
+        return 0
     print(f"{'NAME':<12} {'TAG':<28} {'BUILT':<6} {'SIZE':>10}")
     for row in rows:
         size = f"{row['size'] / 1e6:.0f} MB" if row.get("size") else "-"
@@ -76,8 +96,13 @@ def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbx", description="Sandboxed Jupyter kernel gateway.")
+    parser.add_argument("--version", action="version", version=f"sbx {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
@@ -88,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     image_commands = images.add_subparsers(dest="images_command", required=True)
     build = image_commands.add_parser("build", help="build kernel images (skips unchanged ones)")
     build.add_argument("names", nargs="*", help="image names (default: the default_images setting)")
-    build.add_argument("--all", action="store_true", help="build every image in images/")
+    build.add_argument("--all", action="store_true", help="build every image in images_dir")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    _add_json(build)
     Settings.add_arguments(build)
     build.set_defaults(func=_images_build)
     push = image_commands.add_parser(
@@ -99,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument(
         "--to", help="registry to push to, as this host reaches it (default: registry)"
     )
+    _add_json(push)
     Settings.add_arguments(push)
     push.set_defaults(func=_images_push)
     ls = image_commands.add_parser("ls", help="list kernel images and whether they are built")
+    _add_json(ls)
     Settings.add_arguments(ls)
     ls.set_defaults(func=_images_ls)
 
@@ -114,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--yes", action="store_true", help="remove them (default: only list them)")
     gc.add_argument("--under", metavar="PATH", help="only data directories under PATH")
+    _add_json(gc)
     Settings.add_arguments(gc, only=("data_dir", "log_level"))
     gc.set_defaults(func=_gc)
 

@@ -44,6 +44,12 @@ def print_json(value: Any) -> None:
     out.out(json.dumps(value, indent=2, default=str), highlight=False)
 
 
+def snapshot_lines(snapshots: list[Any]) -> None:
+    """One line per snapshot: id, when, size, strategy, name."""
+    for s in snapshots:
+        print(f"{s.id}  {s.created_at}  {s.size_bytes:>12}  {s.strategy:<9}  {s.name or ''}")
+
+
 def _when(iso: str | None) -> str:
     """An API timestamp as ``YYYY-MM-DD HH:MM:SS`` (UTC), compact for tables."""
     return (iso or "-").replace("T", " ").split(".")[0].removesuffix("Z")

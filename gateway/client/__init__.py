@@ -46,7 +46,19 @@ from ..errors import (
 from .aio import AsyncClient, AsyncFiles, AsyncSession, AsyncSnapshot
 from .base import Retry, SessionOptions
 from .errors import GatewayUnreachable
-from .models import Approval, Artifact, Execution, ExecutionError, FileInfo, Result, SessionInfo
+from .models import (
+    Approval,
+    Artifact,
+    Execution,
+    ExecutionError,
+    FileInfo,
+    RecordedExecution,
+    ReplayCell,
+    ReplayReport,
+    Result,
+    SessionInfo,
+    SessionMetrics,
+)
 from .stream import RunCallbacks
 from .sync import Client, Files, Session, Snapshot
 
@@ -83,6 +95,9 @@ __all__ = [
     "PathForbidden",
     "PayloadTooLarge",
     "QuotaExceeded",
+    "RecordedExecution",
+    "ReplayCell",
+    "ReplayReport",
     "Result",
     "Retry",
     "RunCallbacks",
@@ -91,6 +106,7 @@ __all__ = [
     "Session",
     "SessionEnded",
     "SessionInfo",
+    "SessionMetrics",
     "SessionNotFound",
     "SessionOptions",
     "Snapshot",

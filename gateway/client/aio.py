@@ -23,7 +23,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from ..errors import GatewayError
+from ..errors import FileNotFound, GatewayError, NotAFile
 from .base import (
     CHUNK,
     BaseClient,
@@ -34,7 +34,15 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Approval, Execution, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    Execution,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -127,12 +135,20 @@ class AsyncClient(BaseClient):
         return await self.call(self._list_call(state, metadata))
 
     async def replay(
-        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
-    ) -> dict[str, Any]:
-        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        *,
+        image_tolerance: float | None = None,
+        inputs: Mapping[str, bytes] | None = None,
+    ) -> ReplayReport:
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
+
+        ``inputs`` (workspace path -> content) are uploaded first, checked against the
+        hashes the export recorded (``metadata.sbx.inputs``).
+        """
         if isinstance(notebook, Path):
             notebook = await asyncio.to_thread(notebook.read_bytes)
-        return await self.call(self._replay_call(notebook, image_tolerance))
+        return await self.call(self._replay_call(notebook, image_tolerance, inputs))
 
     async def snapshot(self, snapshot_id: str) -> AsyncSnapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
@@ -203,12 +219,21 @@ class AsyncFiles(BaseFiles):
             await response.aclose()
 
     async def download(
-        self, path: str, dest: str | Path, *, on_progress: Progress | None = None
+        self,
+        path: str,
+        dest: str | Path,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
     ) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
+        """Stream a workspace file to a local one, which appears only once complete.
+
+        ``archive`` ("tar" or "zip") downloads the directory ``path`` as a
+        ``.tar.gz`` or ``.zip`` instead.
+        """
         dest, part = self._partial(dest)
         client = self.session.client
-        response = await client.send(self._read_call(path), stream=True)
+        response = await client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
             out = await asyncio.to_thread(open, part, "wb")
@@ -231,6 +256,34 @@ class AsyncFiles(BaseFiles):
     async def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         await self.session.client.call(self._remove_call(path))
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` is in the workspace: a file, a directory, or anything else."""
+        parent, clean = self._parent(path)
+        try:
+            return any(entry.path == clean for entry in await self.list(parent))
+        except (FileNotFound, NotAFile):
+            return False
+
+    async def upload_dir(
+        self, source: str | Path, path: str = "", *, on_progress: Progress | None = None
+    ) -> list[FileInfo]:
+        """Upload every file under a local directory to ``path`` (default: the top)."""
+        return [
+            await self.upload(local, remote, on_progress=on_progress)
+            for local, remote in self._local_tree(source, path)
+        ]
+
+    async def download_dir(self, path: str, dest: str | Path) -> Path:
+        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        dest = Path(dest)
+        archive = await self.download(
+            path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar"
+        )
+        try:
+            return await asyncio.to_thread(self._extract, archive, dest)
+        finally:
+            archive.unlink(missing_ok=True)
 
     async def _chunks(
         self, file: IO[bytes], size: int | None, on_progress: Progress | None
@@ -342,19 +395,42 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.client.call(self._snapshots_call())
 
     async def set_timeout(
+        self, timeout: float, *, idle_timeout: float | None = None
+    ) -> SessionInfo:
+        """End the session ``timeout`` seconds from now (by the gateway's clock), as E2B's
+        ``set_timeout`` does."""
+        return await self.client.call(self._update_call(None, idle_timeout, expires_in=timeout))
+
+    async def set_ttl(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
-        """Change the lifetime (seconds from creation) and/or the idle timeout."""
+        """Change the lifetime (seconds from creation, as the API counts) and/or idle timeout."""
         return await self.client.call(self._update_call(ttl, idle_timeout))
 
     async def extend(self, seconds: float) -> SessionInfo:
         """Let the session live ``seconds`` from now (by the gateway's clock)."""
-        await self.refresh()
-        return await self.set_timeout(self._ttl_from_now(seconds))
+        return await self.set_timeout(seconds)
 
-    async def history(self) -> list[dict[str, Any]]:
+    # E2B's names, where the meaning is the same (docs/sdk.md has the table).
+    async def run_code(self, code: str, **options: Any) -> Execution:
+        """E2B's name for ``run``."""
+        return await self.run(code, **options)
+
+    async def get_metrics(self) -> SessionMetrics:
+        """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""
+        return await self.client.call(self._metrics_call())
+
+    async def get_info(self) -> SessionInfo:
+        """E2B's name for ``refresh``."""
+        return await self.refresh()
+
+    async def kill(self) -> None:
+        """E2B's name for ``delete``."""
+        await self.delete()
+
+    async def history(self) -> list[RecordedExecution]:
         """Every recorded execution, oldest first, read a page at a time."""
-        executions: list[dict[str, Any]] = []
+        executions: list[RecordedExecution] = []
         after: int | None = 0
         while after is not None:
             page, after = await self.client.call(self._history_call(after))

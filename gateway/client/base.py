@@ -12,8 +12,8 @@ import dataclasses
 import json
 import logging
 import os
+import tarfile
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Generic, Self, TypedDict, TypeVar
 from urllib.parse import quote
@@ -24,7 +24,14 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from .. import __version__
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body
-from .models import Approval, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .settings import ClientSettings
 from .stream import Run
 
@@ -52,7 +59,7 @@ class SessionOptions(TypedDict, total=False):
     cpus: float
     pids: int
     disk: str | int  # size of the writable workspace
-    timeout: float  # default execution timeout, seconds
+    execution_timeout: float  # each run's default time limit, seconds (limits.timeout)
     output_bytes: str | int  # output kept per execution
     limits: dict[str, Any]  # the same limits as a dict (the keyword forms win)
     ttl: float  # lifetime in seconds from creation
@@ -67,16 +74,29 @@ class SessionOptions(TypedDict, total=False):
     network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}
 
 
-_LIMITS = ("memory", "cpus", "pids", "disk", "timeout", "output_bytes")
+# Keyword -> key in the API's limits.
+_LIMITS = {
+    "memory": "memory",
+    "cpus": "cpus",
+    "pids": "pids",
+    "disk": "disk",
+    "execution_timeout": "timeout",
+    "output_bytes": "output_bytes",
+}
 
 
 def session_request(options: Mapping[str, Any]) -> dict[str, Any]:
     """The ``POST /v1/sessions`` body for SessionOptions."""
+    if "timeout" in options:  # E2B's create(timeout=) is a lifetime; ours was each run's limit
+        raise TypeError(
+            "timeout= is ambiguous: say ttl= for the session's lifetime in seconds (what E2B's "
+            "Sandbox.create(timeout=) means) or execution_timeout= for each run's time limit"
+        )
     unknown = set(options) - set(SessionOptions.__annotations__)
     if unknown:
         raise TypeError(f"unknown session option(s) {sorted(unknown)}")
     limits = dict(options.get("limits") or {})
-    limits.update({k: options[k] for k in _LIMITS if options.get(k) is not None})
+    limits.update({key: options[k] for k, key in _LIMITS.items() if options.get(k) is not None})
     body = {k: v for k, v in options.items() if k not in (*_LIMITS, "limits") and v is not None}
     if limits:
         body["limits"] = limits
@@ -247,8 +267,12 @@ class BaseClient:
         return Call("GET", "/v1/sessions", _session_list, params=params)
 
     def _replay_call(
-        self, notebook: dict[str, Any] | str | bytes | Path, image_tolerance: float | None
-    ) -> Call[dict[str, Any]]:
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        image_tolerance: float | None,
+        inputs: Mapping[str, bytes] | None = None,
+    ) -> Call[ReplayReport]:
+        """The replay request; with ``inputs`` (workspace path -> content), a multipart one."""
         if isinstance(notebook, Path):
             content = notebook.read_bytes()
         elif isinstance(notebook, dict):
@@ -256,9 +280,24 @@ class BaseClient:
         else:
             content = notebook.encode() if isinstance(notebook, str) else notebook
         params = {} if image_tolerance is None else {"image_tolerance": image_tolerance}
+        headers = None
+        if inputs:  # encoded by httpx's own multipart writer, as a request it would send
+            parts = [("notebook", ("notebook.ipynb", content, "application/x-ipynb+json"))]
+            parts += [
+                ("inputs", (path, data, "application/octet-stream"))
+                for path, data in inputs.items()
+            ]
+            encoded = httpx.Request("POST", "http://multipart.invalid/", files=parts)
+            content, headers = encoded.read(), {"Content-Type": encoded.headers["Content-Type"]}
         # A replay runs a whole notebook: no read timeout.
         return Call(
-            "POST", "/v1/notebooks/replay", _json, params=params, content=content, timeout=None
+            "POST",
+            "/v1/notebooks/replay",
+            lambda r: ReplayReport.from_json(r.json()),
+            params=params,
+            content=content,
+            headers=headers,
+            timeout=None,
         )
 
     def _snapshot_call(self, snapshot_id: str) -> Call[Any]:
@@ -331,6 +370,11 @@ class BaseSession(Generic[C]):
     def id(self) -> str:
         return self.info.id
 
+    @property
+    def sandbox_id(self) -> str:
+        """E2B's name for ``id``."""
+        return self.info.id
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.info.state}>"
 
@@ -347,31 +391,28 @@ class BaseSession(Generic[C]):
     def _action_call(self, action: str) -> Call[SessionInfo]:
         return Call("POST", self._path(f"/{action}"), self._remember)
 
-    def _update_call(self, ttl: float | None, idle_timeout: float | None) -> Call[SessionInfo]:
-        body = {k: v for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout)) if v is not None}
+    def _update_call(
+        self, ttl: float | None, idle_timeout: float | None, expires_in: float | None = None
+    ) -> Call[SessionInfo]:
+        fields = (("ttl", ttl), ("idle_timeout", idle_timeout), ("expires_in", expires_in))
+        body = {k: v for k, v in fields if v is not None}
         if not body:
-            raise TypeError("set_timeout() needs ttl, idle_timeout or both")
-        # Absolute values: sending it twice changes nothing, so it may be retried.
+            raise TypeError("set_ttl() needs ttl, idle_timeout or both")
+        # Absolute values (expires_in barely moves): sending it twice changes nothing.
         return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
 
-    def _ttl_from_now(self, seconds: float) -> float:
-        """The ttl (counted from creation) that ends the session ``seconds`` from now.
+    def _metrics_call(self) -> Call[SessionMetrics]:
+        return Call("GET", self._path("/metrics"), lambda r: SessionMetrics.from_json(r.json()))
 
-        Uses the gateway's own clock: ``last_activity`` of a fresh refresh is its "now".
-        """
-        created = datetime.fromisoformat(str(self.info.created_at).replace("Z", "+00:00"))
-        now = datetime.fromisoformat(str(self.info.last_activity).replace("Z", "+00:00"))
-        return (now - created).total_seconds() + seconds
-
-    def _history_call(self, after: int) -> Call[tuple[list[dict[str, Any]], int | None]]:
+    def _history_call(self, after: int) -> Call[tuple[list[RecordedExecution], int | None]]:
         """One page of history and the cursor of the next (None: the last page).
 
         A gateway that does not page answers without ``next``: one page.
         """
 
-        def parse(response: httpx.Response) -> tuple[list[dict[str, Any]], int | None]:
+        def parse(response: httpx.Response) -> tuple[list[RecordedExecution], int | None]:
             body = response.json()
-            return body["executions"], body.get("next")
+            return [RecordedExecution.from_json(e) for e in body["executions"]], body.get("next")
 
         params = {"after": after} if after else None
         return Call("GET", self._path("/history"), parse, params=params)
@@ -465,8 +506,12 @@ class BaseFiles(abc.ABC):
     def _chunks(self, file: Any, size: int | None, on_progress: Progress | None) -> Any:
         """The file's content as the half's (sync or async) iterator of chunks."""
 
-    def _read_call(self, path: str) -> Call[bytes]:
-        return Call("GET", self._path(path), lambda r: r.content)
+    def _read_call(self, path: str, archive: str | None = None) -> Call[bytes]:
+        """A file's content, or with ``archive`` ("tar" or "zip") a directory's as one."""
+        if archive not in (None, "tar", "zip"):
+            raise ValueError(f"archive must be 'tar' or 'zip', not {archive!r}")
+        params = {"format": archive} if archive else None
+        return Call("GET", self._path(path.rstrip("/")), lambda r: r.content, params=params)
 
     @staticmethod
     def _check_size(path: str, response: httpx.Response, max_bytes: int) -> None:
@@ -474,6 +519,33 @@ class BaseFiles(abc.ABC):
         size = int(response.headers.get("Content-Length", 0))
         if size > max_bytes:
             raise FileTooLarge(f"{path} is {size} bytes, over the {max_bytes}-byte limit")
+
+    @staticmethod
+    def _parent(path: str) -> tuple[str, str]:
+        """(the directory to list to find ``path``, ``path`` as listings spell it)."""
+        clean = path.strip("/")
+        return clean.rpartition("/")[0], clean
+
+    @staticmethod
+    def _local_tree(source: str | Path, into: str) -> list[tuple[Path, str]]:
+        """(local file, workspace path) for every regular file under ``source``; links skipped."""
+        root = Path(source)
+        if not root.is_dir():
+            raise NotADirectoryError(f"{source} is not a directory")
+        prefix = into.strip("/")
+        return [
+            (local, "/".join(filter(None, (prefix, local.relative_to(root).as_posix()))))
+            for local in sorted(root.rglob("*"))
+            if local.is_file() and not local.is_symlink()
+        ]
+
+    @staticmethod
+    def _extract(archive: Path, dest: Path) -> Path:
+        """Unpack a downloaded directory archive into ``dest``, refusing paths that leave it."""
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(dest, filter="data")
+        return dest
 
     def _list_call(self, path: str) -> Call[list[FileInfo]]:
         return Call(

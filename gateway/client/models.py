@@ -97,6 +97,27 @@ class Result:
             if mime.startswith("image/") and mime != "image/svg+xml"
         }
 
+    # IPython's display hooks: a Result shown in Jupyter renders as the kernel's output did.
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return dict(self.data), dict(self.metadata)
+
+    def _repr_html_(self) -> str | None:
+        return self.html
+
+    def _repr_markdown_(self) -> str | None:
+        return self.markdown
+
+    def _repr_svg_(self) -> str | None:
+        return self.svg
+
+    def _repr_png_(self) -> bytes | None:
+        return self.png
+
+    def _repr_jpeg_(self) -> bytes | None:
+        return self.jpeg
+
 
 @dataclasses.dataclass
 class ExecutionError:
@@ -177,11 +198,7 @@ class Execution:
         return self.status == "ok"
 
     def _stream(self, name: str) -> str:
-        return "".join(
-            join_text(o.get("text", ""))
-            for o in self.outputs
-            if o.get("output_type") == "stream" and o.get("name") == name
-        )
+        return "".join(self._chunks(name))
 
     @property
     def stdout(self) -> str:
@@ -209,6 +226,104 @@ class Execution:
         """The cell's value as text (``text/plain`` of the main result), if it had one."""
         result = self.result
         return None if result is None else result.text
+
+    @property
+    def logs(self) -> Logs:
+        """The stream outputs as E2B's ``Execution.logs``: lists of chunks, as written."""
+        return Logs(self._chunks("stdout"), self._chunks("stderr"))
+
+    def _chunks(self, name: str) -> list[str]:
+        return [
+            join_text(o.get("text", ""))
+            for o in self.outputs
+            if o.get("output_type") == "stream" and o.get("name") == name
+        ]
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Shown in Jupyter: the cell's value as it rendered, else its text and error."""
+        if self.result is not None:
+            return self.result._repr_mimebundle_()
+        text = self.stdout + self.stderr + (self.error.text if self.error else "")
+        return {"text/plain": text or f"<Execution {self.status}>"}, {}
+
+
+@dataclasses.dataclass
+class RecordedExecution(Execution):
+    """One execution as the session's history recorded it (``session.history()``)."""
+
+    id: int = 0
+    code: str = ""
+    description: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    files: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # created, changed...
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RecordedExecution:
+        base = Execution.from_json(doc)
+        return cls(
+            **{f.name: getattr(base, f.name) for f in dataclasses.fields(Execution)},
+            id=int(doc.get("id") or 0),
+            code=str(doc.get("code") or ""),
+            description=doc.get("description"),
+            started_at=doc.get("started_at"),
+            ended_at=doc.get("ended_at"),
+            files=list(doc.get("files") or []),
+        )
+
+
+@dataclasses.dataclass
+class ReplayCell:
+    """How one code cell replayed: ``same``, ``different``, ``error`` or ``skipped``."""
+
+    index: int
+    cell_id: str | None
+    result: str
+    status: str | None
+    recorded_status: str | None
+    diff: str
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """A notebook's replay (``client.replay``): the verdict, per cell, and the run notebook."""
+
+    reproduced: bool
+    summary: dict[str, int]
+    cells: list[ReplayCell]
+    warnings: list[str]
+    inputs: list[str]
+    image: str | None
+    image_digest: str | None
+    notebook: dict[str, Any] = dataclasses.field(repr=False)
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ReplayReport:
+        return cls(
+            reproduced=bool(doc.get("reproduced")),
+            summary=dict(doc.get("summary") or {}),
+            cells=[
+                ReplayCell(**{f.name: c.get(f.name) for f in dataclasses.fields(ReplayCell)})
+                for c in doc.get("cells") or []
+            ],
+            warnings=list(doc.get("warnings") or []),
+            inputs=list(doc.get("inputs") or []),
+            image=doc.get("image"),
+            image_digest=doc.get("image_digest"),
+            notebook=doc.get("notebook") or {},
+            raw=doc,
+        )
+
+
+@dataclasses.dataclass
+class Logs:
+    """What the code wrote to stdout and stderr, chunk by chunk."""
+
+    stdout: list[str]
+    stderr: list[str]
 
 
 @dataclasses.dataclass
@@ -296,5 +411,35 @@ class SessionInfo:
             expires_at=doc.get("expires_at"),
             last_activity=doc.get("last_activity"),
             executions=int(doc.get("executions") or 0),
+            raw=doc,
+        )
+
+
+@dataclasses.dataclass
+class SessionMetrics:
+    """What a session uses now (``session.get_metrics()``); None where it cannot be told."""
+
+    cpu_seconds: float | None
+    memory_bytes: int | None
+    memory_peak_bytes: int | None
+    memory_limit_bytes: int | None
+    network_bytes_sent: int
+    network_bytes_received: int
+    disk_bytes: int | None
+    disk_limit_bytes: int | None
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SessionMetrics:
+        network = doc.get("network") or {}
+        return cls(
+            cpu_seconds=doc.get("cpu_seconds"),
+            memory_bytes=doc.get("memory_bytes"),
+            memory_peak_bytes=doc.get("memory_peak_bytes"),
+            memory_limit_bytes=doc.get("memory_limit_bytes"),
+            network_bytes_sent=int(network.get("bytes_sent") or 0),
+            network_bytes_received=int(network.get("bytes_received") or 0),
+            disk_bytes=doc.get("disk_bytes"),
+            disk_limit_bytes=doc.get("disk_limit_bytes"),
             raw=doc,
         )

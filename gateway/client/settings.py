@@ -50,8 +50,14 @@ class ClientSettings:
                 values[key] = environ[f"SBX_{key.upper()}"]
         values.update({k: v for k, v in (("url", url), ("token", token)) if v is not None})
         data_dir = Path(values.get("data_dir") or default_data_dir(environ))
+        url = values.get("url", DEFAULT_URL)
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"the gateway's URL (--url, SBX_URL or url in the config file) must be an "
+                f"http:// or https:// URL, not {url!r}"
+            )
         return cls(
-            url=values.get("url", DEFAULT_URL),
+            url=url,
             token=values.get("token") or generated_token(data_dir),
         )
 

@@ -17,7 +17,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from ..errors import GatewayError
+from ..errors import FileNotFound, GatewayError, NotAFile
 from .base import (
     CHUNK,
     BaseClient,
@@ -28,7 +28,15 @@ from .base import (
     Progress,
     SessionOptions,
 )
-from .models import Approval, Execution, FileInfo, SessionInfo
+from .models import (
+    Approval,
+    Execution,
+    FileInfo,
+    RecordedExecution,
+    ReplayReport,
+    SessionInfo,
+    SessionMetrics,
+)
 from .stream import Run, RunCallbacks
 
 T = TypeVar("T")
@@ -96,10 +104,18 @@ class Client(BaseClient):
         return self.call(self._list_call(state, metadata))
 
     def replay(
-        self, notebook: dict[str, Any] | str | bytes | Path, *, image_tolerance: float | None = None
-    ) -> dict[str, Any]:
-        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced."""
-        return self.call(self._replay_call(notebook, image_tolerance))
+        self,
+        notebook: dict[str, Any] | str | bytes | Path,
+        *,
+        image_tolerance: float | None = None,
+        inputs: Mapping[str, bytes] | None = None,
+    ) -> ReplayReport:
+        """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
+
+        ``inputs`` (workspace path -> content) are uploaded first, checked against the
+        hashes the export recorded (``metadata.sbx.inputs``).
+        """
+        return self.call(self._replay_call(notebook, image_tolerance, inputs))
 
     def snapshot(self, snapshot_id: str) -> Snapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
@@ -166,11 +182,22 @@ class Files(BaseFiles):
         finally:
             response.close()
 
-    def download(self, path: str, dest: str | Path, *, on_progress: Progress | None = None) -> Path:
-        """Stream a workspace file to a local one, which appears only once complete."""
+    def download(
+        self,
+        path: str,
+        dest: str | Path,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
+    ) -> Path:
+        """Stream a workspace file to a local one, which appears only once complete.
+
+        ``archive`` ("tar" or "zip") downloads the directory ``path`` as a
+        ``.tar.gz`` or ``.zip`` instead.
+        """
         dest, part = self._partial(dest)
         client = self.session.client
-        response = client.send(self._read_call(path), stream=True)
+        response = client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
             with open(part, "wb") as out:
@@ -192,6 +219,32 @@ class Files(BaseFiles):
     def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         self.session.client.call(self._remove_call(path))
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` is in the workspace: a file, a directory, or anything else."""
+        parent, clean = self._parent(path)
+        try:
+            return any(entry.path == clean for entry in self.list(parent))
+        except (FileNotFound, NotAFile):
+            return False
+
+    def upload_dir(
+        self, source: str | Path, path: str = "", *, on_progress: Progress | None = None
+    ) -> list[FileInfo]:
+        """Upload every file under a local directory to ``path`` (default: the top)."""
+        return [
+            self.upload(local, remote, on_progress=on_progress)
+            for local, remote in self._local_tree(source, path)
+        ]
+
+    def download_dir(self, path: str, dest: str | Path) -> Path:
+        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        dest = Path(dest)
+        archive = self.download(path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar")
+        try:
+            return self._extract(archive, dest)
+        finally:
+            archive.unlink(missing_ok=True)
 
     def _chunks(
         self, file: IO[bytes], size: int | None, on_progress: Progress | None
@@ -296,20 +349,41 @@ class Session(BaseSession[Client]):
     def snapshots(self) -> list[Snapshot]:
         return self.client.call(self._snapshots_call())
 
-    def set_timeout(
+    def set_timeout(self, timeout: float, *, idle_timeout: float | None = None) -> SessionInfo:
+        """End the session ``timeout`` seconds from now (by the gateway's clock), as E2B's
+        ``set_timeout`` does."""
+        return self.client.call(self._update_call(None, idle_timeout, expires_in=timeout))
+
+    def set_ttl(
         self, ttl: float | None = None, *, idle_timeout: float | None = None
     ) -> SessionInfo:
-        """Change the lifetime (seconds from creation) and/or the idle timeout."""
+        """Change the lifetime (seconds from creation, as the API counts) and/or idle timeout."""
         return self.client.call(self._update_call(ttl, idle_timeout))
 
     def extend(self, seconds: float) -> SessionInfo:
         """Let the session live ``seconds`` from now (by the gateway's clock)."""
-        self.refresh()
-        return self.set_timeout(self._ttl_from_now(seconds))
+        return self.set_timeout(seconds)
 
-    def history(self) -> list[dict[str, Any]]:
+    # E2B's names, where the meaning is the same (docs/sdk.md has the table).
+    def run_code(self, code: str, **options: Any) -> Execution:
+        """E2B's name for ``run``."""
+        return self.run(code, **options)
+
+    def get_metrics(self) -> SessionMetrics:
+        """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""
+        return self.client.call(self._metrics_call())
+
+    def get_info(self) -> SessionInfo:
+        """E2B's name for ``refresh``."""
+        return self.refresh()
+
+    def kill(self) -> None:
+        """E2B's name for ``delete``."""
+        self.delete()
+
+    def history(self) -> list[RecordedExecution]:
         """Every recorded execution, oldest first, read a page at a time."""
-        executions: list[dict[str, Any]] = []
+        executions: list[RecordedExecution] = []
         after: int | None = 0
         while after is not None:
             page, after = self.client.call(self._history_call(after))

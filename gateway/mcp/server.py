@@ -2,14 +2,18 @@
 
 Built with the official MCP SDK's ``MCPServer`` over the async SDK client, so
 any MCP-speaking agent gets sandboxed, stateful code execution: stdio by
-default (the agent starts ``sbx mcp``), streamable HTTP with ``--http``.
+default (the agent starts ``sbx mcp``), streamable HTTP with ``--http``, where
+every caller brings a gateway token and acts as its tenant (``access.py``).
 Results come back the way models read them best: text as text content,
-images as image content, and a structured summary alongside.
+images as image content, and a structured summary alongside; a long run
+reports progress as it prints, and each session's files are resources.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import functools
 import json
 import logging
@@ -19,8 +23,10 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import anyio
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.types import (
     BlobResourceContents,
     CallToolResult,
@@ -30,6 +36,7 @@ from mcp.types import (
     TextContent,
     TextResourceContents,
 )
+from mcp.types import Resource as MCPResource
 from pydantic import Field
 
 from .. import __version__
@@ -43,13 +50,19 @@ from ..client import (
     GatewayError,
     Result,
 )
-from ..client.models import IMAGE_TYPES
+from ..client.models import IMAGE_TYPES, SessionInfo
 from ..client.settings import ClientSettings
+from .access import GatewayClients
 
 log = logging.getLogger(__name__)
 
 # Larger downloads belong on the files API, not in a model's context.
 MAX_DOWNLOAD = 16 * 1024 * 1024
+# Files listed as resources per session, breadth first: a listing, not an inventory.
+MAX_RESOURCES = 200
+# Seconds between progress notifications while a cell runs without printing.
+HEARTBEAT = 2.0
+FILE_URI = "sbx://sessions/{session_id}/files/{path}"
 
 INSTRUCTIONS = """\
 Run code in sandboxed, stateful Jupyter kernels (no network; memory, CPU, disk limits).
@@ -78,14 +91,14 @@ def _tool(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
 
 
 class SandboxTools:
-    """The tools, over one SDK client; a gateway error becomes a tool error the model can read."""
+    """The tools, over the caller's SDK client; a gateway error becomes a tool error."""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+    def __init__(self, clients: GatewayClients) -> None:
+        self.clients = clients
 
-    def _session(self, session_id: str) -> AsyncSession:
+    async def _session(self, session_id: str) -> AsyncSession:
         # No request: an unknown id fails on the tool's own call, with session_not_found.
-        return self.client.session(session_id)
+        return (await self.clients.current()).session(session_id)
 
     @_tool
     async def create_session(
@@ -118,20 +131,30 @@ class SandboxTools:
             "network": {"allow": allow_hosts} if allow_hosts else None,
             "secrets": secrets,
         }
-        session = await self.client.create_session(
+        client = await self.clients.current()
+        session = await client.create_session(
             keep=True,
             env=env,
             metadata={"client": "mcp", **(metadata or {})},
             **{k: v for k, v in options.items() if v},
         )
-        info = session.info
-        return {
-            "session_id": info.id,
-            "kernel": info.kernel,
-            "state": info.state,
-            "expires_at": info.expires_at,
-            "limits": info.limits,
-        }
+        return {**_session_summary(session.info), "limits": session.info.limits}
+
+    @_tool
+    async def list_sessions(self) -> dict[str, Any]:
+        """List the live sessions this caller may use (its tenant's), with state and expiry."""
+        sessions = await (await self.clients.current()).list_sessions()
+        return {"sessions": [_session_summary(info) for info in sessions]}
+
+    @_tool
+    async def interrupt(self, session_id: SessionId) -> dict[str, Any]:
+        """Stop the cell running in the session (its run_code returns as interrupted)."""
+        return _session_summary(await (await self._session(session_id)).interrupt())
+
+    @_tool
+    async def restart(self, session_id: SessionId) -> dict[str, Any]:
+        """Start the session's kernel afresh: variables and imports are lost, files stay."""
+        return _session_summary(await (await self._session(session_id)).restart())
 
     @_tool
     async def run_code(
@@ -146,17 +169,24 @@ class SandboxTools:
         Code the session's policy holds waits for a person's approval: the wait
         is reported as progress, then the code runs, or the tool fails as denied.
         """
-        session = self._session(session_id)
+        session = await self._session(session_id)
         held: list[Approval] = []
+        progress = _Progress(ctx)
 
         async def pending(approval: Approval) -> None:
             held.append(approval)
-            if ctx is not None:
-                reasons = "; ".join(approval.reasons)
-                message = f"pending_approval {approval.id}: {reasons}; waiting for an approver"
-                await ctx.report_progress(0, message=message)
+            reasons = "; ".join(approval.reasons)
+            await progress(f"pending_approval {approval.id}: {reasons}; waiting for an approver")
 
-        execution = await session.run(code, timeout=timeout, on_pending=pending)
+        beat = asyncio.ensure_future(progress.heartbeat())
+        try:
+            execution = await session.run(
+                code, timeout=timeout, on_pending=pending, on_stdout=progress, on_stderr=progress
+            )
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
         summary: dict[str, Any] = {
             "status": execution.status,
             "execution_count": execution.execution_count,
@@ -179,14 +209,14 @@ class SandboxTools:
     ) -> dict[str, Any]:
         """Write a file into the session's workspace (parent directories are created)."""
         data = base64.b64decode(content) if encoding == "base64" else content.encode()
-        session = self._session(session_id)
+        session = await self._session(session_id)
         info = await session.files.write(path, data)
         return {"path": info.path, "size": info.size}
 
     @_tool
     async def download_file(self, session_id: SessionId, path: WorkspacePath) -> list[ContentBlock]:
         """Read a workspace file: images come back as images, text as text, else base64."""
-        session = self._session(session_id)
+        session = await self._session(session_id)
         try:
             data = await session.files.read(path, max_bytes=MAX_DOWNLOAD)
         except FileTooLarge as e:
@@ -203,7 +233,7 @@ class SandboxTools:
         path: Annotated[str, Field(description="directory; empty for the top")] = "",
     ) -> dict[str, Any]:
         """List a directory of the session's workspace."""
-        session = self._session(session_id)
+        session = await self._session(session_id)
         entries = await session.files.list(path)
         return {
             "path": path,
@@ -213,7 +243,7 @@ class SandboxTools:
     @_tool
     async def export_notebook(self, session_id: SessionId) -> EmbeddedResource:
         """The session's history as a Jupyter notebook (.ipynb JSON), outputs included."""
-        session = self._session(session_id)
+        session = await self._session(session_id)
         notebook = await session.export()
         return EmbeddedResource(
             type="resource",
@@ -231,7 +261,7 @@ class SandboxTools:
         name: Annotated[str | None, Field(description="a name to know it by")] = None,
     ) -> dict[str, Any]:
         """Keep the session's variables, imports and files as a snapshot to fork from."""
-        snap = await self._session(session_id).snapshot(name)
+        snap = await (await self._session(session_id)).snapshot(name)
         return {
             "snapshot_id": snap.id,
             "session_id": snap.session_id,
@@ -246,16 +276,50 @@ class SandboxTools:
         self, snapshot_id: Annotated[str, Field(description="id returned by snapshot")]
     ) -> dict[str, Any]:
         """Start a new session holding a snapshot's state and files; use it like any session."""
-        snap = await self.client.snapshot(snapshot_id)
+        snap = await (await self.clients.current()).snapshot(snapshot_id)
         session = await snap.fork(keep=True, metadata={"client": "mcp"})
         return {"session_id": session.id, "forked_from": snapshot_id, "state": session.info.state}
 
     @_tool
     async def delete_session(self, session_id: SessionId) -> str:
         """End the session and remove its sandbox and files."""
-        session = self._session(session_id)
+        session = await self._session(session_id)
         await session.delete()
         return f"deleted session {session_id}"
+
+
+def _session_summary(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "session_id": info.id,
+        "kernel": info.kernel,
+        "state": info.state,
+        "expires_at": info.expires_at,
+        "metadata": info.metadata,
+    }
+
+
+class _Progress:
+    """Progress notifications for one run: each output as it comes, and a heartbeat.
+
+    The value is the seconds since the run began, strictly increasing as MCP asks.
+    """
+
+    def __init__(self, ctx: Context | None) -> None:
+        self.ctx = ctx
+        self.started = anyio.current_time()
+        self.last = -1.0
+
+    async def __call__(self, message: str) -> None:
+        if self.ctx is None:
+            return
+        value = max(round(anyio.current_time() - self.started, 3), self.last + 0.001)
+        self.last = value
+        await self.ctx.report_progress(value, message=message.rstrip("\n")[-500:])
+
+    async def heartbeat(self) -> None:
+        while True:
+            await anyio.sleep(HEARTBEAT)
+            await self(f"running for {anyio.current_time() - self.started:.0f} s")
 
 
 def execution_content(execution: Execution) -> list[ContentBlock]:
@@ -318,12 +382,77 @@ def file_content(session_id: str, path: str, data: bytes) -> ContentBlock:
         )
 
 
-def build_server(client: AsyncClient) -> MCPServer:
-    """An MCP server whose tools act on the gateway through ``client``."""
-    server = MCPServer(
-        "sandbox-gateway", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
+class GatewayMCPServer(MCPServer):
+    """The MCP server, with each of the caller's sessions' files listed and read as resources.
+
+    A file is ``sbx://sessions/{session_id}/files/{path}``; the list is the
+    caller's live sessions' files, breadth first, up to ``MAX_RESOURCES`` each.
+    """
+
+    def __init__(self, clients: GatewayClients, **options: Any) -> None:
+        super().__init__("sandbox-gateway", **options)
+        self.clients = clients
+
+    async def list_resources(self) -> list[MCPResource]:
+        client = await self.clients.current()
+        found = await super().list_resources()
+        for info in await client.list_sessions():
+            found += await _file_resources(client.session(info.id))
+        return found
+
+    async def read_resource(
+        self, uri: Any, context: Context | None = None
+    ) -> list[ReadResourceContents]:
+        prefix, _, rest = str(uri).partition("sbx://sessions/")
+        session_id, _, path = rest.partition("/files/")
+        if prefix or not session_id or not path:
+            raise ResourceError(f"unknown resource {uri}: files are {FILE_URI}")
+        session = (await self.clients.current()).session(session_id)
+        try:
+            data = await session.files.read(path, max_bytes=MAX_DOWNLOAD)
+        except GatewayError as e:
+            raise ResourceError(f"{e.code}: {e.message}") from e
+        try:
+            return [ReadResourceContents(content=data.decode("utf-8"), mime_type="text/plain")]
+        except UnicodeDecodeError:
+            return [ReadResourceContents(content=data, mime_type="application/octet-stream")]
+
+
+async def _file_resources(session: AsyncSession) -> list[MCPResource]:
+    """A session's files as resources, breadth first, at most ``MAX_RESOURCES``."""
+    found: list[MCPResource] = []
+    directories = [""]
+    while directories and len(found) < MAX_RESOURCES:
+        for entry in await session.files.list(directories.pop(0)):
+            if entry.type == "directory":
+                directories.append(entry.path)
+            elif entry.type == "file" and len(found) < MAX_RESOURCES:
+                uri = FILE_URI.format(session_id=session.id, path=entry.path)
+                found.append(
+                    MCPResource(uri=uri, name=entry.path, size=entry.size, description=session.id)
+                )
+    return found
+
+
+def build_server(clients: GatewayClients, *, http: bool = False) -> MCPServer:
+    """An MCP server whose tools act on the gateway as each caller's client.
+
+    Over ``http`` a caller must send a gateway token (401 without one the gateway accepts).
+    """
+    auth = None
+    if http:  # the gateway issues the tokens; this server only checks them with it
+        auth = AuthSettings(
+            issuer_url=clients.url, resource_server_url=None, validate_token_resource=False
+        )
+    server = GatewayMCPServer(
+        clients,
+        instructions=INSTRUCTIONS,
+        version=__version__,
+        log_level="WARNING",
+        token_verifier=clients if http else None,
+        auth=auth,
     )
-    tools = SandboxTools(client)
+    tools = SandboxTools(clients)
     for name, member in vars(SandboxTools).items():
         if getattr(member, "is_tool", False):
             server.add_tool(getattr(tools, name), name=name)
@@ -331,15 +460,21 @@ def build_server(client: AsyncClient) -> MCPServer:
 
 
 def serve(settings: ClientSettings, *, http: bool, host: str, port: int, path: str) -> None:
-    """Run the MCP server until stdin closes (stdio) or it is interrupted (HTTP)."""
+    """Run the MCP server until stdin closes (stdio) or it is interrupted (HTTP).
+
+    Over HTTP the configured token is not used: every caller sends its own.
+    """
 
     async def main() -> None:
-        async with AsyncClient(settings.url, settings.token) as client:
-            server = build_server(client)
-            if http:
-                await _serve_http(server, host, port, path)
-            else:
-                await server.run_stdio_async()
+        if http:
+            clients = GatewayClients(settings.url, None)
+            try:
+                await _serve_http(build_server(clients, http=True), host, port, path)
+            finally:
+                await clients.aclose()
+        else:
+            async with AsyncClient(settings.url, settings.token) as client:
+                await build_server(GatewayClients(settings.url, client)).run_stdio_async()
 
     anyio.run(main)
 

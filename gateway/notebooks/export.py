@@ -9,6 +9,7 @@ says, cell by cell, whether the outputs reproduced (rules in ``compare``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from ..execution.recorder import CUT_BY_RESTART
 from ..sessions.manager import SessionManager
 from ..sessions.requests import CreateSession, ExecuteCode
 from ..validation import image_ref
-from .compare import diff_outputs
+from .compare import IGNORE_OUTPUT_TAGS, SKIP_TAGS, diff_outputs, float_tolerance
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ async def export_chunks(
     write, with the cells last.
     """
     session = await manager.record(session_id, who)
-    head = json.dumps(_notebook(session), indent=1)
+    inputs = await manager.uploads(session_id, who)
+    head = json.dumps(_notebook(session, inputs), indent=1)
     yield head.removesuffix("\n}") + ',\n "cells": ['
     after: int | None = 0
     first = True
@@ -57,8 +59,11 @@ async def export_chunks(
     yield "\n ]\n}\n"
 
 
-def _notebook(session: dict[str, Any]) -> dict[str, Any]:
-    """A notebook's top level from a session record, without its cells."""
+def _notebook(session: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A notebook's top level from a session record, without its cells.
+
+    ``inputs``: the files uploaded to the session, which a replay has to bring.
+    """
     language_info = session.get("language_info") or {}
     nb = new_notebook(
         metadata={
@@ -80,6 +85,7 @@ def _notebook(session: dict[str, Any]) -> dict[str, Any]:
                 "packages": session.get("packages", []),
                 "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "gateway_version": __version__,
+                "inputs": inputs,
                 **({"forked_from": session["forked_from"]} if session.get("forked_from") else {}),
             },
         }
@@ -161,12 +167,26 @@ def _parse_notebook(body: Any) -> Any:
 
 
 async def replay_notebook(
-    manager: SessionManager, nb: Any, who: Principal, image_tolerance: float | None = None
+    manager: SessionManager,
+    nb: Any,
+    who: Principal,
+    image_tolerance: float | None = None,
+    inputs: dict[str, bytes] | None = None,
 ) -> dict[str, Any]:
-    """Run a notebook's code cells in a fresh session of ``who``'s and compare every cell."""
+    """Run a notebook's code cells in a fresh session of ``who``'s and compare every cell.
+
+    ``inputs`` (workspace path -> content) are written before the first cell;
+    one whose SHA-256 differs from the notebook's record is refused first.
+    """
     recorded = nb.metadata.get("sbx", {})
     kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
-    warnings: list[str] = []
+    inputs = {path.strip("/"): data for path, data in (inputs or {}).items()}
+    warnings = _check_inputs(recorded.get("inputs") or [], inputs)
+    for cell in nb.cells:  # a malformed tag is the caller's to fix, before anything runs
+        try:
+            float_tolerance(cell.metadata.get("tags") or [])
+        except ValueError as e:
+            raise BadRequest(f"cell {cell.get('id')}: {e}") from None
     image = await _recorded_image(manager, recorded.get("image"), warnings)
     request = CreateSession.from_json(
         {
@@ -181,13 +201,23 @@ async def replay_notebook(
     executed = await asyncio.to_thread(nbformat.from_dict, nb)  # a deep copy
     cells = []
     try:
+        if inputs:
+            manager.check_file(session.id, who, "upload", sum(map(len, inputs.values())))
+            workspace = manager.files(session.id, who)
+            for path, data in sorted(inputs.items()):
+                await workspace.save(path, data)
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
+                continue
+            tags = set(cell.metadata.get("tags") or [])
+            if tags & SKIP_TAGS:
+                cells.append({"index": index, "cell_id": cell.get("id"), "result": "skipped",
+                              "status": None, "recorded_status": None, "diff": ""})  # fmt: skip
                 continue
             result = await manager.execute(session.id, who, ExecuteCode(cell.source))
             # Images are decoded and compared, text normalised: not on the event loop.
             verdict = await asyncio.to_thread(
-                _verdict, cell, result.status, result.outputs, image_tolerance
+                _verdict, cell, result.status, result.outputs, image_tolerance, tags
             )
             cells.append({"index": index, "cell_id": cell.get("id"), **verdict})
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
@@ -201,13 +231,15 @@ async def replay_notebook(
         "replay_image": session.image,
     }
     counts = {
-        kind: sum(c["result"] == kind for c in cells) for kind in ("same", "different", "error")
+        kind: sum(c["result"] == kind for c in cells)
+        for kind in ("same", "different", "error", "skipped")
     }
     return {
         "reproduced": counts["different"] == counts["error"] == 0,
         "summary": counts,
         "cells": cells,
         "warnings": warnings,
+        "inputs": sorted(inputs),
         "image": session.image,
         "image_digest": session.image_digest,
         "notebook": executed,
@@ -235,17 +267,44 @@ async def _recorded_image(manager: SessionManager, image: Any, warnings: list[st
 
 
 def _verdict(
-    cell: Any, status: str, outputs: list[dict[str, Any]], image_tolerance: float | None
+    cell: Any,
+    status: str,
+    outputs: list[dict[str, Any]],
+    image_tolerance: float | None,
+    tags: set[str],
 ) -> dict[str, Any]:
+    """How a replayed cell compares, as its tags ask (compare.py's docstring)."""
     recorded_status = cell.metadata.get("sbx", {}).get("status") or (
         "error" if any(o.get("output_type") == "error" for o in cell.outputs) else "ok"
     )
-    diff = diff_outputs(cell.outputs, outputs, image_tolerance)
+    diff = ""
+    if not tags & IGNORE_OUTPUT_TAGS:
+        diff = diff_outputs(cell.outputs, outputs, image_tolerance, float_tolerance(tags))
     if status != recorded_status and status in _FAILED:
         result = "error"  # it failed now where it had not, or failed differently
     else:
         result = "different" if diff else "same"
     return {"result": result, "status": status, "recorded_status": recorded_status, "diff": diff}
+
+
+def _check_inputs(recorded: list[dict[str, Any]], inputs: dict[str, bytes]) -> list[str]:
+    """Refuse an input that is not the file the session read; warn of recorded ones missing."""
+    wanted = {str(r.get("path")): r for r in recorded if isinstance(r, dict)}
+    for path, data in inputs.items():
+        want = wanted.get(path, {}).get("sha256")
+        got = hashlib.sha256(data).hexdigest()
+        if want is not None and got != want:
+            raise BadRequest(
+                f"input {path!r} ({len(data)} bytes) has sha256 {got}, but the session read "
+                f"one with sha256 {want} ({wanted[path].get('size')} bytes): not the same file"
+            )
+    missing = sorted(set(wanted) - set(inputs))
+    if not missing:
+        return []
+    return [
+        f"the session read uploaded files not given to this replay: {', '.join(missing)}; "
+        "send them (sbx replay NOTEBOOK --inputs DIR, or a bundle from sbx export --with-inputs)"
+    ]
 
 
 def _environment_warnings(

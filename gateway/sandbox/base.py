@@ -193,6 +193,14 @@ class Placement(abc.ABC):
             return []
         return [entry.name for entry in self.sessions_dir.iterdir()]
 
+    async def usage(self, session_id: str) -> dict[str, float | None]:
+        """A running sandbox's ``cpu_seconds``, ``memory_bytes`` and ``memory_peak_bytes``.
+
+        The session manager calls it for ``GET /v1/sessions/{id}/metrics``; a
+        placement that cannot tell leaves a value out (None).
+        """
+        return {}
+
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
         raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")

@@ -52,6 +52,10 @@ class AsyncWorkspace:
     async def free_bytes(self) -> int:
         return await _blocking(self.sync.free_bytes)
 
+    async def usage(self) -> int:
+        """Bytes in the workspace's files (a bounded walk)."""
+        return await _blocking(self.sync.usage)
+
     async def remove(self, path: str) -> None:
         await _blocking(self.sync.remove, path)
 

@@ -101,7 +101,7 @@ class ImageBuilder:
         files = [(p, str(p.relative_to(directory))) for p in _files(directory)]
         listed = directory / CONTEXT_FILE
         if listed.is_file():
-            root = self.images_dir.parent
+            root = self.images_dir.parent.parent  # the checkout holding gateway/images
             for line in listed.read_text().split():
                 target = root / line
                 found = [target] if target.is_file() else _files(target)

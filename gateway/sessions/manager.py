@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -53,6 +52,7 @@ from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
+from ..observe.metrics import GatewayMetrics
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
@@ -76,6 +76,9 @@ from .state import KernelState, SavedState
 from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
+
+# Upload events read back for an export's record of inputs (the newest, past this many).
+MAX_RECORDED_UPLOADS = 10_000
 
 # Egress connections recorded per session (by this process); past it they are only counted.
 MAX_CONNECTION_RECORDS = 10_000
@@ -103,6 +106,7 @@ class SessionManager:
         *,
         gate: Gate,
         leases: Leases | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
@@ -111,6 +115,7 @@ class SessionManager:
         store (by default, from the store: all of them when nobody shares it).
         ``state`` saves and restores kernels' state for pause and resume;
         ``snapshots`` keeps snapshots, and forks start from them.
+        ``metrics`` hears of every create and execution (a fresh one by default).
         """
         self.settings = settings
         self.gate = gate
@@ -124,7 +129,7 @@ class SessionManager:
         self.snapshots = snapshots
         self.leases = leases or Leases(store, settings.lease_ttl)
         self.tasks = TaskSet()
-        self.counts: Counter[str] = Counter()  # executions by status, for /metrics
+        self.metrics = metrics or GatewayMetrics()
         self._culler: asyncio.Task | None = None
         self._taker: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
@@ -307,6 +312,8 @@ class SessionManager:
         if session is None:
             return
         session.egress_recorded += 1
+        session.egress_bytes[0] += connection.bytes_up
+        session.egress_bytes[1] += connection.bytes_down
         if session.egress_recorded > MAX_CONNECTION_RECORDS:
             if session.egress_recorded == MAX_CONNECTION_RECORDS + 1:
                 log.warning("session %s: further egress connections are not recorded", session.id)
@@ -323,6 +330,40 @@ class SessionManager:
         )
         del record["session_id"]
         self.store.add_connection(session.id, running.id if running else None, record)
+
+    async def usage(self, session_id: str, who: Principal) -> dict[str, Any]:
+        """What a live session uses now: CPU, memory (now and at peak), network, disk.
+
+        CPU and memory are the sandbox's (None while paused or where the placement
+        cannot tell); network is what passed the egress proxy since this gateway
+        started; disk is the workspace's files.
+        """
+        session = self.get(session_id, who)
+        sandbox: dict[str, Any] = {}
+        if session.state in ("idle", "busy"):
+            sandbox = await self.lifecycle.placement.usage(session.id)
+        disk = None
+        if session.workspace is not None and session.state != "paused":
+            with contextlib.suppress(GatewayError, OSError):
+                disk = await session.workspace.usage()
+        limits = session.limits
+        return {
+            "session_id": session.id,
+            "state": session.state,
+            "at": iso(self.clock()),
+            "cpu_seconds": sandbox.get("cpu_seconds"),
+            "cpus_limit": limits.cpus,
+            "memory_bytes": sandbox.get("memory_bytes"),
+            "memory_peak_bytes": sandbox.get("memory_peak_bytes"),
+            "memory_limit_bytes": limits.memory,
+            "network": {
+                "bytes_sent": session.egress_bytes[0],
+                "bytes_received": session.egress_bytes[1],
+                "connections": session.egress_recorded,
+            },
+            "disk_bytes": disk,
+            "disk_limit_bytes": limits.disk,
+        }
 
     async def network(
         self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
@@ -348,6 +389,29 @@ class SessionManager:
         await self.record(session_id, who)  # 404 for unknown ids and others' sessions
         return await self.store.history(session_id, after, limit)
 
+    async def uploads(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """Every file uploaded to the session, the last upload of each path, by path.
+
+        What a replay must bring (``path``, ``size``, ``sha256``, ``uploaded_at``),
+        read from the audit log, which records each upload's hash.
+        """
+        await self.record(session_id, who)
+        filters = {"session_id": session_id, "action": "files.upload", "outcome": "ok"}
+        events = await self.store.audit_events(filters, limit=MAX_RECORDED_UPLOADS)
+        found: dict[str, dict[str, Any]] = {}
+        for event in reversed(events):  # oldest first: a later upload of a path wins
+            detail = event.get("detail") or {}
+            for saved in detail.get("files") or [detail]:  # a multipart batch, or one PUT
+                if "path" in saved and "sha256" in saved:
+                    path = str(saved["path"]).strip("/")
+                    found[path] = {
+                        "path": path,
+                        "size": saved.get("size"),
+                        "sha256": saved["sha256"],
+                        "uploaded_at": event["at"],
+                    }
+        return sorted(found.values(), key=lambda f: f["path"])
+
     # -- commands -----------------------------------------------------------------------
 
     async def create(self, request: CreateSession, who: Principal) -> Session:
@@ -356,6 +420,20 @@ class SessionManager:
         A fork (``from_snapshot``) then gets the snapshot's history, files and
         kernel state; if that fails, it ends and the error says why.
         """
+        started = time.monotonic()
+        outcome, start, kernel = "ok", "cold", request.kernel or "snapshot"
+        try:
+            session, warm = await self._create(request, who)
+            kernel, start = session.kernel_name, "warm" if warm else "cold"
+            return session
+        except BaseException as e:
+            outcome = e.code if isinstance(e, GatewayError) else "internal_error"
+            raise
+        finally:
+            self.metrics.created(kernel, who.tenant, outcome, time.monotonic() - started, start)
+
+    async def _create(self, request: CreateSession, who: Principal) -> tuple[Session, bool]:
+        """Create, and say whether a warm kernel served it."""
         snapshot = None
         if request.from_snapshot is not None:
             snapshot = await self.snapshots.get(request.from_snapshot, who)
@@ -390,7 +468,7 @@ class SessionManager:
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
-        return session
+        return session, warm
 
     async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
         """Give a new session a snapshot's history, files and state; end it if that fails."""
@@ -645,7 +723,9 @@ class SessionManager:
         The caller answers only once the outcome is on disk; the session's
         own record (its counters) follows within a second.
         """
-        self.counts[result.status] += 1
+        self.metrics.executed(
+            session.kernel_name, session.tenant, result.status, result.duration_ms / 1000
+        )
         session.running.discard(recorder)
         if not self.leases.holds(session.id):
             return  # its new owner closes the execution as cut, with the outputs stored
@@ -836,10 +916,16 @@ class SessionManager:
         return report
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
-        """Change ttl / idle_timeout (seconds, from creation / last activity)."""
+        """Change ttl / idle_timeout (seconds, from creation / last activity).
+
+        ``expires_in`` is a ttl given from now, by this gateway's clock.
+        """
         session = self.get(session_id, who)
         s = self.settings
-        session.ttl = seconds(request.ttl, "ttl", session.ttl, s.max_ttl)
+        ttl = request.ttl
+        if request.expires_in is not None:
+            ttl = self.clock() - session.created_at + request.expires_in
+        session.ttl = seconds(ttl, "ttl", session.ttl, s.max_ttl)
         session.idle_timeout = seconds(
             request.idle_timeout, "idle_timeout", session.idle_timeout, s.max_idle_timeout
         )

@@ -91,19 +91,18 @@ class WarmPool:
         workspace, with its own limits and env applied.
         """
         entry = self._take(session, request)
-        self.claims[(session.kernel_name, "hit" if entry else "miss")] += 1
         self._wake.set()
-        if entry is None:
-            return False
-        try:
-            await self._fit(entry, session)
-        except Exception as e:  # the sandbox is spent either way; a cold start still works
-            log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
-            self.claims[(session.kernel_name, "hit")] -= 1
-            self.claims[(session.kernel_name, "miss")] += 1
-            await self._discard(entry)
-            return False
-        return True
+        hit = entry is not None
+        if entry is not None:
+            try:
+                await self._fit(entry, session)
+            except Exception as e:  # the sandbox is spent either way; a cold start still works
+                log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
+                hit = False
+                await self._discard(entry)
+        # Counted once the outcome is known: /metrics exposes it as a counter, which never falls.
+        self.claims[(session.kernel_name, "hit" if hit else "miss")] += 1
+        return hit
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)

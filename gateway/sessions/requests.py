@@ -116,20 +116,27 @@ class CreateSession:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateSession:
-    """``PATCH /v1/sessions/{id}``: a new ttl and/or idle timeout."""
+    """``PATCH /v1/sessions/{id}``: a new ttl (or one ending ``expires_in`` seconds from now)
+    and/or idle timeout."""
 
     ttl: float | None = None
     idle_timeout: float | None = None
+    expires_in: float | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> UpdateSession:
         body = _body(body)
-        unknown = set(body) - {"ttl", "idle_timeout"}
+        unknown = set(body) - {"ttl", "idle_timeout", "expires_in"}
         if unknown:
-            raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
+            raise BadRequest(
+                f"only ttl, expires_in and idle_timeout can be changed, not {sorted(unknown)}"
+            )
+        if body.get("ttl") is not None and body.get("expires_in") is not None:
+            raise BadRequest("give ttl (from creation) or expires_in (from now), not both")
         return cls(
             ttl=_seconds(body.get("ttl"), "ttl"),
             idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
+            expires_in=_seconds(body.get("expires_in"), "expires_in"),
         )
 
 

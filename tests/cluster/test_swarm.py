@@ -59,7 +59,7 @@ def test_warm_pool_is_spread_over_the_workers_and_serves_creates(cluster):
         assert r.status_code == 201, r.text
         metrics = api.get("/metrics").text
         api.delete(f"/v1/sessions/{r.json()['id']}")
-    assert 'sbx_pool_claims_total{kernel="python3",result="hit"} 1' in metrics, metrics
+    assert 'sbx_pool_claims_total{kernel="python3",result="hit"} 1.0' in metrics, metrics
 
 
 @pytest.fixture(scope="module")

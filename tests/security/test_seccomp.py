@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import GatewayProcess, run, text_of
 
-from gateway.config import ROOT
+from gateway.config import PACKAGE_DIR
 from gateway.sandbox.isolation import seccomp
 
 from . import syscalls
@@ -272,7 +272,7 @@ KERNEL_CELLS = {
 }
 
 
-KERNELS = sorted(spec.parent.name for spec in ROOT.glob("kernels/*/kernel.json"))
+KERNELS = sorted(spec.parent.name for spec in PACKAGE_DIR.glob("kernels/*/kernel.json"))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -165,5 +165,33 @@ class DockerPlacement(Placement):
         with contextlib.suppress(docker.errors.NotFound):
             await asyncio.to_thread(self.docker.api.remove_container, sandbox_id, force=True)
 
+    async def usage(self, session_id: str) -> dict[str, float | None]:
+        name = sandbox_name(session_id)
+        try:
+            stats = await asyncio.to_thread(
+                self.docker.api.stats, name, stream=False, one_shot=True
+            )
+            container_id = stats.get("id") or name
+        except ENGINE_ERRORS:
+            return {}
+        memory = stats.get("memory_stats") or {}
+        cpu = (stats.get("cpu_stats") or {}).get("cpu_usage", {}).get("total_usage")
+        peak = memory.get("max_usage")  # cgroup v1; v2 keeps it in memory.peak
+        if peak is None:
+            peak = await asyncio.to_thread(_memory_peak, container_id)
+        return {
+            "cpu_seconds": None if cpu is None else cpu / 1e9,
+            "memory_bytes": memory.get("usage"),
+            "memory_peak_bytes": peak,
+        }
+
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         await asyncio.to_thread(update_limits, self.docker, sandbox_id, limits)
+
+
+def _memory_peak(container_id: str) -> int | None:
+    """A container's peak memory from cgroup v2's ``memory.peak`` (either driver's layout)."""
+    for scope in (f"system.slice/docker-{container_id}.scope", f"docker/{container_id}"):
+        with contextlib.suppress(OSError, ValueError):
+            return int((Path("/sys/fs/cgroup") / scope / "memory.peak").read_text())
+    return None
