@@ -17,8 +17,10 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
+from .access.sandbox_tokens import SandboxTokens
 from .api import (
     audit,
+    e2b,
     files,
     health,
     jupyter,
@@ -57,6 +59,7 @@ def make_app(
     audit_log: AuditLog,
     settings: Settings,
     loop_lag: LoopLagMonitor,
+    e2b_credentials: e2b.Credentials,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -71,6 +74,7 @@ def make_app(
             *audit.routes,
             *metrics.routes,
             *jupyter.routes,
+            *e2b.routes,
         ],
         default_handler_class=NotFoundHandler,
         log_function=log_request,
@@ -78,6 +82,8 @@ def make_app(
         sbx_auth=auth,
         sbx_audit=audit_log,
         sbx_loop_lag=loop_lag,
+        sbx_e2b_credentials=e2b_credentials,
+        sbx_e2b_tokens=e2b_credentials.tokens,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
@@ -126,9 +132,10 @@ class Gateway:
         )
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        app = make_app(self.manager, auth, audit_log, settings, self.loop_lag)
+        credentials = e2b.Credentials(SandboxTokens.in_data_dir(Path(settings.data_dir)))
+        app = make_app(self.manager, auth, audit_log, settings, self.loop_lag, credentials)
         self.server = tornado.httpserver.HTTPServer(
-            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
+            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, credentials.accepts),
             max_body_size=settings.max_anonymous_body,
             max_buffer_size=MAX_BUFFERED_BODY,
             max_header_size=settings.max_header_size,

@@ -59,7 +59,7 @@ async def _send_archive(
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
     _attachment(handler, name)
-    await _stream(handler, source)
+    await stream_file(handler, source)
 
 
 def _attachment(handler: JSONHandler, name: str) -> None:
@@ -71,7 +71,7 @@ def _attachment(handler: JSONHandler, name: str) -> None:
     )
 
 
-async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
+async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
     """Copy a file to the response a chunk at a time, waiting for the client."""
     async with source:
         await handler.flush()  # the headers at once: an archive's first piece may take a moment
@@ -160,7 +160,7 @@ class FileHandler(JSONHandler):
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         _attachment(self, path.rsplit("/", 1)[-1])
-        await _stream(self, source)
+        await stream_file(self, source)
 
     async def delete(self, session_id: str, path: str) -> None:
         self._answer_refusal()

@@ -344,6 +344,8 @@ class SessionManager:
         limit = seconds(
             request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
         )
+        if request.env and session.language_info.get("name") != "python":
+            raise BadRequest("environment variables for one run are offered for Python kernels")
         async with session.lock:
             self._check_usable(session)
             session.state = "busy"
@@ -351,14 +353,15 @@ class SessionManager:
             assert session.kernel is not None and session.workspace is not None
             recorder = self.begin_execution(session, code, request.description)
             await session.workspace.baseline()
-            result = await session.kernel.execute(
-                code,
-                timeout=limit,
-                cap=self.output_cap(session),
-                grace=self.settings.interrupt_grace,
-                on_output=recorder.listener(on_output),
-                on_start=on_start,
-            )
+            async with session.kernel.environment(request.env):
+                result = await session.kernel.execute(
+                    code,
+                    timeout=limit,
+                    cap=self.output_cap(session),
+                    grace=self.settings.interrupt_grace,
+                    on_output=recorder.listener(on_output),
+                    on_start=on_start,
+                )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""
                 result.error = {

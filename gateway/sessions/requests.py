@@ -27,7 +27,7 @@ def _body(value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _seconds(value: Any, name: str) -> float | None:
+def seconds_of(value: Any, name: str) -> float | None:
     """A number of seconds as sent; its range is checked against the server's settings."""
     if value is None:
         return None
@@ -72,9 +72,9 @@ class CreateSession:
             image=image_ref(body.get("image")),
             session_id=session_id,
             limits=Limits.requested(body.get("limits")),
-            ttl=_seconds(body.get("ttl"), "ttl"),
-            idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
-            start_timeout=_seconds(body.get("start_timeout"), "start_timeout"),
+            ttl=seconds_of(body.get("ttl"), "ttl"),
+            idle_timeout=seconds_of(body.get("idle_timeout"), "idle_timeout"),
+            start_timeout=seconds_of(body.get("start_timeout"), "start_timeout"),
             runtime=runtime,
             network=NetworkPolicy.parse(body.get("network")),
             env=env_vars(body.get("env")),
@@ -96,8 +96,8 @@ class UpdateSession:
         if unknown:
             raise BadRequest(f"only ttl and idle_timeout can be changed, not {sorted(unknown)}")
         return cls(
-            ttl=_seconds(body.get("ttl"), "ttl"),
-            idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
+            ttl=seconds_of(body.get("ttl"), "ttl"),
+            idle_timeout=seconds_of(body.get("idle_timeout"), "idle_timeout"),
         )
 
 
@@ -108,6 +108,7 @@ class ExecuteCode:
     code: str
     timeout: float | None = None
     description: str | None = None  # the caller's markdown narrative for this step
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for this run only
 
     @classmethod
     def from_json(cls, body: Any) -> ExecuteCode:
@@ -118,4 +119,5 @@ class ExecuteCode:
         description = body.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
-        return cls(code, _seconds(body.get("timeout"), "timeout"), description)
+        timeout = seconds_of(body.get("timeout"), "timeout")
+        return cls(code, timeout, description, env_vars(body.get("env")))

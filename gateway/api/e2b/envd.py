@@ -1,0 +1,178 @@
+"""envd's HTTP side: ``/files`` (download and upload) and ``/health``.
+
+Paths are the SDK's: ``/home/user/x``, ``~/x`` and ``x`` all name ``x`` in the
+session's workspace, the directory the kernel starts in. Downloads stream a
+chunk at a time; ``application/octet-stream`` uploads (the SDK's choice for
+streams and file objects) stream to disk; multipart uploads (bytes and text,
+several files at once) are read into memory up to ``MAX_BATCH``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.web
+from tornado import httputil
+
+from ...errors import (
+    BadRequest,
+    FileTooLarge,
+    GatewayError,
+    PathForbidden,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from ...sandbox.files import AsyncUpload, AsyncWorkspace
+from ..files import MAX_BATCH, stream_file
+from .base import SandboxHandler
+from .templates import HOME
+
+
+def workspace_path(path: str) -> str:
+    """An SDK path as a workspace path (``""``: the workspace itself)."""
+    if path == "~" or path.startswith("~/"):
+        path = HOME + path[1:]
+    if not path.startswith("/"):
+        return path
+    for root in (HOME, "/workspace"):  # the SDK's home, and where the kernel sees it
+        if path == root or path.startswith(root + "/"):
+            return path[len(root) :].lstrip("/")
+    raise PathForbidden(f"{path!r} is outside {HOME}, the sandbox's workspace, the one reachable")
+
+
+def sdk_path(path: str) -> str:
+    """A workspace path as the SDK shows it."""
+    return f"{HOME}/{path}" if path else HOME
+
+
+def written(path: str) -> dict[str, Any]:
+    return {"name": path.rsplit("/", 1)[-1], "type": "file", "path": sdk_path(path)}
+
+
+class HealthHandler(SandboxHandler):
+    """is_running(): the sandbox answers while its session lives."""
+
+    async def get(self) -> None:
+        self.set_status(204)
+        self.finish()
+
+
+@tornado.web.stream_request_body
+class FilesHandler(SandboxHandler):
+    """``GET ?path=`` downloads; ``POST ?path=`` uploads one file (octet-stream) or several.
+
+    As with the v1 upload, whatever ``prepare`` refuses is answered once the
+    body is in: an earlier answer would reach the client as a reset.
+    """
+
+    actions = {"POST": "files.upload"}
+    upload: AsyncUpload | None = None
+    target = ""
+    batch: bytearray | None = None
+    failure: BaseException | None = None
+    refusal: GatewayError | None = None
+
+    async def prepare(self) -> None:
+        try:
+            super().prepare()
+            if self.request.method == "POST":
+                await self._start_upload()
+        except GatewayError as e:
+            self.refusal = e
+
+    def workspace(self) -> AsyncWorkspace:
+        return self.manager.files(self.sandbox_id, self.principal)
+
+    async def _start_upload(self) -> None:
+        kind = self.request.headers.get("Content-Type", "")
+        if kind.startswith("multipart/form-data"):
+            self.batch = bytearray()
+            self.request.connection.set_max_body_size(MAX_BATCH)
+            return
+        if not kind.startswith("application/octet-stream"):
+            raise UnsupportedMediaType(
+                "send a file as application/octet-stream, or files as multipart/form-data"
+            )
+        if self.request.headers.get("Content-Encoding", "identity") != "identity":
+            raise UnsupportedMediaType("compressed uploads are not offered: send it as it is")
+        self.target = workspace_path(self.get_argument("path"))
+        workspace = self.workspace()
+        free = await workspace.free_bytes()
+        if int(self.request.headers.get("Content-Length", 0) or 0) > free:
+            raise FileTooLarge(f"the file does not fit: the workspace has {free} bytes free")
+        self.request.connection.set_max_body_size(max(free, 1))
+        self.upload = await workspace.open_write(self.target)
+
+    async def data_received(self, chunk: bytes) -> None:
+        if self.upload is not None and self.failure is None:
+            try:
+                await self.upload.write(chunk)
+            except OSError as e:  # ENOSPC: answered once the body is in
+                self.failure = e
+        elif self.batch is not None:
+            if len(self.batch) + len(chunk) > MAX_BATCH:
+                self.batch = None
+                self.refusal = self.refusal or PayloadTooLarge(
+                    f"a multipart upload may carry {MAX_BATCH} bytes; "
+                    "send large files one at a time (the SDK streams file objects)"
+                )
+            else:
+                self.batch += chunk
+
+    async def get(self) -> None:
+        self._answer_refusal()
+        source, info = await self.workspace().open_read(workspace_path(self.get_argument("path")))
+        self.set_header("Content-Length", str(info.st_size))
+        self.set_header("Content-Type", "application/octet-stream")
+        await stream_file(self, source)
+
+    async def post(self) -> None:
+        self._answer_refusal()
+        if self.upload is not None:
+            upload, self.upload = self.upload, None
+            await upload.finish(self.failure is None)
+            if self.failure is not None:
+                raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
+            paths = [self.target]
+        else:
+            paths = await self._save_batch()
+        self.audit_detail["files"] = paths
+        self.send([written(p) for p in paths])
+
+    async def _save_batch(self) -> list[str]:
+        files: dict[str, list[httputil.HTTPFile]] = {}
+        httputil.parse_body_arguments(
+            self.request.headers.get("Content-Type", ""), bytes(self.batch or b""), {}, files
+        )
+        parts = [part for batch in files.values() for part in batch]
+        if not parts:
+            raise BadRequest("send each file as a multipart/form-data part with a filename")
+        named = self.get_argument("path", None)
+        workspace = self.workspace()
+        if sum(len(p.body) for p in parts) > await workspace.free_bytes():
+            raise FileTooLarge("the files do not fit in the workspace's remaining space")
+        paths = []
+        for part in parts:
+            path = workspace_path(named if named and len(parts) == 1 else part.filename)
+            await workspace.save(path, part.body)
+            paths.append(path)
+        return paths
+
+    def _answer_refusal(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+
+    def on_finish(self) -> None:
+        self._discard()
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        self._discard()
+
+    def _discard(self) -> None:
+        if self.upload is not None:
+            upload, self.upload = self.upload, None
+            upload.discard()
+
+
+routes = [(r"/health", HealthHandler), (r"/files", FilesHandler)]
