@@ -49,7 +49,7 @@ def test_every_command_has_help():
         [], ["run"], ["exec"], ["sessions"], ["sessions", "ls"], ["sessions", "new"],
         ["sessions", "show"], ["sessions", "rm"], ["files"], ["files", "put"], ["files", "get"],
         ["files", "ls"], ["files", "rm"], ["export"], ["replay"], ["mcp"], ["serve"],
-        ["images"], ["images", "build"], ["images", "ls"],
+        ["images"], ["images", "build"], ["images", "ls"], ["e2b"], ["e2b", "env"],
     ]  # fmt: skip
     for command in commands:
         result = sbx(*command, "--help")

@@ -7,8 +7,12 @@ env`` prints them; each test then uses the SDK as an E2B user would.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +23,8 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 from helpers import GatewayProcess, short_tmpdir
 
 pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
@@ -285,3 +291,18 @@ def test_another_tenants_sandbox_does_not_exist(tenants, monkeypatch) -> None:
         assert mine.run_code("'still mine'").text == "'still mine'"
     finally:
         mine.kill()
+
+
+def test_sbx_e2b_env_is_the_whole_setup(gateway: GatewayProcess) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "E2B_"))}
+    env.update(SBX_URL=gateway.url, SBX_TOKEN=gateway.token, PYTHONPATH=str(ROOT))
+    script = (
+        "from e2b_code_interpreter import Sandbox\n"
+        "s = Sandbox.create()\nprint(s.run_code('6 * 7').text)\ns.kill()"
+    )
+    done = subprocess.run(
+        ["bash", "-c", f'eval "$({sys.executable} -m gateway.cli e2b env)" && '
+         f'{sys.executable} -c "$SCRIPT"'],
+        env={**env, "SCRIPT": script}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr

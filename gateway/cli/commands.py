@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import sys
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,6 +231,20 @@ def _mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
+    """Print what points the stock E2B SDKs at this gateway, for ``eval "$(sbx e2b env)"``."""
+    url = settings.url.rstrip("/")
+    exports = {
+        "E2B_API_KEY": settings.token,
+        "E2B_API_URL": url,  # the control API: create, list, kill
+        "E2B_SANDBOX_URL": url,  # sandbox traffic, named by E2b-Sandbox-Id headers
+        "E2B_DOMAIN": urllib.parse.urlsplit(url).hostname or "localhost",
+    }
+    for name, value in exports.items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
 # -- parsers ----------------------------------------------------------------------------
 
 
@@ -350,6 +366,17 @@ def add_client_commands(commands: Any) -> None:
         "--image-tolerance",
         type=float,
         help="compare images by pixels, allowing this mean difference (0 to 1)",
+    )
+
+    e2b = commands.add_parser("e2b", help="use the stock E2B SDKs with this gateway")
+    e2b_sub = e2b.add_subparsers(dest="e2b_command", required=True, metavar="COMMAND")
+    _command(
+        e2b_sub,
+        "env",
+        _e2b_env,
+        "print export lines that point the E2B SDKs here",
+        "Print E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_DOMAIN for this gateway: "
+        '`eval "$(sbx e2b env)"`, then existing e2b / e2b-code-interpreter code runs here.',
     )
 
     mcp = _command(
