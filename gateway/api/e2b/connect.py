@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_connect as fs_rpc
 from e2b.envd.filesystem import filesystem_pb as fs
@@ -139,10 +140,43 @@ class FilesystemService(fs_rpc.Filesystem):
         return fs.RemoveResponse()
 
 
-SERVICES: dict[str, Callable[[ConnectHandler], Any]] = {
-    "filesystem.Filesystem": lambda handler: fs_rpc.FilesystemASGIApplication(
-        FilesystemService(handler.manager.files(handler.sandbox_id, handler.principal)),
-        read_max_bytes=MAX_MESSAGE,
+class StrictCodec:
+    """A library codec whose undecodable message is the caller's error (INVALID_ARGUMENT).
+
+    The library leaves a decoder's own exception to surface as an internal error.
+    """
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+
+    def name(self) -> str:
+        return self.codec.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self.codec.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type) -> Any:
+        try:
+            return self.codec.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as e:
+            raise ConnectError(
+                Code.INVALID_ARGUMENT, f"the request is not a valid {self.name()} message: {e}"
+            ) from None
+
+
+CODECS = [StrictCodec(proto_binary_codec()), StrictCodec(proto_json_codec())]
+
+# Each service: its generated protocol (for its method names) and its app for one request.
+SERVICES: dict[str, tuple[type, Callable[[ConnectHandler], Any]]] = {
+    "filesystem.Filesystem": (
+        fs_rpc.Filesystem,
+        lambda handler: fs_rpc.FilesystemASGIApplication(
+            FilesystemService(handler.manager.files(handler.sandbox_id, handler.principal)),
+            read_max_bytes=MAX_MESSAGE,
+            codecs=CODECS,
+        ),
     ),
 }
 
@@ -162,9 +196,11 @@ class ConnectHandler(SandboxHandler):
             raise UnsupportedMediaType(
                 f"Connect RPC bodies are application/proto or application/json, not {kind!r}"
             )
-        make = SERVICES.get(service)
-        if make is None:
-            raise NotFound(f"no such service: {service}")
+        protocol, make = SERVICES.get(service, (None, None))
+        if protocol is None or make is None:
+            raise NotFound(f"no such service: {service}; envd offers {', '.join(SERVICES)}")
+        if method not in {m.name for m in protocol.desc().methods}:
+            raise NotFound(f"{service} has no method {method}")
         self.audit_detail["rpc"] = f"{service}/{method}"
         self.closed = asyncio.Event()
         await serve_asgi(self, make(self))

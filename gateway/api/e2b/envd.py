@@ -141,9 +141,12 @@ class FilesHandler(SandboxHandler):
 
     async def _save_batch(self) -> list[str]:
         files: dict[str, list[httputil.HTTPFile]] = {}
-        httputil.parse_body_arguments(
-            self.request.headers.get("Content-Type", ""), bytes(self.batch or b""), {}, files
-        )
+        try:
+            httputil.parse_body_arguments(
+                self.request.headers.get("Content-Type", ""), bytes(self.batch or b""), {}, files
+            )
+        except httputil.HTTPInputError as e:
+            raise BadRequest(f"the upload is not valid multipart/form-data: {e}") from None
         parts = [part for batch in files.values() for part in batch]
         if not parts:
             raise BadRequest("send each file as a multipart/form-data part with a filename")
