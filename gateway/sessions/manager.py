@@ -54,11 +54,12 @@ from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
+from .commands import Command, Commands
 from .lifecycle import SandboxLifecycle
 from .model import Session
 from .pool import WarmPool
 from .recovery import recover
-from .requests import CreateSession, ExecuteCode, UpdateSession
+from .requests import CreateSession, ExecuteCode, StartCommand, UpdateSession
 from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class SessionManager:
         self.clock = clock
         self.sessions = sessions
         self.tasks = TaskSet()
+        self.commands = Commands(lifecycle.placement, self.tasks)
         self.counts: Counter[str] = Counter()  # executions by status, for /metrics
         self._culler: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
@@ -166,6 +168,7 @@ class SessionManager:
                 await kernel.interrupt()
         for relay in list(session.parked.values()):
             relay.close()
+        self.commands.end(session.id)
         kernel.detach()
         await self.save(session)
 
@@ -485,6 +488,33 @@ class SessionManager:
         if session.workspace is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         return session.workspace
+
+    async def start_command(
+        self, session_id: str, who: Principal, request: StartCommand
+    ) -> Command:
+        """Start a command in the session's sandbox, beside its kernel (busy or not)."""
+        session = self.get(session_id, who)
+        self._check_usable(session)
+        if session.kernel is None or session.kernel.container_id is None:
+            raise Conflict(f"session {session_id} is still starting; retry in a moment")
+        session.touch()
+        return await self.commands.start(session.id, session.kernel.container_id, request)
+
+    def command(self, session_id: str, who: Principal, pid: int) -> Command:
+        """A running command of the session, by its pid in the sandbox."""
+        self.get(session_id, who)
+        return self.commands.get(session_id, pid)
+
+    async def run_command(
+        self, session_id: str, who: Principal, request: StartCommand
+    ) -> dict[str, Any]:
+        """Run a command to its end; its output is capped as an execution's is."""
+        session = self.get(session_id, who)
+        limit = seconds(
+            request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
+        )
+        command = await self.start_command(session_id, who, request)
+        return await self.commands.run(command, limit, session.limits.output_bytes)
 
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")

@@ -18,6 +18,7 @@ from ..errors import BadRequest
 from ..limits import Limits
 from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
+from ..sandbox.workspace import clean_path
 from ..validation import env_vars, image_ref, metadata_dict
 
 
@@ -121,3 +122,33 @@ class ExecuteCode:
             raise BadRequest("description must be a markdown string")
         timeout = seconds_of(body.get("timeout"), "timeout")
         return cls(code, timeout, description, env_vars(body.get("env")))
+
+
+@dataclasses.dataclass(frozen=True)
+class StartCommand:
+    """A command to run in the session's sandbox, beside its kernel."""
+
+    argv: list[str]
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cwd: str = ""  # relative to the workspace
+    tty: tuple[int, int] | None = None  # a terminal's rows and columns
+    timeout: float | None = None  # for a run waited on (``POST .../commands``)
+    tag: str = ""
+
+    @classmethod
+    def from_json(cls, body: Any) -> StartCommand:
+        """``{"command": "ls -l", "env", "cwd", "timeout"}``: a shell line, run by ``/bin/sh``."""
+        body = _body(body)
+        command = body.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise BadRequest("command must be a shell command line, such as 'ls -l'")
+        cwd = body.get("cwd") or ""
+        if not isinstance(cwd, str):
+            raise BadRequest("cwd must be a directory path relative to the workspace")
+        clean_path(cwd, allow_root=True)
+        return cls(
+            argv=["/bin/sh", "-c", command],
+            env=env_vars(body.get("env")),
+            cwd=cwd,
+            timeout=seconds_of(body.get("timeout"), "timeout"),
+        )
