@@ -380,3 +380,13 @@ def canary_session(gw: GatewayProcess) -> Iterator[str]:
     run(gw.client, sid, "alive = 42")
     yield sid
     gw.client.delete(f"/v1/sessions/{sid}")
+
+
+def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
+    """What ``sbx e2b env`` exports to point the stock E2B SDKs at ``gw``."""
+    return {
+        "E2B_API_KEY": key,
+        "E2B_API_URL": gw.url,
+        "E2B_SANDBOX_URL": gw.url,
+        "E2B_DOMAIN": "sandbox.invalid",
+    }

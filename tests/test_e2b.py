@@ -20,21 +20,11 @@ from e2b import AsyncSandbox as AsyncBaseSandbox
 from e2b import AuthenticationException, NotFoundException, SandboxException, SandboxQuery
 from e2b import TimeoutException as E2BTimeout
 from e2b_code_interpreter import AsyncSandbox, Sandbox
-from helpers import GatewayProcess, short_tmpdir
+from helpers import GatewayProcess, e2b_env, short_tmpdir
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
-    """What ``sbx e2b env`` exports for this gateway."""
-    return {
-        "E2B_API_KEY": key,
-        "E2B_API_URL": gw.url,
-        "E2B_SANDBOX_URL": gw.url,
-        "E2B_DOMAIN": "sandbox.invalid",
-    }
 
 
 @pytest.fixture(autouse=True)

@@ -10,24 +10,13 @@ import pytest
 from e2b import CommandExitException
 from e2b_code_interpreter import Sandbox
 from helpers import GatewayProcess
-from test_e2b import e2b_env
 
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="module")
-def sandbox(gateway: GatewayProcess):
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in e2b_env(gateway, gateway.token).items():
-            mp.setenv(name, value)
-        sbx = Sandbox.create()
-        yield sbx
-        sbx.kill()
-
-
-def test_run_streams_output_and_exit_codes(sandbox: Sandbox) -> None:
+def test_run_streams_output_and_exit_codes(e2b_sandbox: Sandbox) -> None:
     seen: list[tuple[float, str]] = []
-    result = sandbox.commands.run(
+    result = e2b_sandbox.commands.run(
         "echo first; sleep 1; echo oops >&2; pwd; id -u",
         on_stdout=lambda line: seen.append((time.monotonic(), line)),
     )
@@ -36,54 +25,54 @@ def test_run_streams_output_and_exit_codes(sandbox: Sandbox) -> None:
     assert result.stdout == "first\n/workspace\n1000\n", "not the kernel's user and directory"
     assert seen[0][1] == "first\n" and done - seen[0][0] > 0.8, "stdout came only at the end"
     with pytest.raises(CommandExitException) as failed:
-        sandbox.commands.run("echo bad >&2; exit 3")
+        e2b_sandbox.commands.run("echo bad >&2; exit 3")
     assert failed.value.exit_code == 3 and failed.value.stderr == "bad\n"
 
 
-def test_env_cwd_and_files_shared_with_the_kernel(sandbox: Sandbox) -> None:
-    sandbox.files.write("sub/note.txt", "from files")
-    result = sandbox.commands.run("echo $GREETING; cat note.txt", envs={"GREETING": "hi"},
+def test_env_cwd_and_files_shared_with_the_kernel(e2b_sandbox: Sandbox) -> None:
+    e2b_sandbox.files.write("sub/note.txt", "from files")
+    result = e2b_sandbox.commands.run("echo $GREETING; cat note.txt", envs={"GREETING": "hi"},
                                   cwd="/home/user/sub")  # fmt: skip
     assert result.stdout == "hi\nfrom files"
-    sandbox.commands.run("echo made > by_command.txt")
-    assert sandbox.run_code("open('by_command.txt').read()").text == "'made\\n'"
+    e2b_sandbox.commands.run("echo made > by_command.txt")
+    assert e2b_sandbox.run_code("open('by_command.txt').read()").text == "'made\\n'"
 
 
-def test_background_list_stdin_kill_and_connect(sandbox: Sandbox) -> None:
-    sleeper = sandbox.commands.run("sleep 60", background=True)
-    reader = sandbox.commands.run("cat", background=True, stdin=True)
-    assert {sleeper.pid, reader.pid} <= {p.pid for p in sandbox.commands.list()}
-    sandbox.commands.send_stdin(reader.pid, "typed\n")
-    sandbox.commands.close_stdin(reader.pid)
+def test_background_list_stdin_kill_and_connect(e2b_sandbox: Sandbox) -> None:
+    sleeper = e2b_sandbox.commands.run("sleep 60", background=True)
+    reader = e2b_sandbox.commands.run("cat", background=True, stdin=True)
+    assert {sleeper.pid, reader.pid} <= {p.pid for p in e2b_sandbox.commands.list()}
+    e2b_sandbox.commands.send_stdin(reader.pid, "typed\n")
+    e2b_sandbox.commands.close_stdin(reader.pid)
     assert reader.wait().stdout == "typed\n"
     sleeper.disconnect()
-    again = sandbox.commands.connect(sleeper.pid)
-    assert sandbox.commands.kill(sleeper.pid) is True
+    again = e2b_sandbox.commands.connect(sleeper.pid)
+    assert e2b_sandbox.commands.kill(sleeper.pid) is True
     with pytest.raises(CommandExitException):
         again.wait()
-    assert sleeper.pid not in {p.pid for p in sandbox.commands.list()}
-    assert sandbox.commands.kill(sleeper.pid) is False
+    assert sleeper.pid not in {p.pid for p in e2b_sandbox.commands.list()}
+    assert e2b_sandbox.commands.kill(sleeper.pid) is False
 
 
-def test_pty(sandbox: Sandbox) -> None:
-    terminal = sandbox.pty.create(size=e2b.PtySize(rows=24, cols=80))
-    sandbox.pty.resize(terminal.pid, e2b.PtySize(rows=30, cols=100))
-    sandbox.pty.send_stdin(terminal.pid, b"stty size; echo pty-$((6*7)); exit\n")
+def test_pty(e2b_sandbox: Sandbox) -> None:
+    terminal = e2b_sandbox.pty.create(size=e2b.PtySize(rows=24, cols=80))
+    e2b_sandbox.pty.resize(terminal.pid, e2b.PtySize(rows=30, cols=100))
+    e2b_sandbox.pty.send_stdin(terminal.pid, b"stty size; echo pty-$((6*7)); exit\n")
     out: list[bytes] = []
     terminal.wait(on_pty=out.append)
     text = b"".join(out).decode(errors="replace")
     assert "pty-42" in text and "30 100" in text, text[-400:]
 
 
-def test_a_command_does_not_wait_for_a_busy_kernel(sandbox: Sandbox) -> None:
+def test_a_command_does_not_wait_for_a_busy_kernel(e2b_sandbox: Sandbox) -> None:
     """Commands run beside the kernel: a long cell does not hold them up."""
     import threading
 
-    cell = threading.Thread(target=sandbox.run_code, args=("import time; time.sleep(3)",))
+    cell = threading.Thread(target=e2b_sandbox.run_code, args=("import time; time.sleep(3)",))
     cell.start()
     time.sleep(0.5)
     started = time.monotonic()
-    assert sandbox.commands.run("echo quick").stdout == "quick\n"
+    assert e2b_sandbox.commands.run("echo quick").stdout == "quick\n"
     assert time.monotonic() - started < 2
     cell.join()
 

@@ -1,4 +1,4 @@
-"""The stock SDK's ``sandbox.files`` against the gateway: envd's /files and Filesystem RPCs."""
+"""The stock SDK's ``e2b_sandbox.files`` against the gateway: envd's /files and Filesystem RPCs."""
 
 from __future__ import annotations
 
@@ -9,88 +9,71 @@ from e2b import FileType, InvalidArgumentException, NotFoundException, SandboxEx
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b_code_interpreter import Sandbox
 from helpers import GatewayProcess, memory_kib
-from test_e2b import e2b_env
 
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(autouse=True)
-def pointed(gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in e2b_env(gateway, gateway.token).items():
-        monkeypatch.setenv(name, value)
-
-
-@pytest.fixture(scope="module")
-def sandbox(gateway: GatewayProcess):
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in e2b_env(gateway, gateway.token).items():
-            mp.setenv(name, value)
-        sbx = Sandbox.create()
-    yield sbx
-    sbx.kill()
-
-
-def test_text_bytes_and_streams_round_trip_and_the_kernel_sees_them(sandbox: Sandbox) -> None:
+def test_text_bytes_and_streams_round_trip_and_the_kernel_sees_them(e2b_sandbox: Sandbox) -> None:
     binary = bytes(range(256)) * 64
-    sandbox.files.write("/home/user/in/text.txt", "héllo\n")
-    sandbox.files.write("in/data.bin", binary)
-    sandbox.files.write("~/in/stream.bin", io.BytesIO(binary))  # octet-stream, streamed
-    assert sandbox.files.read("in/text.txt") == "héllo\n"
-    assert bytes(sandbox.files.read("/home/user/in/data.bin", format="bytes")) == binary
-    assert b"".join(sandbox.files.read("in/stream.bin", format="stream")) == binary
-    seen = sandbox.run_code("open('in/data.bin', 'rb').read() == bytes(range(256)) * 64")
+    e2b_sandbox.files.write("/home/user/in/text.txt", "héllo\n")
+    e2b_sandbox.files.write("in/data.bin", binary)
+    e2b_sandbox.files.write("~/in/stream.bin", io.BytesIO(binary))  # octet-stream, streamed
+    assert e2b_sandbox.files.read("in/text.txt") == "héllo\n"
+    assert bytes(e2b_sandbox.files.read("/home/user/in/data.bin", format="bytes")) == binary
+    assert b"".join(e2b_sandbox.files.read("in/stream.bin", format="stream")) == binary
+    seen = e2b_sandbox.run_code("open('in/data.bin', 'rb').read() == bytes(range(256)) * 64")
     assert seen.text == "True", "the kernel does not start in the SDK's home directory"
-    sandbox.run_code("open('made.txt', 'w').write('by the kernel')")
-    assert sandbox.files.read("/home/user/made.txt") == "by the kernel"
+    e2b_sandbox.run_code("open('made.txt', 'w').write('by the kernel')")
+    assert e2b_sandbox.files.read("/home/user/made.txt") == "by the kernel"
 
 
-def test_several_files_at_once(sandbox: Sandbox) -> None:
-    written = sandbox.files.write_files(
+def test_several_files_at_once(e2b_sandbox: Sandbox) -> None:
+    written = e2b_sandbox.files.write_files(
         [WriteEntry(path=f"batch/f{n}.txt", data=f"file {n}") for n in range(3)]
     )
     assert [w.path for w in written] == [f"/home/user/batch/f{n}.txt" for n in range(3)]
-    assert [sandbox.files.read(f"batch/f{n}.txt") for n in range(3)] == [
+    assert [e2b_sandbox.files.read(f"batch/f{n}.txt") for n in range(3)] == [
         "file 0",
         "file 1",
         "file 2",
     ]
 
 
-def test_list_depth_stat_exists_rename_remove_make_dir(sandbox: Sandbox) -> None:
-    assert sandbox.files.make_dir("tree/a/b") is True
-    assert sandbox.files.make_dir("tree/a/b") is False
-    sandbox.files.write("tree/a/b/deep.txt", "x")
-    sandbox.files.write("tree/top.txt", "xyz")
-    top = sandbox.files.list("tree")
+def test_list_depth_stat_exists_rename_remove_make_dir(e2b_sandbox: Sandbox) -> None:
+    assert e2b_sandbox.files.make_dir("tree/a/b") is True
+    assert e2b_sandbox.files.make_dir("tree/a/b") is False
+    e2b_sandbox.files.write("tree/a/b/deep.txt", "x")
+    e2b_sandbox.files.write("tree/top.txt", "xyz")
+    top = e2b_sandbox.files.list("tree")
     assert sorted(e.path for e in top) == ["/home/user/tree/a", "/home/user/tree/top.txt"]
-    deep = sandbox.files.list("/home/user/tree", depth=3)
+    deep = e2b_sandbox.files.list("/home/user/tree", depth=3)
     assert "/home/user/tree/a/b/deep.txt" in {e.path for e in deep}
-    info = sandbox.files.get_info("tree/top.txt")
+    info = e2b_sandbox.files.get_info("tree/top.txt")
     assert info.type == FileType.FILE and info.size == 3 and info.name == "top.txt"
-    assert sandbox.files.get_info("tree/a").type == FileType.DIR
-    assert sandbox.files.exists("tree/top.txt") and not sandbox.files.exists("tree/none")
-    moved = sandbox.files.rename("tree/top.txt", "tree/moved/top.txt")
+    assert e2b_sandbox.files.get_info("tree/a").type == FileType.DIR
+    assert e2b_sandbox.files.exists("tree/top.txt") and not e2b_sandbox.files.exists("tree/none")
+    moved = e2b_sandbox.files.rename("tree/top.txt", "tree/moved/top.txt")
     assert moved.path == "/home/user/tree/moved/top.txt"
-    assert sandbox.files.read("tree/moved/top.txt") == "xyz"
-    sandbox.files.remove("tree")
-    assert not sandbox.files.exists("tree")
+    assert e2b_sandbox.files.read("tree/moved/top.txt") == "xyz"
+    e2b_sandbox.files.remove("tree")
+    assert not e2b_sandbox.files.exists("tree")
 
 
-def test_missing_files_and_paths_outside_the_workspace(sandbox: Sandbox) -> None:
+def test_missing_files_and_paths_outside_the_workspace(e2b_sandbox: Sandbox) -> None:
     with pytest.raises(NotFoundException):
-        sandbox.files.read("does/not/exist.txt")
+        e2b_sandbox.files.read("does/not/exist.txt")
     with pytest.raises(NotFoundException):
-        sandbox.files.get_info("nope")
+        e2b_sandbox.files.get_info("nope")
     with pytest.raises(SandboxException, match="outside /home/user"):
-        sandbox.files.read("/etc/passwd")
+        e2b_sandbox.files.read("/etc/passwd")
     with pytest.raises(SandboxException, match="outside /home/user"):
-        sandbox.files.list("/")
+        e2b_sandbox.files.list("/")
     with pytest.raises((InvalidArgumentException, SandboxException)):
-        sandbox.files.write("../escape.txt", "no")
+        e2b_sandbox.files.write("../escape.txt", "no")
 
 
 def test_large_files_stream_both_ways_without_growing_the_gateway(
-    sandbox: Sandbox, gateway: GatewayProcess
+    e2b_sandbox: Sandbox, gateway: GatewayProcess
 ) -> None:
     size = 200 * 2**20
     chunk = bytes(range(256)) * 4096  # 1 MiB
@@ -100,12 +83,12 @@ def test_large_files_stream_both_ways_without_growing_the_gateway(
             yield chunk
 
     before = memory_kib(gateway.pid)["VmRSS"]
-    sandbox.files.write("big.bin", chunks())
-    assert sandbox.files.get_info("big.bin").size == size
+    e2b_sandbox.files.write("big.bin", chunks())
+    assert e2b_sandbox.files.get_info("big.bin").size == size
     total = 0
-    for piece in sandbox.files.read("big.bin", format="stream"):
+    for piece in e2b_sandbox.files.read("big.bin", format="stream"):
         total += len(piece)
     assert total == size
     grown = (memory_kib(gateway.pid)["VmRSS"] - before) / 1024
     assert grown < 64, f"the gateway grew {grown:.0f} MiB moving a 200 MiB file"
-    sandbox.files.remove("big.bin")
+    e2b_sandbox.files.remove("big.bin")

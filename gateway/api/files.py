@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 import tornado.web
 
@@ -81,43 +82,36 @@ async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
     handler.finish()
 
 
-@tornado.web.stream_request_body
-class FileHandler(JSONHandler):
-    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``.
+class StreamedUpload:
+    """An upload written to disk as its body streams in (a ``stream_request_body`` handler).
 
     The body streams in after ``prepare``, so whatever ``prepare`` refuses is
     answered only once the body is in: an answer given earlier makes Tornado
     drop the connection, and the client sees a reset instead of the error.
+    A handler starts its upload in ``start_upload`` and ends it with
+    ``finish_upload``; a closed connection discards it.
     """
 
-    actions = {"PUT": "files.upload", "DELETE": "files.delete"}
+    upload_method = "PUT"
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
+    request: Any
 
     async def prepare(self) -> None:
         try:
-            super().prepare()  # the body is not in yet: its size is checked by the upload
-            if self.request.method == "PUT":
-                await self._start_upload()
+            super().prepare()  # type: ignore[misc]  # the body is not in yet
+            if self.request.method == self.upload_method:
+                await self.start_upload()
         except GatewayError as e:
             self.refusal = e
 
-    def _answer_refusal(self) -> None:
+    async def start_upload(self) -> None:
+        raise NotImplementedError
+
+    def answer_refusal(self) -> None:
         if self.refusal is not None:
             raise self.refusal
-
-    async def _start_upload(self) -> None:
-        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
-        free = await workspace.free_bytes()
-        declared = int(self.request.headers.get("Content-Length", 0) or 0)
-        if declared > free:
-            raise FileTooLarge(
-                f"{declared} bytes do not fit: the workspace has {free} bytes free "
-                "(its size is the session's disk limit)"
-            )
-        self.request.connection.set_max_body_size(max(free, 1))
-        self.upload = await workspace.open_write(self.path_kwargs["path"])
 
     async def data_received(self, chunk: bytes) -> None:
         if self.upload is None or self.failure is not None:
@@ -127,19 +121,18 @@ class FileHandler(JSONHandler):
         except OSError as e:  # ENOSPC: remember it, answer once the body is in
             self.failure = e
 
-    async def put(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+    async def finish_upload(self) -> int:
+        """Put the file in place (or discard it, if writing failed); its size."""
         upload, self.upload = self.upload, None
         assert upload is not None
         await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
-        self.audit_detail.update(path=path, size=upload.size)
-        self.send({"path": path, "size": upload.size}, status=201)
+        return upload.size
 
     def on_finish(self) -> None:
         self._discard()
-        super().on_finish()
+        super().on_finish()  # type: ignore[misc]
 
     def on_connection_close(self) -> None:
         self._discard()
@@ -149,8 +142,38 @@ class FileHandler(JSONHandler):
             upload, self.upload = self.upload, None
             upload.discard()
 
+
+async def open_upload(request: Any, workspace: AsyncWorkspace, path: str) -> AsyncUpload:
+    """Start an upload to ``path`` if its declared size fits the workspace; allow that much."""
+    free = await workspace.free_bytes()
+    declared = int(request.headers.get("Content-Length", 0) or 0)
+    if declared > free:
+        raise FileTooLarge(
+            f"{declared} bytes do not fit: the workspace has {free} bytes free "
+            "(its size is the session's disk limit)"
+        )
+    request.connection.set_max_body_size(max(free, 1))
+    return await workspace.open_write(path)
+
+
+@tornado.web.stream_request_body
+class FileHandler(StreamedUpload, JSONHandler):
+    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``."""
+
+    actions = {"PUT": "files.upload", "DELETE": "files.delete"}
+
+    async def start_upload(self) -> None:
+        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
+        self.upload = await open_upload(self.request, workspace, self.path_kwargs["path"])
+
+    async def put(self, session_id: str, path: str) -> None:
+        self.answer_refusal()
+        size = await self.finish_upload()
+        self.audit_detail.update(path=path, size=size)
+        self.send({"path": path, "size": size}, status=201)
+
     async def get(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         workspace = self.manager.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
         if fmt is not None:
@@ -163,7 +186,7 @@ class FileHandler(JSONHandler):
         await stream_file(self, source)
 
     async def delete(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
         await workspace.remove(path)

@@ -16,23 +16,12 @@ PROTO = {"Content-Type": "application/proto"}
 STREAM = {"Content-Type": "application/connect+proto"}
 
 
-@pytest.fixture(scope="module")
-def target(gateway: GatewayProcess):
-    env = {"E2B_API_KEY": gateway.token, "E2B_API_URL": gateway.url, "E2B_SANDBOX_URL": gateway.url}
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in env.items():
-            mp.setenv(name, value)
-        sbx = Sandbox.create()
-    yield sbx
-    sbx.kill()
-
-
 @pytest.fixture
-def envd(gateway: GatewayProcess, target: Sandbox):
+def envd(gateway: GatewayProcess, e2b_sandbox: Sandbox):
     headers = {
-        "E2b-Sandbox-Id": target.sandbox_id,
+        "E2b-Sandbox-Id": e2b_sandbox.sandbox_id,
         "E2b-Sandbox-Port": "49983",
-        "X-Access-Token": target._envd_access_token,
+        "X-Access-Token": e2b_sandbox._envd_access_token,
     }
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
         yield client

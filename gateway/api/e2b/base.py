@@ -96,15 +96,7 @@ class E2BHandler(JSONHandler):
         key = self.request.headers.get("X-API-Key")
         if key is None:
             return super().authenticate()  # a Bearer token works as well
-        try:
-            self.principal = self.auth.authenticate(key)
-        except Unauthorized:
-            request = self.request
-            self.quiet = not self.audit.auth_failure(
-                request.remote_ip, request.method, request.path, key
-            )
-            raise
-        return self.principal
+        return self.authenticate_token(key)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = self.translate(kwargs.get("exc_info", (None, None, None))[1])
@@ -146,11 +138,7 @@ class SandboxHandler(E2BHandler):
         try:
             self.address = self.credentials.sandbox(self.request.headers, self.request.host)
         except Unauthorized:
-            request = self.request
-            token = sandbox_token(request.headers)
-            self.quiet = not self.audit.auth_failure(
-                request.remote_ip, request.method, request.path, token
-            )
+            self.audit_refusal(sandbox_token(self.request.headers))
             raise
         owner = self.manager.owner_of(self.address.sandbox_id)
         if owner is None:

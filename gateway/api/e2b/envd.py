@@ -17,13 +17,12 @@ from tornado import httputil
 from ...errors import (
     BadRequest,
     FileTooLarge,
-    GatewayError,
     PathForbidden,
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from ...sandbox.files import AsyncUpload, AsyncWorkspace
-from ..files import MAX_BATCH, stream_file
+from ...sandbox.files import AsyncWorkspace
+from ..files import MAX_BATCH, StreamedUpload, open_upload, stream_file
 from .base import SandboxHandler
 from .templates import HOME
 
@@ -58,32 +57,18 @@ class HealthHandler(SandboxHandler):
 
 
 @tornado.web.stream_request_body
-class FilesHandler(SandboxHandler):
-    """``GET ?path=`` downloads; ``POST ?path=`` uploads one file (octet-stream) or several.
-
-    As with the v1 upload, whatever ``prepare`` refuses is answered once the
-    body is in: an earlier answer would reach the client as a reset.
-    """
+class FilesHandler(StreamedUpload, SandboxHandler):
+    """``GET ?path=`` downloads; ``POST ?path=`` uploads one file (octet-stream) or several."""
 
     actions = {"POST": "files.upload"}
-    upload: AsyncUpload | None = None
+    upload_method = "POST"
     target = ""
     batch: bytearray | None = None
-    failure: BaseException | None = None
-    refusal: GatewayError | None = None
-
-    async def prepare(self) -> None:
-        try:
-            super().prepare()
-            if self.request.method == "POST":
-                await self._start_upload()
-        except GatewayError as e:
-            self.refusal = e
 
     def workspace(self) -> AsyncWorkspace:
         return self.manager.files(self.sandbox_id, self.principal)
 
-    async def _start_upload(self) -> None:
+    async def start_upload(self) -> None:
         kind = self.request.headers.get("Content-Type", "")
         if kind.startswith("multipart/form-data"):
             self.batch = bytearray()
@@ -96,43 +81,31 @@ class FilesHandler(SandboxHandler):
         if self.request.headers.get("Content-Encoding", "identity") != "identity":
             raise UnsupportedMediaType("compressed uploads are not offered: send it as it is")
         self.target = workspace_path(self.get_argument("path"))
-        workspace = self.workspace()
-        free = await workspace.free_bytes()
-        if int(self.request.headers.get("Content-Length", 0) or 0) > free:
-            raise FileTooLarge(f"the file does not fit: the workspace has {free} bytes free")
-        self.request.connection.set_max_body_size(max(free, 1))
-        self.upload = await workspace.open_write(self.target)
+        self.upload = await open_upload(self.request, self.workspace(), self.target)
 
     async def data_received(self, chunk: bytes) -> None:
-        if self.upload is not None and self.failure is None:
-            try:
-                await self.upload.write(chunk)
-            except OSError as e:  # ENOSPC: answered once the body is in
-                self.failure = e
-        elif self.batch is not None:
-            if len(self.batch) + len(chunk) > MAX_BATCH:
-                self.batch = None
-                self.refusal = self.refusal or PayloadTooLarge(
-                    f"a multipart upload may carry {MAX_BATCH} bytes; "
-                    "send large files one at a time (the SDK streams file objects)"
-                )
-            else:
-                self.batch += chunk
+        if self.batch is None:
+            await super().data_received(chunk)
+        elif len(self.batch) + len(chunk) > MAX_BATCH:
+            self.batch = None
+            self.refusal = self.refusal or PayloadTooLarge(
+                f"a multipart upload may carry {MAX_BATCH} bytes; "
+                "send large files one at a time (the SDK streams file objects)"
+            )
+        else:
+            self.batch += chunk
 
     async def get(self) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         source, info = await self.workspace().open_read(workspace_path(self.get_argument("path")))
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         await stream_file(self, source)
 
     async def post(self) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         if self.upload is not None:
-            upload, self.upload = self.upload, None
-            await upload.finish(self.failure is None)
-            if self.failure is not None:
-                raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
+            await self.finish_upload()
             paths = [self.target]
         else:
             paths = await self._save_batch()
@@ -160,22 +133,6 @@ class FilesHandler(SandboxHandler):
             await workspace.save(path, part.body)
             paths.append(path)
         return paths
-
-    def _answer_refusal(self) -> None:
-        if self.refusal is not None:
-            raise self.refusal
-
-    def on_finish(self) -> None:
-        self._discard()
-        super().on_finish()
-
-    def on_connection_close(self) -> None:
-        self._discard()
-
-    def _discard(self) -> None:
-        if self.upload is not None:
-            upload, self.upload = self.upload, None
-            upload.discard()
 
 
 routes = [(r"/health", HealthHandler), (r"/files", FilesHandler)]
