@@ -17,7 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import AsyncSandbox as AsyncBaseSandbox
-from e2b import AuthenticationException, NotFoundException, SandboxException, SandboxQuery
+from e2b import (
+    AuthenticationException,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    SandboxQuery,
+)
 from e2b import TimeoutException as E2BTimeout
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from helpers import GatewayProcess, e2b_env, short_tmpdir
@@ -261,7 +267,8 @@ def tenants(start_gateway):
     tokens = data_dir / "tokens.toml"
     tokens.write_text(
         '[[tokens]]\ntenant = "acme"\ntoken = "acme-e2b-key"\n\n'
-        '[[tokens]]\ntenant = "rival"\ntoken = "rival-e2b-key"\n'
+        '[[tokens]]\ntenant = "rival"\ntoken = "rival-e2b-key"\n\n'
+        "[tenants.rival]\nmax_sessions = 1\n"
     )
     return start_gateway("--tokens-file", str(tokens), data_dir=data_dir)
 
@@ -296,3 +303,14 @@ def test_sbx_e2b_env_is_the_whole_setup(gateway: GatewayProcess) -> None:
         env={**env, "SCRIPT": script}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+
+
+def test_a_tenants_quota_holds(tenants, monkeypatch) -> None:
+    for name, value in e2b_env(tenants, "rival-e2b-key").items():
+        monkeypatch.setenv(name, value)
+    first = Sandbox.create()
+    try:
+        with pytest.raises(RateLimitException):
+            Sandbox.create()
+    finally:
+        first.kill()

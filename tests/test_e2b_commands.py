@@ -54,6 +54,14 @@ def test_background_list_stdin_kill_and_connect(e2b_sandbox: Sandbox) -> None:
     assert e2b_sandbox.commands.kill(sleeper.pid) is False
 
 
+def test_the_egress_policy_holds_for_commands(e2b_sandbox: Sandbox) -> None:
+    """The sandbox has no network by default: a command cannot reach out either."""
+    reach = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""
+    with pytest.raises(CommandExitException) as refused:
+        e2b_sandbox.commands.run(reach)
+    assert "unreachable" in refused.value.stderr.lower() or "error" in refused.value.stderr.lower()
+
+
 def test_pty(e2b_sandbox: Sandbox) -> None:
     terminal = e2b_sandbox.pty.create(size=e2b.PtySize(rows=24, cols=80))
     e2b_sandbox.pty.resize(terminal.pid, e2b.PtySize(rows=30, cols=100))
