@@ -314,3 +314,20 @@ def test_a_tenants_quota_holds(tenants, monkeypatch) -> None:
             Sandbox.create()
     finally:
         first.kill()
+
+
+def test_signed_file_urls_work_by_host(sandbox: Sandbox, gateway: GatewayProcess) -> None:
+    """``download_url`` / ``upload_url`` carry a signature instead of the token header."""
+    host = {"Host": f"49983-{sandbox.sandbox_id}.sandbox.example.org"}
+    upload = httpx.URL(sandbox.upload_url("signed.txt", use_signature_expiration=60))
+    download = httpx.URL(sandbox.download_url("signed.txt"))
+    with httpx.Client(base_url=gateway.url, headers=host, timeout=30) as client:
+        r = client.post(upload.raw_path.decode(), files={"file": ("signed.txt", b"signed!")})
+        assert r.status_code == 200, r.text
+        assert client.get(download.raw_path.decode()).content == b"signed!"
+        forged = download.raw_path.decode().replace("signature=v1_", "signature=v1_x")
+        assert client.get(forged).status_code == 401
+        as_write = download.raw_path.decode()  # a read signature does not allow a write
+        r = client.post(as_write, files={"file": ("signed.txt", b"overwritten")})
+        assert r.status_code == 401
+    assert sandbox.files.read("signed.txt") == "signed!"

@@ -40,7 +40,9 @@ class Edge(httputil.HTTPServerConnectionDelegate):
         audit: AuditLog,
         settings: Settings,
         max_body: int,
-        also_accepts: Callable[[httputil.HTTPHeaders], bool] = lambda headers: False,
+        also_accepts: Callable[
+            [httputil.RequestStartLine, httputil.HTTPHeaders], bool
+        ] = lambda start_line, headers: False,
     ) -> None:
         self.app = app
         # Other credentials a handler checks in full (the E2B edge's API key and sandbox tokens).
@@ -83,7 +85,7 @@ class _Gate(httputil.HTTPMessageDelegate):
         try:
             self.edge.auth.authenticate(token or headers.get("X-API-Key"))
         except Unauthorized as e:
-            if self.edge.also_accepts(headers):
+            if self.edge.also_accepts(start_line, headers):
                 self.conn.set_max_body_size(self.edge.max_body)  # type: ignore[attr-defined]
                 return self.inner.headers_received(start_line, headers)
             self.conn.set_body_timeout(self.edge.body_timeout)  # type: ignore[attr-defined]

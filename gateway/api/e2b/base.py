@@ -16,8 +16,13 @@ not (or no longer) there answers sandbox traffic as E2B's proxy does: 502 and
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import hmac
 import json
+import time
+import urllib.parse
 from typing import Any
 
 import tornado.web
@@ -61,11 +66,14 @@ class Credentials:
     def __init__(self, tokens: SandboxTokens) -> None:
         self.tokens = tokens
 
-    def sandbox(self, headers: httputil.HTTPHeaders, host: str) -> Address:
+    def sandbox(
+        self, headers: httputil.HTTPHeaders, host: str, method: str = "GET", query: str = ""
+    ) -> Address:
         """The sandbox a request may reach; its token must be that sandbox's (else 401).
 
-        A wrong token answers alike for a sandbox that exists and one that does
-        not, so a token reveals nothing of other sandboxes.
+        A signed file URL (the SDK's ``download_url`` / ``upload_url``) stands
+        in for the token. A wrong token answers alike for a sandbox that
+        exists and one that does not, so a token reveals nothing of others.
         """
         address = address_of(headers, host)
         if address is None:
@@ -73,20 +81,43 @@ class Credentials:
                 "name the sandbox: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, "
                 "or a Host of the form PORT-SANDBOXID.DOMAIN"
             )
-        if not self.tokens.valid(address.sandbox_id, sandbox_token(headers)):
+        token = self.tokens.issue(address.sandbox_id)
+        presented = sandbox_token(headers)
+        if presented is None and signed(query, method, token):
+            return address
+        if not self.tokens.valid(address.sandbox_id, presented):
             raise Unauthorized(
                 "the sandbox access token is missing or not this sandbox's; use the "
                 "envdAccessToken that created (or connected to) the sandbox"
             )
         return address
 
-    def accepts(self, headers: httputil.HTTPHeaders) -> bool:
+    def accepts(self, start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
         """Whether a request carries a sandbox's own token (the edge then lets its body in)."""
+        _, _, query = start_line.path.partition("?")
         try:
-            self.sandbox(headers, headers.get("Host", ""))
+            self.sandbox(headers, headers.get("Host", ""), start_line.method, query)
         except GatewayError:
             return False
         return True
+
+
+def signed(query: str, method: str, token: str) -> bool:
+    """Whether ``query`` carries a valid, unexpired v1 file-URL signature for ``method``.
+
+    The SDK signs ``path:operation:user:token[:expiration]`` with SHA-256.
+    """
+    args = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    signature, expiration = args.get("signature"), args.get("signature_expiration")
+    if not signature:
+        return False
+    if expiration is not None and not (expiration.isdigit() and int(expiration) > time.time()):
+        return False
+    operation = "write" if method == "POST" else "read"
+    raw = f"{args.get('path', '')}:{operation}:{args.get('username', '')}:{token}"
+    raw += f":{expiration}" if expiration is not None else ""
+    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+    return hmac.compare_digest(signature, f"v1_{digest}")
 
 
 class E2BHandler(JSONHandler):
@@ -136,7 +167,10 @@ class SandboxHandler(E2BHandler):
 
     def authenticate(self) -> Principal:
         try:
-            self.address = self.credentials.sandbox(self.request.headers, self.request.host)
+            request = self.request
+            self.address = self.credentials.sandbox(
+                request.headers, request.host, request.method, request.query
+            )
         except Unauthorized:
             self.audit_refusal(sandbox_token(self.request.headers))
             raise
