@@ -116,13 +116,17 @@ def test_list_filters_by_metadata_and_pages() -> None:
             sbx.kill()
 
 
-def test_info_timeout_connect_and_kill(sandbox: Sandbox) -> None:
+def test_info_timeout_connect_and_kill(sandbox: Sandbox, gateway: GatewayProcess) -> None:
     info = sandbox.get_info()
     assert info.sandbox_id == sandbox.sandbox_id and info.template_id == "python3"
     assert 250 < (info.end_at - info.started_at).total_seconds() < 350  # E2B's 300 s default
+    session = gateway.client.get(f"/v1/sessions/{sandbox.sandbox_id}").json()
+    assert session["idle_timeout"] == 300, "an idle sandbox would end before its timeout"
     sandbox.set_timeout(1200)
     later = sandbox.get_info().end_at
     assert (later - info.end_at).total_seconds() > 800
+    session = gateway.client.get(f"/v1/sessions/{sandbox.sandbox_id}").json()
+    assert session["idle_timeout"] == 1200
     again = Sandbox.connect(sandbox.sandbox_id)
     assert again.run_code("x = 5; x").text == "5"
     assert sandbox.run_code("x").text == "5", "connect gave another sandbox"

@@ -58,14 +58,19 @@ class ControlHandler(E2BHandler):
         }
 
     async def set_timeout(self, session: Session, timeout: Any, only_longer: bool = False) -> None:
-        """Make the session end ``timeout`` seconds from now (the ttl counts from its creation)."""
+        """Make the session end ``timeout`` seconds from now, idle or not, as E2B's do.
+
+        The ttl counts from the session's creation; the idle timeout from its
+        last activity, which this call is.
+        """
         seconds = seconds_of(timeout, "timeout")
         if seconds is None:
             return
         ttl = time.time() - session.created_at + seconds
         if only_longer and ttl <= session.ttl:
             return
-        await self.manager.update(session.id, self.principal, UpdateSession(ttl=ttl))
+        update = UpdateSession(ttl=ttl, idle_timeout=seconds)
+        await self.manager.update(session.id, self.principal, update)
 
 
 def listed(session: Session) -> dict[str, Any]:
@@ -95,12 +100,13 @@ def create_request(body: dict[str, Any]) -> CreateSession:
         raise NotSupported(NOT_YET["pause"])
     if body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("volume mounts and MCP servers in a sandbox are not supported")
-    metadata = metadata_dict(body.get("metadata"))
+    timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
     return CreateSession(
         kernel=kernel_for_template(template),
-        ttl=seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout"),
+        ttl=timeout,
+        idle_timeout=timeout,  # an E2B sandbox lives to its timeout, idle or not
         env=env_vars(body.get("envVars")),
-        metadata=metadata,
+        metadata=metadata_dict(body.get("metadata")),
     )
 
 
