@@ -19,6 +19,7 @@ import pytest
 from e2b import AsyncSandbox as AsyncBaseSandbox
 from e2b import (
     AuthenticationException,
+    CommandExitException,
     NotFoundException,
     RateLimitException,
     SandboxException,
@@ -240,6 +241,10 @@ def test_async_sdk() -> None:
             assert await sbx.is_running()
             base = await AsyncBaseSandbox.connect(sbx.sandbox_id)
             assert [e.name for e in await base.files.list("/home/user")] == ["async.bin"]
+            said = await base.commands.run("wc -c < async.bin")
+            assert said.stdout.strip() == "256"
+            with pytest.raises(CommandExitException):
+                await base.commands.run("exit 2")
         finally:
             await sbx.kill()
         assert not await sbx.is_running()
