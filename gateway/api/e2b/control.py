@@ -130,14 +130,14 @@ class SandboxesHandler(ControlHandler):
         limit = self.int_argument("limit", LIST_PAGE)
         start = self.int_argument("nextToken", 0) if self.get_argument("nextToken", "") else 0
         if not 1 <= limit <= LIST_PAGE or start < 0:
-            raise BadRequest(f"limit must be 1 to {LIST_PAGE}; nextToken one a page gave")
+            raise BadRequest(f"limit must be 1 to {LIST_PAGE}, nextToken one a page answered with")
         page = found[start : start + limit]
         if start + limit < len(found):
             self.set_header("X-Next-Token", str(start + limit))
         self.send([listed(s) for s in page])
 
 
-class SandboxHandler(ControlHandler):
+class SandboxInfoHandler(ControlHandler):
     """``GET`` is get_info; ``DELETE`` kills the sandbox."""
 
     actions = {"DELETE": "session.delete"}
@@ -217,7 +217,8 @@ class NotYetHandler(ControlHandler):
         self.feature = feature
 
     async def get(self, sandbox_id: str | None = None) -> None:
-        self.manager.get(sandbox_id, self.principal) if sandbox_id else None
+        if sandbox_id is not None:
+            self.manager.get(sandbox_id, self.principal)  # another tenant's: 404 first
         raise NotSupported(NOT_YET[self.feature])
 
     post = put = get
@@ -226,7 +227,7 @@ class NotYetHandler(ControlHandler):
 routes = [
     (r"/sandboxes", SandboxesHandler),
     (r"/v2/sandboxes", SandboxesHandler),
-    (rf"/sandboxes/{_ID}", SandboxHandler),
+    (rf"/sandboxes/{_ID}", SandboxInfoHandler),
     (rf"/sandboxes/{_ID}/timeout", TimeoutHandler),
     (rf"/sandboxes/{_ID}/refreshes", RefreshHandler),
     (rf"/sandboxes/{_ID}/connect", ConnectHandler),

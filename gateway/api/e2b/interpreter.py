@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from ...access.audit import code_facts
 from ...errors import BadRequest, NotFound
 from ...sessions.requests import ExecuteCode
 from ...validation import env_vars
@@ -100,6 +101,7 @@ class ExecuteHandler(InterpreterHandler):
         check_language(body.get("language"), session.kernel_name)
         if not isinstance(body.get("code"), str):
             raise BadRequest("code must be a string of source code")
+        self.audit_detail.update(code_facts(body["code"]))
         request = ExecuteCode(body["code"], env=env_vars(body.get("env_vars")))
         self.set_header("Content-Type", "application/x-ndjson")
         self.running = True
