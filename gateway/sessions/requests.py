@@ -142,7 +142,8 @@ class StartCommand:
         command = body.get("command")
         if not isinstance(command, str) or not command.strip():
             raise BadRequest("command must be a shell command line, such as 'ls -l'")
-        cwd = body.get("cwd") or ""
+        cwd = body.get("cwd")
+        cwd = "" if cwd is None else cwd
         if not isinstance(cwd, str):
             raise BadRequest("cwd must be a directory path relative to the workspace")
         clean_path(cwd, allow_root=True)
