@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from harness import Gateway, pct, write_section
 
@@ -31,22 +32,22 @@ def warm_creates(gw: Gateway, n: int) -> tuple[list[float], list[float]]:
     """Ms from create to the first result, E2B's SDK and ours in turn, the pool refilled."""
     from e2b_code_interpreter import Sandbox
 
-    e2b, ours = [], []
     with Client(gw.url) as client:
+        ways: dict[str, tuple[Callable[[], Any], Callable[[Any], object], Callable[[Any], object]]]
+        ways = {
+            "e2b": (Sandbox.create, lambda s: s.run_code("1 + 1"), lambda s: s.kill()),
+            "ours": (client.create_session, lambda s: s.run("1 + 1"), lambda s: s.delete()),
+        }
+        times: dict[str, list[float]] = {"e2b": [], "ours": []}
         for _ in range(n):
-            wait_for_pool(gw)
-            t0 = time.perf_counter()
-            sandbox = Sandbox.create()
-            sandbox.run_code("1 + 1")
-            e2b.append((time.perf_counter() - t0) * 1000)
-            sandbox.kill()
-            wait_for_pool(gw)
-            t0 = time.perf_counter()
-            session = client.create_session()
-            session.run("1 + 1")
-            ours.append((time.perf_counter() - t0) * 1000)
-            session.delete()
-    return e2b, ours
+            for name, (create, run, end) in ways.items():
+                wait_for_pool(gw)
+                t0 = time.perf_counter()
+                made = create()
+                run(made)
+                times[name].append((time.perf_counter() - t0) * 1000)
+                end(made)
+    return times["e2b"], times["ours"]
 
 
 def wait_for_pool(gw: Gateway) -> None:
