@@ -17,10 +17,12 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
+from .access.sandbox_tokens import SandboxTokens
 from .access.secrets import SecretVault, load_key
 from .api import (
     approvals,
     audit,
+    e2b,
     files,
     health,
     jupyter,
@@ -73,6 +75,7 @@ def make_app(
     settings: Settings,
     observed: GatewayMetrics,
     forwarder: Forwarder,
+    e2b_credentials: e2b.Credentials,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -90,6 +93,7 @@ def make_app(
             *approvals.routes,
             *metrics.routes,
             *jupyter.routes,
+            *e2b.routes,
         ],
         default_handler_class=NotFoundHandler,
         log_function=log_request,
@@ -99,6 +103,8 @@ def make_app(
         sbx_secrets=secrets_vault,
         sbx_forwarder=forwarder,
         sbx_metrics=observed,
+        sbx_e2b_credentials=e2b_credentials,
+        sbx_e2b_tokens=e2b_credentials.tokens,
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
@@ -180,11 +186,19 @@ class Gateway:
         manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
+        credentials = e2b.Credentials(SandboxTokens.in_data_dir(Path(settings.data_dir)))
         app = make_app(
-            self.manager, auth, audit_log, vault, settings, self.manager.metrics, self.forwarder
+            self.manager,
+            auth,
+            audit_log,
+            vault,
+            settings,
+            self.manager.metrics,
+            self.forwarder,
+            credentials,
         )
         self.server = tornado.httpserver.HTTPServer(
-            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY),
+            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, credentials.accepts),
             max_body_size=settings.max_anonymous_body,
             max_buffer_size=MAX_BUFFERED_BODY,
             max_header_size=settings.max_header_size,

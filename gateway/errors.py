@@ -9,6 +9,7 @@ codes themselves. The tree::
     ├── BadRequest                    400 bad_request
     │   ├── LimitExceeded             422 limit_exceeded
     │   ├── NotAllowed                403 not_allowed (a runtime / network policy not offered)
+    │   ├── UnsupportedMediaType      415 unsupported_media_type
     │   └── PolicyInvalid                 policy_invalid (a policy file or document, with its line)
     ├── Unauthorized                  401 unauthorized (no token, or not a valid one)
     ├── Forbidden                     403 forbidden (an admin-only endpoint)
@@ -33,6 +34,7 @@ codes themselves. The tree::
     │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
     │   └── QuotaExceeded                 quota_exceeded (a tenant's quota)
+    ├── NotSupported                  501 not_supported (a feature this gateway does not offer yet)
     └── Unavailable                   503
         ├── EngineUnavailable             engine_unavailable
         ├── ImageNotBuilt                 image_not_built
@@ -75,6 +77,13 @@ class LimitExceeded(BadRequest):
 
     status = 422
     code = "limit_exceeded"
+
+
+class UnsupportedMediaType(BadRequest):
+    """A body in a content type the endpoint does not read."""
+
+    status = 415
+    code = "unsupported_media_type"
 
 
 class NotAllowed(BadRequest):
@@ -219,6 +228,13 @@ class QuotaExceeded(TooManySessions):
     """A tenant holds as many sessions, or as much memory, as its quota allows."""
 
     code = "quota_exceeded"
+
+
+class NotSupported(GatewayError):
+    """A call another API defines (E2B's pause, snapshots) that this gateway does not offer yet."""
+
+    status = 501
+    code = "not_supported"
 
 
 class Unavailable(GatewayError):

@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import httpx
 import pytest
-from helpers import GatewayProcess, PostgresServer, remove_leftovers, short_tmpdir
+from helpers import GatewayProcess, PostgresServer, e2b_env, remove_leftovers, short_tmpdir
 
 
 @pytest.fixture(scope="session")
@@ -109,3 +109,16 @@ def new_session(api: httpx.Client) -> Iterator:
 @pytest.fixture
 def session(new_session) -> dict:
     return new_session()
+
+
+@pytest.fixture(scope="module")
+def e2b_sandbox(gateway: GatewayProcess) -> Iterator:
+    """A sandbox made by the stock E2B SDK on the shared gateway, for one module's tests."""
+    from e2b_code_interpreter import Sandbox
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in e2b_env(gateway, gateway.token).items():
+            mp.setenv(name, value)
+        sandbox = Sandbox.create()
+        yield sandbox
+        sandbox.kill()

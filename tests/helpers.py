@@ -449,3 +449,13 @@ class PostgresServer:
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
+    """What ``sbx e2b env`` exports to point the stock E2B SDKs at ``gw``."""
+    return {
+        "E2B_API_KEY": key,
+        "E2B_API_URL": gw.url,
+        "E2B_SANDBOX_URL": gw.url,
+        "E2B_DOMAIN": "sandbox.invalid",
+    }

@@ -50,7 +50,7 @@ def test_every_command_has_help():
         ["sessions", "show"], ["sessions", "rm"], ["files"], ["files", "put"], ["files", "get"],
         ["files", "ls"], ["files", "rm"], ["export"], ["replay"], ["mcp"], ["serve"],
         ["images"], ["images", "build"], ["images", "ls"], ["approvals"], ["approve"], ["deny"],
-        ["pause"], ["resume"], ["snapshot"], ["snapshots"], ["fork"],
+        ["pause"], ["resume"], ["snapshot"], ["snapshots"], ["fork"], ["e2b"], ["e2b", "env"],
     ]  # fmt: skip
     for command in commands:
         result = sbx(*command, "--help")

@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_PACKAGES = {"docker", "tornado", "jupyter_client", "zmq", "mcp", "ipykernel"}
+SERVER_PACKAGES |= {"e2b", "connectrpc", "protobuf"}  # the E2B edge's protocol code
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,19 @@ def test_execute_outcomes_history_and_notebook(admin, sid):
     assert bare["cells"][0]["cell_type"] == "code"
     for path in ("execute", "interrupt", "restart"):
         assert admin.post(f"/v1/sessions/nope/{path}", json={"code": "1"}).status_code == 404
+
+
+def test_commands_and_their_errors(admin, sid):
+    ran = admin.post(f"/v1/sessions/{sid}/commands", json={"command": "echo hi; exit 3"})
+    assert ran.status_code == 200 and (ran.json()["exit_code"], ran.json()["stdout"]) == (3, "hi\n")
+    for request, status in [
+        ({}, 400),
+        ({"command": "ls", "cwd": {}}, 400),
+        ({"command": "ls", "cwd": "../up"}, 400),
+        ({"command": "ls", "timeout": -1}, 422),
+    ]:
+        assert admin.post(f"/v1/sessions/{sid}/commands", json=request).status_code == status
+    assert admin.post("/v1/sessions/nope/commands", json={"command": "ls"}).status_code == 404
     for path in ("history", "notebook"):
         assert admin.get(f"/v1/sessions/nope/{path}").status_code == 404
 

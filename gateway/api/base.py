@@ -112,15 +112,22 @@ class GatewayHandlerMixin:
         token = presented_token(
             self.request.headers.get("Authorization"), self.get_query_argument("token", None)
         )
+        return self.authenticate_token(token)
+
+    def authenticate_token(self, token: str | None) -> Principal:
+        """The principal of ``token``; a refusal is audited (folded per address) and raised."""
         try:
             self.principal = self.auth.authenticate(token)
         except Unauthorized:
-            request = self.request
-            self.quiet = not self.audit.auth_failure(
-                request.remote_ip, request.method, request.path, token
-            )
+            self.audit_refusal(token)
             raise
         return self.principal
+
+    def audit_refusal(self, token: str | None) -> None:
+        request = self.request
+        self.quiet = not self.audit.auth_failure(
+            request.remote_ip, request.method, request.path, token
+        )
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         """Log a failure by its path, never its query (a ``?token=`` may be there).

@@ -17,7 +17,7 @@ import logging
 import re
 import sys
 import urllib.parse
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import tornado.web
 from tornado import httputil
@@ -40,8 +40,13 @@ class Edge(httputil.HTTPServerConnectionDelegate):
         audit: AuditLog,
         settings: Settings,
         max_body: int,
+        also_accepts: Callable[
+            [httputil.RequestStartLine, httputil.HTTPHeaders], bool
+        ] = lambda start_line, headers: False,
     ) -> None:
         self.app = app
+        # Other credentials a handler checks in full (the E2B edge's API key and sandbox tokens).
+        self.also_accepts = also_accepts
         self.auth = auth
         self.audit = audit
         self.max_body = max_body  # what an authenticated caller may send (a handler may take less)
@@ -78,8 +83,11 @@ class _Gate(httputil.HTTPMessageDelegate):
         path, _, query = start_line.path.partition("?")
         token = presented_token(headers.get("Authorization"), _query_token(query))
         try:
-            self.edge.auth.authenticate(token)
+            self.edge.auth.authenticate(token or headers.get("X-API-Key"))
         except Unauthorized as e:
+            if self.edge.also_accepts(start_line, headers):
+                self.conn.set_max_body_size(self.edge.max_body)  # type: ignore[attr-defined]
+                return self.inner.headers_received(start_line, headers)
             self.conn.set_body_timeout(self.edge.body_timeout)  # type: ignore[attr-defined]
             if _body_over(headers, self.edge.max_anonymous_body):
                 self._refuse(start_line.method, path, token, e)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 import tornado.web
 
@@ -67,7 +68,7 @@ async def _send_archive(
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
     _attachment(handler, name)
-    await _stream(handler, source)
+    await stream_file(handler, source)
 
 
 def _attachment(handler: JSONHandler, name: str) -> None:
@@ -79,7 +80,7 @@ def _attachment(handler: JSONHandler, name: str) -> None:
     )
 
 
-async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
+async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
     """Copy a file to the response a chunk at a time, waiting for the client.
 
     What was sent is recorded (audited) with its size and SHA-256.
@@ -93,46 +94,36 @@ async def _stream(handler: JSONHandler, source: AsyncReader) -> None:
     handler.finish()
 
 
-@tornado.web.stream_request_body
-class FileHandler(JSONHandler):
-    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``.
+class StreamedUpload:
+    """An upload written to disk as its body streams in (a ``stream_request_body`` handler).
 
     The body streams in after ``prepare``, so whatever ``prepare`` refuses is
     answered only once the body is in: an answer given earlier makes Tornado
     drop the connection, and the client sees a reset instead of the error.
+    A handler starts its upload in ``start_upload`` and ends it with
+    ``finish_upload``; a closed connection discards it.
     """
 
-    actions = {"PUT": "files.upload", "GET": "files.download", "DELETE": "files.delete"}
-    forwards = False
+    upload_method = "PUT"
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
+    request: Any
 
     async def prepare(self) -> None:
         try:
-            super().prepare()  # the body is not in yet: its size is checked by the upload
-            if self.request.method == "PUT":
-                await self._start_upload()
+            super().prepare()  # type: ignore[misc]  # the body is not in yet
+            if self.request.method == self.upload_method:
+                await self.start_upload()
         except GatewayError as e:
             self.refusal = e
 
-    def _answer_refusal(self) -> None:
+    async def start_upload(self) -> None:
+        raise NotImplementedError
+
+    def answer_refusal(self) -> None:
         if self.refusal is not None:
             raise self.refusal
-
-    async def _start_upload(self) -> None:
-        session_id = self.path_kwargs["session_id"]
-        workspace = self.manager.files(session_id, self.principal)
-        free = await workspace.free_bytes()
-        declared = int(self.request.headers.get("Content-Length", 0) or 0)
-        self.manager.check_file(session_id, self.principal, "upload", declared)
-        if declared > free:
-            raise FileTooLarge(
-                f"{declared} bytes do not fit: the workspace has {free} bytes free "
-                "(its size is the session's disk limit)"
-            )
-        self.request.connection.set_max_body_size(max(free, 1))
-        self.upload = await workspace.open_write(self.path_kwargs["path"])
 
     async def data_received(self, chunk: bytes) -> None:
         if self.upload is None or self.failure is not None:
@@ -142,20 +133,18 @@ class FileHandler(JSONHandler):
         except OSError as e:  # ENOSPC: remember it, answer once the body is in
             self.failure = e
 
-    async def put(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+    async def finish_upload(self) -> AsyncUpload:
+        """Put the file in place (or discard it, if writing failed); its size and SHA-256."""
         upload, self.upload = self.upload, None
         assert upload is not None
         await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
-        saved = {"path": path, "size": upload.size, "sha256": upload.sha256}
-        self.audit_detail.update(saved)
-        self.send(saved, status=201)
+        return upload
 
     def on_finish(self) -> None:
         self._discard()
-        super().on_finish()
+        super().on_finish()  # type: ignore[misc]
 
     def on_connection_close(self) -> None:
         self._discard()
@@ -165,8 +154,43 @@ class FileHandler(JSONHandler):
             upload, self.upload = self.upload, None
             upload.discard()
 
+
+async def open_upload(request: Any, workspace: AsyncWorkspace, path: str) -> AsyncUpload:
+    """Start an upload to ``path`` if its declared size fits the workspace; allow that much."""
+    free = await workspace.free_bytes()
+    declared = int(request.headers.get("Content-Length", 0) or 0)
+    if declared > free:
+        raise FileTooLarge(
+            f"{declared} bytes do not fit: the workspace has {free} bytes free "
+            "(its size is the session's disk limit)"
+        )
+    request.connection.set_max_body_size(max(free, 1))
+    return await workspace.open_write(path)
+
+
+@tornado.web.stream_request_body
+class FileHandler(StreamedUpload, JSONHandler):
+    """One path: ``PUT`` uploads (streamed), ``GET`` downloads (streamed), ``DELETE``."""
+
+    actions = {"PUT": "files.upload", "GET": "files.download", "DELETE": "files.delete"}
+    forwards = False
+
+    async def start_upload(self) -> None:
+        session_id = self.path_kwargs["session_id"]
+        workspace = self.manager.files(session_id, self.principal)
+        declared = int(self.request.headers.get("Content-Length", 0) or 0)
+        self.manager.check_file(session_id, self.principal, "upload", declared)
+        self.upload = await open_upload(self.request, workspace, self.path_kwargs["path"])
+
+    async def put(self, session_id: str, path: str) -> None:
+        self.answer_refusal()
+        upload = await self.finish_upload()
+        saved = {"path": path, "size": upload.size, "sha256": upload.sha256}
+        self.audit_detail.update(saved)
+        self.send(saved, status=201)
+
     async def get(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         workspace = self.manager.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
         self.audit_detail["path"] = path
@@ -182,10 +206,10 @@ class FileHandler(JSONHandler):
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         _attachment(self, path.rsplit("/", 1)[-1])
-        await _stream(self, source)
+        await stream_file(self, source)
 
     async def delete(self, session_id: str, path: str) -> None:
-        self._answer_refusal()
+        self.answer_refusal()
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
         self.manager.check_file(session_id, self.principal, "delete")

@@ -5,7 +5,13 @@ from __future__ import annotations
 from ..access.audit import code_facts
 from ..errors import Denied
 from ..execution.kernel import ExecutionResult
-from ..sessions.requests import CreateSession, ExecuteCode, PauseSession, UpdateSession
+from ..sessions.requests import (
+    CreateSession,
+    ExecuteCode,
+    PauseSession,
+    StartCommand,
+    UpdateSession,
+)
 from ..store.sqlite import HISTORY_PAGE
 from .base import JSONHandler
 
@@ -77,6 +83,21 @@ class ExecuteHandler(JSONHandler):
         self.send(result.to_json())
 
 
+class CommandsHandler(JSONHandler):
+    """Run a shell command in the session's sandbox and wait for its end."""
+
+    actions = {"POST": "session.command"}
+
+    async def post(self, session_id: str) -> None:
+        body = self.json_body()
+        if isinstance(body.get("command"), str):
+            self.audit_detail.update(code_facts(body["command"]))
+        request = StartCommand.from_json(body)
+        result = await self.manager.run_command(session_id, self.principal, request)
+        self.audit_detail["exit_code"] = result["exit_code"]
+        self.send(result)
+
+
 class InterruptHandler(JSONHandler):
     actions = {"POST": "session.interrupt"}
 
@@ -143,6 +164,7 @@ routes = [
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/{_ID}", SessionHandler),
     (rf"/v1/sessions/{_ID}/execute", ExecuteHandler),
+    (rf"/v1/sessions/{_ID}/commands", CommandsHandler),
     (rf"/v1/sessions/{_ID}/interrupt", InterruptHandler),
     (rf"/v1/sessions/{_ID}/restart", RestartHandler),
     (rf"/v1/sessions/{_ID}/pause", PauseHandler),

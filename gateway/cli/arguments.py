@@ -245,6 +245,18 @@ def add_client_commands(commands: Any) -> None:
         decide.add_argument("--reason", help="why; recorded with the decision")
         decide.set_defaults(verb=verb)
 
+    e2b = commands.add_parser("e2b", help="use the stock E2B SDKs with this gateway")
+    e2b_sub = e2b.add_subparsers(dest="e2b_command", required=True, metavar="COMMAND")
+    _command(
+        e2b_sub,
+        "env",
+        c.e2b_env,
+        "print export lines that point the E2B SDKs here",
+        "Print E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_DOMAIN for this gateway: "
+        '`eval "$(sbx e2b env)"`, then existing e2b / e2b-code-interpreter code runs here.',
+        prints=False,  # export lines are what it prints
+    )
+
     mcp = _command(
         commands,
         "mcp",

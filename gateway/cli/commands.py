@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
+import urllib.parse
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -446,4 +448,18 @@ def mcp_config(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.config import client_config
 
     print(client_config(args.client, settings.url, settings.token, args.http))
+    return 0
+
+
+def e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
+    """Print what points the stock E2B SDKs at this gateway, for ``eval "$(sbx e2b env)"``."""
+    url = settings.url.rstrip("/")
+    exports = {
+        "E2B_API_KEY": settings.token,
+        "E2B_API_URL": url,  # the control API: create, list, kill
+        "E2B_SANDBOX_URL": url,  # sandbox traffic, named by E2b-Sandbox-Id headers
+        "E2B_DOMAIN": urllib.parse.urlsplit(url).hostname or "localhost",
+    }
+    for name, value in exports.items():
+        print(f"export {name}={shlex.quote(value)}")
     return 0

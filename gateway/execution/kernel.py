@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -378,6 +379,26 @@ class Kernel:
             if answer.get("status") != "ok":
                 raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
         return str(value.get("data", {}).get("text/plain", ""))
+    @contextlib.asynccontextmanager
+    async def environment(self, env: Mapping[str, str]) -> AsyncIterator[None]:
+        """Run one execution with ``env`` set in a Python kernel's ``os.environ``, then undo it."""
+        if not env:
+            yield
+            return
+        await self.run_silently(
+            f"import os as _sbx_os\n_sbx_env = {{k: _sbx_os.environ.get(k) for k in {list(env)!r}}}"
+            f"\n_sbx_os.environ.update(__import__('json').loads({json.dumps(env)!r}))"
+        )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a kernel restarted or dead has nothing to undo
+                await self.run_silently(
+                    "for _k, _v in _sbx_env.items():\n"
+                    "    _sbx_os.environ.pop(_k, None) if _v is None else "
+                    "_sbx_os.environ.__setitem__(_k, _v)\n"
+                    "del _sbx_env, _k, _v"
+                )
 
     async def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info_reply content (language_info, implementation)."""

@@ -16,13 +16,14 @@ import asyncio
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import docker.errors
 import requests.exceptions
 
+from ..errors import NotSupported
 from ..limits import Limits, format_size
 from . import volume
 from .workspace import Workspace
@@ -77,6 +78,30 @@ class SandboxRequest:
 # Hands a placement the kernel's provisioner once it exists (a swarm workspace
 # and its image facts are reached through the sandbox's agent).
 ProvisionerRef = Callable[[], Any]
+
+
+class SandboxProcess(Protocol):
+    """A command running in a sandbox (``Placement.start_process``)."""
+
+    pid: int  # inside the sandbox
+
+    async def read(self) -> tuple[str, bytes] | None:
+        """The next output as (stdout | stderr | pty, bytes); None once it has ended."""
+        ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def close_stdin(self) -> None: ...
+
+    async def signal(self, signum: int) -> None: ...
+
+    async def resize(self, rows: int, cols: int) -> None: ...
+
+    async def wait(self) -> int:
+        """Its exit code, once its output has ended."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Placement(abc.ABC):
@@ -148,6 +173,20 @@ class Placement(abc.ABC):
 
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
+
+    async def start_process(
+        self,
+        sandbox_id: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        cwd: str,
+        tty: tuple[int, int] | None,
+    ) -> SandboxProcess:
+        """Run a command in a running sandbox beside its kernel; ``Commands`` calls it.
+
+        ``cwd`` is relative to the workspace; ``tty`` a terminal's (rows, cols), or None.
+        """
+        raise NotSupported(f"commands are not offered by the {self.name} placement yet")
 
     @abc.abstractmethod
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:

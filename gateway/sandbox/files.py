@@ -49,6 +49,18 @@ class AsyncWorkspace:
     async def list(self, path: str) -> dict[str, Any]:
         return await _blocking(self.sync.list, path)
 
+    async def tree(self, path: str, depth: int) -> dict[str, Any]:
+        return await _blocking(self.sync.tree, path, depth)
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        return await _blocking(self.sync.stat, path)
+
+    async def make_dir(self, path: str) -> bool:
+        return await _blocking(self.sync.make_dir, path)
+
+    async def move(self, source: str, destination: str) -> dict[str, Any]:
+        return await _blocking(self.sync.move, source, destination)
+
     async def free_bytes(self) -> int:
         return await _blocking(self.sync.free_bytes)
 

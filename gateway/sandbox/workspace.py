@@ -82,6 +82,7 @@ class Walk:
         """The regular files met (links, FIFOs and devices are never followed or opened)."""
         return [(rel, info) for rel, info in self.entries if stat.S_ISREG(info.st_mode)]
 
+
 # The times a zip entry can carry: 1980-01-01 to 2107-12-31 (UTC).
 _ZIP_EPOCH, _ZIP_END = 315532800, 4354819199
 
@@ -205,6 +206,61 @@ class Workspace:
         walk = self.walk(parts, bounds, recurse=False)
         rows = [_entry(rel, info) for rel, info in walk.entries]
         return {"entries": sorted(rows, key=_by_path), "truncated": walk.truncated is not None}
+
+    def tree(self, path: str, depth: int) -> dict[str, Any]:
+        """Entries down to ``depth`` levels below ``path`` (1: its own), as ``list`` shows them."""
+        parts = clean_path(path, allow_root=True)
+        walk = self.walk(parts, Bounds(depth=depth), recurse=depth > 1)
+        rows = [_entry(rel, info) for rel, info in walk.entries]
+        cut = walk.truncated is not None and not walk.truncated.startswith("deeper")
+        return {"entries": sorted(rows, key=_by_path), "truncated": cut}
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """One entry (the workspace itself for ``""``); links are reported, never followed."""
+        parts = clean_path(path, allow_root=True)
+        if not parts:
+            return _entry("", os.stat(self.root))
+        dir_fd = self._open_dir(parts[:-1])
+        try:
+            info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise FileNotFound(f"{path!r} does not exist in the workspace") from None
+        finally:
+            os.close(dir_fd)
+        return _entry("/".join(parts), info)
+
+    def make_dir(self, path: str) -> bool:
+        """Create a directory and its parents; False if it was there already."""
+        self.seen = None
+        parts = clean_path(path)
+        dir_fd = self._open_dir(parts[:-1], create=True)
+        try:
+            os.mkdir(parts[-1], 0o755, dir_fd=dir_fd)
+            os.chown(parts[-1], self.uid, self.gid, dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        finally:
+            os.close(dir_fd)
+        return True
+
+    def move(self, source: str, destination: str) -> dict[str, Any]:
+        """Rename a file or directory (parents of the destination made as needed)."""
+        self.seen = None
+        src, dst = clean_path(source), clean_path(destination)
+        src_fd = self._open_dir(src[:-1])
+        try:
+            dst_fd = self._open_dir(dst[:-1], create=True)
+            try:
+                os.rename(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except FileNotFoundError:
+                raise FileNotFound(f"{source!r} does not exist in the workspace") from None
+            except OSError as e:
+                raise Conflict(f"cannot move {source!r} to {destination!r}: {e.strerror}") from None
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+        return self.stat(destination)
 
     def remove(self, path: str, seconds: float = REMOVE_SECONDS) -> None:
         """Delete a file, link or directory tree (links are removed, never followed)."""

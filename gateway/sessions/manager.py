@@ -65,12 +65,20 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
 from ..validation import seconds
+from .commands import Command, Commands
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, public_view
 from .pool import WarmPool
 from .recovery import recover, take_back
-from .requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot, UpdateSession
+from .requests import (
+    CreateSession,
+    ExecuteCode,
+    PauseSession,
+    StartCommand,
+    TakeSnapshot,
+    UpdateSession,
+)
 from .snapshots import Snapshots
 from .state import KernelState, SavedState
 from .tasks import TaskSet
@@ -130,6 +138,7 @@ class SessionManager:
         self.leases = leases or Leases(store, settings.lease_ttl)
         self.tasks = TaskSet()
         self.metrics = metrics or GatewayMetrics()
+        self.commands = Commands(lifecycle.placement, self.tasks)
         self._culler: asyncio.Task | None = None
         self._taker: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
@@ -214,6 +223,7 @@ class SessionManager:
                 await kernel.interrupt()
         for relay in list(session.parked.values()):
             relay.close()
+        self.commands.end(session.id)
         kernel.detach()
         await self.save(session)
 
@@ -574,6 +584,8 @@ class SessionManager:
         limit = seconds(
             request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
         )
+        if request.env and session.language_info.get("name") != "python":
+            raise BadRequest("environment variables for one run are offered for Python kernels")
         decision = await self.gate.review(session.tenant, session.policy, session.language, code)
         review: dict[str, Any] = {"decision": decision.to_json()}
         if decision.action == "deny":
@@ -588,15 +600,16 @@ class SessionManager:
                 review["approval"] = await self._hold(session, who, request, decision, on_hold)
             recorder = self.begin_execution(session, code, request.description, review)
             await session.workspace.baseline()
-            result = await session.kernel.execute(
-                code,
-                timeout=limit,
-                cap=self.output_cap(session),
-                grace=self.settings.interrupt_grace,
-                on_output=recorder.listener(on_output),
-                on_start=on_start,
-                mask=session.masker,
-            )
+            async with session.kernel.environment(request.env):
+                result = await session.kernel.execute(
+                    code,
+                    timeout=limit,
+                    cap=self.output_cap(session),
+                    grace=self.settings.interrupt_grace,
+                    on_output=recorder.listener(on_output),
+                    on_start=on_start,
+                    mask=session.masker,
+                )
             if result.status == "dead":
                 advice = "; restart the session to continue" if session.state == "dead" else ""
                 result.error = {
@@ -953,6 +966,33 @@ class SessionManager:
         """Refuse a files API ``op`` the session's policy forbids; its download limit (0: none)."""
         session = self.get(session_id, who)
         return self.gate.check_file(session.tenant, session.policy, op, size)
+
+    async def start_command(
+        self, session_id: str, who: Principal, request: StartCommand
+    ) -> Command:
+        """Start a command in the session's sandbox, beside its kernel (busy or not)."""
+        session = self.get(session_id, who)
+        self._check_usable(session)
+        if session.kernel is None or session.kernel.container_id is None:
+            raise Conflict(f"session {session_id} is still starting; retry in a moment")
+        session.touch()
+        return await self.commands.start(session.id, session.kernel.container_id, request)
+
+    def command(self, session_id: str, who: Principal, pid: int) -> Command:
+        """A running command of the session, by its pid in the sandbox."""
+        self.get(session_id, who)
+        return self.commands.get(session_id, pid)
+
+    async def run_command(
+        self, session_id: str, who: Principal, request: StartCommand
+    ) -> dict[str, Any]:
+        """Run a command to its end; its output is capped as an execution's is."""
+        session = self.get(session_id, who)
+        limit = seconds(
+            request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
+        )
+        command = await self.start_command(session_id, who, request)
+        return await self.commands.run(command, limit, session.limits.output_bytes)
 
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")

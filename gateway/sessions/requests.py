@@ -20,6 +20,7 @@ from ..limits import Limits
 from ..policy.model import Policy, session_policy
 from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
+from ..sandbox.workspace import clean_path
 from ..validation import env_vars, image_ref, metadata_dict
 
 
@@ -29,7 +30,7 @@ def _body(value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _seconds(value: Any, name: str) -> float | None:
+def seconds_of(value: Any, name: str) -> float | None:
     """A number of seconds as sent; its range is checked against the server's settings."""
     if value is None:
         return None
@@ -99,10 +100,10 @@ class CreateSession:
             image=image_ref(body.get("image")),
             session_id=session_id,
             limits=Limits.requested(body.get("limits")),
-            ttl=_seconds(body.get("ttl"), "ttl"),
-            idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
+            ttl=seconds_of(body.get("ttl"), "ttl"),
+            idle_timeout=seconds_of(body.get("idle_timeout"), "idle_timeout"),
             idle_action=idle_action(body.get("idle_action")),
-            start_timeout=_seconds(body.get("start_timeout"), "start_timeout"),
+            start_timeout=seconds_of(body.get("start_timeout"), "start_timeout"),
             runtime=runtime,
             network=NetworkPolicy.parse(body.get("network")),
             env=env,
@@ -134,9 +135,9 @@ class UpdateSession:
         if body.get("ttl") is not None and body.get("expires_in") is not None:
             raise BadRequest("give ttl (from creation) or expires_in (from now), not both")
         return cls(
-            ttl=_seconds(body.get("ttl"), "ttl"),
-            idle_timeout=_seconds(body.get("idle_timeout"), "idle_timeout"),
-            expires_in=_seconds(body.get("expires_in"), "expires_in"),
+            ttl=seconds_of(body.get("ttl"), "ttl"),
+            idle_timeout=seconds_of(body.get("idle_timeout"), "idle_timeout"),
+            expires_in=seconds_of(body.get("expires_in"), "expires_in"),
         )
 
 
@@ -147,6 +148,7 @@ class ExecuteCode:
     code: str
     timeout: float | None = None
     description: str | None = None  # the caller's markdown narrative for this step
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for this run only
 
     @classmethod
     def from_json(cls, body: Any) -> ExecuteCode:
@@ -157,7 +159,8 @@ class ExecuteCode:
         description = body.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
-        return cls(code, _seconds(body.get("timeout"), "timeout"), description)
+        timeout = seconds_of(body.get("timeout"), "timeout")
+        return cls(code, timeout, description, env_vars(body.get("env")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,3 +192,34 @@ class TakeSnapshot:
         if name is not None and (not isinstance(name, str) or len(name) > 200):
             raise BadRequest("name must be a string of at most 200 characters")
         return cls(name, PauseSession.from_json(body).strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class StartCommand:
+    """A command to run in the session's sandbox, beside its kernel."""
+
+    argv: list[str]
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cwd: str = ""  # relative to the workspace
+    tty: tuple[int, int] | None = None  # a terminal's rows and columns
+    timeout: float | None = None  # for a run waited on (``POST .../commands``)
+    tag: str = ""
+
+    @classmethod
+    def from_json(cls, body: Any) -> StartCommand:
+        """``{"command": "ls -l", "env", "cwd", "timeout"}``: a shell line, run by ``/bin/sh``."""
+        body = _body(body)
+        command = body.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise BadRequest("command must be a shell command line, such as 'ls -l'")
+        cwd = body.get("cwd")
+        cwd = "" if cwd is None else cwd
+        if not isinstance(cwd, str):
+            raise BadRequest("cwd must be a directory path relative to the workspace")
+        clean_path(cwd, allow_root=True)
+        return cls(
+            argv=["/bin/sh", "-c", command],
+            env=env_vars(body.get("env")),
+            cwd=cwd,
+            timeout=seconds_of(body.get("timeout"), "timeout"),
+        )

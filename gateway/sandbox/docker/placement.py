@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..base import (
 from ..images import ImageBuilder
 from ..workspace import Workspace
 from .events import ContainerWatcher
+from .exec import DockerProcess
 from .provisioner import (
     CONTAINER_RUN_DIR,
     LABEL_GATEWAY,
@@ -123,6 +124,16 @@ class DockerPlacement(Placement):
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
         await asyncio.to_thread(volume.mount_again, self.sessions_dir / session_id)
+
+    async def start_process(
+        self,
+        sandbox_id: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        cwd: str,
+        tty: tuple[int, int] | None,
+    ) -> DockerProcess:
+        return await DockerProcess.start(self.docker, sandbox_id, argv, env, cwd, tty)
 
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         facts = self._image_facts.get(image)

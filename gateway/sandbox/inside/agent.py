@@ -207,6 +207,14 @@ class Agent:
             return await asyncio.to_thread(ws.list, args["path"])
         if op == "fs.remove":
             return await asyncio.to_thread(ws.remove, args["path"])
+        if op == "fs.tree":
+            return await asyncio.to_thread(ws.tree, args["path"], int(args["depth"]))
+        if op == "fs.stat":
+            return await asyncio.to_thread(ws.stat, args["path"])
+        if op == "fs.make_dir":
+            return await asyncio.to_thread(ws.make_dir, args["path"])
+        if op == "fs.move":
+            return await asyncio.to_thread(ws.move, args["source"], args["destination"])
         if op == "fs.free":
             return await asyncio.to_thread(self._free_bytes)
         if op == "fs.walk":

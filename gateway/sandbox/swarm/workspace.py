@@ -66,6 +66,25 @@ class RemoteWorkspace(Workspace):
         clean_path(path)
         self._call("fs.remove", path=path)
 
+    def tree(self, path: str, depth: int) -> dict[str, Any]:
+        clean_path(path, allow_root=True)
+        return self._call("fs.tree", path=path, depth=depth)[0]
+
+    def stat(self, path: str) -> dict[str, Any]:
+        clean_path(path, allow_root=True)
+        return self._call("fs.stat", path=path)[0]
+
+    def make_dir(self, path: str) -> bool:
+        self.seen = None
+        clean_path(path)
+        return bool(self._call("fs.make_dir", path=path)[0])
+
+    def move(self, source: str, destination: str) -> dict[str, Any]:
+        self.seen = None
+        clean_path(source)
+        clean_path(destination)
+        return self._call("fs.move", source=source, destination=destination)[0]
+
     def walk(self, parts: list[str], bounds: Bounds = WALK, recurse: bool = True) -> Walk:
         """The agent's bounded walk (its own bounds: the same code, ``WALK``)."""
         found, _ = self._call("fs.walk", parts=parts)

@@ -1,0 +1,140 @@
+"""envd's Process service (the SDK's ``commands`` and ``pty``) over the session's commands.
+
+Start and Connect stream the command's events: its pid, its output as it
+comes, a keep-alive when it is silent (at the interval the SDK asks for), and
+its end with the exit code. A client that goes away leaves the command
+running, as envd does: it is found again by pid (connect, list, kill, stdin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from e2b.envd.process import process_connect as proc_rpc
+from e2b.envd.process import process_pb as proc
+from protobuf import Oneof
+
+from ...access.auth import Principal
+from ...errors import BadRequest
+from ...sessions.commands import Command
+from ...sessions.manager import SessionManager
+from ...sessions.requests import StartCommand
+from .connect import as_connect_errors
+from .envd import workspace_path
+
+KEEPALIVE = 50.0  # seconds of silence before a keep-alive, unless the client asks otherwise
+Event = proc.ProcessEvent
+
+
+def _pid(selector: proc.ProcessSelector | None) -> int:
+    match selector.selector if selector is not None else None:
+        case Oneof(field="pid", value=pid):
+            return pid
+    raise BadRequest("select the process by pid; tags are not offered")
+
+
+class ProcessService(proc_rpc.Process):
+    """One sandbox's commands, for one request's caller."""
+
+    def __init__(self, manager: SessionManager, sandbox_id: str, who: Principal) -> None:
+        self.manager, self.sandbox_id, self.who = manager, sandbox_id, who
+
+    def command(self, selector: proc.ProcessSelector | None) -> Command:
+        return self.manager.command(self.sandbox_id, self.who, _pid(selector))
+
+    async def list(self, request: proc.ListRequest, ctx: Any, /) -> proc.ListResponse:
+        with as_connect_errors():
+            self.manager.get(self.sandbox_id, self.who)
+            running = self.manager.commands.running(self.sandbox_id)
+        return proc.ListResponse(processes=[_info(c) for c in running])
+
+    async def start(
+        self, request: proc.StartRequest, ctx: Any, /
+    ) -> AsyncIterator[proc.StartResponse]:
+        config = request.process or proc.ProcessConfig()
+        size = request.pty.size if request.pty is not None else None
+        with as_connect_errors():
+            command = await self.manager.start_command(
+                self.sandbox_id,
+                self.who,
+                StartCommand(
+                    argv=[config.cmd, *config.args],
+                    env=dict(config.envs),
+                    cwd=workspace_path(config.cwd) if config.cwd else "",
+                    tty=(size.rows, size.cols) if size is not None else None,
+                    tag=request.tag,
+                ),
+            )
+        async for event in _events(command, _keepalive(ctx)):
+            yield proc.StartResponse(event=event)
+
+    async def connect(
+        self, request: proc.ConnectRequest, ctx: Any, /
+    ) -> AsyncIterator[proc.ConnectResponse]:
+        with as_connect_errors():
+            command = self.command(request.process)
+        async for event in _events(command, _keepalive(ctx)):
+            yield proc.ConnectResponse(event=event)
+
+    async def send_input(self, request: proc.SendInputRequest, ctx: Any, /) -> Any:
+        with as_connect_errors():
+            command = self.command(request.process)
+            match request.input.input if request.input is not None else None:
+                case Oneof(field="stdin" | "pty", value=data):
+                    await command.send_stdin(data)
+        return proc.SendInputResponse()
+
+    async def close_stdin(self, request: proc.CloseStdinRequest, ctx: Any, /) -> Any:
+        with as_connect_errors():
+            await self.command(request.process).close_stdin()
+        return proc.CloseStdinResponse()
+
+    async def send_signal(self, request: proc.SendSignalRequest, ctx: Any, /) -> Any:
+        with as_connect_errors():
+            if int(request.signal) not in (9, 15):
+                raise BadRequest("send SIGKILL or SIGTERM")
+            await self.command(request.process).signal(int(request.signal))
+        return proc.SendSignalResponse()
+
+    async def update(self, request: proc.UpdateRequest, ctx: Any, /) -> proc.UpdateResponse:
+        with as_connect_errors():
+            command = self.command(request.process)
+            if request.pty is not None and request.pty.size is not None:
+                await command.resize(request.pty.size.rows, request.pty.size.cols)
+        return proc.UpdateResponse()
+
+
+def _info(command: Command) -> proc.ProcessInfo:
+    request = command.request
+    cmd, *args = request.argv
+    config = proc.ProcessConfig(cmd=cmd, args=args, envs=dict(request.env), cwd=request.cwd)
+    return proc.ProcessInfo(config=config, pid=command.pid, tag=request.tag)
+
+
+def _keepalive(ctx: Any) -> float:
+    """The keep-alive interval the client asked for (``Keepalive-Ping-Interval``), in seconds."""
+    asked = ctx.request_headers.get("keepalive-ping-interval", "")
+    return float(asked) if asked.isdigit() and int(asked) > 0 else KEEPALIVE
+
+
+async def _events(command: Command, keepalive: float) -> AsyncIterator[Event]:
+    """Start, then data (and keep-alives while it is silent), then its end."""
+    listener = command.listen()
+    try:
+        yield Event(event=Oneof("start", Event.StartEvent(pid=command.pid)))
+        while True:
+            try:
+                chunk = await listener.next(timeout=keepalive)
+            except TimeoutError:
+                yield Event(event=Oneof("keepalive", Event.KeepAlive()))
+                continue
+            if chunk is None:
+                break
+            kind, data = chunk
+            yield Event(event=Oneof("data", Event.DataEvent(output=Oneof(kind, data))))
+    finally:
+        listener.close()
+    code = await command.exit_code
+    end = Event.EndEvent(exit_code=code, exited=code >= 0, status=f"exit status {code}")
+    yield Event(event=Oneof("end", end))
