@@ -242,3 +242,21 @@ def test_the_agent_stream_shows_only_the_mask(tenants):
         alpha.delete(f"/v1/sessions/{sid}")
     assert_hidden("the agent stream", "".join(frames))
     assert sum(MASK in frame for frame in frames) >= 3, frames  # stdout, result, done
+
+
+def test_a_command_beside_the_kernel_shows_only_the_mask(tenants):
+    """A shell command inherits the sandbox's environment: its output is masked like a cell's."""
+    _, c = tenants
+    alpha = c["alpha"]
+    alpha.put("/v1/secrets/WAREHOUSE_KEY", json={"value": VALUE})
+    sid = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY"]}).json()["id"]
+    try:
+        r = alpha.post(
+            f"/v1/sessions/{sid}/commands",
+            json={"command": 'echo "$WAREHOUSE_KEY"; echo "$WAREHOUSE_KEY" >&2'},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["stdout"].strip() == r.json()["stderr"].strip() == MASK, r.json()
+        assert_hidden("a command's output", r.text)
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")

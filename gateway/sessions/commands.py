@@ -6,6 +6,8 @@ container limits). Its output goes to whoever listens at the time, each
 listener through a small queue: a slow one holds the command back (its pipe
 fills) rather than the gateway's memory. With nobody listening, output is
 read and dropped, as E2B's envd does, so a detached command never stalls.
+Output is masked of the session's secrets (a command inherits the sandbox's
+environment) piece by piece, as a kernel's streams are.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import Conflict, LimitExceeded, NotFound
+from ..masking import NO_SECRETS, Masker
 from ..sandbox.base import Placement, SandboxProcess
 from .requests import StartCommand
 from .tasks import TaskSet
@@ -27,8 +30,15 @@ LISTEN_QUEUE = 16  # output pieces waiting for one listener
 class Command:
     """One running (or finished) command and its listeners."""
 
-    def __init__(self, process: SandboxProcess, request: StartCommand, tasks: TaskSet) -> None:
+    def __init__(
+        self,
+        process: SandboxProcess,
+        request: StartCommand,
+        tasks: TaskSet,
+        masker: Masker = NO_SECRETS,
+    ) -> None:
         self.process = process
+        self.masker = masker
         self.pid = process.pid
         self.request = request
         self.started = time.monotonic()
@@ -44,6 +54,10 @@ class Command:
         code = -1
         try:
             while (chunk := await self.process.read()) is not None:
+                if self.masker:
+                    kind, data = chunk
+                    text = data.decode("utf-8", "surrogateescape")
+                    chunk = kind, self.masker.text(text).encode("utf-8", "surrogateescape")
                 for queue in list(self._listeners):
                     await queue.put(chunk)
             code = await self.process.wait()
@@ -121,7 +135,13 @@ class Commands:
         self.tasks = tasks
         self._by_session: dict[str, dict[int, Command]] = {}
 
-    async def start(self, session_id: str, sandbox_id: str, request: StartCommand) -> Command:
+    async def start(
+        self,
+        session_id: str,
+        sandbox_id: str,
+        request: StartCommand,
+        masker: Masker = NO_SECRETS,
+    ) -> Command:
         live = self._by_session.setdefault(session_id, {})
         for pid in [pid for pid, c in live.items() if not c.running]:
             del live[pid]
@@ -132,7 +152,7 @@ class Commands:
         process = await self.placement.start_process(
             sandbox_id, request.argv, request.env, request.cwd, request.tty
         )
-        command = Command(process, request, self.tasks)
+        command = Command(process, request, self.tasks, masker)
         live[command.pid] = command
         return command
 

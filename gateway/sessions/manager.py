@@ -976,7 +976,9 @@ class SessionManager:
         if session.kernel is None or session.kernel.container_id is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         session.touch()
-        return await self.commands.start(session.id, session.kernel.container_id, request)
+        return await self.commands.start(
+            session.id, session.kernel.container_id, request, session.masker
+        )
 
     def command(self, session_id: str, who: Principal, pid: int) -> Command:
         """A running command of the session, by its pid in the sandbox."""
