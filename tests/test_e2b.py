@@ -143,12 +143,16 @@ def test_info_timeout_connect_and_kill(sandbox: Sandbox, gateway: GatewayProcess
         Sandbox.connect(sandbox.sandbox_id)
 
 
-def test_pause_and_snapshots_are_refused_as_not_supported(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not supported"):
-        sandbox.pause()
+def test_pause_and_connect_keep_the_state_and_snapshots_are_refused(sandbox: Sandbox) -> None:
+    sandbox.run_code("kept = 41")
+    assert sandbox.pause() is True
+    (info,) = [s for s in Sandbox.list().next_items() if s.sandbox_id == sandbox.sandbox_id]
+    assert info.state.value == "paused"
+    assert sandbox.pause() is False, "a second pause is the SDK's already-paused answer"
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.run_code("kept + 1").text == "42", "the resumed sandbox lost its state"
     with pytest.raises(SandboxException, match="not supported"):
         sandbox.create_snapshot()
-    assert sandbox.run_code("1 + 1").text == "2"
 
 
 def test_a_wrong_key_is_refused() -> None:

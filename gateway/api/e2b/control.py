@@ -2,8 +2,9 @@
 
 A sandbox is a session: create starts one (a warm one when the pool has
 it), kill deletes it, a sandbox's timeout is the session's ttl counted from
-now. Pause, resume, snapshots and forks answer 501 until the gateway has
-them: ``NOT_YET`` is the one place to hand them over to that work.
+now. Pause is the gateway's own pause (the kernel's state saved, its memory
+released) and connect resumes; snapshots and forks answer 501 until they are
+mapped onto the gateway's: ``NOT_YET`` lists what is not offered, and why.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import urllib.parse
 from typing import Any
 
 from ...access.sandbox_tokens import SandboxTokens
-from ...errors import BadRequest, NotSupported
+from ...errors import BadRequest, Conflict, NotSupported
 from ...sandbox.workspace import iso
 from ...sessions.model import Session
-from ...sessions.requests import CreateSession, UpdateSession, seconds_of
+from ...sessions.requests import CreateSession, PauseSession, UpdateSession, seconds_of
 from ...validation import env_vars, metadata_dict
 from .base import E2BHandler
 from .templates import ENVD_VERSION, kernel_for_template
@@ -29,8 +30,7 @@ LIST_PAGE = 100
 
 # Calls the SDK makes that this gateway does not offer yet, and why.
 NOT_YET = {
-    "pause": "pausing a sandbox is not supported by this gateway yet",
-    "resume": "resuming a paused sandbox is not supported by this gateway yet",
+    "auto_pause": "pausing a sandbox on its timeout is not supported: pause it yourself",
     "snapshots": "snapshots are not supported by this gateway yet",
     "fork": "forking a sandbox is not supported by this gateway yet",
     "network": "changing a running sandbox's network is not supported; choose it at create",
@@ -85,7 +85,7 @@ def listed(session: Session) -> dict[str, Any]:
         "cpuCount": max(1, math.ceil(session.limits.cpus)),
         "memoryMB": session.limits.memory // 2**20,
         "diskSizeMB": session.limits.disk // 2**20,
-        "state": "running",
+        "state": "paused" if session.state == "paused" else "running",
         "envdVersion": ENVD_VERSION,
         "metadata": {k: str(v) for k, v in session.metadata.items()},
     }
@@ -97,7 +97,7 @@ def create_request(body: dict[str, Any]) -> CreateSession:
     if not isinstance(template, str) or not template:
         raise BadRequest("templateID must name a template, such as 'code-interpreter-v1'")
     if body.get("autoPause") or body.get("autoResume"):
-        raise NotSupported(NOT_YET["pause"])
+        raise NotSupported(NOT_YET["auto_pause"])
     if body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("volume mounts and MCP servers in a sandbox are not supported")
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
@@ -122,8 +122,12 @@ class SandboxesHandler(ControlHandler):
 
     async def get(self) -> None:
         metadata = dict(urllib.parse.parse_qsl(self.get_argument("metadata", "")))
-        states = set(self.get_argument("state", "running").split(","))
-        found = self.manager.list(self.principal, metadata=metadata) if "running" in states else []
+        states = set(self.get_argument("state", "running,paused").split(","))
+        found = [
+            s
+            for s in self.manager.list(self.principal, metadata=metadata)
+            if ("paused" if s.state == "paused" else "running") in states
+        ]
         if not self.request.path.startswith("/v2/"):
             self.send([listed(s) for s in found])
             return
@@ -175,14 +179,45 @@ class RefreshHandler(ControlHandler):
 
 
 class ConnectHandler(ControlHandler):
-    """Connect to a running sandbox; its timeout only grows."""
+    """Connect to a sandbox, resuming it if paused; its timeout only grows."""
 
     actions = {"POST": "session.connect"}
 
     async def post(self, sandbox_id: str) -> None:
         session = self.manager.get(sandbox_id, self.principal)
+        if session.state == "paused":  # E2B's connect resumes a paused sandbox
+            await self.manager.wake(sandbox_id, self.principal)
         await self.set_timeout(session, self.json_body().get("timeout"), only_longer=True)
         self.send(self.sandbox(session))
+
+
+class PauseHandler(ControlHandler):
+    """Pause onto the gateway's own pause: the kernel's state saved, its memory released."""
+
+    actions = {"POST": "session.pause"}
+
+    async def post(self, sandbox_id: str) -> None:
+        session = self.manager.get(sandbox_id, self.principal)
+        if session.state == "paused":
+            raise Conflict(f"sandbox {sandbox_id} is already paused")
+        await self.manager.pause(sandbox_id, self.principal, PauseSession())
+        self.set_status(204)
+        self.finish()
+
+
+class ResumeHandler(ControlHandler):
+    """The older resume call; connect resumes a paused sandbox too."""
+
+    actions = {"POST": "session.resume"}
+
+    async def post(self, sandbox_id: str) -> None:
+        session = self.manager.get(sandbox_id, self.principal)
+        if session.state != "paused":
+            raise Conflict(f"sandbox {sandbox_id} is not paused")
+        session, _ = await self.manager.resume(sandbox_id, self.principal)
+        await self.set_timeout(session, self.json_body().get("timeout"), only_longer=True)
+        self.send(self.sandbox(session), status=201)
+
 
 
 class MetricsHandler(ControlHandler):
@@ -233,9 +268,11 @@ routes = [
     (rf"/sandboxes/{_ID}/connect", ConnectHandler),
     (rf"/v2/sandboxes/{_ID}/connect", ConnectHandler),
     (rf"/sandboxes/{_ID}/metrics", MetricsHandler),
+    (rf"/sandboxes/{_ID}/pause", PauseHandler),
+    (rf"/sandboxes/{_ID}/resume", ResumeHandler),
     *(
         (rf"/sandboxes/{_ID}/{feature}", NotYetHandler, {"feature": feature})
-        for feature in ("pause", "resume", "snapshots", "fork", "network", "logs")
+        for feature in ("snapshots", "fork", "network", "logs")
     ),
     (rf"/v2/sandboxes/{_ID}/logs", NotYetHandler, {"feature": "logs"}),
     (r"/snapshots", NotYetHandler, {"feature": "snapshots"}),
