@@ -26,6 +26,7 @@ from helpers import (
 )
 from mcp import Client as MCPClient
 from mcp.client.stdio import StdioServerParameters
+from mcp.types import ElicitResult
 from test_cli import SBX, sbx
 from test_isolation import FETCH, local_index  # noqa: F401 (a fixture)
 from test_stream import Stream
@@ -461,6 +462,38 @@ def test_the_mcp_run_code_tool_reports_the_pending_state(desk, acme_session):
     assert result.structured_content["status"] == "ok", result
     assert result.structured_content["approval"]["reasons"]
     assert progress and progress[0].startswith("pending_approval "), progress
+
+
+def test_the_mcp_server_asks_the_person_by_elicitation_with_their_approver_token(
+    desk, acme_session
+):
+    gw, _ = desk
+    params = StdioServerParameters(  # this checkout's code: the whole environment
+        command=SBX,
+        args=[
+            "mcp", "--url", gw.url, "--token", "agent-token", "--approver-token", "approver-token"
+        ],
+        env=dict(os.environ),
+    )  # fmt: skip
+    asked: list[str] = []
+
+    async def person(context, params):
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"approve": True, "reason": "looks fine"})
+
+    async def scenario():
+        # The handshake-era protocol: the one whose servers may ask back mid-call.
+        async with MCPClient(params, elicitation_callback=person, mode="legacy") as client:
+            return await client.call_tool(
+                "run_code", {"session_id": acme_session, "code": SHELL}
+            )  # fmt: skip
+
+    result = asyncio.run(scenario())
+    assert asked and SHELL in asked[0] and "Held because" in asked[0], asked
+    assert result.structured_content["status"] == "ok", result
+    decided = gw.client.get(f"/v1/approvals/{result.structured_content['approval']['id']}").json()
+    assert (decided["state"], decided["reason"]) == ("approved", "looks fine"), decided
+    assert decided["decided_by"] != decided["requested_by"], "the agent's token approved itself"
 
 
 def test_a_first_connection_to_a_host_is_held_at_the_proxy(start_gateway, local_index):  # noqa: F811

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 from typing import Any
 
 from ..client.settings import ClientSettings
@@ -274,6 +275,13 @@ def add_client_commands(commands: Any) -> None:
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     mcp.add_argument("--port", type=int, default=8766, help="HTTP port, 0 for a free one")
     mcp.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    mcp.add_argument(
+        "--approver-token",
+        default=os.environ.get("SBX_APPROVER_TOKEN") or None,
+        metavar="TOKEN",
+        help="your approver token (default $SBX_APPROVER_TOKEN): held code is put to you by "
+        "MCP elicitation where the client supports it (stdio only)",
+    )
     mcp_sub = mcp.add_subparsers(dest="mcp_command", metavar="COMMAND")
     config = _command(
         mcp_sub,

@@ -440,7 +440,18 @@ def fork(settings: ClientSettings, args: argparse.Namespace) -> int:
 def mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     from ..mcp.server import serve
 
-    serve(settings, http=args.http, host=args.host, port=args.port, path=args.path)
+    if args.http and args.approver_token:
+        raise BadRequest(
+            "--approver-token is for stdio: over --http each caller is a different person"
+        )
+    serve(
+        settings,
+        http=args.http,
+        host=args.host,
+        port=args.port,
+        path=args.path,
+        approver_token=args.approver_token,
+    )
     return 0
 
 

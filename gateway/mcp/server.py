@@ -37,7 +37,7 @@ from mcp.types import (
     TextResourceContents,
 )
 from mcp.types import Resource as MCPResource
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from .. import __version__
 from ..client import (
@@ -90,11 +90,35 @@ def _tool(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
     return call
 
 
-class SandboxTools:
-    """The tools, over the caller's SDK client; a gateway error becomes a tool error."""
+class ApprovalAnswer(BaseModel):
+    """What the person at an MCP client is asked about a held execute."""
 
-    def __init__(self, clients: GatewayClients) -> None:
+    approve: bool = Field(description="run this code (false: deny it)")
+    reason: str = Field(default="", description="why; recorded with the decision")
+
+
+class SandboxTools:
+    """The tools, over the caller's SDK client; a gateway error becomes a tool error.
+
+    With an ``approver`` (a client holding an approver token of the person at
+    the MCP client, never the agent's), a held execute is put to that person
+    by MCP elicitation where the client supports it.
+    """
+
+    def __init__(self, clients: GatewayClients, approver: AsyncClient | None = None) -> None:
         self.clients = clients
+        self.approver = approver
+
+    async def _ask(self, ctx: Context, approval: Approval, code: str) -> None:
+        """Ask the person to decide ``approval``; a declined or cancelled ask leaves it pending."""
+        assert self.approver is not None
+        reasons = "; ".join(approval.reasons) or "the session's policy holds it"
+        question = f"Run this code? Held because: {reasons}\n\n{code}"
+        answer = await ctx.elicit(question, ApprovalAnswer)
+        if answer.action != "accept":
+            return  # for another approver, or the approval timeout
+        decide = self.approver.approve if answer.data.approve else self.approver.deny
+        await decide(approval.id, answer.data.reason or "decided in the MCP client")
 
     async def _session(self, session_id: str) -> AsyncSession:
         # No request: an unknown id fails on the tool's own call, with session_not_found.
@@ -177,6 +201,8 @@ class SandboxTools:
             held.append(approval)
             reasons = "; ".join(approval.reasons)
             await progress(f"pending_approval {approval.id}: {reasons}; waiting for an approver")
+            if ctx is not None and self.approver is not None and _elicits(ctx):
+                await self._ask(ctx, approval, code)
 
         beat = asyncio.ensure_future(progress.heartbeat())
         try:
@@ -434,7 +460,19 @@ async def _file_resources(session: AsyncSession) -> list[MCPResource]:
     return found
 
 
-def build_server(clients: GatewayClients, *, http: bool = False) -> MCPServer:
+def _elicits(ctx: Context) -> bool:
+    """Whether the MCP client can be asked a question now: it declared elicitation, and
+    the connection carries server-initiated requests (the handshake-era protocol; the
+    2026-07-28 one asks by returning InputRequired, which a held execute does not use)."""
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.elicitation is None:
+        return False
+    return ctx.session.can_send_request
+
+
+def build_server(
+    clients: GatewayClients, *, http: bool = False, approver: AsyncClient | None = None
+) -> MCPServer:
     """An MCP server whose tools act on the gateway as each caller's client.
 
     Over ``http`` a caller must send a gateway token (401 without one the gateway accepts).
@@ -452,17 +490,27 @@ def build_server(clients: GatewayClients, *, http: bool = False) -> MCPServer:
         token_verifier=clients if http else None,
         auth=auth,
     )
-    tools = SandboxTools(clients)
+    tools = SandboxTools(clients, approver)
     for name, member in vars(SandboxTools).items():
         if getattr(member, "is_tool", False):
             server.add_tool(getattr(tools, name), name=name)
     return server
 
 
-def serve(settings: ClientSettings, *, http: bool, host: str, port: int, path: str) -> None:
+def serve(
+    settings: ClientSettings,
+    *,
+    http: bool,
+    host: str,
+    port: int,
+    path: str,
+    approver_token: str | None = None,
+) -> None:
     """Run the MCP server until stdin closes (stdio) or it is interrupted (HTTP).
 
     Over HTTP the configured token is not used: every caller sends its own.
+    ``approver_token``: the person's own approver token, to decide held
+    executes by elicitation (stdio only: over HTTP callers are many people).
     """
 
     async def main() -> None:
@@ -472,9 +520,16 @@ def serve(settings: ClientSettings, *, http: bool, host: str, port: int, path: s
                 await _serve_http(build_server(clients, http=True), host, port, path)
             finally:
                 await clients.aclose()
-        else:
-            async with AsyncClient(settings.url, settings.token) as client:
-                await build_server(GatewayClients(settings.url, client)).run_stdio_async()
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(AsyncClient(settings.url, settings.token))
+            approver = None
+            if approver_token:
+                approver = await stack.enter_async_context(
+                    AsyncClient(settings.url, approver_token)
+                )
+            server = build_server(GatewayClients(settings.url, client), approver=approver)
+            await server.run_stdio_async()
 
     anyio.run(main)
 
