@@ -471,6 +471,9 @@ def e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
         "E2B_SANDBOX_URL": url,  # sandbox traffic, named by E2b-Sandbox-Id headers
         "E2B_DOMAIN": urllib.parse.urlsplit(url).hostname or "localhost",
     }
+    if args.json:
+        terminal.print_json(exports)
+        return 0
     for name, value in exports.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
