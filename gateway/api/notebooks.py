@@ -38,7 +38,10 @@ class ReplayHandler(JSONHandler):
     actions = {"POST": "notebook.replay"}
 
     def body_limit(self) -> int:
-        return max(MAX_BATCH, super().body_limit())
+        """A notebook alone is bounded as any body; one sent with its inputs as a batch is."""
+        if self.request.headers.get("Content-Type", "").startswith("multipart/form-data"):
+            return max(MAX_BATCH, super().body_limit())
+        return super().body_limit()
 
     async def post(self) -> None:
         tolerance = self.get_argument("image_tolerance", None)
