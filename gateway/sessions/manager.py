@@ -137,6 +137,7 @@ class SessionManager:
         self.snapshots = snapshots
         self.leases = leases or Leases(store, settings.lease_ttl)
         self.tasks = TaskSet()
+        self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
         self.commands = Commands(lifecycle.placement, self.tasks)
         self._culler: asyncio.Task | None = None
@@ -1011,6 +1012,14 @@ class SessionManager:
         session.state = "deleted"
         session.reason = reason
         session.ended_at = self.clock()
+        # Until its record says so, taking sessions back must not mistake it for one let go.
+        self.ending.add(session.id)
+        try:
+            await self._end(session, reason)
+        finally:
+            self.ending.discard(session.id)
+
+    async def _end(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.id, None)
         if session.stream is not None:
             session.stream.close()

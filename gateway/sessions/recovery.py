@@ -38,6 +38,7 @@ class Registry(Protocol):
     """Where recovered sessions go, and how they end or die."""
 
     sessions: dict[str, Session]
+    ending: set[str]  # ids of sessions being ended: out of ``sessions``, not yet saved ended
 
     async def end(self, session: Session, reason: str) -> None: ...
 
@@ -83,7 +84,7 @@ async def take_back(
     left = [
         (doc, runtime)
         for doc, runtime in await store.open_sessions(lifecycle.gateway_id)
-        if doc["id"] not in registry.sessions
+        if doc["id"] not in registry.sessions and doc["id"] not in registry.ending
     ]
     owned = await asyncio.gather(*(leases.claim(doc["id"]) for doc, _ in left))
     left = [session for session, ours in zip(left, owned, strict=True) if ours]
