@@ -160,6 +160,25 @@ def test_a_workspace_unmounted_while_the_gateway_was_down_is_mounted_again(start
     assert r.content == b"keep", f"the dead session's file was lost after the restart: {r.text}"
 
 
+def test_a_delete_cut_short_by_a_crash_is_finished_at_the_restart(start_gateway, engine):
+    """Killed after a delete removed the sandbox and its directory, before the record said so."""
+    first = start_gateway(keep_sessions=True)
+    sid = make_sessions(first, 1)[0]
+    first.stop(signal.SIGKILL)
+    engine.containers.get(f"sbx-{sid}").remove(force=True)
+    directory = first.data_dir / "sessions" / sid
+    if os.path.ismount(directory / "workspace"):
+        subprocess.run(["umount", str(directory / "workspace")], check=True)
+    subprocess.run(["rm", "-rf", str(directory)], check=True)
+    second = start_gateway(data_dir=first.data_dir)
+    session = second.client.get(f"/v1/sessions/{sid}").json()
+    assert session["state"] == "deleted", f"left open after the restart: {session}"
+    assert "cannot be restored" in session["reason"], session
+    with sqlite3.connect(first.data_dir / "gateway.sqlite3") as db:
+        row = db.execute("SELECT ended_at FROM sessions WHERE id = ?", (sid,)).fetchone()
+    assert row[0] is not None, "the session's record stayed open"
+
+
 def test_end_sessions_on_stop_removes_every_container(start_gateway, engine):
     gw = start_gateway()  # the fixture's default: --end-sessions-on-stop
     sid = gw.client.post("/v1/sessions", json={}).json()["id"]

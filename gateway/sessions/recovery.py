@@ -131,8 +131,10 @@ async def _take_over(
         else:
             assert runtime is not None
             await lifecycle.adopt(session, runtime)
-    except GatewayError as e:
-        await registry.end(session, f"its sandbox cannot be restored here: {e.message}")
+    except Exception as e:  # never left open in the store and out of the registry
+        if not isinstance(e, GatewayError | OSError):
+            log.exception("session %s: adopting its sandbox failed", session.id)
+        await registry.end(session, f"its sandbox cannot be restored here: {_why(e)}")
         return
     # Taken back while serving, requests for it wait until its kernel answers.
     async with session.lock:
@@ -152,6 +154,15 @@ async def _take_over(
             await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
         else:
             await _reattach(registry, session, was_cut)
+
+
+def _why(error: Exception) -> str:
+    """An adoption failure in a record's words (a delete the crash cut short took the files)."""
+    if isinstance(error, GatewayError):
+        return error.message
+    if isinstance(error, FileNotFoundError):
+        return f"its files are gone ({error.filename})"
+    return str(error) or type(error).__name__
 
 
 async def _reattach(registry: Registry, session: Session, was_cut: bool) -> None:
