@@ -5,18 +5,44 @@ SQLite and two on the shared server. Times trivial executes (``1 + 1``) over
 HTTP on a session of each: on SQLite, on PostgreSQL through the gateway that
 owns the session, and through the other gateway, which passes each request on
 to the owner; and the gateway CPU each execute costs (the owner's, and the
-forwarder's too for a forwarded one). Writes the table into docs/PERFORMANCE.md.
+forwarder's too for a forwarded one). Then failover: a gateway owning a
+session is killed (SIGKILL) and the time until the session answers again,
+with its state, through the surviving gateway (which adopts it) is taken,
+at the default lease. Writes the tables into docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 
 from harness import ROOT, Gateway, cpu_seconds, median, pct, round_trips, write_section
 
 N = 400
+FAILOVERS = 3
+
+
+def failover(url: str, survivor: Gateway) -> float:
+    """Seconds from killing a session's gateway until the survivor answers for it, state kept."""
+    with Gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "", "--database-url", url) as gw:
+        sid = gw.client.post("/v1/sessions", json={}).json()["id"]
+        gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 42"})
+        gw.proc.send_signal(signal.SIGKILL)
+        gw.proc.wait()
+        killed = time.monotonic()
+        while True:
+            r = survivor.client.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x)"})
+            text = "".join(o.get("text", "") for o in r.json().get("outputs", []))
+            if r.status_code == 200 and text == "42\n":
+                took = time.monotonic() - killed
+                survivor.client.delete(f"/v1/sessions/{sid}")
+                return took
+            if time.monotonic() - killed > 60:
+                raise RuntimeError(f"the session was never adopted: {r.status_code} {r.text}")
+            time.sleep(0.05)
 
 
 def measure(via: Gateway, sid: str, gateways: list[Gateway]) -> tuple[list[float], float]:
@@ -52,6 +78,7 @@ def main() -> None:
                     f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |"
                 )
                 home.client.delete(f"/v1/sessions/{sid}")
+            adopted = [failover(url, other) for _ in range(FAILOVERS)]
     finally:
         subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", server], check=False)
         for path in (server, *dirs):
@@ -60,6 +87,11 @@ def main() -> None:
         "| store and route | execute p50 ms | p90 ms | gateway CPU ms per execute |",
         "| --- | ---: | ---: | ---: |",
         *rows,
+        "",
+        "| failover (default lease, 3 s) | runs | each, s | worst, s |",
+        "| --- | ---: | --- | ---: |",
+        f"| a killed gateway's session answers through another, state kept | {FAILOVERS} | "
+        f"{', '.join(f'{s:.1f}' for s in adopted)} | {max(adopted):.1f} |",
     ]
     print("\n".join(body))
     write_section(

@@ -115,7 +115,7 @@ class LocalPlacement(Placement):
     async def stopped_reason(self, limits: Any, sandbox_id: str) -> str:
         return "stopped"
 
-    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+    async def sandboxes(self, gateway_id: str, sessions: Any = ()) -> list[SandboxState]:
         return []
 
     async def remove(self, session_id: str) -> None:

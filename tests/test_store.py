@@ -256,6 +256,35 @@ def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
     assert asyncio.run(scenario()) == (("b", "http://10.0.0.2:8765"), None)
 
 
+def test_a_dead_gateways_open_sessions_are_orphans_for_the_others_to_adopt(make_store):
+    async def scenario():
+        store = make_store()
+        await store.open()
+        for sid in ("lapsed", "live", "ended", "unleased"):
+            await store.save_session(
+                {"id": sid, "state": "idle", "created_at": "t", "ended_at": None}, {"c": sid}
+            )
+        await store.save_session({"id": "ended", "state": "deleted", "created_at": "t",
+                                  "ended_at": "t"})  # fmt: skip
+        assert await store.claim_lease("lapsed", "dead", 0.05)
+        assert await store.claim_lease("ended", "dead", 0.05)
+        assert await store.claim_lease("live", "alive", 30.0)
+        await asyncio.sleep(0.1)
+        orphans = {
+            gateway: [(d["id"], runtime) for d, runtime in await store.orphans(gateway)]
+            for gateway in ("other", "dead")
+        }
+        elsewhere = await store.owned_elsewhere("alive"), await store.owned_elsewhere("dead")
+        await store.close()
+        return orphans, elsewhere
+
+    orphans, elsewhere = asyncio.run(scenario())
+    assert orphans == {"other": [("lapsed", {"c": "lapsed"})], "dead": []}, (
+        "only an open session whose lease ran out is another gateway's to adopt"
+    )
+    assert elsewhere == ({"lapsed"}, {"live"})
+
+
 def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, tmp_path):
     from gateway.cli.gc import DataDir
 

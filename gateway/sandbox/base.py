@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -112,10 +112,21 @@ class Placement(abc.ABC):
     resizes_in_place = False
     # Whether secrets can be given as files on a tmpfs (the host's, bind-mounted).
     secret_files = False
+    # Whether a session another gateway on this host started can be adopted (failover).
+    adopts_others = False
 
     def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
         self.sessions_dir = sessions_dir  # one directory per session on this host
         self.tmp_size = tmp_size
+        self._homes: dict[str, Path] = {}  # adopted sessions' directories, under another's
+
+    def session_dir(self, session_id: str) -> Path:
+        """A session's directory: here, or under the gateway that started it, if adopted."""
+        return self._homes.get(session_id) or self.sessions_dir / session_id
+
+    def adopt_directory(self, session_id: str, directory: Path) -> None:
+        """Keep an adopted session's directory where its first gateway made it (same host)."""
+        self._homes[session_id] = directory
 
     def tmp_bytes(self, limits: Limits) -> int:
         """A sandbox's /tmp size: the setting, but at most a quarter of its memory."""
@@ -201,7 +212,9 @@ class Placement(abc.ABC):
         """Why a sandbox found stopped at start-up stopped."""
 
     @abc.abstractmethod
-    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+    async def sandboxes(
+        self, gateway_id: str, sessions: Collection[str] = ()
+    ) -> list[SandboxState]:
         """Every sandbox labelled with this gateway's id, running or not."""
 
     @abc.abstractmethod
@@ -224,7 +237,8 @@ class Placement(abc.ABC):
 
     async def remove_directory(self, session_id: str) -> None:
         """Unmount and delete a session's directory (its workspace, its sockets)."""
-        await asyncio.to_thread(volume.destroy, self.sessions_dir / session_id)
+        await asyncio.to_thread(volume.destroy, self.session_dir(session_id))
+        self._homes.pop(session_id, None)
 
     def directories(self) -> list[str]:
         """The session ids that have a directory here, for recovery to account for."""

@@ -1086,7 +1086,8 @@ class SessionManager:
         """Mark dead every session whose sandbox stopped or vanished while nobody watched."""
         placement = self.lifecycle.placement
         try:
-            found = {s.id: s for s in await placement.sandboxes(self.lifecycle.gateway_id)}
+            sandboxes = await placement.sandboxes(self.lifecycle.gateway_id, list(self.sessions))
+            found = {s.id: s for s in sandboxes}
             for sandbox in found.values():
                 if not sandbox.running:
                     self.pool.forget(sandbox.session_id)  # a pooled one is replaced
@@ -1130,9 +1131,13 @@ class SessionManager:
         await self.save(session)
 
     async def _take_back_forever(self) -> None:
-        """Each lease, take back the sessions let go of while the database was silent."""
+        """Take back sessions let go of while the database was silent, and adopt dead gateways'.
+
+        As often as leases are renewed: a dead gateway's sessions answer again
+        within about a lease and a third of it.
+        """
         while True:
-            await asyncio.sleep(self.leases.ttl)
+            await asyncio.sleep(self.leases.ttl / 3)
             try:
                 await take_back(self, self.store, self.lifecycle, self.leases)
             except Exception as e:  # the database is still away: next time

@@ -11,14 +11,19 @@ session accounts for: nothing it started leaks across restarts.
 Recovery is handed the store, the sandbox lifecycle and a ``Registry`` (the
 few session commands it needs; the session manager is one), never the
 manager itself. With a shared store it takes only the sessions whose lease
-it holds or claims (``Leases``): never another live gateway's.
+it holds or claims (``Leases``): never another live gateway's. It also
+adopts a dead gateway's sessions whose directory is on this host (failover
+between gateways of one host), leaving their kernels, and so their state,
+running where they are; and it never reaps a session another gateway holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import GatewayError
@@ -53,13 +58,14 @@ async def recover(
     """Reattach, mark dead or end each open session; remove whatever is left over."""
     placement = lifecycle.placement
     claimed = await take_back(registry, store, lifecycle, leases)
+    others = await store.owned_elsewhere(lifecycle.gateway_id)  # adopted by another gateway
     containers = await placement.sandboxes(lifecycle.gateway_id)
     for container in containers:
-        if container.id not in claimed:
+        if container.id not in claimed and container.session_id not in others:
             log.info("removing leftover container of session %s", container.session_id)
             await placement.remove_sandbox(container.id)
     for session_id in placement.directories():
-        if session_id not in registry.sessions:
+        if session_id not in registry.sessions and session_id not in others:
             await placement.remove_directory(session_id)
     states = [s.state for s in registry.sessions.values()]
     if states:
@@ -76,14 +82,20 @@ async def take_back(
 ) -> set[str]:
     """Take over this gateway's open sessions it does not run, whose lease it can claim.
 
-    At start, that is all of them. Later (the session manager asks every
-    lease), those it let go of when its leases ran out while the database did
-    not answer, and nobody else took: their kernels ran on meanwhile. Returns
-    the containers the sessions taken over run in.
+    At start, that is all of them. Later (the session manager asks each third
+    of a lease), those it let go of when its leases ran out while the database
+    did not answer, and nobody else took: their kernels ran on meanwhile.
+    Always, a dead gateway's sessions whose directory is here (``_here``).
+    Returns the containers the sessions taken over run in.
     """
+    gateway_id = lifecycle.gateway_id
+    orphans = await store.orphans(gateway_id) if lifecycle.placement.adopts_others else []
     left = [
         (doc, runtime)
-        for doc, runtime in await store.open_sessions(lifecycle.gateway_id)
+        for doc, runtime in [
+            *await store.open_sessions(gateway_id),
+            *((doc, runtime) for doc, runtime in orphans if _here(runtime)),
+        ]
         if doc["id"] not in registry.sessions and doc["id"] not in registry.ending
     ]
     owned = await asyncio.gather(*(leases.claim(doc["id"]) for doc, _ in left))
@@ -91,7 +103,8 @@ async def take_back(
     if not left:
         return set()
     cut = await close_cut_executions(store, {doc["id"] for doc, _ in left})
-    containers = await lifecycle.placement.sandboxes(lifecycle.gateway_id)
+    adopted = {doc["id"] for doc, _ in orphans}
+    containers = await lifecycle.placement.sandboxes(gateway_id, adopted)
     claimed: set[str] = set()
     outcomes = await asyncio.gather(
         *(
@@ -106,6 +119,12 @@ async def take_back(
     return claimed
 
 
+def _here(runtime: dict[str, Any] | None) -> bool:
+    """Whether a session's directory (and so its kernel's sockets) is on this host."""
+    directory = (runtime or {}).get("session_dir")
+    return bool(directory) and os.path.isdir(directory)
+
+
 async def _take_over(
     registry: Registry,
     lifecycle: SandboxLifecycle,
@@ -116,6 +135,10 @@ async def _take_over(
     was_cut: bool,
 ) -> None:
     session = Session.from_record(doc)
+    directory = (runtime or {}).get("session_dir")
+    if directory and Path(directory).parent != lifecycle.placement.sessions_dir:
+        log.info("adopting session %s from a gateway that stopped answering", session.id)
+        lifecycle.placement.adopt_directory(session.id, Path(directory))
     paused = session.state == "paused"  # no sandbox: its state and workspace are on disk
     if not paused and (
         session.state == "starting" or not runtime or not runtime.get("container_id")

@@ -156,7 +156,7 @@ class KernelState:
 
     def state_dir(self, session_id: str) -> Path:
         """Where a paused session's saved state lives: its directory, out of the sandbox."""
-        return self.lifecycle.placement.sessions_dir / session_id / "state"
+        return self.lifecycle.placement.session_dir(session_id) / "state"
 
     async def save(
         self, session: Session, strategy: str, timeout: float, target: Path | None = None

@@ -398,16 +398,41 @@ class Store:
         What a restart of that gateway must account for: never another
         gateway's sessions, whose leases say so.
         """
+        return await self._open_sessions(
+            "LEFT JOIN leases ON session_id = id WHERE ended_at IS NULL"
+            " AND (owner IS NULL OR owner = ?)",
+            owner,
+        )
+
+    async def orphans(self, owner: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Open sessions whose owner's lease ran out: a dead gateway's, for ``owner`` to adopt."""
+        return await self._open_sessions(
+            f"JOIN leases ON session_id = id WHERE ended_at IS NULL AND owner <> ?"
+            f" AND expires_at < {self.NOW}",
+            owner,
+        )
+
+    async def _open_sessions(
+        self, where: str, owner: str
+    ) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         rows = await self._run(
             self._exec,
-            "SELECT doc, runtime FROM sessions LEFT JOIN leases ON session_id = id"
-            " WHERE ended_at IS NULL AND (owner IS NULL OR owner = ?)"
-            f" ORDER BY sessions.{self.ROW_ORDER}",
+            f"SELECT doc, runtime FROM sessions {where} ORDER BY sessions.{self.ROW_ORDER}",
             (owner,),
         )
         return [
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
+
+    async def owned_elsewhere(self, owner: str) -> set[str]:
+        """Open sessions another gateway holds or held a lease on: never ``owner``'s to reap."""
+        rows = await self._run(
+            self._exec,
+            "SELECT session_id FROM leases JOIN sessions ON id = session_id"
+            " WHERE ended_at IS NULL AND owner <> ?",
+            (owner,),
+        )
+        return {row[0] for row in rows}
 
     async def claim_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Own a session for ``ttl`` seconds unless another owner's lease still runs.

@@ -256,3 +256,51 @@ def test_sessions_dropped_in_a_long_database_outage_are_taken_back_when_it_retur
         print(f"taken back {time.monotonic() - back:.1f} s after the database returned")
     finally:
         server.remove()
+
+
+def test_a_killed_gateways_sessions_are_adopted_by_another_with_their_state(
+    start_gateway, database, engine
+):
+    token = "shared-token-of-the-deployment"
+    first, second = (
+        shared(start_gateway, database, keep_sessions=True, env={"SBX_TOKEN": token})
+        for _ in range(2)
+    )
+    for gw in (first, second):
+        gw.client.headers["Authorization"] = f"Bearer {token}"
+        gw.token = token
+    ids = [new_session(first) for _ in range(2)]
+    for n, sid in enumerate(ids):
+        run(first.client, sid, f"x = {n + 40}")
+    assert first.client.put(f"/v1/sessions/{ids[0]}/files/kept.txt", content=b"kept").is_success
+    first.stop(signal.SIGKILL)
+    killed = time.monotonic()
+
+    def answers(sid: str, n: int) -> bool:
+        r = second.client.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x)"})
+        return r.status_code == 200 and text_of(r.json()) == f"{n + 40}\n"
+
+    assert wait_for(lambda: answers(ids[0], 0), timeout=30, interval=0.2), (
+        "no gateway adopted the killed gateway's session"
+    )
+    print(f"adopted {time.monotonic() - killed:.1f} s after its gateway was killed")
+    assert answers(ids[1], 1), "the killed gateway's other session was not adopted"
+    assert second.client.get(f"/v1/sessions/{ids[0]}/files/kept.txt").content == b"kept"
+    with psycopg.connect(database) as db:
+        owners = {row[0] for row in db.execute("SELECT owner FROM leases").fetchall()}
+    assert owners == {gateway_id_of(second.data_dir)}, owners
+    # The killed gateway comes back on its data directory: it leaves the adopted ones alone.
+    again = shared(start_gateway, database, data_dir=first.data_dir, env={"SBX_TOKEN": token})
+    again.client.headers["Authorization"] = f"Bearer {token}"
+    assert again.client.get("/v1/sessions").status_code == 200
+    time.sleep(2 * float(LEASE))
+    assert answers(ids[0], 0) and answers(ids[1], 1), "the restarted gateway broke them"
+    # Dying, an adopted kernel is noticed; deleted, it leaves nothing behind.
+    engine.containers.get(f"sbx-{ids[1]}").kill()
+    assert wait_for(
+        lambda: second.client.get(f"/v1/sessions/{ids[1]}").json()["state"] == "dead", timeout=10
+    ), "the death of an adopted kernel went unnoticed"
+    for sid in ids:
+        assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+        assert not engine.containers.list(all=True, filters={"name": f"sbx-{sid}"})
+        assert not (first.data_dir / "sessions" / sid).exists(), "its directory was left"

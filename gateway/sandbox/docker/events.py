@@ -1,6 +1,8 @@
 """Notice kernel containers dying the moment the engine does.
 
-One thread follows the engine's event stream for this gateway's containers,
+One thread follows the engine's event stream for every session container
+(the session manager ignores those of sessions it does not hold; adopted
+ones keep the label of the gateway that started them),
 instead of a poll loop or a blocked thread per session, and hands each
 ``die`` to the event loop. When the engine stops or crashes the stream ends;
 the thread subscribes again with backoff until the engine answers, then
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import docker
 
 from ..base import ENGINE_ERRORS, DeathCallback
-from .provisioner import LABEL_GATEWAY, LABEL_SESSION
+from .provisioner import LABEL_SESSION
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ _BACKOFF = (0.25, 2.0)  # first and longest wait between attempts to subscribe a
 
 
 class ContainerWatcher:
-    """Calls ``on_death`` on the loop for every container of ours that stops.
+    """Calls ``on_death`` on the loop for every session container that stops.
 
     ``on_resync`` is called on the loop each time the stream is back after a
     break, once the new subscription is in place (so no death falls between).
@@ -35,12 +37,10 @@ class ContainerWatcher:
     def __init__(
         self,
         client: docker.DockerClient,
-        gateway_id: str,
         on_death: DeathCallback,
         on_resync: Callable[[], None],
     ) -> None:
         self._client = client
-        self._gateway_id = gateway_id
         self._on_death = on_death
         self._on_resync = on_resync
         self._stream = None
@@ -62,7 +62,8 @@ class ContainerWatcher:
             filters={
                 "type": "container",
                 "event": ["die"],
-                "label": [f"{LABEL_GATEWAY}={self._gateway_id}"],
+                # Every session's: those adopted from another gateway keep its label.
+                "label": [LABEL_SESSION],
             },
         )
 

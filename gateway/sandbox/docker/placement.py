@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class DockerPlacement(Placement):
     name = "docker"
     resizes_in_place = True
     secret_files = True
+    adopts_others = True  # containers are found by session, sockets and files by path
 
     def __init__(
         self,
@@ -75,7 +76,7 @@ class DockerPlacement(Placement):
             log.warning(
                 "not root: workspaces are plain directories and disk limits are not enforced"
             )
-        self._watcher = ContainerWatcher(self.docker, gateway_id, on_death, on_resync)
+        self._watcher = ContainerWatcher(self.docker, on_death, on_resync)
         self._watcher.start()
 
     def unavailable(self) -> str | None:
@@ -86,7 +87,7 @@ class DockerPlacement(Placement):
             await asyncio.to_thread(self._watcher.stop)
 
     def sandbox(self, request: SandboxRequest, gateway_id: str) -> SandboxSpec:
-        session_dir = self.sessions_dir / request.session_id
+        session_dir = self.session_dir(request.session_id)
         return SandboxSpec(
             docker=self.docker,
             image=request.image,
@@ -111,7 +112,7 @@ class DockerPlacement(Placement):
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         uid, gid = spec.uid_gid
         await asyncio.to_thread(
-            volume.create, self.sessions_dir / spec.session_id, spec.limits.disk, uid, gid
+            volume.create, self.session_dir(spec.session_id), spec.limits.disk, uid, gid
         )
         if spec.secrets_dir is not None:
             await asyncio.to_thread(
@@ -119,11 +120,11 @@ class DockerPlacement(Placement):
             )
 
     def kernel_exchange(self, session_id: str) -> tuple[str, Path]:
-        return CONTAINER_RUN_DIR, self.sessions_dir / session_id / "run"
+        return CONTAINER_RUN_DIR, self.session_dir(session_id) / "run"
 
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
-        await asyncio.to_thread(volume.mount_again, self.sessions_dir / session_id)
+        await asyncio.to_thread(volume.mount_again, self.session_dir(session_id))
 
     async def start_process(
         self,
@@ -160,13 +161,20 @@ class DockerPlacement(Placement):
         info = await asyncio.to_thread(self.docker.api.inspect_container, sandbox_id)
         return await self.death_reason(limits, sandbox_id, int(info["State"].get("ExitCode", -1)))
 
-    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+    async def sandboxes(
+        self, gateway_id: str, sessions: Collection[str] = ()
+    ) -> list[SandboxState]:
+        """This gateway's sandboxes, and those of ``sessions`` (adopted) whoever started them."""
+        wanted = set(sessions)
+        label = LABEL_SESSION if wanted else f"{LABEL_GATEWAY}={gateway_id}"
         containers = await asyncio.to_thread(
-            self.docker.api.containers, all=True, filters={"label": f"{LABEL_GATEWAY}={gateway_id}"}
+            self.docker.api.containers, all=True, filters={"label": label}
         )
         return [
             SandboxState(c["Id"], c["Labels"].get(LABEL_SESSION, "?"), c["State"] == "running")
             for c in containers
+            if c["Labels"].get(LABEL_GATEWAY) == gateway_id
+            or c["Labels"].get(LABEL_SESSION) in wanted
         ]
 
     async def remove(self, session_id: str) -> None:

@@ -224,6 +224,11 @@ class DockerProvisioner(SandboxProvisioner):
         self._client = spec.docker
         self._spec = spec
 
+    def reattach_info(self) -> dict[str, Any]:
+        """Also where the session's directory is: another gateway on this host may adopt it."""
+        assert self._spec is not None
+        return {**super().reattach_info(), "session_dir": str(self._spec.run_dir.parent)}
+
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
         # The record may come from a gateway run with the guards the other way.

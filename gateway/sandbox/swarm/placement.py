@@ -20,7 +20,7 @@ import hashlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +274,7 @@ class SwarmPlacement(Placement):
             agent_configs=self._configs,
             tmp_bytes=self.tmp_bytes(request.limits),
             on_death=self.report,
-            connection_file=str(self.sessions_dir / request.session_id / "connection.json"),
+            connection_file=str(self.session_dir(request.session_id) / "connection.json"),
             # Pulling the image onto a new node takes a while.
             start_timeout=max(request.start_timeout, 120.0),
             user=request.user,
@@ -306,7 +306,9 @@ class SwarmPlacement(Placement):
         status = latest[0].get("Status", {})
         return f"its sandbox stopped: {status.get('Err') or status.get('State')}"
 
-    async def sandboxes(self, gateway_id: str) -> list[SandboxState]:
+    async def sandboxes(
+        self, gateway_id: str, sessions: Collection[str] = ()
+    ) -> list[SandboxState]:
         label = f"{LABEL_GATEWAY}={gateway_id}"
         api = self.docker.api
         services, tasks, nodes = await asyncio.gather(
