@@ -9,6 +9,8 @@ install in the audit log with its version and hash.
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 from helpers import run, tenant_gateway, text_of
@@ -16,7 +18,10 @@ from helpers import run, tenant_gateway, text_of
 from gateway.sandbox.npm import project_of
 from gateway.sandbox.packages import PackagePolicy
 
-pytestmark = pytest.mark.docker
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(shutil.which("npm") is None, reason="the npm cache needs npm on the host"),
+]
 
 TOKENS = {"alpha": "alpha-npm-token-51c7", "beta": "beta-npm-token-a08e"}
 PACKAGE = "is-number"  # one small package with no dependencies
