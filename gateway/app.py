@@ -151,7 +151,11 @@ class Gateway:
         key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
         vault = SecretVault(self.store, key, self.settings.max_secret_size)
         packages: dict[str, PackageGate] = {}
-        await asyncio.gather(*(cache.start() for cache in self.package_caches))
+        try:
+            await asyncio.gather(*(cache.start() for cache in self.package_caches))
+        except BaseException:  # the gateway does not start: leave no cache running
+            await asyncio.gather(*(cache.stop() for cache in self.package_caches))
+            raise
         for cache in self.package_caches:
             gate = packages[cache.language] = PackageGate(cache, self._package_policy)
             gate.on_install = lambda install: audit_log.package_install(

@@ -96,7 +96,9 @@ def test_a_javascript_session_without_a_network_reaches_nothing_but_the_cache(ca
             f"console.log(require('child_process').spawnSync(process.execPath, ['-e', "
             f"{probe!r}], {{encoding: 'utf8', timeout: 10000}}).stdout)"
         )
-        assert text_of(run(c["alpha"], sid, code)).startswith("refused")
+        reply = run(c["alpha"], sid, code)
+        assert text_of(reply).startswith("refused")
+        assert reply["execution_count"] == 1, "the relay's silent start took a count"
     finally:
         c["alpha"].delete(f"/v1/sessions/{sid}")
 
