@@ -204,6 +204,8 @@ class NpmCache:
             "uplinks": {"upstream": uplink},
             "packages": {"@*/*": everyone, "**": everyone},
             "web": {"enable": False},
+            # No accounts: nobody registers (max_users -1), nobody is in sbx-nobody.
+            "auth": {"htpasswd": {"file": str(self.state_dir / "htpasswd"), "max_users": -1}},
             "publish": {"allow_offline": False},
             "log": {"type": "stdout", "format": "pretty", "level": "warn"},
         }
