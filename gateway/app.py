@@ -52,7 +52,8 @@ from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
-from .sandbox.packages import PackageCache, PackageGate, PackagePolicy
+from .sandbox.npm import NpmCache
+from .sandbox.packages import Cache, PackageCache, PackageGate, PackagePolicy
 from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
 from .sessions.model import Session
@@ -124,9 +125,11 @@ class Gateway:
         self.audit: AuditLog | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
         self.forwarder = Forwarder()
-        self.package_cache = (
-            PackageCache(Path(settings.data_dir) / "packages") if settings.package_cache else None
-        )
+        data = Path(settings.data_dir)
+        self.package_caches: list[Cache] = [
+            *([PackageCache(data / "packages")] if settings.package_cache else []),
+            *([NpmCache(data / "npm")] if settings.npm_cache else []),
+        ]
 
     async def start(self) -> None:
         _raise_file_limit()
@@ -147,11 +150,15 @@ class Gateway:
         audit_log = self.audit = AuditLog(self.store)
         key = await asyncio.to_thread(load_key, self.settings.secrets_key_path())
         vault = SecretVault(self.store, key, self.settings.max_secret_size)
-        packages = None
-        if self.package_cache is not None:
-            await self.package_cache.start()
-            packages = PackageGate(self.package_cache, self._package_policy)
-            packages.on_install = lambda install: audit_log.package_install(
+        packages: dict[str, PackageGate] = {}
+        try:
+            await asyncio.gather(*(cache.start() for cache in self.package_caches))
+        except BaseException:  # the gateway does not start: leave no cache running
+            await asyncio.gather(*(cache.stop() for cache in self.package_caches))
+            raise
+        for cache in self.package_caches:
+            gate = packages[cache.language] = PackageGate(cache, self._package_policy)
+            gate.on_install = lambda install: audit_log.package_install(
                 install, self.manager.owner_of(install.session_id) if self.manager else None
             )
         self.manager = build_manager(
@@ -215,10 +222,10 @@ class Gateway:
                 end_sessions=self.settings.end_sessions_on_stop,
                 drain_timeout=self.settings.drain_timeout,
             )
-        if self.manager is not None and self.manager.lifecycle.packages is not None:
-            self.manager.lifecycle.packages.stop()
-        if self.package_cache is not None:
-            await self.package_cache.stop()
+        if self.manager is not None:
+            for gate in self.manager.lifecycle.packages.values():
+                gate.stop()
+        await asyncio.gather(*(cache.stop() for cache in self.package_caches))
         if self.audit is not None:
             self.audit.close()
         self.loop_lag.stop()
@@ -266,7 +273,7 @@ def build_manager(
     quota: Callable[[str], Quota],
     policies: PolicyBook,
     vault: SecretVault,
-    packages: PackageGate | None = None,
+    packages: dict[str, PackageGate] | None = None,
 ) -> SessionManager:
     """Wire the session manager and what it is handed, from the settings."""
     lifecycle = build_lifecycle(settings, client, vault, packages)
@@ -321,7 +328,7 @@ def build_lifecycle(
     settings: Settings,
     client: docker.DockerClient,
     vault: SecretVault,
-    packages: PackageGate | None = None,
+    packages: dict[str, PackageGate] | None = None,
 ) -> SandboxLifecycle:
     """Wire the sandbox side from the settings: the one place that reads them for it."""
     limit_kernel_messages(settings.max_kernel_message)

@@ -505,17 +505,24 @@ class Settings:
         "(docs/packages.md)",
         ISOLATION,
     )
+    npm_cache: bool = _opt(
+        False,
+        "run verdaccio beside the gateway as a caching proxy of the registry npm is "
+        "configured with here; JavaScript sessions install from it with no network "
+        "(docs/packages.md)",
+        ISOLATION,
+    )
     package_allow: tuple[str, ...] = _opt(
         "",
-        "packages sessions may install from the cache, names or name==version "
-        "(comma-separated; empty: any); a tenant's package_allow replaces it",
+        "packages sessions may install from the caches (pip and npm), names, name==version "
+        "or name@version (comma-separated; empty: any); a tenant's package_allow replaces it",
         ISOLATION,
         NAMES,
     )
     package_deny: tuple[str, ...] = _opt(
         "",
-        "packages sessions may not install, names or name==version (comma-separated); "
-        "a tenant's package_deny replaces it",
+        "packages sessions may not install, names, name==version or name@version "
+        "(comma-separated); a tenant's package_deny replaces it",
         ISOLATION,
         NAMES,
     )
@@ -689,9 +696,11 @@ class Settings:
             raise ConfigError(f"placement must be 'docker' or 'swarm', not {self.placement!r}")
         if self.placement != "swarm":
             return
-        if self.package_cache:
-            raise ConfigError("the package cache serves this host's sandboxes only: "
-                              "set package_cache=false with placement swarm")  # fmt: skip
+        if self.package_cache or self.npm_cache:
+            raise ConfigError(
+                "the package caches serve this host's sandboxes only: set "
+                "package_cache=false and npm_cache=false with placement swarm"
+            )
         # A service cannot pick a runtime, and the egress proxy serves this host's kernels only.
         if self.runtimes != ("runc",) or self.network_policies != ("none",):
             raise ConfigError(

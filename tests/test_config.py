@@ -88,6 +88,7 @@ SAMPLES = {
     "egress_allow_ranges": "10.1.0.0/16, 127.0.0.0/8",
     "egress_always_allow": "pkg.example:443, *.mirror.example",
     "package_cache": "false",
+    "npm_cache": "false",
     "package_allow": "numpy, pandas==2.2.3",
     "package_deny": "evil-pkg",
     "placement": "swarm",

@@ -108,6 +108,16 @@ def test_r_has_the_common_packages(api, new_session):
     assert reply["status"] == "ok" and text_of(reply) == "loaded\n", reply
 
 
+def test_r_install_packages_fails_fast_saying_why(api, new_session):
+    """No CRAN cache (CRAN is unreachable from here): a clear refusal, not a misleading miss."""
+    sid = new_session(kernel="ir")["id"]
+    reply = run(api, sid, 'install.packages("glue")', timeout=30)
+    assert reply["status"] == "error", reply
+    said = str(reply["error"]) + text_of(reply)
+    assert "no CRAN cache" in said and "installed.packages()" in said, reply
+    assert reply["duration_ms"] < 5_000, reply
+
+
 @pytest.mark.parametrize("kernel", ["python3", "bash", "ir"])
 def test_interrupt_stops_the_cell_and_keeps_state(api, new_session, kernel):
     """ipykernel, bash_kernel and IRkernel each say 'interrupted' their own way."""

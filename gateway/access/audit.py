@@ -146,6 +146,7 @@ class AuditLog:
             "name": install.name,
             "version": install.version,
             "filename": install.filename,
+            "installer": install.installer,
         }
         if install.refused is not None:
             self.record("package.refused", owner, "denied", session_id=install.session_id,

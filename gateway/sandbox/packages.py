@@ -33,6 +33,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -118,19 +119,28 @@ def configured_index() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class PackagePolicy:
-    """A tenant's packages: ``allow`` (empty: any) and ``deny`` entries, names or name==version."""
+    """A tenant's packages: ``allow`` (empty: any) and ``deny`` entries.
+
+    An entry is a name, ``name==version``, or (npm's way) ``name@version``;
+    pip and npm packages share the lists.
+    """
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
 
-    def refusal(self, name: str, version: str | None = None) -> str | None:
-        """Why the policy refuses ``name`` (at ``version``), or None."""
-        project = normalize(name)
+    def refusal(self, name: str, version: str | None = None, npm: bool = False) -> str | None:
+        """Why the policy refuses ``name`` (at ``version``), or None.
+
+        ``npm``: names compare lower-cased (npm's rule), not as PEP 503 folds them.
+        """
+        fold = str.lower if npm else normalize
+        project = fold(name)
         pin = f"{project}=={version}" if version else None
-        deny = {_entry(e) for e in self.deny}
+        shown = f"{project}@{version}" if npm else pin
+        deny = {_entry(e, fold) for e in self.deny}
         if project in deny or pin in deny:
-            return f"{pin if pin in deny else project} is on the deny list"
-        allow = {_entry(e) for e in self.allow}
+            return f"{shown if pin in deny else project} is on the deny list"
+        allow = {_entry(e, fold) for e in self.allow}
         if not allow or project in allow:
             return None
         pinned = {a for a in allow if a.startswith(f"{project}==")}
@@ -141,9 +151,13 @@ class PackagePolicy:
         return None
 
 
-def _entry(text: str) -> str:
+def _entry(text: str, fold: Callable[[str], str] = normalize) -> str:
+    """``name`` or ``name==version``, folded; ``name@version`` (not a scope's @) as ``==``."""
+    text = text.strip()
     name, _, version = text.partition("==")
-    return normalize(name.strip()) + (f"=={version.strip()}" if version else "")
+    if not version and text.rfind("@") > 0:
+        name, _, version = text.rpartition("@")
+    return fold(name.strip()) + (f"=={version.strip()}" if version else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,14 +172,42 @@ class Install:
     size: int = 0
     sha256: str | None = None
     cached: bool = False  # the cache had it before: no upstream fetch
+    installer: str = "pip"  # or "npm"
     at: float = dataclasses.field(default_factory=time.time)
 
 
 InstallHook = Callable[[Install], None]
 
 
+class Cache(Protocol):
+    """What a ``PackageGate`` asks of a cache: ``PackageCache`` (pip), ``NpmCache`` (npm)."""
+
+    language: str  # of the kernels it serves
+    installer: str
+    socket_name: str  # in a session's run directory
+    npm: bool  # names compare as npm's (lower-cased), not PEP 503's
+    env: dict[str, str]  # the kernel's
+    relay: str  # code run in the kernel: its loopback port -> the socket
+    port: int
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def has(self, url_path: str) -> bool: ...
+
+    def project_of(self, path: str) -> tuple[str | None, str | None, str | None]: ...
+
+
 class PackageCache:
     """devpi-server, run and configured by the gateway; a mirror of pip's configured index."""
+
+    language = "python"
+    installer = "pip"
+    socket_name = SOCKET_NAME
+    npm = False
+    env = PIP_ENV
+    relay = RELAY
 
     def __init__(self, state_dir: Path, start_timeout: float = 180.0) -> None:
         self.state_dir = state_dir
@@ -181,6 +223,14 @@ class PackageCache:
     def file_path(self, url_path: str) -> Path:
         """Where the cache keeps the file a ``+f`` URL names, once it has it."""
         return self.server_dir / "+files" / url_path.lstrip("/")
+
+    def has(self, url_path: str) -> bool:
+        """Whether the cache holds the package file ``url_path`` names (no upstream fetch)."""
+        return self.file_path(url_path).exists()
+
+    @staticmethod
+    def project_of(path: str) -> tuple[str | None, str | None, str | None]:
+        return project_of(path)
 
     async def start(self) -> None:
         """Start devpi-server (made on first use) and point its mirror at pip's index."""
@@ -273,7 +323,7 @@ class PackageGate:
 
     def __init__(
         self,
-        cache: PackageCache,
+        cache: Cache,
         policy_of: Callable[[str], PackagePolicy | None],
         head_timeout: float = 30.0,
     ) -> None:
@@ -287,7 +337,7 @@ class PackageGate:
     async def open(self, session_id: str, run_dir: Path) -> None:
         """Serve the session's socket in its run directory (again, after a gateway restart)."""
         self.close(session_id)
-        path = run_dir / SOCKET_NAME
+        path = run_dir / self.cache.socket_name
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         server = await asyncio.start_unix_server(
@@ -315,26 +365,26 @@ class PackageGate:
             method, quoted, _ = [*request_line.split(" "), "", ""][:3]
             path = urllib.parse.unquote(quoted.split("?", 1)[0])  # pip sends + as %2B
             policy = self.policy_of(session_id)
-            name, version, filename = project_of(path)
+            name, version, filename = self.cache.project_of(path)
             # Decided on the file, not the project page: pip shows a download's
-            # refusal as an error with its reason, a page's only with --verbose.
+            # refusal as an error with its reason, a page's only with --verbose;
+            # npm prints the 403's reason either way, with the version it chose.
             refused = (
                 "the session has ended"
                 if policy is None
-                else (policy.refusal(name, version) if name and filename else None)
+                else (policy.refusal(name, version, self.cache.npm) if name and filename else None)
             )
             if refused is not None:
                 await _refuse(writer, f"package policy refused {name or path}: {refused}")
-                self._report(Install(session_id, name or path, version, filename, refused))
+                installer = self.cache.installer
+                self._report(Install(session_id, name or path, version, filename, refused,
+                                     installer=installer))  # fmt: skip
                 return
-            cached = filename is not None and await asyncio.to_thread(
-                self.cache.file_path(path).exists
-            )
+            cached = filename is not None and await asyncio.to_thread(self.cache.has, path)
             size, digest = await self._forward(head, method, reader, writer)
             if filename is not None and name:
-                self._report(
-                    Install(session_id, name, version, filename, None, size, digest, cached)
-                )
+                facts = (size, digest, cached, self.cache.installer)
+                self._report(Install(session_id, name, version, filename, None, *facts))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             await _refuse(writer, "incomplete or oversized request", 400)
         except (ConnectionError, OSError):
@@ -403,7 +453,7 @@ def project_of(path: str) -> tuple[str | None, str | None, str | None]:
 
 
 async def _refuse(writer: asyncio.StreamWriter, reason: str, status: int = 403) -> None:
-    """Answer with ``reason`` as the status line's phrase: pip prints it."""
+    """Answer with ``reason`` as the status line's phrase: pip and npm print it."""
     phrase = reason.replace("\r", " ").replace("\n", " ")[:300]
     body = f"sbx: {phrase}\n".encode()
     with contextlib.suppress(ConnectionError, OSError):

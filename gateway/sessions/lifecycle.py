@@ -27,7 +27,7 @@ from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
-from ..sandbox.packages import PIP_ENV, RELAY, PackageGate
+from ..sandbox.packages import PackageGate
 from ..validation import seconds
 from .model import Session
 from .requests import CreateSession
@@ -46,13 +46,13 @@ class SandboxLifecycle:
         isolation: IsolationManager,
         placement: Placement,
         secrets: SecretVault | None = None,
-        packages: PackageGate | None = None,
+        packages: dict[str, PackageGate] | None = None,
     ) -> None:
         """``secrets``: where sessions' sealed secrets come from; ``packages``: the package
-        cache's gate for Python sessions. None offers none."""
+        caches' gates, by the language of the kernels they serve. None offers none."""
         self.settings = settings
         self.secrets = secrets
-        self.packages = packages
+        self.packages = packages or {}
         self.kernelspecs = kernelspecs
         self.images = images
         self.isolation = isolation
@@ -125,12 +125,13 @@ class SandboxLifecycle:
         """Give a session its Kernel and workspace objects (no sandbox is started)."""
         sandbox_cfg = self.kernelspecs.sandbox(session.kernel_name)
         as_files = session.secrets_as == "files"
-        pip = PIP_ENV if self._installs(session) else {}
+        gate = self._gate(session)
+        installs = gate.cache.env if gate is not None else {}
         request = SandboxRequest(
             session_id=session.id,
             image=session.image,
             limits=session.limits,
-            env={**pip, **session.env, **({} if as_files else session.secrets)},
+            env={**installs, **session.env, **({} if as_files else session.secrets)},
             secret_files=session.secrets if as_files else {},
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
@@ -181,11 +182,11 @@ class SandboxLifecycle:
         session.display_name = self.kernelspecs.get(session.kernel_name).display_name
         await self.connect_packages(session)
 
-    def _installs(self, session: Session) -> bool:
-        """Whether the session's kernel installs packages through the cache (Python only)."""
-        if self.packages is None:
-            return False
-        return self.kernelspecs.get(session.kernel_name).language == "python"
+    def _gate(self, session: Session) -> PackageGate | None:
+        """The gate of the package cache the session's kernel installs through, if any."""
+        if not self.packages:
+            return None
+        return self.packages.get(self.kernelspecs.get(session.kernel_name).language.lower())
 
     async def connect_packages(self, session: Session, relay: bool = True) -> None:
         """Serve the session's package socket, and start the kernel's relay to it.
@@ -193,11 +194,12 @@ class SandboxLifecycle:
         Called once its kernel runs, and after each restart of it (a new
         process has no relay); ``relay`` false: the kernel still runs one.
         """
-        if self.packages is None or session.kernel is None or not self._installs(session):
+        gate = self._gate(session)
+        if gate is None or session.kernel is None:
             return
-        await self.packages.open(session.id, session.kernel.sandbox.run_dir)
+        await gate.open(session.id, session.kernel.sandbox.run_dir)
         if relay:
-            await session.kernel.run_silently(RELAY)
+            await session.kernel.run_silently(gate.cache.relay)
 
     async def adopt(self, session: Session, runtime: dict[str, Any]) -> None:
         """Take over a sandbox a previous gateway process started (its kernel's runtime info).
@@ -223,8 +225,8 @@ class SandboxLifecycle:
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self.isolation.release(session.id)
-        if self.packages is not None:
-            self.packages.close(session.id)
+        for gate in self.packages.values():
+            gate.close(session.id)
         kernel = session.kernel
         if kernel is not None and session.paused is None:  # a paused one has no kernel running
             try:
