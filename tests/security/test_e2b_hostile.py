@@ -84,12 +84,15 @@ def test_hostile_control_api_bodies(gateway: GatewayProcess, watched: Canary) ->
             (b'{"templateID": 5}', "templateID"),
             (b'{"templateID": "base", "timeout": "soon"}', "timeout"),
             (b'{"templateID": "base", "envVars": {"A": 1}}', "env"),
-            (b'{"templateID": "base", "autoPause": true}', "not supported"),
+            (b'{"templateID": "base", "autoPause": "yes"}', "autoPause"),
+            (b'{"templateID": "base", "mcp": {"x": {}}}', "not supported"),
             (b'{"templateID": "no-such-template"}', "no kernel"),
         ]:
             r = api.post("/v2/sandboxes", content=body)
             assert 400 <= r.status_code < 502 and words in r.json()["message"], r.text
         assert api.get("/v2/sandboxes?limit=lots").status_code == 400
+        assert api.get("/snapshots?limit=0").status_code == 400
+        assert api.delete("/templates/no-such-snapshot").status_code == 404
         assert api.get("/sandboxes/nope").status_code == 404
 
 
