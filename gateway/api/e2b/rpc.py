@@ -24,10 +24,8 @@ CONTENT_TYPES = ("application/proto", "application/json", "application/connect+"
 
 
 def _filesystem(handler: RPCHandler) -> Any:
-    workspace = handler.manager.files(handler.sandbox_id, handler.principal)
-    return fs_rpc.FilesystemASGIApplication(
-        FilesystemService(workspace), codecs=CODECS, read_max_bytes=MAX_MESSAGE
-    )
+    service = FilesystemService(handler.manager, handler.sandbox_id, handler.principal)
+    return fs_rpc.FilesystemASGIApplication(service, codecs=CODECS, read_max_bytes=MAX_MESSAGE)
 
 
 def _process(handler: RPCHandler) -> Any:
