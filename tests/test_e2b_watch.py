@@ -98,6 +98,11 @@ def test_async_watch_dir_streams_events() -> None:
                 await asyncio.sleep(0.2)
             await handle.stop()
             assert ended == [None]
+            for _ in range(3):  # a stream the client closed frees its watcher's place
+                handles = [await sbx.files.watch_dir("w", on_event=print) for _ in range(4)]
+                for h in handles:
+                    await h.stop()
+                await asyncio.sleep(0.5)
         finally:
             await sbx.kill()
 

@@ -9,6 +9,7 @@ ASGI bridge), so no envelope or protobuf is parsed by hand here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
@@ -132,11 +133,23 @@ async def serve_asgi(handler: Any, app: Any) -> None:
             if message.get("more_body"):
                 await handler.flush()
 
+    call = asyncio.ensure_future(app(scope, receive, send))
+    gone = asyncio.ensure_future(handler.closed.wait())
     try:
-        await app(scope, receive, send)
+        # A client gone mid-stream ends the call: a streaming method waiting for
+        # something to send (a watch, a quiet command) would not notice otherwise.
+        await asyncio.wait([call, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            return
+        call.result()
     except Exception:
         if not handler._headers_written:
             raise
         log.exception("a Connect call failed after its answer began")
+    finally:
+        gone.cancel()
     if not handler._finished:
         handler.finish()
