@@ -128,7 +128,7 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
         kernel=kernel_for_template(template),
         ttl=longest if auto_pause else timeout,
         idle_timeout=timeout,  # an E2B sandbox lives to its timeout, idle or not
-        idle_action="pause" if auto_pause else "end",
+        idle_action="pause" if auto_pause else None,  # None: the server's choice
         env=env_vars(body.get("envVars")),
         metadata=metadata_dict(body.get("metadata")),
     )
