@@ -8,10 +8,12 @@ and runtime (a Swarm workspace is on another node, reached by one agent call
 a walk; gVisor's writes need not reach a host inotify promptly; the images
 hold no inotify tools) and its cost is bounded by construction: one walk of
 at most ``MAX_ENTRIES`` entries (and ``WALK_SECONDS``) per watcher per
-interval, at most ``MAX_WATCHERS`` watchers per session, at most
-``MAX_EVENTS`` events held for a watcher's client. Past either bound the
-watcher stops and says it overflowed, so a sandbox making files faster than
-a client reads them, or more files than a walk sees, grows nothing.
+interval, the interval growing with the walk's cost so that a watcher takes
+at most a tenth of a worker thread (10,000 entries: about 0.15 s a walk);
+at most ``MAX_WATCHERS`` watchers per session; at most ``MAX_EVENTS``
+events held for a watcher's client. Past either bound the watcher stops and
+says it overflowed, so a sandbox making files faster than a client reads
+them, or more files than a walk sees, grows nothing.
 
 Events are envd's: ``create`` (a new path), ``write`` (a file's size or
 mtime changed), ``chmod``, ``remove``, and ``rename`` (a path gone whose
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -43,7 +46,8 @@ from ..sandbox.files import AsyncWorkspace
 from ..sandbox.workspace import Bounds, Walk, clean_path
 from .tasks import TaskSet
 
-INTERVAL = 0.5  # seconds between two walks of a watched directory
+INTERVAL = 0.5  # seconds between two walks of a watched directory, at least
+SHARE = 10  # ... and at least this many times as long as the last walk took
 MAX_WATCHERS = 4  # at once, per session
 MAX_ENTRIES = 10_000  # a watched directory (recursive: its whole tree) seen per walk
 WALK_SECONDS = 1.0
@@ -53,8 +57,6 @@ MAX_EVENTS = 1_000  # events waiting for a watcher's client
 class WatchOverflow(Conflict):
     """More changes than a watcher keeps, or a directory larger than its walk (Connect:
     ``FAILED_PRECONDITION``; the SDK's ``SandboxException``)."""
-
-    code = "watch_overflow"
 
 
 class Event(NamedTuple):
@@ -110,10 +112,14 @@ class Watcher:
 
     async def poll(self) -> None:
         """Walk every ``INTERVAL`` until stopped, or until a bound is passed or the path goes."""
+        pause = INTERVAL
         try:
             while True:
-                await asyncio.sleep(INTERVAL)
+                await asyncio.sleep(pause)
+                started = time.monotonic()
                 now = await self._walk()
+                # A large tree is walked less often: a watcher spends at most 1/SHARE of a thread.
+                pause = max(INTERVAL, (time.monotonic() - started) * SHARE)
                 self._push(_diff(self.seen, now))
                 self.seen = now
         except FileNotFound:
