@@ -88,6 +88,7 @@ class StreamedRPCHandler(RPCHandler):
     answer earlier); a call that ends early drops the rest of the body.
     """
 
+    forwards = False  # the body streams in after prepare
     call: asyncio.Future | None = None
     refusal: GatewayError | None = None
     chunks: asyncio.Queue[bytes | None]
