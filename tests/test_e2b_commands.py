@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import e2b
@@ -103,3 +104,58 @@ def test_v1_commands_endpoint(gateway: GatewayProcess, session: dict) -> None:
     ):
         assert api.post(path, json=bad).status_code == 400, bad
     assert httpx.post(gateway.url + path, json={"command": "id"}).status_code == 401
+
+
+def test_stream_input_reaches_stdin_as_it_is_sent(e2b_sandbox: Sandbox) -> None:
+    reader = e2b_sandbox.commands.run("cat", background=True, stdin=True)
+    e2b_sandbox.commands.stream_input(reader.pid, ["one\n", b"two\n"])
+    e2b_sandbox.commands.send_stdin(reader.pid, "three\n")
+    e2b_sandbox.commands.close_stdin(reader.pid)
+    assert reader.wait().stdout == "one\ntwo\nthree\n"
+    with pytest.raises(e2b.NotFoundException):
+        e2b_sandbox.commands.stream_input(99999, ["nobody\n"])
+
+
+def test_async_stdin_and_stream_input() -> None:
+    """The async SDK's input handle streams: what is sent arrives before the stream ends."""
+
+    async def main() -> None:
+        sbx = await e2b.AsyncSandbox.create()
+        try:
+            seen: list[str] = []
+            reader = await sbx.commands.run(
+                "cat", background=True, stdin=True, on_stdout=seen.append
+            )
+            await sbx.commands.send_stdin(reader.pid, "sent\n")
+            handle = sbx.commands.stream_input(reader.pid)
+            await handle.send("streamed\n")
+            deadline = time.monotonic() + 15
+            while "".join(seen) != "sent\nstreamed\n":
+                assert time.monotonic() < deadline, f"only {seen!r} came while streaming"
+                await asyncio.sleep(0.1)
+            await handle.send(b"last\n")
+            await handle.close()
+            await sbx.commands.close_stdin(reader.pid)
+            assert (await reader.wait()).stdout == "sent\nstreamed\nlast\n"
+        finally:
+            await sbx.kill()
+
+    asyncio.run(main())
+
+
+def test_a_placement_without_commands_is_a_clear_sdk_error() -> None:
+    """The Swarm placement runs no commands: the SDK raises its exception with the reason."""
+    from e2b.envd.rpc import handle_rpc_exception
+
+    from gateway.api.e2b.connect import connect_error
+    from gateway.sandbox.swarm.placement import SwarmPlacement
+
+    refusal = None
+    try:
+        asyncio.run(SwarmPlacement.start_process(SwarmPlacement.__new__(SwarmPlacement),
+                                                 "sbx", ["ls"], {}, "", None))  # fmt: skip
+    except Exception as e:
+        refusal = e
+    shown = handle_rpc_exception(connect_error(refusal))
+    assert isinstance(shown, e2b.SandboxException)
+    assert "not offered by the swarm placement" in str(shown) and "run_code" in str(shown)

@@ -197,7 +197,10 @@ class Placement(abc.ABC):
 
         ``cwd`` is relative to the workspace; ``tty`` a terminal's (rows, cols), or None.
         """
-        raise NotSupported(f"commands are not offered by the {self.name} placement yet")
+        raise NotSupported(
+            f"commands are not offered by the {self.name} placement yet; run them from the "
+            "kernel instead (subprocess in run_code), or on a gateway with the docker placement"
+        )
 
     @abc.abstractmethod
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:

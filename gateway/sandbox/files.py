@@ -20,7 +20,7 @@ from typing import IO, Any, TypeVar
 
 from ..errors import FileTooLarge
 from ..limits import format_size
-from .workspace import CHUNK, INLINE, Archive, Upload, Workspace
+from .workspace import CHUNK, INLINE, Archive, Bounds, Upload, Walk, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,10 @@ class AsyncWorkspace:
 
     async def stat(self, path: str) -> dict[str, Any]:
         return await _blocking(self.sync.stat, path)
+
+    async def walk(self, parts: list[str], bounds: Bounds, recurse: bool = True) -> Walk:
+        """Every entry under ``parts`` with its stat, within ``bounds`` (``Workspace.walk``)."""
+        return await _blocking(self.sync.walk, parts, bounds, recurse)
 
     async def make_dir(self, path: str) -> bool:
         return await _blocking(self.sync.make_dir, path)

@@ -82,6 +82,7 @@ from .requests import (
 from .snapshots import Snapshots
 from .state import KernelState, SavedState
 from .tasks import TaskSet
+from .watchers import Watcher, Watchers
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class SessionManager:
         self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
         self.commands = Commands(lifecycle.placement, self.tasks)
+        self.watchers = Watchers(self.tasks)
         self._culler: asyncio.Task | None = None
         self._taker: asyncio.Task | None = None
         self._saving: set[str] = set()  # sessions whose record is due to be saved
@@ -225,6 +227,7 @@ class SessionManager:
         for relay in list(session.parked.values()):
             relay.close()
         self.commands.end(session.id)
+        self.watchers.end(session.id)
         kernel.detach()
         await self.save(session)
 
@@ -639,6 +642,7 @@ class SessionManager:
             f"this session's output limit of {format_size(total)}, all its executions "
             "together (start a new session, or write large results to files)",
         )
+
     async def submit(
         self, session_id: str, who: Principal, request: ExecuteCode
     ) -> ExecutionResult | Approval:
@@ -986,6 +990,19 @@ class SessionManager:
         self.get(session_id, who)
         return self.commands.get(session_id, pid)
 
+    async def watch(self, session_id: str, who: Principal, path: str, recursive: bool) -> Watcher:
+        """Watch a directory of the session's workspace (paused or not) for changes."""
+        workspace = self.files(session_id, who)
+        return await self.watchers.start(session_id, workspace, path, recursive)
+
+    def watcher(self, session_id: str, who: Principal, watcher_id: str) -> Watcher:
+        self.get(session_id, who)
+        return self.watchers.get(session_id, watcher_id)
+
+    def unwatch(self, session_id: str, who: Principal, watcher_id: str) -> None:
+        self.get(session_id, who)
+        self.watchers.stop(session_id, watcher_id)
+
     async def run_command(
         self, session_id: str, who: Principal, request: StartCommand
     ) -> dict[str, Any]:
@@ -1021,6 +1038,7 @@ class SessionManager:
 
     async def _end(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.id, None)
+        self.watchers.end(session.id)
         if session.stream is not None:
             session.stream.close()
         for relay in list(session.parked.values()):
@@ -1047,6 +1065,7 @@ class SessionManager:
         if session is None:
             return
         log.warning("session %s: this gateway lost its lease; another gateway owns it", session_id)
+        self.watchers.end(session_id)
         session.reason = (
             "this gateway lost the session's lease to another gateway; send the request again"
         )

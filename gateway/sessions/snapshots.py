@@ -132,6 +132,10 @@ class Snapshots:
     async def of_session(self, session_id: str) -> list[dict[str, Any]]:
         return await self.store.snapshots_of(session_id)
 
+    async def of_tenant(self, who: Principal) -> list[dict[str, Any]]:
+        """The caller's tenant's snapshots, oldest first."""
+        return await self.store.snapshots_of_tenant(who.tenant)
+
     async def delete(self, snapshot_id: str, who: Principal) -> None:
         await self.get(snapshot_id, who)
         await self.store.delete_snapshot(snapshot_id)

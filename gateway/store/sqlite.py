@@ -518,6 +518,14 @@ class Store:
         )
         return [json.loads(r["doc"]) for r in rows]
 
+    async def snapshots_of_tenant(self, tenant: str) -> list[dict[str, Any]]:
+        rows = await self._run(
+            self._exec,
+            f"SELECT doc FROM snapshots WHERE tenant = ? ORDER BY created_at, {self.ROW_ORDER}",
+            (tenant,),
+        )
+        return [json.loads(r["doc"]) for r in rows]
+
     async def snapshot_usage(self, tenant: str) -> tuple[int, int]:
         """How many snapshots a tenant keeps, and their bytes on disk."""
         rows = await self._run(

@@ -7,8 +7,11 @@ import os
 
 import httpx
 import pytest
+from connectrpc.codec import proto_binary_codec
+from e2b.envd.process import process_pb as proc
 from e2b_code_interpreter import Sandbox
 from helpers import Canary, GatewayProcess, canary_session
+from protobuf import Oneof
 
 pytestmark = pytest.mark.docker
 
@@ -42,8 +45,29 @@ def said(r: httpx.Response) -> str:
     return (doc.get("error") or doc)["message"]
 
 
+def envelope(message: object) -> bytes:
+    data = proto_binary_codec().encode(message)
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def stdin_piece(data: bytes) -> bytes:
+    piece = proc.StreamInputRequest.DataEvent(input=proc.ProcessInput(input=Oneof("stdin", data)))
+    return envelope(proc.StreamInputRequest(event=Oneof("data", piece)))
+
+
+def stdin_start(pid: int) -> bytes:
+    selector = proc.ProcessSelector(selector=Oneof("pid", pid))
+    start = proc.StreamInputRequest.StartEvent(process=selector)
+    return envelope(proc.StreamInputRequest(event=Oneof("start", start)))
+
+
+INPUT = "/process.Process/StreamInput"
 CASES = [
     # (name, path, headers, body, status, words in the message)
+    ("input garbage", INPUT, STREAM, b"\x00\x00\x00\x00\x03\xff\xff\xff", 200, "not a valid proto"),
+    ("input before start", INPUT, STREAM, stdin_piece(b"x"), 200, "start event"),
+    ("input to nobody", INPUT, STREAM, stdin_start(99999) + stdin_piece(b"x"), 200, "no running"),
+    ("input type", INPUT, {"Content-Type": "text/plain"}, b"x", 415, "application/proto"),
     ("bad proto", "/filesystem.Filesystem/Stat", PROTO, b"\xff\xff\xff", 400, "not a valid proto"),
     ("bad json", "/filesystem.Filesystem/Stat", {"Content-Type": "application/json"}, b"{bad",
      400, "not a valid json"),
@@ -84,12 +108,15 @@ def test_hostile_control_api_bodies(gateway: GatewayProcess, watched: Canary) ->
             (b'{"templateID": 5}', "templateID"),
             (b'{"templateID": "base", "timeout": "soon"}', "timeout"),
             (b'{"templateID": "base", "envVars": {"A": 1}}', "env"),
-            (b'{"templateID": "base", "autoPause": true}', "not supported"),
+            (b'{"templateID": "base", "autoPause": "yes"}', "autoPause"),
+            (b'{"templateID": "base", "mcp": {"x": {}}}', "not supported"),
             (b'{"templateID": "no-such-template"}', "no kernel"),
         ]:
             r = api.post("/v2/sandboxes", content=body)
             assert 400 <= r.status_code < 502 and words in r.json()["message"], r.text
         assert api.get("/v2/sandboxes?limit=lots").status_code == 400
+        assert api.get("/snapshots?limit=0").status_code == 400
+        assert api.delete("/templates/no-such-snapshot").status_code == 404
         assert api.get("/sandboxes/nope").status_code == 404
 
 
@@ -99,3 +126,15 @@ def test_a_body_from_an_unknown_caller_is_refused_unread(gateway: GatewayProcess
     r = httpx.post(f"{gateway.url}/files?path=x", content=os.urandom(2 * 2**20), headers={
         **headers, "Content-Type": "application/octet-stream"})  # fmt: skip
     assert r.status_code == 401
+
+
+def test_a_flood_of_tiny_input_frames(
+    envd: httpx.Client, e2b_sandbox: Sandbox, watched: Canary
+) -> None:
+    """A stdin stream has no overall size cap; 4 MiB of empty frames cost time, not memory."""
+    reader = e2b_sandbox.commands.run("wc -c", background=True, stdin=True)
+    body = stdin_start(reader.pid) + b"\x00" * 5 * 800_000 + stdin_piece(b"12345")
+    r = envd.post(INPUT, content=body, headers=STREAM)
+    assert r.status_code == 200 and r.content.endswith(b"{}"), r.content[-200:]
+    e2b_sandbox.commands.close_stdin(reader.pid)
+    assert reader.wait().stdout.strip() == "5"

@@ -9,9 +9,10 @@ ASGI bridge), so no envelope or protobuf is parsed by hand here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from connectrpc.code import Code
@@ -93,8 +94,19 @@ class StrictCodec:
 CODECS = [StrictCodec(proto_binary_codec()), StrictCodec(proto_json_codec())]
 
 
-async def serve_asgi(handler: Any, app: Any) -> None:
-    """Run an ASGI app for the handler's request: its body in, its answer streamed out."""
+async def serve_asgi(
+    handler: Any,
+    app: Any,
+    body: Callable[[], Awaitable[bytes | None]] | None = None,
+    answer: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run an ASGI app for the handler's request: its body in, its answer streamed out.
+
+    ``body`` hands a streamed request's body on a piece at a time (``None``
+    once it is all in); without it, the body is the request's, read already.
+    ``answer`` is awaited before the answer begins (a streamed body must be in
+    first: Tornado cannot answer a request it is still reading).
+    """
     request = handler.request
     scope = {
         "type": "http",
@@ -114,6 +126,10 @@ async def serve_asgi(handler: Any, app: Any) -> None:
 
     async def receive() -> dict[str, Any]:
         nonlocal body_sent
+        if not body_sent and body is not None:
+            piece = await body()
+            body_sent = piece is None
+            return {"type": "http.request", "body": piece or b"", "more_body": not body_sent}
         if not body_sent:
             body_sent = True
             return {"type": "http.request", "body": request.body, "more_body": False}
@@ -122,6 +138,8 @@ async def serve_asgi(handler: Any, app: Any) -> None:
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
+            if answer is not None:
+                await answer()
             handler.set_status(message["status"])
             handler.clear_header("Content-Type")
             for name, value in message.get("headers", ()):
@@ -132,11 +150,23 @@ async def serve_asgi(handler: Any, app: Any) -> None:
             if message.get("more_body"):
                 await handler.flush()
 
+    call = asyncio.ensure_future(app(scope, receive, send))
+    gone = asyncio.ensure_future(handler.closed.wait())
     try:
-        await app(scope, receive, send)
+        # A client gone mid-stream ends the call: a streaming method waiting for
+        # something to send (a watch, a quiet command) would not notice otherwise.
+        await asyncio.wait([call, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            return
+        call.result()
     except Exception:
         if not handler._headers_written:
             raise
         log.exception("a Connect call failed after its answer began")
+    finally:
+        gone.cancel()
     if not handler._finished:
         handler.finish()

@@ -3,36 +3,48 @@
 A sandbox is a session: create starts one (a warm one when the pool has
 it), kill deletes it, a sandbox's timeout is the session's ttl counted from
 now. Pause is the gateway's own pause (the kernel's state saved, its memory
-released) and connect resumes; snapshots and forks answer 501 until they are
-mapped onto the gateway's: ``NOT_YET`` lists what is not offered, and why.
+released) and connect resumes. An E2B snapshot is a gateway snapshot (its id
+is the ``snapshotID``, and creating a sandbox with it as the template is a
+fork); ``fork`` is one snapshot forked ``count`` times, then deleted.
+Auto-pause is ``idle_action: pause``. ``NOT_YET`` lists what is not offered,
+and why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import math
 import time
 import urllib.parse
 from typing import Any
 
 from ...access.sandbox_tokens import SandboxTokens
-from ...errors import BadRequest, Conflict, NotSupported
+from ...errors import BadRequest, Conflict, GatewayError, NotSupported, SnapshotNotFound
 from ...sandbox.workspace import iso
 from ...sessions.model import Session
-from ...sessions.requests import CreateSession, PauseSession, UpdateSession, seconds_of
+from ...sessions.requests import (
+    CreateSession,
+    PauseSession,
+    TakeSnapshot,
+    UpdateSession,
+    seconds_of,
+)
 from ...validation import env_vars, metadata_dict
 from .base import E2BHandler
-from .templates import ENVD_VERSION, kernel_for_template
+from .templates import ENVD_VERSION, TEMPLATES, kernel_for_template
 
 _ID = r"(?P<sandbox_id>[^/]+)"
 CLIENT_ID = "sandbox-gateway"
 DEFAULT_TIMEOUT = 300  # seconds: E2B's own default, when create names none
 LIST_PAGE = 100
+MAX_FORKS = 20  # E2B's bound on fork(count=...)
+# get_metrics: each sandbox's last CPU sample (when, CPU seconds), so a share is over an interval.
+CPU_SAMPLES: dict[str, tuple[float, float]] = {}
+MAX_CPU_SAMPLES = 4096
 
 # Calls the SDK makes that this gateway does not offer yet, and why.
 NOT_YET = {
-    "auto_pause": "pausing a sandbox on its timeout is not supported: pause it yourself",
-    "snapshots": "snapshots are not supported by this gateway yet",
-    "fork": "forking a sandbox is not supported by this gateway yet",
     "network": "changing a running sandbox's network is not supported; choose it at create",
     "logs": "sandbox logs are not offered; the gateway's audit log records what was run",
 }
@@ -67,6 +79,8 @@ class ControlHandler(E2BHandler):
         if seconds is None:
             return
         ttl = time.time() - session.created_at + seconds
+        if session.idle_action == "pause":  # auto-pause: the timeout pauses; the ttl only grows
+            ttl = max(ttl, session.ttl)
         if only_longer and ttl <= session.ttl:
             return
         update = UpdateSession(ttl=ttl, idle_timeout=seconds)
@@ -91,23 +105,49 @@ def listed(session: Session) -> dict[str, Any]:
     }
 
 
-def create_request(body: dict[str, Any]) -> CreateSession:
-    """E2B's ``NewSandbox`` as the gateway's create request."""
+def create_request(body: dict[str, Any], longest: float) -> CreateSession:
+    """E2B's ``NewSandbox`` as the gateway's create request.
+
+    Auto-pause (``lifecycle={"on_timeout": "pause"}``) is ``idle_action:
+    pause`` with the timeout as the idle timeout: E2B pauses at the timeout,
+    busy or not; the gateway pauses a sandbox idle that long (a running cell
+    is never cut), and a paused one still ends at the ttl, here the server's
+    longest (``longest``: the server's ``max_ttl``).
+    Auto-resume is what the gateway does anyway: traffic resumes a paused one.
+    """
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise BadRequest("templateID must name a template, such as 'code-interpreter-v1'")
-    if body.get("autoPause") or body.get("autoResume"):
-        raise NotSupported(NOT_YET["auto_pause"])
+    auto_pause = body.get("autoPause")
+    if not isinstance(auto_pause, bool | None):
+        raise BadRequest("autoPause must be true or false")
     if body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("volume mounts and MCP servers in a sandbox are not supported")
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
     return CreateSession(
         kernel=kernel_for_template(template),
-        ttl=timeout,
+        ttl=longest if auto_pause else timeout,
         idle_timeout=timeout,  # an E2B sandbox lives to its timeout, idle or not
+        idle_action="pause" if auto_pause else None,  # None: the server's choice
         env=env_vars(body.get("envVars")),
         metadata=metadata_dict(body.get("metadata")),
     )
+
+
+async def from_snapshot(handler: ControlHandler, request: CreateSession) -> CreateSession:
+    """A create whose template is one of the caller's snapshots: a fork of it."""
+    if request.kernel in TEMPLATES.values():
+        return request
+    try:
+        doc = await handler.manager.snapshots.get(request.kernel, handler.principal)
+    except SnapshotNotFound:
+        return request  # a kernel's name; an unknown one is refused as on /v1
+    return dataclasses.replace(request, kernel="", from_snapshot=doc["id"])
+
+
+def snapshot_info(doc: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot as E2B's ``SnapshotInfo``: its id, and its name when it has one."""
+    return {"snapshotID": doc["id"], "names": [doc["name"]] if doc.get("name") else []}
 
 
 class SandboxesHandler(ControlHandler):
@@ -116,7 +156,9 @@ class SandboxesHandler(ControlHandler):
     actions = {"POST": "session.create"}
 
     async def post(self) -> None:
-        session = await self.manager.create(create_request(self.json_body()), self.principal)
+        longest = self.manager.settings.max_ttl
+        request = await from_snapshot(self, create_request(self.json_body(), longest))
+        session = await self.manager.create(request, self.principal)
         self.audit_session = session.id
         self.send(self.sandbox(session), status=201)
 
@@ -219,26 +261,141 @@ class ResumeHandler(ControlHandler):
         self.send(self.sandbox(session), status=201)
 
 
+class SnapshotsHandler(ControlHandler):
+    """``POST /sandboxes/{id}/snapshots``: the gateway's snapshot; the sandbox keeps running.
+
+    E2B's ``mode="filesystem"`` (``memory: false``) is taken as a full one:
+    the kernel's state is kept too, which a fork may ignore by restarting.
+    """
+
+    actions = {"POST": "snapshot.create"}
+
+    async def post(self, sandbox_id: str) -> None:
+        name = self.json_body().get("name")
+        doc = await self.manager.snapshot(sandbox_id, self.principal, TakeSnapshot.from_json(
+            {"name": name} if name else {}))  # fmt: skip
+        self.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
+        self.send(snapshot_info(doc), status=201)
+
+
+class SnapshotListHandler(ControlHandler):
+    """``GET /snapshots``: the tenant's snapshots (``sandboxID``, ``name`` filter), paged."""
+
+    async def get(self) -> None:
+        sandbox_id = self.get_argument("sandboxID", "")
+        if sandbox_id:
+            docs = await self.manager.snapshots_of(sandbox_id, self.principal)
+        else:
+            docs = await self.manager.snapshots.of_tenant(self.principal)
+        name = self.get_argument("name", "")
+        found = [d for d in docs if not name or d.get("name") == name]
+        limit = self.int_argument("limit", LIST_PAGE)
+        start = self.int_argument("nextToken", 0) if self.get_argument("nextToken", "") else 0
+        if not 1 <= limit <= LIST_PAGE or start < 0:
+            raise BadRequest(f"limit must be 1 to {LIST_PAGE}, nextToken one a page answered with")
+        if start + limit < len(found):
+            self.set_header("X-Next-Token", str(start + limit))
+        self.send([snapshot_info(d) for d in found[start : start + limit]])
+
+
+class SnapshotDeleteHandler(ControlHandler):
+    """``DELETE /templates/{id}``, which the SDK's ``delete_snapshot`` calls.
+
+    Only snapshots are templates one can delete here; anything else is a 404
+    (the SDK's ``False``), as is another tenant's snapshot.
+    """
+
+    actions = {"DELETE": "snapshot.delete"}
+
+    async def delete(self, snapshot_id: str) -> None:
+        doc = await self.manager.snapshots.get(snapshot_id, self.principal)
+        self.audit_session = doc["session_id"]
+        self.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
+        await self.manager.snapshots.delete(snapshot_id, self.principal)
+        self.set_status(204)
+        self.finish()
+
+
+class ForkHandler(ControlHandler):
+    """``POST /sandboxes/{id}/fork``: one snapshot, ``count`` sandboxes from it, then deleted.
+
+    Each fork succeeds or fails on its own (E2B's per-fork ``error``); the
+    snapshot is only the means, so it is deleted once the forks hold its state.
+    """
+
+    actions = {"POST": "session.fork"}
+
+    async def post(self, sandbox_id: str) -> None:
+        body = self.json_body()
+        count = body.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
+            raise BadRequest(f"count must be an integer from 1 to {MAX_FORKS}")
+        source = self.manager.get(sandbox_id, self.principal)
+        doc = await self.manager.snapshot(sandbox_id, self.principal, TakeSnapshot())
+        self.audit_detail.update(snapshot_id=doc["id"], count=count)
+        timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
+        auto_pause = source.idle_action == "pause"
+        request = CreateSession(
+            ttl=self.manager.settings.max_ttl if auto_pause else timeout,
+            idle_timeout=timeout,
+            idle_action=source.idle_action,
+            metadata=source.metadata,
+            from_snapshot=doc["id"],
+            kernel="",
+        )
+        try:
+            results = await asyncio.gather(
+                *(self.manager.create(request, self.principal) for _ in range(count)),
+                return_exceptions=True,
+            )
+        finally:
+            await self.manager.snapshots.delete(doc["id"], self.principal)
+        answers: list[dict[str, Any]] = []
+        for result in results:
+            if isinstance(result, GatewayError):
+                answers.append({"error": {"code": result.status, "message": result.message}})
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                answers.append({"sandbox": self.sandbox(result)})
+        self.audit_detail["forks"] = [a["sandbox"]["sandboxID"] for a in answers if "sandbox" in a]
+        self.send(answers, status=201)
+
 
 class MetricsHandler(ControlHandler):
-    """One sample now: the sandbox's limits, and its workspace's use."""
+    """One sample now, from the session's own metrics (``GET /v1/sessions/{id}/metrics``).
+
+    Memory is the container's use; ``cpuUsedPct`` is the CPU time used since
+    the previous sample this gateway answered for the sandbox (the first:
+    since it was created), as a share of its CPU limit, as E2B's is over its
+    sampling interval. A paused sandbox uses none.
+    """
 
     async def get(self, sandbox_id: str) -> None:
         session = self.manager.get(sandbox_id, self.principal)
-        free = await self.manager.files(sandbox_id, self.principal).free_bytes()
+        usage = await self.manager.usage(sandbox_id, self.principal)
         now = time.time()
         limits = session.limits
+        cpu_seconds = usage["cpu_seconds"] or 0.0
+        before = CPU_SAMPLES.pop(session.id, (session.created_at, 0.0))
+        CPU_SAMPLES[session.id] = (now, cpu_seconds)
+        while len(CPU_SAMPLES) > MAX_CPU_SAMPLES:  # the oldest first: sandboxes long gone
+            del CPU_SAMPLES[next(iter(CPU_SAMPLES))]
+        elapsed = max(now - before[0], 1e-3)
+        used = cpu_seconds - before[1] if cpu_seconds >= before[1] else cpu_seconds  # restarted
+        share = 100.0 * used / elapsed / max(limits.cpus, 1e-3)
+        disk = usage["disk_bytes"] or 0
         self.send(
             [
                 {
                     "timestamp": iso(now),
                     "timestampUnix": int(now),
                     "cpuCount": max(1, math.ceil(limits.cpus)),
-                    "cpuUsedPct": 0.0,
-                    "memUsed": 0,
+                    "cpuUsedPct": round(min(share, 100.0), 2),
+                    "memUsed": usage["memory_bytes"] or 0,
                     "memTotal": limits.memory,
                     "memCache": 0,
-                    "diskUsed": max(0, limits.disk - free),
+                    "diskUsed": disk,
                     "diskTotal": limits.disk,
                 }
             ]
@@ -246,7 +403,7 @@ class MetricsHandler(ControlHandler):
 
 
 class NotYetHandler(ControlHandler):
-    """Pause, resume, snapshots, forks, network changes, logs: 501 with the reason."""
+    """Network changes and logs: 501 with the reason."""
 
     def initialize(self, feature: str) -> None:
         self.feature = feature
@@ -270,10 +427,13 @@ routes = [
     (rf"/sandboxes/{_ID}/metrics", MetricsHandler),
     (rf"/sandboxes/{_ID}/pause", PauseHandler),
     (rf"/sandboxes/{_ID}/resume", ResumeHandler),
+    (rf"/sandboxes/{_ID}/snapshots", SnapshotsHandler),
+    (rf"/sandboxes/{_ID}/fork", ForkHandler),
+    (r"/snapshots", SnapshotListHandler),
+    (r"/templates/(?P<snapshot_id>[^/]+)", SnapshotDeleteHandler),
     *(
         (rf"/sandboxes/{_ID}/{feature}", NotYetHandler, {"feature": feature})
-        for feature in ("snapshots", "fork", "network", "logs")
+        for feature in ("network", "logs")
     ),
     (rf"/v2/sandboxes/{_ID}/logs", NotYetHandler, {"feature": "logs"}),
-    (r"/snapshots", NotYetHandler, {"feature": "snapshots"}),
 ]

@@ -1,22 +1,38 @@
-"""envd's Filesystem service over the session's workspace (watching is not offered)."""
+"""envd's Filesystem service over the session's workspace, and its watchers.
+
+Watching (``WatchDir``, the async SDK's stream; ``CreateWatcher`` /
+``GetWatcherEvents`` / ``RemoveWatcher``, the sync SDK's) is the session
+manager's bounded, polling watchers (``sessions/watchers.py``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_connect as fs_rpc
 from e2b.envd.filesystem import filesystem_pb as fs
+from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from ...access.auth import Principal
 from ...errors import BadRequest
 from ...sandbox.files import AsyncWorkspace
 from ...sandbox.workspace import parse_iso
+from ...sessions.manager import SessionManager
+from ...sessions.watchers import Event
 from .connect import as_connect_errors
 from .envd import sdk_path, workspace_path
 
+KEEPALIVE = 50.0  # seconds of silence before a keep-alive on a watch, unless the client asks
+
 HOME_NAME = "user"  # the workspace's own name, as envd names /home/user
+_EVENTS = {"create": fs.EventType.CREATE, "write": fs.EventType.WRITE,
+           "remove": fs.EventType.REMOVE, "rename": fs.EventType.RENAME,
+           "chmod": fs.EventType.CHMOD}  # fmt: skip
 _KINDS = {"file": fs.FileType.FILE, "directory": fs.FileType.DIRECTORY,
           "symlink": fs.FileType.SYMLINK}  # fmt: skip
 
@@ -39,11 +55,22 @@ def entry_info(entry: dict[str, Any]) -> fs.EntryInfo:
     )
 
 
-class FilesystemService(fs_rpc.Filesystem):
-    """Stat, list (with depth), make_dir, move and remove, on workspace paths."""
+def fs_event(event: Event) -> fs.FilesystemEvent:
+    return fs.FilesystemEvent(name=event.name, type=_EVENTS[event.kind])
 
-    def __init__(self, workspace: AsyncWorkspace) -> None:
-        self.workspace = workspace
+
+def keepalive_of(ctx: Any) -> float:
+    """The keep-alive interval the client asked for (``Keepalive-Ping-Interval``), in seconds."""
+    asked = ctx.request_headers.get("keepalive-ping-interval", "")
+    return float(asked) if asked.isdigit() and int(asked) > 0 else KEEPALIVE
+
+
+class FilesystemService(fs_rpc.Filesystem):
+    """Stat, list (with depth), make_dir, move, remove and watch, on workspace paths."""
+
+    def __init__(self, manager: SessionManager, sandbox_id: str, who: Principal) -> None:
+        self.manager, self.sandbox_id, self.who = manager, sandbox_id, who
+        self.workspace: AsyncWorkspace = manager.files(sandbox_id, who)
 
     async def stat(self, request: fs.StatRequest, ctx: Any, /) -> fs.StatResponse:
         with as_connect_errors():
@@ -76,3 +103,52 @@ class FilesystemService(fs_rpc.Filesystem):
         with as_connect_errors():
             await self.workspace.remove(workspace_path(request.path))
         return fs.RemoveResponse()
+
+    async def create_watcher(
+        self, request: fs.CreateWatcherRequest, ctx: Any, /
+    ) -> fs.CreateWatcherResponse:
+        with as_connect_errors():
+            path = workspace_path(request.path)
+            watcher = await self.manager.watch(self.sandbox_id, self.who, path, request.recursive)
+        return fs.CreateWatcherResponse(watcher_id=watcher.id)
+
+    async def get_watcher_events(
+        self, request: fs.GetWatcherEventsRequest, ctx: Any, /
+    ) -> fs.GetWatcherEventsResponse:
+        with as_connect_errors():
+            events = self.manager.watcher(self.sandbox_id, self.who, request.watcher_id).take()
+        return fs.GetWatcherEventsResponse(events=[fs_event(e) for e in events])
+
+    async def remove_watcher(
+        self, request: fs.RemoveWatcherRequest, ctx: Any, /
+    ) -> fs.RemoveWatcherResponse:
+        with as_connect_errors():
+            self.manager.unwatch(self.sandbox_id, self.who, request.watcher_id)
+        return fs.RemoveWatcherResponse()
+
+    async def watch_dir(
+        self, request: fs.WatchDirRequest, ctx: Any, /
+    ) -> AsyncIterator[fs.WatchDirResponse]:
+        """Start, then each event as the watcher sees it (keep-alives while quiet).
+
+        The watch ends with its stream: its watcher is stopped however the stream ends.
+        """
+        with as_connect_errors():
+            path = workspace_path(request.path)
+            watcher = await self.manager.watch(self.sandbox_id, self.who, path, request.recursive)
+        response = fs.WatchDirResponse
+        try:
+            yield response(event=Oneof("start", response.StartEvent()))
+            interval = keepalive_of(ctx)
+            while True:
+                try:
+                    await asyncio.wait_for(watcher.changed.wait(), interval)
+                except TimeoutError:
+                    yield response(event=Oneof("keepalive", response.KeepAlive()))
+                    continue
+                with as_connect_errors():
+                    events = watcher.take()
+                for event in events:
+                    yield response(event=Oneof("filesystem", fs_event(event)))
+        finally:
+            self.manager.watchers.discard(self.sandbox_id, watcher.id)

@@ -4,6 +4,8 @@ Start and Connect stream the command's events: its pid, its output as it
 comes, a keep-alive when it is silent (at the interval the SDK asks for), and
 its end with the exit code. A client that goes away leaves the command
 running, as envd does: it is found again by pid (connect, list, kill, stdin).
+``StreamInput`` is a client stream: its messages reach stdin as they arrive
+(``rpc.StreamedRPCHandler`` hands the body on as it comes).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from e2b.envd.process import process_connect as proc_rpc
 from e2b.envd.process import process_pb as proc
 from protobuf import Oneof
@@ -84,6 +88,30 @@ class ProcessService(proc_rpc.Process):
                 case Oneof(field="stdin" | "pty", value=data):
                     await command.send_stdin(data)
         return proc.SendInputResponse()
+
+    async def stream_input(
+        self, request: AsyncIterator[proc.StreamInputRequest], ctx: Any, /
+    ) -> proc.StreamInputResponse:
+        """Each piece of input to the process's stdin (or terminal) as its message arrives.
+
+        The first message names the process; a slow reader holds the stream back.
+        """
+        command: Command | None = None
+        async for message in request:
+            match message.event:
+                case Oneof(field="start", value=start):
+                    with as_connect_errors():
+                        command = self.command(start.process)
+                case Oneof(field="data", value=data):
+                    if command is None:
+                        raise ConnectError(
+                            Code.INVALID_ARGUMENT, "name the process in a start event first"
+                        )
+                    match data.input.input if data.input is not None else None:
+                        case Oneof(field="stdin" | "pty", value=piece) if piece:
+                            with as_connect_errors():
+                                await command.send_stdin(piece)
+        return proc.StreamInputResponse()
 
     async def close_stdin(self, request: proc.CloseStdinRequest, ctx: Any, /) -> Any:
         with as_connect_errors():
