@@ -224,7 +224,7 @@ class SessionManager:
         if session.running:
             with contextlib.suppress(Exception):
                 await kernel.interrupt()
-        for relay in list(session.parked.values()):
+        for relay in list(session.parked.values()):  # its agent stream drains on its own
             relay.close()
         self.commands.end(session.id)
         self.watchers.end(session.id)
@@ -1038,11 +1038,7 @@ class SessionManager:
 
     async def _end(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.id, None)
-        self.watchers.end(session.id)
-        if session.stream is not None:
-            session.stream.close()
-        for relay in list(session.parked.values()):
-            relay.close()
+        self._cut_off(session)
         if session.kernel is not None:
             session.kernel.died.set()  # lets an in-flight execute return instead of hanging
             # Give that execute a moment to finish and record itself.
@@ -1065,17 +1061,22 @@ class SessionManager:
         if session is None:
             return
         log.warning("session %s: this gateway lost its lease; another gateway owns it", session_id)
-        self.watchers.end(session_id)
         session.reason = (
             "this gateway lost the session's lease to another gateway; send the request again"
         )
+        self._cut_off(session)
+        if session.kernel is not None:
+            session.kernel.died.set()
+            self.spawn(self._let_go(session))
+
+    def _cut_off(self, session: Session) -> None:
+        """Close every client and helper of a session this gateway stops serving."""
         if session.stream is not None:
             session.stream.close()
         for relay in list(session.parked.values()):
             relay.close()
-        if session.kernel is not None:
-            session.kernel.died.set()
-            self.spawn(self._let_go(session))
+        self.commands.end(session.id)
+        self.watchers.end(session.id)
 
     async def _let_go(self, session: Session) -> None:
         """Close a lost session's kernel channels once its execute in flight has returned."""
