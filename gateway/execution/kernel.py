@@ -278,6 +278,14 @@ class Kernel:
         # readiness future and fails with InvalidStateError.
         km._attempted_start = True
 
+    async def let_go(self) -> None:
+        """Close this side (channels, guards) and leave the sandbox running for another to adopt."""
+        self._stop_channels()
+        self.client = None
+        provisioner = self.manager.provisioner
+        if provisioner is not None:
+            await provisioner.let_go()
+
     def detach(self) -> None:
         """Let go of the kernel without stopping it, for the next gateway process."""
         self._stop_channels()
@@ -379,6 +387,7 @@ class Kernel:
             if answer.get("status") != "ok":
                 raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
         return str(value.get("data", {}).get("text/plain", ""))
+
     @contextlib.asynccontextmanager
     async def environment(self, env: Mapping[str, str]) -> AsyncIterator[None]:
         """Run one execution with ``env`` set in a Python kernel's ``os.environ``, then undo it."""

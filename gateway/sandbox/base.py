@@ -112,6 +112,8 @@ class Placement(abc.ABC):
     resizes_in_place = False
     # Whether secrets can be given as files on a tmpfs (the host's, bind-mounted).
     secret_files = False
+    # Whether a running sandbox can be handed to another session (``move_in``).
+    hands_over = False
 
     def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
         self.sessions_dir = sessions_dir  # one directory per session on this host
@@ -173,6 +175,15 @@ class Placement(abc.ABC):
 
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str, carry: str) -> None:
+        """Give a paused session the running sandbox ``sandbox_id`` of pooled ``pooled_id``.
+
+        Only where ``hands_over``: the session's files are copied into the
+        sandbox's workspace, its ``carry`` directory (its saved state) goes
+        along, and the sandbox's directory and name become the session's.
+        """
+        raise NotSupported(f"the {self.name} placement cannot hand a sandbox over")
 
     async def start_process(
         self,

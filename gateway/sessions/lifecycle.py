@@ -7,6 +7,7 @@ removed one way only::
     new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
     from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
     from_record -> adopt_paused (isolation, spec, reattach) -> resume      -> ... -> teardown
+    paused session + pooled sandbox -> move_in (copy files, swap dirs, adopt) -> ... -> teardown
 
 It turns a session into the plain ``SandboxRequest`` the placement takes, and
 the placement's answer into the session's ``Kernel`` and workspace.
@@ -219,6 +220,41 @@ class SandboxLifecycle:
         await self._isolate(session)
         self._equip(session)
         await self.placement.reattach(session.id)
+
+    async def move_in(self, session: Session, pooled: Session, carry: str) -> bool:
+        """Give a paused session a pooled sandbox's running kernel; the session keeps its id.
+
+        Its files are copied into the sandbox's workspace and its ``carry``
+        directory (the saved state) goes along; then the session's own Kernel
+        adopts the sandbox as after a gateway restart. On failure the pooled
+        sandbox is removed and the session is as paused as before: False when
+        its files could not be copied (it may start cold), an error otherwise.
+        Once the directories are swapped, the session holds its files and
+        state in the new one, and a failure to adopt leaves the caller to stop
+        the adopted kernel.
+        """
+        kernel = pooled.kernel
+        assert kernel is not None and kernel.container_id is not None
+        container, runtime = kernel.container_id, kernel.runtime_info()
+        await kernel.let_go()
+        self.isolation.release(pooled.id)
+        if self.packages is not None:
+            self.packages.close(pooled.id)
+        try:
+            await self.placement.move_in(session.id, pooled.id, container, carry)
+        except (OSError, ValueError) as e:  # nothing of the session's moved: it starts cold
+            log.warning("session %s: no pooled sandbox for its resume: %s", session.id, e)
+            await self.teardown(pooled)
+            return False
+        except BaseException:
+            await self.teardown(pooled)
+            raise
+        self._equip(session)
+        assert session.kernel is not None
+        await session.kernel.adopt({**runtime, "kernel_id": session.id})
+        await session.kernel.connect()
+        await self.connect_packages(session, relay=False)
+        return True
 
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""

@@ -45,7 +45,8 @@ CHECKPOINT_UNAVAILABLE = (
     "sockets in a bind-mounted directory (CRIU for runc does not work on this host's kernel); "
     "ask for 'namespace' (Python) or 'replay', or for none to get the best available"
 )
-STATE_FILE = "namespace.pkl"  # in the session's state directory, out of the sandbox's reach
+STATE_DIR = "state"  # in the session's directory, out of the sandbox's reach
+STATE_FILE = "namespace.pkl"  # in the session's state directory
 _EXCHANGED = ".sbx-namespace.pkl"  # the same file in the kernel's exchange directory
 _MAX_LOST = 1000
 # Compares a recorded cell's outputs with a replayed one's: a diff, empty when alike.
@@ -156,7 +157,7 @@ class KernelState:
 
     def state_dir(self, session_id: str) -> Path:
         """Where a paused session's saved state lives: its directory, out of the sandbox."""
-        return self.lifecycle.placement.sessions_dir / session_id / "state"
+        return self.lifecycle.placement.sessions_dir / session_id / STATE_DIR
 
     async def save(
         self, session: Session, strategy: str, timeout: float, target: Path | None = None

@@ -219,7 +219,6 @@ class ResumeHandler(ControlHandler):
         self.send(self.sandbox(session), status=201)
 
 
-
 class MetricsHandler(ControlHandler):
     """One sample now: the sandbox's limits, and its workspace's use."""
 

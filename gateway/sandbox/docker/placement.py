@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class DockerPlacement(Placement):
     name = "docker"
     resizes_in_place = True
     secret_files = True
+    hands_over = True
 
     def __init__(
         self,
@@ -124,6 +126,29 @@ class DockerPlacement(Placement):
     async def reattach(self, session_id: str) -> None:
         """Remount the workspace, should a host reboot have unmounted it."""
         await asyncio.to_thread(volume.mount_again, self.sessions_dir / session_id)
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str, carry: str) -> None:
+        """Copy the session's workspace into the pooled sandbox's, then swap the directories.
+
+        The swap is one ``renameat2`` exchange, after the copy and after
+        ``carry`` is linked across: a gateway killed at any point finds the
+        session's directory whole (its own, or the pooled one with its files
+        and saved state) and the other one a leftover. The container keeps its
+        bind mounts across the rename and is renamed after the session.
+        """
+        here, pooled = self.sessions_dir / session_id, self.sessions_dir / pooled_id
+        await asyncio.to_thread(_fill, here, pooled, carry)
+        await asyncio.to_thread(volume.exchange, here, pooled)
+        try:
+            await self.remove_directory(pooled_id)  # the session's old one, now under that name
+        except OSError as e:  # recovery removes it at the next start
+            log.warning("session %s: its old directory is left for later: %s", session_id, e)
+        name = sandbox_name(session_id)
+        try:
+            await self.remove_sandbox(name)  # a container a pause did not get to remove
+            await asyncio.to_thread(self.docker.api.rename, sandbox_id, name)
+        except ENGINE_ERRORS as e:  # only its name differs: metrics and `docker ps` suffer
+            log.warning("session %s: its container keeps its pooled name: %s", session_id, e)
 
     async def start_process(
         self,
@@ -206,3 +231,15 @@ def _memory_peak(container_id: str) -> int | None:
         with contextlib.suppress(OSError, ValueError):
             return int((Path("/sys/fs/cgroup") / scope / "memory.peak").read_text())
     return None
+
+
+def _fill(here: Path, pooled: Path, carry: str) -> None:
+    """The session's workspace files and ``carry`` directory, put into a pooled directory."""
+    volume.copy_tree(here / "workspace", pooled / "workspace")
+    kept = here / carry
+    if kept.is_dir():
+        (pooled / carry).mkdir(mode=0o700)
+        with os.scandir(kept) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    os.link(entry.path, pooled / carry / entry.name, follow_symlinks=False)
