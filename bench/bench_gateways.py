@@ -48,9 +48,7 @@ def main() -> None:
             ):
                 sid = home.client.post("/v1/sessions", json={}).json()["id"]
                 trips, cpu = measure(via, sid, counted)
-                rows.append(
-                    f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |"
-                )
+                rows.append(f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |")
                 home.client.delete(f"/v1/sessions/{sid}")
     finally:
         subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", server], check=False)

@@ -176,13 +176,16 @@ class Placement(abc.ABC):
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
 
-    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str, carry: str) -> None:
-        """Give a paused session the running sandbox ``sandbox_id`` of pooled ``pooled_id``.
+    async def fill_pooled(self, session_id: str, pooled_id: str, carry: str) -> None:
+        """Copy a paused session's files, and link its ``carry`` directory, into a pooled one's.
 
-        Only where ``hands_over``: the session's files are copied into the
-        sandbox's workspace, its ``carry`` directory (its saved state) goes
-        along, and the sandbox's directory and name become the session's.
+        Only where ``hands_over``; ``move_in`` then swaps the directories.
+        Raises ``OSError`` or ``ValueError`` when the files cannot be copied.
         """
+        raise NotSupported(f"the {self.name} placement cannot hand a sandbox over")
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str) -> None:
+        """Make the filled pooled sandbox ``sandbox_id`` the session's: its directory and name."""
         raise NotSupported(f"the {self.name} placement cannot hand a sandbox over")
 
     async def start_process(

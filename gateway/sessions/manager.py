@@ -913,10 +913,10 @@ class SessionManager:
         session.state = "starting"
         try:
             async with self._ended_meanwhile(session, "resumed"):
-                warm = await self._resume_warm(session)
-                start = _already_running if warm else session.kernel.start
-                report = await self.state.restore(session, saved, start)
-                if not warm:
+                if await self._resume_warm(session, saved):
+                    report = await self.state.restore(session, saved, _already_running, loaded=True)
+                else:
+                    report = await self.state.restore(session, saved, session.kernel.start)
                     await self.lifecycle.connect_packages(session)
         except BaseException:
             if session.state == "starting":
@@ -932,12 +932,16 @@ class SessionManager:
         log.info("session %s resumed (%s)", session.id, saved.strategy)
         return report
 
-    async def _resume_warm(self, session: Session) -> bool:
-        """Move a resuming session into a pooled sandbox if one fits; False: start it cold."""
+    async def _resume_warm(self, session: Session, saved: SavedState) -> bool:
+        """Move a resuming session into a pooled sandbox if one fits; False: start it cold.
+
+        Its namespace loads into the pooled kernel while its files are copied.
+        """
         pooled = await self.pool.take_for(session)
         if pooled is None:
             return False
-        return await self.lifecycle.move_in(session, pooled, STATE_DIR)
+        loading = self.state.load_pooled(session, saved, pooled)
+        return await self.lifecycle.move_in(session, pooled, STATE_DIR, loading)
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity).

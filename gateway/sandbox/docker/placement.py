@@ -127,17 +127,19 @@ class DockerPlacement(Placement):
         """Remount the workspace, should a host reboot have unmounted it."""
         await asyncio.to_thread(volume.mount_again, self.sessions_dir / session_id)
 
-    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str, carry: str) -> None:
-        """Copy the session's workspace into the pooled sandbox's, then swap the directories.
-
-        The swap is one ``renameat2`` exchange, after the copy and after
-        ``carry`` is linked across: a gateway killed at any point finds the
-        session's directory whole (its own, or the pooled one with its files
-        and saved state) and the other one a leftover. The container keeps its
-        bind mounts across the rename and is renamed after the session.
-        """
+    async def fill_pooled(self, session_id: str, pooled_id: str, carry: str) -> None:
         here, pooled = self.sessions_dir / session_id, self.sessions_dir / pooled_id
         await asyncio.to_thread(_fill, here, pooled, carry)
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str) -> None:
+        """Swap the directories in one ``renameat2`` exchange; rename the container.
+
+        A gateway killed at any point finds the session's directory whole (its
+        own, or the filled pooled one with its files and saved state) and the
+        other one a leftover. The container keeps its bind mounts across the
+        rename.
+        """
+        here, pooled = self.sessions_dir / session_id, self.sessions_dir / pooled_id
         await asyncio.to_thread(volume.exchange, here, pooled)
         try:
             await self.remove_directory(pooled_id)  # the session's old one, now under that name
