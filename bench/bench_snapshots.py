@@ -51,9 +51,18 @@ def ms(fn) -> tuple[float, httpx.Response]:
 
 
 def container_mib(engine: docker.DockerClient, sid: str) -> float:
-    """The session's kernel memory on the engine: the sum over its containers (none: 0)."""
+    """The session's kernel memory on the engine: the sum over its containers (none: 0).
+
+    Its containers: labelled with its id, or named after it (one a resume took
+    from the pool keeps the pooled id in its label).
+    """
     total = 0
-    for c in engine.containers.list(all=True, filters={"label": f"sbx.session={sid}"}):
+    found = {
+        c.id: c
+        for filters in ({"label": f"sbx.session={sid}"}, {"name": f"^sbx-{sid}$"})
+        for c in engine.containers.list(all=True, filters=filters)
+    }
+    for c in found.values():
         stats = c.stats(stream=False)
         total += stats.get("memory_stats", {}).get("usage", 0)
     return total / 2**20
@@ -69,16 +78,17 @@ def disk_mib(session_dir: Path) -> float:
 
 
 FLOOR = """
-import dill, subprocess, sys
-names = {k: globals()[k] for k in ("np", "pd", "array", "frame", "words", "mib")}
-with open("/tmp/floor.pkl", "wb") as f:
+import dill, os, subprocess, sys
+names = {{k: globals()[k] for k in ("np", "pd", "array", "frame", "words", "mib")}}
+with open("/workspace/.floor.pkl", "wb") as f:
     dill.dump(names, f, protocol=5)
 del names
-load = "import time, dill; t = time.perf_counter(); dill.load(open('/tmp/floor.pkl', 'rb')); "
-load += "print((time.perf_counter() - t) * 1000)"
+load = "import time, dill; t = time.perf_counter(); "
+load += "dill.load(open('/workspace/.floor.pkl', 'rb')); print((time.perf_counter() - t) * 1000)"
 for _ in range({rounds}):
     print(subprocess.run([sys.executable, "-c", load], capture_output=True, text=True).stdout)
 del f, load
+os.unlink("/workspace/.floor.pkl")
 """
 
 
@@ -139,7 +149,7 @@ def main() -> None:
         loads = client.post(
             f"/v1/sessions/{sid}/execute", json={"code": FLOOR.format(rounds=args.rounds)}
         ).json()
-        assert loads["status"] == "ok", loads
+        assert loads["status"] == "ok", str(loads)[:2000]
         floor = [float(v) for v in "".join(o["text"] for o in loads["outputs"]).split()]
         # Another workspace size: no pooled container fits, every resume starts one cold.
         body = {"limits": {"memory": "1g", "disk": "2g"}}
