@@ -41,9 +41,9 @@ from .model import Session
 STRATEGIES = ("checkpoint", "namespace", "replay")
 CHECKPOINT_UNAVAILABLE = (
     "the checkpoint strategy is not available here: gVisor's runsc refuses to checkpoint a "
-    "container holding a connected host Unix socket, and kernels talk to the gateway over Unix "
-    "sockets in a bind-mounted directory (CRIU for runc does not work on this host's kernel); "
-    "ask for 'namespace' (Python) or 'replay', or for none to get the best available"
+    "kernel's sockets (a bound or connected host Unix socket, or a listening one inside the "
+    "sandbox), and every kernel listens on five (CRIU for runc does not work on this host's "
+    "kernel); ask for 'namespace' (Python) or 'replay', or for none to get the best available"
 )
 STATE_DIR = "state"  # in the session's directory, out of the sandbox's reach
 STATE_FILE = "namespace.pkl"  # in the session's state directory
