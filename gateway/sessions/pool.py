@@ -127,10 +127,6 @@ class WarmPool:
         self.claims[(session.kernel_name, "hit" if entry else "miss")] += 1
         return entry
 
-    async def discard(self, entry: Session) -> None:
-        """Remove a taken sandbox that could not be used."""
-        await self._discard(entry)
-
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)
         if not ready or request.session_id is not None or session.secret_names:
