@@ -238,3 +238,24 @@ def test_a_resume_takes_a_pooled_container_when_one_is_free(start_gateway, engin
     engine.containers.get(warm).kill()
     dead = lambda: again.client.get(f"/v1/sessions/{sid}").json()["state"] == "dead"  # noqa: E731
     assert wait_for(dead, 15), "the death of the session's (once pooled) container went unseen"
+
+
+def test_a_replay_resume_in_a_pooled_container_runs_its_cells_over_its_files(start_gateway):
+    gw = start_gateway("--pool", "python3=1")
+    api = gw.client
+    pool_ready = lambda: api.get("/healthz").json()["pool_ready"]["python3"] >= 1  # noqa: E731
+    assert wait_for(pool_ready, 60), "the pool never filled"
+    sid = api.post("/v1/sessions", json={}).json()["id"]
+    run(api, sid, "import os\nif not os.path.exists('n.txt'): open('n.txt', 'w').write('1')")
+    run(api, sid, "v = open('n.txt').read() * 2")
+    assert pause(api, sid, strategy="replay")["strategy"] == "replay"
+    assert wait_for(pool_ready, 60), "the pool never refilled"
+    resumed = resume(api, sid)
+    assert resumed["strategy"] == "replay" and resumed["differed"] == [], resumed
+    hits = [
+        line
+        for line in api.get("/metrics").text.splitlines()
+        if line.startswith('sbx_pool_claims_total{kernel="python3",result="hit"}')
+    ]
+    assert hits and hits[0].endswith(" 2.0"), f"create and resume not both warm: {hits}"
+    assert text_of(run(api, sid, "print(v, open('n.txt').read())")) == "11 1\n"
