@@ -74,9 +74,7 @@ def main() -> None:
             ):
                 sid = home.client.post("/v1/sessions", json={}).json()["id"]
                 trips, cpu = measure(via, sid, counted)
-                rows.append(
-                    f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |"
-                )
+                rows.append(f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |")
                 home.client.delete(f"/v1/sessions/{sid}")
             adopted = [failover(url, other) for _ in range(FAILOVERS)]
     finally:

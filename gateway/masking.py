@@ -100,4 +100,5 @@ class Masker:
                 pending.extend((copy, i) for i in range(len(copy)))
         return root[0]
 
+
 NO_SECRETS = Masker({})

@@ -10,7 +10,14 @@ import time
 
 import httpx
 import pytest
-from helpers import execute_in_background, run, run_over_channels, text_of, wait_for
+from helpers import (
+    execute_in_background,
+    gateway_id,
+    run,
+    run_over_channels,
+    text_of,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -199,3 +206,56 @@ def test_a_paused_session_interrupts_no_one_restarts_fresh_and_wakes_for_jupyter
     assert restarted.status_code == 200 and restarted.json()["paused"] is None, restarted.text
     reply = run(api, sid, "print('q' in globals())")
     assert text_of(reply) == "False\n" and "resumed" not in reply, reply
+
+
+def test_a_resume_takes_a_pooled_container_when_one_is_free(start_gateway, engine):
+    gw = start_gateway("--pool", "python3=1", keep_sessions=True)
+    api = gw.client
+    pool_ready = lambda: api.get("/healthz").json()["pool_ready"]["python3"] >= 1  # noqa: E731
+    assert wait_for(pool_ready, 60), "the pool never filled"
+    sid = api.post("/v1/sessions", json={"limits": {"memory": "512m"}}).json()["id"]
+    run(api, sid, SETUP + "\nimport os; os.makedirs('sub/deeper'); os.symlink('note.txt', 'ln')")
+    pause(api, sid)
+    assert wait_for(pool_ready, 60), "the pool never refilled"
+    sessions = {s["id"] for s in api.get("/v1/sessions").json()["sessions"]}
+    labelled = engine.containers.list(filters={"label": f"sbx.gateway={gateway_id(gw.data_dir)}"})
+    (warm,) = [c.id for c in labelled if c.labels["sbx.session"] not in sessions]
+    resumed = resume(api, sid)
+    assert resumed["state"] == "idle" and resumed["container_id"] == warm, (
+        "the resume started a cold container although a pooled one was free"
+    )
+    assert {entry["name"] for entry in resumed["lost"]} == {"gen", "fh"}, resumed
+    assert text_of(run(api, sid, CHECK)) == "42 True hi 7 Point kept\n"
+    files = "import os; print(os.path.isdir('sub/deeper'), os.readlink('ln'), os.getcwd())"
+    assert text_of(run(api, sid, files)) == "True note.txt /workspace\n"
+    limits = engine.api.inspect_container(warm)["HostConfig"]
+    assert limits["Memory"] == 512 * 2**20, "the pooled container kept the pool's limits"
+    assert engine.containers.get(warm).name == f"sbx-{sid}", "the container is not named after it"
+    gw.stop()
+    again = start_gateway(data_dir=gw.data_dir)
+    assert again.client.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+    assert text_of(run(again.client, sid, "print(x, p.v)")) == "41 7\n"
+    engine.containers.get(warm).kill()
+    dead = lambda: again.client.get(f"/v1/sessions/{sid}").json()["state"] == "dead"  # noqa: E731
+    assert wait_for(dead, 15), "the death of the session's (once pooled) container went unseen"
+
+
+def test_a_replay_resume_in_a_pooled_container_runs_its_cells_over_its_files(start_gateway):
+    gw = start_gateway("--pool", "python3=1")
+    api = gw.client
+    pool_ready = lambda: api.get("/healthz").json()["pool_ready"]["python3"] >= 1  # noqa: E731
+    assert wait_for(pool_ready, 60), "the pool never filled"
+    sid = api.post("/v1/sessions", json={}).json()["id"]
+    run(api, sid, "import os\nif not os.path.exists('n.txt'): open('n.txt', 'w').write('1')")
+    run(api, sid, "v = open('n.txt').read() * 2")
+    assert pause(api, sid, strategy="replay")["strategy"] == "replay"
+    assert wait_for(pool_ready, 60), "the pool never refilled"
+    resumed = resume(api, sid)
+    assert resumed["strategy"] == "replay" and resumed["differed"] == [], resumed
+    hits = [
+        line
+        for line in api.get("/metrics").text.splitlines()
+        if line.startswith('sbx_pool_claims_total{kernel="python3",result="hit"}')
+    ]
+    assert hits and hits[0].endswith(" 2.0"), f"create and resume not both warm: {hits}"
+    assert text_of(run(api, sid, "print(v, open('n.txt').read())")) == "11 1\n"

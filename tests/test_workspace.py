@@ -148,3 +148,29 @@ def test_the_inline_artifact_walk_hands_over_to_a_thread_when_the_tree_grew(tmp_
 
     artifacts, truncated = asyncio.run(scenario())
     assert len(artifacts) == 2000 and truncated is False
+
+
+def test_copy_tree_copies_a_workspace_as_it_is_and_never_follows_a_link(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    (source / "sub" / "deeper").mkdir(parents=True)
+    target.mkdir()
+    (source / "sub" / "deeper" / "f.txt").write_text("kept")
+    os.chmod(source / "sub" / "deeper" / "f.txt", 0o640)
+    os.utime(source / "sub" / "deeper" / "f.txt", (1_000_000, 1_000_000))
+    (source / "ln").symlink_to("/etc/passwd")
+    os.mkfifo(source / "pipe")
+    volume.copy_tree(source, target)
+    copied = target / "sub" / "deeper" / "f.txt"
+    assert copied.read_text() == "kept"
+    assert oct(copied.stat().st_mode & 0o777) == "0o640" and copied.stat().st_mtime == 1_000_000
+    assert os.readlink(target / "ln") == "/etc/passwd", "a link is copied as a link"
+    assert not (target / "pipe").exists(), "a FIFO is left out"
+
+
+def test_copy_tree_refuses_a_tree_too_deep_to_copy(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    deep = source.joinpath(*["d"] * (volume.COPY_DEPTH + 1))
+    deep.mkdir(parents=True)
+    target.mkdir()
+    with pytest.raises(ValueError, match="deeper than"):
+        volume.copy_tree(source, target)

@@ -30,7 +30,12 @@ import docker
 
 from ..config import Settings
 from ..sandbox import volume
-from ..sandbox.docker.provisioner import CONTAINER_RUN_DIR, LABEL_GATEWAY, LABEL_SESSION
+from ..sandbox.docker.provisioner import (
+    CONTAINER_RUN_DIR,
+    LABEL_GATEWAY,
+    LABEL_SESSION,
+    sandbox_name,
+)
 from ..store.postgres import GATEWAY_ID_FILE
 from ..store.sqlite import read_open_sessions
 
@@ -103,7 +108,7 @@ def find_orphans(
     orphans = []
     for container, data in owned:
         labels = container["Labels"]
-        session_id = labels.get(LABEL_SESSION, "?")
+        session_id = _session_of(container)
         why = data in dirs and dirs[data].why_orphan(session_id, labels[LABEL_GATEWAY])
         if why:
             orphans.append(Orphan("container", container["Id"], session_id, why))
@@ -115,6 +120,19 @@ def find_orphans(
             if why:
                 orphans.append(Orphan("directory", str(entry), entry.name, why))
     return orphans
+
+
+def _session_of(container: dict) -> str:
+    """The session a kernel container serves: the one it is named after, else its label's.
+
+    A resume that took a pooled container renames it after the session; its
+    label keeps the pooled id (labels cannot change).
+    """
+    prefix = "/" + sandbox_name("")
+    for name in container.get("Names") or []:
+        if name.startswith(prefix):
+            return name.removeprefix(prefix)
+    return container["Labels"].get(LABEL_SESSION, "?")
 
 
 def remove(client: docker.DockerClient, orphan: Orphan) -> None:

@@ -278,6 +278,14 @@ class Kernel:
         # readiness future and fails with InvalidStateError.
         km._attempted_start = True
 
+    async def let_go(self) -> None:
+        """Close this side (channels, guards) and leave the sandbox running for another to adopt."""
+        self._stop_channels()
+        self.client = None
+        provisioner = self.manager.provisioner
+        if provisioner is not None:
+            await provisioner.let_go()
+
     def detach(self) -> None:
         """Let go of the kernel without stopping it, for the next gateway process."""
         self._stop_channels()
@@ -292,8 +300,12 @@ class Kernel:
         if self.client is not None:
             self.client.stop_channels()
 
-    async def connect(self) -> None:
-        """Open the client's channels (once) and wait until the kernel answers."""
+    async def connect(self, flush: bool = True) -> None:
+        """Open the client's channels (once) and wait until the kernel answers.
+
+        ``flush`` false skips jupyter_client's last 0.2 s wait for iopub to fall
+        quiet (a kernel that has answered before: what it still says is drained).
+        """
         self.died.clear()
         if self.client is not None and self.client.ip != self.manager.ip:
             # Restarted elsewhere (a cluster sandbox replaced on another node).
@@ -310,13 +322,32 @@ class Kernel:
             self._drops = DropWatch([channel.socket for channel in channels])
         await self._stop_draining()  # waiting for ready reads iopub itself
         try:
-            await self.client.wait_for_ready(timeout=self.start_timeout)
+            if flush:
+                await self.client.wait_for_ready(timeout=self.start_timeout)
+            else:
+                await self._answers()
         except RuntimeError as e:
             output = await self._container_output()
             raise KernelStartFailed(
                 f"the kernel did not start ({e}); its last output: {output or '(none)'}"
             ) from e
         self._drain()
+
+    async def _answers(self) -> None:
+        """A kernel_info reply on shell and a message on iopub: both channels are connected."""
+        client = self.client
+        assert client is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            client.kernel_info()
+            try:
+                reply = await client.shell_channel.get_msg(timeout=1)
+                if reply["msg_type"] == "kernel_info_reply":
+                    await client.iopub_channel.get_msg(timeout=0.2)
+                    return
+            except queue.Empty:
+                continue
+        raise RuntimeError(f"the kernel did not answer in {self.start_timeout:g} s")
 
     def _drain(self) -> None:
         """Read and forget iopub while no execution reads it.
@@ -379,6 +410,7 @@ class Kernel:
             if answer.get("status") != "ok":
                 raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
         return str(value.get("data", {}).get("text/plain", ""))
+
     @contextlib.asynccontextmanager
     async def environment(self, env: Mapping[str, str]) -> AsyncIterator[None]:
         """Run one execution with ``env`` set in a Python kernel's ``os.environ``, then undo it."""

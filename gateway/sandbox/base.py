@@ -114,6 +114,8 @@ class Placement(abc.ABC):
     secret_files = False
     # Whether a session another gateway on this host started can be adopted (failover).
     adopts_others = False
+    # Whether a running sandbox can be handed to another session (``move_in``).
+    hands_over = False
 
     def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
         self.sessions_dir = sessions_dir  # one directory per session on this host
@@ -184,6 +186,18 @@ class Placement(abc.ABC):
 
     async def reattach(self, session_id: str) -> None:  # noqa: B027 (optional: most keep nothing)
         """Restore what a gateway restart undid on this host; recovery calls it per session."""
+
+    async def fill_pooled(self, session_id: str, pooled_id: str, carry: str) -> None:
+        """Copy a paused session's files, and link its ``carry`` directory, into a pooled one's.
+
+        Only where ``hands_over``; ``move_in`` then swaps the directories.
+        Raises ``OSError`` or ``ValueError`` when the files cannot be copied.
+        """
+        raise NotSupported(f"the {self.name} placement cannot hand a sandbox over")
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str) -> None:
+        """Make the filled pooled sandbox ``sandbox_id`` the session's: its directory and name."""
+        raise NotSupported(f"the {self.name} placement cannot hand a sandbox over")
 
     async def start_process(
         self,

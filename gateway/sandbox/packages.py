@@ -459,6 +459,7 @@ async def _refuse(writer: asyncio.StreamWriter, reason: str, status: int = 403) 
     with contextlib.suppress(ConnectionError, OSError):
         writer.write(
             f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
         )
         await writer.drain()

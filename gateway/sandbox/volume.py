@@ -10,12 +10,19 @@ directory and the disk limit is not enforced (the gateway warns at start).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
 from .workspace import remove_tree
+
+COPY_DEPTH = 64  # deeper workspaces are not copied into a pooled sandbox: they resume cold
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
 
 
 def loop_mounts_available() -> bool:
@@ -75,3 +82,80 @@ def _run(*cmd: str) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise OSError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy a workspace's tree into another, empty one, never following a link.
+
+    Directories and regular files keep their mode, owner and times; a link is
+    copied as a link. Sockets, FIFOs and devices are left out (nothing a
+    paused kernel can hold open). From directory descriptors, iteratively;
+    raises ``ValueError`` past ``COPY_DEPTH`` levels (the caller starts cold).
+    """
+    top_s = os.open(source, _DIR_FLAGS)
+    top_t = os.open(target, _DIR_FLAGS)
+    stack = [(top_s, top_t, os.scandir(top_s), os.fstat(top_s))]
+    try:
+        while stack:
+            src, dst, entries, own = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                os.utime(dst, ns=(own.st_atime_ns, own.st_mtime_ns))
+                stack.pop()
+                os.close(src)
+                os.close(dst)
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= COPY_DEPTH:
+                    raise ValueError(f"the workspace is deeper than {COPY_DEPTH} directories")
+                os.mkdir(entry.name, 0o700, dir_fd=dst)
+                child_t = os.open(entry.name, _DIR_FLAGS, dir_fd=dst)
+                os.fchown(child_t, st.st_uid, st.st_gid)
+                os.fchmod(child_t, stat.S_IMODE(st.st_mode))
+                child_s = os.open(entry.name, _DIR_FLAGS, dir_fd=src)
+                stack.append((child_s, child_t, os.scandir(child_s), st))
+            elif stat.S_ISREG(st.st_mode):
+                _copy_file(src, dst, entry.name)
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(entry.name, dir_fd=src), entry.name, dir_fd=dst)
+                os.chown(entry.name, st.st_uid, st.st_gid, dir_fd=dst, follow_symlinks=False)
+    finally:
+        for src, dst, entries, _ in stack:
+            entries.close()
+            os.close(src)
+            os.close(dst)
+
+
+def _copy_file(src_dir: int, dst_dir: int, name: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_dir)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return  # changed under us: only regular files are copied
+        out = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir
+        )
+        try:
+            offset = 0
+            while offset < st.st_size:
+                done = os.sendfile(out, fd, offset, min(st.st_size - offset, 1 << 30))
+                if done == 0:
+                    break  # it shrank meanwhile
+                offset += done
+            os.fchown(out, st.st_uid, st.st_gid)
+            os.fchmod(out, stat.S_IMODE(st.st_mode))
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): never neither, never both."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(_AT_FDCWD, bytes(a), _AT_FDCWD, bytes(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a))

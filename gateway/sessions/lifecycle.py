@@ -7,6 +7,7 @@ removed one way only::
     new_session -> launch (isolation, spec, prepare, kernel start, facts) -> ... -> teardown
     from_record -> adopt  (isolation, spec, kernel adopt, reattach)        -> ... -> teardown
     from_record -> adopt_paused (isolation, spec, reattach) -> resume      -> ... -> teardown
+    paused session + pooled sandbox -> move_in (copy files, swap dirs, adopt) -> ... -> teardown
 
 It turns a session into the plain ``SandboxRequest`` the placement takes, and
 the placement's answer into the session's ``Kernel`` and workspace.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from ..access.secrets import SecretVault
@@ -221,6 +223,54 @@ class SandboxLifecycle:
         await self._isolate(session)
         self._equip(session)
         await self.placement.reattach(session.id)
+
+    async def move_in(
+        self, session: Session, pooled: Session, carry: str, meanwhile: Awaitable | None = None
+    ) -> bool:
+        """Give a paused session a pooled sandbox's running kernel; the session keeps its id.
+
+        Its files are copied into the sandbox's workspace while ``meanwhile``
+        (loading its saved state into the pooled kernel) runs, its ``carry``
+        directory (the saved state) goes along, then the directories are
+        swapped and the session's own Kernel adopts the sandbox as after a
+        gateway restart. False when the files could not be copied: the pooled
+        sandbox is removed and the session, as paused as before, may start
+        cold. Any other failure removes the pooled sandbox too and is raised;
+        once the directories are swapped, the session holds its files and
+        state in the new one, and the caller stops the adopted kernel.
+        """
+        kernel = pooled.kernel
+        assert kernel is not None and kernel.container_id is not None
+        container, runtime = kernel.container_id, kernel.runtime_info()
+        filled, done = await asyncio.gather(
+            self.placement.fill_pooled(session.id, pooled.id, carry),
+            meanwhile or asyncio.sleep(0),
+            return_exceptions=True,
+        )
+        for outcome in (done, filled):  # both finished: nothing writes to the pooled sandbox
+            if isinstance(outcome, BaseException):
+                await self.teardown(pooled)
+                if isinstance(outcome, OSError | ValueError):  # its files: it may start cold
+                    log.warning(
+                        "session %s: no pooled sandbox to resume in: %s", session.id, outcome
+                    )
+                    return False
+                raise outcome
+        await kernel.let_go()
+        self.isolation.release(pooled.id)
+        if self.packages is not None:
+            self.packages.close(pooled.id)
+        try:
+            await self.placement.move_in(session.id, pooled.id, container)
+        except BaseException:
+            await self.teardown(pooled)
+            raise
+        self._equip(session)
+        assert session.kernel is not None
+        await session.kernel.adopt({**runtime, "kernel_id": session.id})
+        await session.kernel.connect(flush=False)  # it answered the pool already
+        await self.connect_packages(session, relay=False)
+        return True
 
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""

@@ -80,7 +80,7 @@ from .requests import (
     UpdateSession,
 )
 from .snapshots import Snapshots
-from .state import KernelState, SavedState
+from .state import STATE_DIR, KernelState, SavedState
 from .tasks import TaskSet
 from .watchers import Watcher, Watchers
 
@@ -913,17 +913,19 @@ class SessionManager:
         """Resume with the session's lock held; a failure leaves it paused, its state kept."""
         assert session.paused is not None and session.kernel is not None
         saved = SavedState.from_json(session.paused)
-        kernel = session.kernel
         session.state = "starting"
         try:
             async with self._ended_meanwhile(session, "resumed"):
-                report = await self.state.restore(session, saved, kernel.start)
-                await self.lifecycle.connect_packages(session)
+                if await self._resume_warm(session, saved):
+                    report = await self.state.restore(session, saved, _already_running, loaded=True)
+                else:
+                    report = await self.state.restore(session, saved, session.kernel.start)
+                    await self.lifecycle.connect_packages(session)
         except BaseException:
             if session.state == "starting":
                 session.state = "paused"
                 with contextlib.suppress(Exception):
-                    await kernel.stop()
+                    await session.kernel.stop()
             raise
         session.paused = None
         session.state = "idle"
@@ -932,6 +934,17 @@ class SessionManager:
         await self.state.forget(session)
         log.info("session %s resumed (%s)", session.id, saved.strategy)
         return report
+
+    async def _resume_warm(self, session: Session, saved: SavedState) -> bool:
+        """Move a resuming session into a pooled sandbox if one fits; False: start it cold.
+
+        Its namespace loads into the pooled kernel while its files are copied.
+        """
+        pooled = await self.pool.take_for(session)
+        if pooled is None:
+            return False
+        loading = self.state.load_pooled(session, saved, pooled)
+        return await self.lifecycle.move_in(session, pooled, STATE_DIR, loading)
 
     async def update(self, session_id: str, who: Principal, request: UpdateSession) -> Session:
         """Change ttl / idle_timeout (seconds, from creation / last activity).
@@ -1092,6 +1105,15 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None and self.pool.forget(session_id):
             return  # a pooled kernel died; the pool replaces it
+        if session is None:  # a resume took it from the pool: it keeps the pooled label
+            session = next(
+                (
+                    s
+                    for s in self.sessions.values()
+                    if s.kernel and s.kernel.container_id == container_id
+                ),
+                None,
+            )
         if session is None or session.kernel is None or session.state in _NOT_RUNNING:
             return  # expected: a delete, a restart or a pause stopped it
         if session.kernel.restarting or session.kernel.container_id != container_id:
@@ -1204,6 +1226,10 @@ class SessionManager:
             return  # another gateway's record now
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
+
+
+async def _already_running() -> None:
+    """A resume's kernel taken from the pool is up already."""
 
 
 def _check_page(after: int, limit: int) -> None:

@@ -14,7 +14,9 @@ cannot resize a running sandbox (swarm), any other limits. A pooled
 kernel serves exactly one session, ever. Refills run in the background,
 a bounded number at a time, so they do not starve live sessions;
 pooled sandboxes count against the server's session limit and give way to
-real sessions when it is reached.
+real sessions when it is reached. A resume takes one the same way, where the
+placement can hand a running sandbox to a session that keeps its id
+(``Placement.hands_over``: docker, not swarm).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class WarmPool:
         if entry is not None:
             try:
                 await self._fit(entry, session)
+                session.take_sandbox(entry)
             except Exception as e:  # the sandbox is spent either way; a cold start still works
                 log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
                 hit = False
@@ -103,6 +106,26 @@ class WarmPool:
         # Counted once the outcome is known: /metrics exposes it as a counter, which never falls.
         self.claims[(session.kernel_name, "hit" if hit else "miss")] += 1
         return hit
+
+    async def take_for(self, session: Session) -> Session | None:
+        """A ready sandbox fitted to a paused session's limits and env (a resume), or None.
+
+        The entry stays a separate session: the caller moves the session into
+        its sandbox (``SandboxLifecycle.move_in``) or discards it.
+        """
+        if not self.lifecycle.placement.hands_over:
+            return None
+        entry = self._take(session, CreateSession(kernel=session.kernel_name))
+        self._wake.set()
+        if entry is not None:
+            try:
+                await self._fit(entry, session)
+            except Exception as e:
+                log.warning("pooled kernel %s could not be fitted (%s); resuming cold", entry.id, e)
+                await self._discard(entry)
+                entry = None
+        self.claims[(session.kernel_name, "hit" if entry else "miss")] += 1
+        return entry
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)
@@ -124,7 +147,7 @@ class WarmPool:
         return ready.pop(0)
 
     async def _fit(self, pooled: Session, session: Session) -> None:
-        """Move the pooled sandbox to ``session`` and apply what it asked for."""
+        """Apply to the pooled sandbox what ``session`` asked for (its limits, its env)."""
         kernel, spec = pooled.kernel, pooled.kernel.sandbox if pooled.kernel else None
         assert kernel is not None and spec is not None and kernel.container_id is not None
         if not _same_box(session, pooled):
@@ -133,7 +156,6 @@ class WarmPool:
             language = pooled.language_info.get("name", "")
             await kernel.run_silently(_SET_ENV[language].format(env=json.dumps(session.env)))
         spec.limits, spec.env = session.limits, session.env  # what a restart starts with
-        session.take_sandbox(pooled)
 
     # -- refilling ---------------------------------------------------------------------
 

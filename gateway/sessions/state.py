@@ -41,11 +41,12 @@ from .model import Session
 STRATEGIES = ("checkpoint", "namespace", "replay")
 CHECKPOINT_UNAVAILABLE = (
     "the checkpoint strategy is not available here: gVisor's runsc refuses to checkpoint a "
-    "container holding a connected host Unix socket, and kernels talk to the gateway over Unix "
-    "sockets in a bind-mounted directory (CRIU for runc does not work on this host's kernel); "
-    "ask for 'namespace' (Python) or 'replay', or for none to get the best available"
+    "kernel's sockets (a bound or connected host Unix socket, or a listening one inside the "
+    "sandbox), and every kernel listens on five (CRIU for runc does not work on this host's "
+    "kernel); ask for 'namespace' (Python) or 'replay', or for none to get the best available"
 )
-STATE_FILE = "namespace.pkl"  # in the session's state directory, out of the sandbox's reach
+STATE_DIR = "state"  # in the session's directory, out of the sandbox's reach
+STATE_FILE = "namespace.pkl"  # in the session's state directory
 _EXCHANGED = ".sbx-namespace.pkl"  # the same file in the kernel's exchange directory
 _MAX_LOST = 1000
 # Compares a recorded cell's outputs with a replayed one's: a diff, empty when alike.
@@ -156,7 +157,7 @@ class KernelState:
 
     def state_dir(self, session_id: str) -> Path:
         """Where a paused session's saved state lives: its directory, out of the sandbox."""
-        return self.lifecycle.placement.session_dir(session_id) / "state"
+        return self.lifecycle.placement.session_dir(session_id) / STATE_DIR
 
     async def save(
         self, session: Session, strategy: str, timeout: float, target: Path | None = None
@@ -219,32 +220,56 @@ class KernelState:
                 raise StateNotSaved(f"the paused session's state could not be copied ({e})") from e
         return saved
 
+    async def load_pooled(self, session: Session, saved: SavedState, pooled: Session) -> None:
+        """Load a paused session's saved namespace into a pooled kernel it is resuming in.
+
+        Runs while the session's files are copied into the pooled sandbox;
+        ``restore(..., loaded=True)`` then gives the rest. Nothing to do for replay.
+        """
+        if saved.strategy != "namespace":
+            return
+        exchange = self.lifecycle.placement.kernel_exchange(pooled.id)
+        assert exchange is not None
+        inside, here = exchange
+        await self._hand_over(session, self.state_dir(session.id) / STATE_FILE, here)
+        await self._load_namespace(pooled, f"{inside}/{_EXCHANGED}", saved.execution_count)
+
+    async def _hand_over(self, session: Session, kept: Path, here: Path) -> None:
+        try:
+            await asyncio.to_thread(_hand_over, kept, here / _EXCHANGED)
+        except OSError as e:
+            raise StateNotRestored(
+                f"the saved namespace of session {session.id} cannot be read ({e}); "
+                "delete the session, or start a new one"
+            ) from e
+
     async def restore(
-        self, session: Session, saved: SavedState, start: Callable, kept: Path | None = None
+        self,
+        session: Session,
+        saved: SavedState,
+        start: Callable,
+        kept: Path | None = None,
+        loaded: bool = False,
     ) -> dict:
         """Start a fresh kernel with ``start()`` and give it the saved state back.
 
-        ``kept`` is where the state was saved (default: the session's state directory).
-        Returns what the caller reports: the strategy, and for replay the cells
-        whose outputs differed. Raises ``StateNotRestored`` when the saved state
+        ``kept`` is where the state was saved (default: the session's state
+        directory); ``loaded``: ``load_pooled`` gave the namespace already.
+        Returns what the caller reports: the strategy, and for replay the
+        cells whose outputs differed. Raises ``StateNotRestored`` when the saved state
         cannot be read. The saved state is kept until ``forget``, so a gateway
         killed meanwhile finds the session paused with its state.
         """
         kept = kept or self.state_dir(session.id) / STATE_FILE
-        if saved.strategy == "namespace":
+        namespace = saved.strategy == "namespace" and not loaded
+        if namespace:
             exchange = self.lifecycle.placement.kernel_exchange(session.id)
             assert exchange is not None
             inside, here = exchange
-            try:
-                await asyncio.to_thread(_hand_over, kept, here / _EXCHANGED)
-            except OSError as e:
-                raise StateNotRestored(
-                    f"the saved namespace of session {session.id} cannot be read ({e}); "
-                    "delete the session, or start a new one"
-                ) from e
+            await self._hand_over(session, kept, here)
         await start()
         report: dict[str, Any] = {"strategy": saved.strategy, "lost": saved.lost}
-        if saved.strategy == "namespace":
+        if namespace:
             await self._load_namespace(session, f"{inside}/{_EXCHANGED}", saved.execution_count)
         elif saved.strategy == "replay":
             report["differed"] = await self._replay(session)

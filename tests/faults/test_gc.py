@@ -105,3 +105,26 @@ def test_gc_removes_orphans_and_nothing_else(own_engine, python_image):
         for session_dir in gone_dir.glob("sessions/*"):
             volume.destroy(session_dir)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_gc_leaves_alone_a_kept_session_that_resumed_in_a_pooled_container(own_engine):
+    data_dir = Path(tempfile.mkdtemp(prefix="sbxg-"))
+    env = {"DOCKER_HOST": own_engine.host}
+    gw = GatewayProcess(data_dir, "--pool", "python3=1", env=env)
+    try:
+        pool_ready = lambda: gw.client.get("/healthz").json()["pool_ready"]["python3"]  # noqa: E731
+        assert wait_for(pool_ready, 60), "the warm pool did not fill"
+        sid = gw.client.post("/v1/sessions", json={}).json()["id"]
+        assert run(gw.client, sid, "x = 7")["status"] == "ok"
+        assert gw.client.post(f"/v1/sessions/{sid}/pause", json={}).status_code == 200
+        assert wait_for(pool_ready, 60), "the warm pool did not refill"
+        resumed = gw.client.post(f"/v1/sessions/{sid}/resume", json={}).json()
+        gw.stop()  # keeps the session; its container still bears the pooled id in its label
+        listed = sbx_gc(own_engine, "--under", str(data_dir))
+        assert resumed["container_id"][:12] not in listed, f"gc lists a kept session:\n{listed}"
+        assert "0 orphan(s)" in listed, listed
+    finally:
+        gw.stop()
+        with contextlib.closing(own_engine.client()) as engine:
+            remove_leftovers(engine, data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)

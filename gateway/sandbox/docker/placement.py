@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class DockerPlacement(Placement):
     resizes_in_place = True
     secret_files = True
     adopts_others = True  # containers are found by session, sockets and files by path
+    hands_over = True
 
     def __init__(
         self,
@@ -126,6 +128,31 @@ class DockerPlacement(Placement):
         """Remount the workspace, should a host reboot have unmounted it."""
         await asyncio.to_thread(volume.mount_again, self.session_dir(session_id))
 
+    async def fill_pooled(self, session_id: str, pooled_id: str, carry: str) -> None:
+        here, pooled = self.session_dir(session_id), self.sessions_dir / pooled_id
+        await asyncio.to_thread(_fill, here, pooled, carry)
+
+    async def move_in(self, session_id: str, pooled_id: str, sandbox_id: str) -> None:
+        """Swap the directories in one ``renameat2`` exchange; rename the container.
+
+        A gateway killed at any point finds the session's directory whole (its
+        own, or the filled pooled one with its files and saved state) and the
+        other one a leftover. The container keeps its bind mounts across the
+        rename.
+        """
+        here, pooled = self.session_dir(session_id), self.sessions_dir / pooled_id
+        await asyncio.to_thread(volume.exchange, here, pooled)
+        try:
+            await self.remove_directory(pooled_id)  # the session's old one, now under that name
+        except OSError as e:  # recovery removes it at the next start
+            log.warning("session %s: its old directory is left for later: %s", session_id, e)
+        name = sandbox_name(session_id)
+        try:
+            await self.remove_sandbox(name)  # a container a pause did not get to remove
+            await asyncio.to_thread(self.docker.api.rename, sandbox_id, name)
+        except ENGINE_ERRORS as e:  # only its name differs: metrics and `docker ps` suffer
+            log.warning("session %s: its container keeps its pooled name: %s", session_id, e)
+
     async def start_process(
         self,
         sandbox_id: str,
@@ -170,11 +197,13 @@ class DockerPlacement(Placement):
         containers = await asyncio.to_thread(
             self.docker.api.containers, all=True, filters={"label": label}
         )
+        found = [
+            SandboxState(c["Id"], _session_of(c), c["State"] == "running") for c in containers
+        ]
         return [
-            SandboxState(c["Id"], c["Labels"].get(LABEL_SESSION, "?"), c["State"] == "running")
-            for c in containers
-            if c["Labels"].get(LABEL_GATEWAY) == gateway_id
-            or c["Labels"].get(LABEL_SESSION) in wanted
+            s
+            for s, c in zip(found, containers, strict=True)
+            if c["Labels"].get(LABEL_GATEWAY) == gateway_id or s.session_id in wanted
         ]
 
     async def remove(self, session_id: str) -> None:
@@ -214,3 +243,22 @@ def _memory_peak(container_id: str) -> int | None:
         with contextlib.suppress(OSError, ValueError):
             return int((Path("/sys/fs/cgroup") / scope / "memory.peak").read_text())
     return None
+
+
+def _fill(here: Path, pooled: Path, carry: str) -> None:
+    """The session's workspace files and ``carry`` directory, put into a pooled directory."""
+    volume.copy_tree(here / "workspace", pooled / "workspace")
+    kept = here / carry
+    if kept.is_dir():
+        (pooled / carry).mkdir(mode=0o700)
+        with os.scandir(kept) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    os.link(entry.path, pooled / carry / entry.name, follow_symlinks=False)
+
+
+def _session_of(container: dict[str, Any]) -> str:
+    """Its session: by name, which a resume that took it from the pool renamed (labels stay)."""
+    names = [n.lstrip("/") for n in container.get("Names") or ()]
+    named = next((n for n in names if n.startswith("sbx-")), None)
+    return named.removeprefix("sbx-") if named else container["Labels"].get(LABEL_SESSION, "?")

@@ -208,6 +208,9 @@ class SandboxProvisioner(KernelProvisionerBase):
         await super().load_provisioner_info(provisioner_info)
         self.container_id = provisioner_info.get("container_id")
 
+    async def let_go(self) -> None:
+        """Close what this gateway holds open for the sandbox; the sandbox runs on."""
+
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return min(recommended, 2.0)
 
@@ -251,6 +254,9 @@ class DockerProvisioner(SandboxProvisioner):
         for guard in guards:
             await guard.start()
         self._guards = guards
+
+    async def let_go(self) -> None:
+        await self._unguard()
 
     async def _unguard(self) -> None:
         for guard in self._guards:
