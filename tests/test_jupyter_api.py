@@ -54,6 +54,73 @@ def test_kernel_lifecycle_with_jupyter_status_codes(api):
     assert api.get(f"/api/kernels/{kernel_id}").status_code == 404
 
 
+def _output(gateway, kernel_id: str, code: str) -> str:
+    url = gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
+    seen = asyncio.run(run_over_channels(url, code))
+    return "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+
+
+def test_enterprise_gateway_kernel_variables_are_honoured(gateway, api):
+    """KERNEL_* as Enterprise Gateway clients send them become the session's options."""
+    kernels = api.get("/v1/kernels").json()["kernels"]
+    tag = next(k["image_tag"] for k in kernels if k["name"] == "python3")
+    env = {
+        "KERNEL_WORKING_DIR": "/workspace/project/data",
+        "KERNEL_IMAGE": tag,
+        "KERNEL_MEMORY": "256Mi",
+        "KERNEL_MEMORY_LIMIT": "300Mi",  # the limit wins over the request
+        "KERNEL_CPUS_LIMIT": "500m",
+        "KERNEL_LAUNCH_TIMEOUT": "40",
+        "KERNEL_TEAM": "analysts",  # any other KERNEL_* reaches the kernel, as in EG
+    }
+    r = api.post("/api/kernels", json={"name": "python3", "env": env})
+    assert r.status_code == 201, r.text
+    kernel_id = r.json()["id"]
+    try:
+        session = api.get(f"/v1/sessions/{kernel_id}").json()
+        assert session["limits"]["memory"] == 300 * 2**20 and session["limits"]["cpus"] == 0.5
+        assert session["image"] == tag and session["working_dir"] == "project/data"
+        assert "KERNEL_TEAM" in session["env"] and "KERNEL_MEMORY" not in session["env"]
+        code = "import os; print(os.getcwd(), os.environ['KERNEL_TEAM'])"
+        assert _output(gateway, kernel_id, code) == "/workspace/project/data analysts\n"
+        # A restarted kernel starts in its working directory again.
+        assert api.post(f"/api/kernels/{kernel_id}/restart").status_code == 200
+        assert _output(gateway, kernel_id, "import os; print(os.getcwd())") == (
+            "/workspace/project/data\n"
+        )
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
+
+
+@pytest.mark.parametrize(
+    ("env", "status", "named"),
+    [
+        ({"KERNEL_GPUS": "1"}, 400, "KERNEL_GPUS"),
+        ({"KERNEL_NAMESPACE": "team-a"}, 400, "KERNEL_NAMESPACE"),
+        ({"KERNEL_UID": "0"}, 400, "KERNEL_UID"),
+        ({"KERNEL_MEMORY": "lots"}, 400, "KERNEL_MEMORY"),
+        ({"KERNEL_MEMORY_LIMIT": "100Gi"}, 422, "KERNEL_MEMORY_LIMIT=100Gi"),
+        ({"KERNEL_CPUS": "64"}, 422, "KERNEL_CPUS=64"),
+        ({"KERNEL_CPUS": "two"}, 400, "KERNEL_CPUS"),
+        ({"KERNEL_IMAGE": "elyra/kernel-py:3.2.3"}, 400, "KERNEL_IMAGE"),
+        ({"KERNEL_IMAGE": "sbx/nosuchimage:1234"}, 400, "KERNEL_IMAGE=sbx/nosuchimage"),
+        ({"KERNEL_WORKING_DIR": "/workspace/../etc"}, 400, "KERNEL_WORKING_DIR"),
+        ({"KERNEL_ID": "kernel-7"}, 400, "KERNEL_ID"),
+        ({"KERNEL_LAUNCH_TIMEOUT": "soon"}, 400, "KERNEL_LAUNCH_TIMEOUT"),
+    ],
+)
+def test_kernel_variables_that_cannot_be_honoured_are_refused(api, env, status, named):
+    r = api.post("/api/kernels", json={"name": "python3", "env": env})
+    assert r.status_code == status, r.text
+    assert named in r.json()["error"]["message"], r.text
+
+
+def test_working_dir_is_refused_for_a_kernel_that_cannot_move(api):
+    env = {"KERNEL_WORKING_DIR": "project"}
+    r = api.post("/api/kernels", json={"name": "bash", "env": env})
+    assert r.status_code == 400 and "KERNEL_WORKING_DIR" in r.json()["error"]["message"], r.text
+
+
 def test_channels_relay_and_history(gateway, api):
     kernel_id = api.post("/api/kernels", json={}).json()["id"]
     url = gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
@@ -124,13 +191,11 @@ def test_stock_jupyter_server_runs_code_through_the_gateway(jupyter_server, api)
     kernel_id = kernel.json()["id"]
     assert kernel_id in [s["id"] for s in api.get("/v1/sessions").json()["sessions"]]
     ws_url = url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
-    seen = asyncio.run(
-        run_over_channels(
-            ws_url, "import os; print(os.getuid())", {"Authorization": f"token {token}"}
-        )
-    )
+    code = "import os; print(os.getuid(), os.getcwd())"
+    seen = asyncio.run(run_over_channels(ws_url, code, {"Authorization": f"token {token}"}))
     text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
-    assert text == "1000\n", f"expected output from the sandboxed kernel, got {seen}"
+    # jupyter_server sent its own notebook directory as KERNEL_WORKING_DIR: not mirrored.
+    assert text == "1000 /workspace\n", f"expected output from the sandboxed kernel, got {seen}"
     assert client.delete(f"/api/kernels/{kernel_id}").status_code == 204
     assert wait_for(lambda: api.get(f"/v1/sessions/{kernel_id}").json()["state"] == "deleted")
 

@@ -474,12 +474,25 @@ class SessionManager:
                 raise
         if snapshot is not None:
             await self._fork(session, snapshot)
+        await self._enter_working_dir(session)
+        session.touch()  # activity (and a Jupyter kernel's ttl) counts from being ready
         session.state = "idle"
         await self.save(session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session, warm
+
+    async def _enter_working_dir(self, session: Session) -> None:
+        """Move the new kernel to its working directory; a kernel that cannot go there ends."""
+        try:
+            await self.lifecycle.enter_working_dir(session)
+        except Exception as e:
+            await self.end(session, f"could not enter working directory {session.working_dir}")
+            raise BadRequest(
+                f"the kernel could not enter KERNEL_WORKING_DIR {session.working_dir!r} ({e}); "
+                "give a directory inside /workspace"
+            ) from e
 
     async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
         """Give a new session a snapshot's history, files and state; end it if that fails."""
@@ -809,6 +822,7 @@ class SessionManager:
                     session.paused = None
                     await self.state.forget(session)
                 await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")
@@ -937,8 +951,9 @@ class SessionManager:
         session = self.get(session_id, who)
         s = self.settings
         ttl = request.ttl
-        if request.expires_in is not None:
-            ttl = self.clock() - session.created_at + request.expires_in
+        if request.expires_in is not None:  # an activity ttl restarts now (touched below)
+            since = 0.0 if session.ttl_from == "activity" else self.clock() - session.created_at
+            ttl = since + request.expires_in
         session.ttl = seconds(ttl, "ttl", session.ttl, s.max_ttl)
         session.idle_timeout = seconds(
             request.idle_timeout, "idle_timeout", session.idle_timeout, s.max_idle_timeout
@@ -1150,8 +1165,9 @@ class SessionManager:
         """End sessions past their TTL (paused too), and pause or end idle ones."""
         now = self.clock()
         for session in list(self.sessions.values()):
-            if now >= session.expires_at:
-                await self.end(session, f"ttl expired after {session.ttl:g} s")
+            expired = session.expiry(now)
+            if expired is not None:
+                await self.end(session, expired)
             elif (
                 session.state in ("idle", "dead")
                 and session.connections == 0
