@@ -107,12 +107,21 @@ def test_enterprise_gateway_kernel_variables_are_honoured(gateway, api):
         ({"KERNEL_WORKING_DIR": "/workspace/../etc"}, 400, "KERNEL_WORKING_DIR"),
         ({"KERNEL_ID": "kernel-7"}, 400, "KERNEL_ID"),
         ({"KERNEL_LAUNCH_TIMEOUT": "soon"}, 400, "KERNEL_LAUNCH_TIMEOUT"),
+        ({"KERNEL_LAUNCH_TIMEOUT": "3600"}, 422, "KERNEL_LAUNCH_TIMEOUT=3600"),
     ],
 )
 def test_kernel_variables_that_cannot_be_honoured_are_refused(api, env, status, named):
     r = api.post("/api/kernels", json={"name": "python3", "env": env})
     assert r.status_code == status, r.text
     assert named in r.json()["error"]["message"], r.text
+
+
+def test_kernel_memory_beyond_the_tenants_quota_is_refused_by_name(start_gateway):
+    gw = start_gateway("--tenant-max-memory", "600m")
+    r = gw.client.post("/api/kernels", json={"env": {"KERNEL_MEMORY": "1Gi"}})
+    assert r.status_code == 429, r.text
+    message = r.json()["error"]["message"]
+    assert "quota" in message and "KERNEL_MEMORY=1Gi" in message, message
 
 
 def test_working_dir_is_refused_for_a_kernel_that_cannot_move(api):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BadRequest, Denied, LimitExceeded, NotFound, QuotaExceeded
+from ..errors import BadRequest, Denied, NotFound, QuotaExceeded
 from ..relays.jupyter_channels import KernelChannels
 from ..sessions.kernel_env import kernel_start
 from ..sessions.model import Session
@@ -89,12 +89,8 @@ class KernelsHandler(JSONHandler):
         start = kernel_start(self.json_body(), self.manager.settings.jupyter_ttl_from)
         try:
             session = await self.manager.create(start.request, self.principal)
-        except (LimitExceeded, QuotaExceeded) as e:  # KERNEL_MEMORY / KERNEL_CPUS too large
-            e.message += start.blame("limits")
-            raise
-        except BadRequest as e:
-            if "image" in e.message:
-                e.message += start.blame("image")
+        except (BadRequest, QuotaExceeded) as e:  # name the KERNEL_* variable it came from
+            e.message += start.blame(e.message)
             raise
         self.audit_session = session.id
         self.set_header("Location", f"/api/kernels/{session.id}")

@@ -74,12 +74,23 @@ class KernelStart:
     """A Jupyter kernel start as a create request, and which variables shaped it."""
 
     request: CreateSession
-    sources: dict[str, str]  # option ("image", "limits") -> the variables that set it
+    sources: dict[str, str]  # option ("image", "limits", ...) -> the variables that set it
 
-    def blame(self, option: str) -> str:
-        """`` (asked for by KERNEL_MEMORY=...)``, to end an error about ``option`` with."""
-        names = self.sources.get(option)
-        return f" (asked for by {names} in the kernel start's env)" if names else ""
+    def blame(self, message: str) -> str:
+        """`` (asked for by KERNEL_MEMORY=...)`` when an error's ``message`` is about an option
+        that came from the env, to end it with; else ``""``."""
+        for option, words in _ABOUT.items():
+            if option in self.sources and any(word in message for word in words):
+                return f" (asked for by {self.sources[option]} in the kernel start's env)"
+        return ""
+
+
+# Which words an error about each option has in its message.
+_ABOUT = {
+    "start_timeout": ("start_timeout",),
+    "limits": ("memory", "cpus"),
+    "image": ("image",),
+}
 
 
 def kernel_start(body: Any, ttl_from: str) -> KernelStart:
@@ -112,6 +123,7 @@ def kernel_start(body: Any, ttl_from: str) -> KernelStart:
             ) from None
     if env.get("KERNEL_LAUNCH_TIMEOUT"):
         request["start_timeout"] = _number(env, "KERNEL_LAUNCH_TIMEOUT", "a number of seconds")
+        sources["start_timeout"] = f"KERNEL_LAUNCH_TIMEOUT={env['KERNEL_LAUNCH_TIMEOUT']}"
     if env.get("KERNEL_IMAGE"):
         try:
             request["image"] = image_ref(env["KERNEL_IMAGE"])
