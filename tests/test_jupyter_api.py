@@ -150,6 +150,27 @@ def test_channels_relay_and_history(gateway, api):
     api.delete(f"/api/kernels/{kernel_id}")
 
 
+def test_channels_take_the_token_as_jupyter_servers_gateway_client_sends_it(gateway, api):
+    """``Authorization: token <t>`` (GatewayClient.auth_token's header) or ``?token=``; else 401."""
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    kernel_id = api.post("/api/kernels", json={}).json()["id"]
+    try:
+        bare = gateway.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+        async def connect() -> None:
+            await websocket_connect(HTTPRequest(bare + "?session_id=lab-1"))
+
+        with pytest.raises(HTTPClientError) as refused:
+            asyncio.run(connect())
+        assert refused.value.code == 401
+        header = {"Authorization": f"token {gateway.token}"}
+        seen = asyncio.run(run_over_channels(bare + "?session_id=lab-2", "print(7)", header))
+        assert any(m["content"].get("text") == "7\n" for m in seen)
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
