@@ -92,6 +92,20 @@ def test_enterprise_gateway_kernel_variables_are_honoured(gateway, api):
         api.delete(f"/api/kernels/{kernel_id}")
 
 
+def test_a_warm_kernel_moves_to_its_working_dir_and_stays_there_through_a_pause(gateway, api):
+    r = api.post("/api/kernels", json={"env": {"KERNEL_WORKING_DIR": "notes"}})  # from the pool
+    assert r.status_code == 201, r.text
+    kernel_id = r.json()["id"]
+    try:
+        cwd = "import os; print(os.getcwd())"
+        assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
+        assert api.post(f"/v1/sessions/{kernel_id}/pause", json={}).status_code == 200
+        assert api.post(f"/v1/sessions/{kernel_id}/resume", json={}).status_code == 200
+        assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
+
+
 @pytest.mark.parametrize(
     ("env", "status", "named"),
     [

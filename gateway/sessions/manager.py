@@ -635,6 +635,7 @@ class SessionManager:
                 session.state = "idle"
             if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
                 await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
             result.files, result.artifacts_truncated = await session.workspace.changes()
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             result.resumed = resumed
@@ -929,6 +930,7 @@ class SessionManager:
             async with self._ended_meanwhile(session, "resumed"):
                 report = await self.state.restore(session, saved, kernel.start)
                 await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
         except BaseException:
             if session.state == "starting":
                 session.state = "paused"
