@@ -172,6 +172,7 @@ def test_channels_take_the_token_as_jupyter_servers_gateway_client_sends_it(gate
     kernel_id = api.post("/api/kernels", json={}).json()["id"]
     try:
         bare = gateway.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+
         async def connect() -> None:
             await websocket_connect(HTTPRequest(bare + "?session_id=lab-1"))
 

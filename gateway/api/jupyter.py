@@ -153,6 +153,12 @@ class ChannelsHandler(JSONWebSocketHandler):
             self.relay.resume(self._deliver)
         else:
             await self.relay.open()
+        self.relay.session.on_end.add(self._session_ended)
+
+    def _session_ended(self, reason: str) -> None:
+        """Close the client's WebSocket: a kernel that is gone must not look merely quiet."""
+        said = f"the kernel's session ended: {reason}".encode()[:123]  # a close reason's most
+        self.close(1001, said.decode(errors="ignore"))
 
     def _deliver(self, text: str) -> None:
         log.debug("kernel -> client %s: %.200s", self.relay.session.id, text)
@@ -189,6 +195,7 @@ class ChannelsHandler(JSONWebSocketHandler):
 
     def on_close(self) -> None:
         session = self.relay.session
+        session.on_end.discard(self._session_ended)
         if self.client_session and session.state != "deleted" and self.relay.sockets:
             self.relay.park(self.client_session)
         else:

@@ -475,7 +475,6 @@ class SessionManager:
         if snapshot is not None:
             await self._fork(session, snapshot)
         await self._enter_working_dir(session)
-        session.touch()  # activity (and a Jupyter kernel's ttl) counts from being ready
         session.state = "idle"
         await self.save(session)
         log.info(
@@ -1051,6 +1050,8 @@ class SessionManager:
                         pass
         await self.lifecycle.teardown(session)
         await self.save(session)
+        for tell in list(session.on_end):  # once its record says why, for a client that asks
+            tell(reason)
         await self.leases.release(session.id)
         log.info("session %s ended: %s", session.id, reason)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..access.auth import Principal
@@ -104,6 +105,8 @@ class Session:
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
         self.parked: dict[str, Relay] = {}
+        # Connected Jupyter clients, each told (its WebSocket closed) when the session ends.
+        self.on_end: set[Callable[[str], None]] = set()
 
     @classmethod
     def from_record(cls, doc: dict[str, Any]) -> Session:
