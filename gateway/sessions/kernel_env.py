@@ -100,7 +100,7 @@ def kernel_start(body: Any, ttl_from: str) -> KernelStart:
     env = body.get("env") or {}
     if not isinstance(env, Mapping):
         raise BadRequest("env must be an object of variable names to values")
-    env = {str(k): str(v) for k, v in env.items()}
+    env = {str(k): str(v) for k, v in env.items() if v is not None}  # null: not sent
     for name, why in REFUSED.items():
         if env.get(name):
             raise BadRequest(f"{name} is not supported: {why}")
