@@ -46,6 +46,7 @@ def test_a_used_jupyter_kernel_outlives_its_ttl_up_to_the_max(start_gateway):
         ws = await websocket_connect(url)
         while await asyncio.wait_for(ws.read_message(), 30) is not None:
             pass
+        await closed(ws)  # closed by the server; this lets the client object go too
         return ws.close_reason
 
     reason = asyncio.run(held_until_closed())
