@@ -171,6 +171,12 @@ def _idle_action(value: Any) -> str:
     return str(value)
 
 
+def _ttl_from(value: Any) -> str:
+    if value not in ("activity", "created"):
+        raise ValueError(f"{value!r} is neither 'activity' nor 'created'")
+    return str(value)
+
+
 TEXT = Kind(str)
 INT = Kind(int, metavar="N")
 NUMBER = Kind(float, _show_number, "N")
@@ -184,6 +190,7 @@ PORTS = Kind(_ports, _show_ports, "PORT[-PORT]")
 CIDRS = Kind(_cidrs, lambda networks: ",".join(map(str, networks)), "CIDR,...")
 RULES = Kind(_rules, lambda rules: ",".join(rule.text for rule in rules), "ENTRY,...")
 IDLE_ACTION = Kind(_idle_action, metavar="end|pause")
+TTL_FROM = Kind(_ttl_from, metavar="activity|created")
 SECCOMP = Kind(SeccompProfile.load, lambda profile: profile.source, "PROFILE")
 _BY_TYPE = {str: TEXT, int: INT, float: NUMBER, bool: SWITCH}
 
@@ -364,6 +371,14 @@ class Settings:
         "'pause' it (its kernel's state kept on disk, no memory held; docs/snapshots.md)",
         LIMITS,
         IDLE_ACTION,
+    )
+    jupyter_ttl_from: str = _opt(
+        "activity",
+        "what the ttl of a kernel started through the Jupyter API (/api/kernels) counts "
+        "from: 'activity' (its last message or execute; while a client is connected or a "
+        "cell runs it does not run out; max_ttl from creation still ends it) or 'created'",
+        LIMITS,
+        TTL_FROM,
     )
     default_memory: int = _opt(
         "512m", "memory limit per session (swap is not allowed)", LIMITS, SIZE

@@ -53,6 +53,7 @@ SAMPLES = {
     "default_idle_timeout": "30",
     "max_idle_timeout": "90",
     "idle_action": "pause",
+    "jupyter_ttl_from": "created",
     "default_memory": "256m",
     "max_memory": "1g",
     "default_cpus": "0.5",

@@ -54,6 +54,96 @@ def test_kernel_lifecycle_with_jupyter_status_codes(api):
     assert api.get(f"/api/kernels/{kernel_id}").status_code == 404
 
 
+def _output(gateway, kernel_id: str, code: str) -> str:
+    url = gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
+    seen = asyncio.run(run_over_channels(url, code))
+    return "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+
+
+def test_enterprise_gateway_kernel_variables_are_honoured(gateway, api):
+    """KERNEL_* as Enterprise Gateway clients send them become the session's options."""
+    kernels = api.get("/v1/kernels").json()["kernels"]
+    tag = next(k["image_tag"] for k in kernels if k["name"] == "python3")
+    env = {
+        "KERNEL_WORKING_DIR": "/workspace/project/data",
+        "KERNEL_IMAGE": tag,
+        "KERNEL_MEMORY": "256Mi",
+        "KERNEL_MEMORY_LIMIT": "300Mi",  # the limit wins over the request
+        "KERNEL_CPUS_LIMIT": "500m",
+        "KERNEL_LAUNCH_TIMEOUT": "40",
+        "KERNEL_TEAM": "analysts",  # any other KERNEL_* reaches the kernel, as in EG
+    }
+    r = api.post("/api/kernels", json={"name": "python3", "env": env})
+    assert r.status_code == 201, r.text
+    kernel_id = r.json()["id"]
+    try:
+        session = api.get(f"/v1/sessions/{kernel_id}").json()
+        assert session["limits"]["memory"] == 300 * 2**20 and session["limits"]["cpus"] == 0.5
+        assert session["image"] == tag and session["working_dir"] == "project/data"
+        assert "KERNEL_TEAM" in session["env"] and "KERNEL_MEMORY" not in session["env"]
+        code = "import os; print(os.getcwd(), os.environ['KERNEL_TEAM'])"
+        assert _output(gateway, kernel_id, code) == "/workspace/project/data analysts\n"
+        # A restarted kernel starts in its working directory again.
+        assert api.post(f"/api/kernels/{kernel_id}/restart").status_code == 200
+        assert _output(gateway, kernel_id, "import os; print(os.getcwd())") == (
+            "/workspace/project/data\n"
+        )
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
+
+
+def test_a_warm_kernel_moves_to_its_working_dir_and_stays_there_through_a_pause(gateway, api):
+    r = api.post("/api/kernels", json={"env": {"KERNEL_WORKING_DIR": "notes"}})  # from the pool
+    assert r.status_code == 201, r.text
+    kernel_id = r.json()["id"]
+    try:
+        cwd = "import os; print(os.getcwd())"
+        assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
+        assert api.post(f"/v1/sessions/{kernel_id}/pause", json={}).status_code == 200
+        assert api.post(f"/v1/sessions/{kernel_id}/resume", json={}).status_code == 200
+        assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
+
+
+@pytest.mark.parametrize(
+    ("env", "status", "named"),
+    [
+        ({"KERNEL_GPUS": "1"}, 400, "KERNEL_GPUS"),
+        ({"KERNEL_NAMESPACE": "team-a"}, 400, "KERNEL_NAMESPACE"),
+        ({"KERNEL_UID": "0"}, 400, "KERNEL_UID"),
+        ({"KERNEL_MEMORY": "lots"}, 400, "KERNEL_MEMORY"),
+        ({"KERNEL_MEMORY_LIMIT": "100Gi"}, 422, "KERNEL_MEMORY_LIMIT=100Gi"),
+        ({"KERNEL_CPUS": "64"}, 422, "KERNEL_CPUS=64"),
+        ({"KERNEL_CPUS": "two"}, 400, "KERNEL_CPUS"),
+        ({"KERNEL_IMAGE": "elyra/kernel-py:3.2.3"}, 400, "KERNEL_IMAGE"),
+        ({"KERNEL_IMAGE": "sbx/nosuchimage:1234"}, 400, "KERNEL_IMAGE=sbx/nosuchimage"),
+        ({"KERNEL_WORKING_DIR": "/workspace/../etc"}, 400, "KERNEL_WORKING_DIR"),
+        ({"KERNEL_ID": "kernel-7"}, 400, "KERNEL_ID"),
+        ({"KERNEL_LAUNCH_TIMEOUT": "soon"}, 400, "KERNEL_LAUNCH_TIMEOUT"),
+        ({"KERNEL_LAUNCH_TIMEOUT": "3600"}, 422, "KERNEL_LAUNCH_TIMEOUT=3600"),
+    ],
+)
+def test_kernel_variables_that_cannot_be_honoured_are_refused(api, env, status, named):
+    r = api.post("/api/kernels", json={"name": "python3", "env": env})
+    assert r.status_code == status, r.text
+    assert named in r.json()["error"]["message"], r.text
+
+
+def test_kernel_memory_beyond_the_tenants_quota_is_refused_by_name(start_gateway):
+    gw = start_gateway("--tenant-max-memory", "600m")
+    r = gw.client.post("/api/kernels", json={"env": {"KERNEL_MEMORY": "1Gi"}})
+    assert r.status_code == 429, r.text
+    message = r.json()["error"]["message"]
+    assert "quota" in message and "KERNEL_MEMORY=1Gi" in message, message
+
+
+def test_working_dir_is_refused_for_a_kernel_that_cannot_move(api):
+    env = {"KERNEL_WORKING_DIR": "project"}
+    r = api.post("/api/kernels", json={"name": "bash", "env": env})
+    assert r.status_code == 400 and "KERNEL_WORKING_DIR" in r.json()["error"]["message"], r.text
+
+
 def test_channels_relay_and_history(gateway, api):
     kernel_id = api.post("/api/kernels", json={}).json()["id"]
     url = gateway.ws_url(f"/api/kernels/{kernel_id}/channels")
@@ -72,6 +162,28 @@ def test_channels_relay_and_history(gateway, api):
     nb = api.get(f"/v1/sessions/{kernel_id}/notebook").json()
     assert nb["cells"][0]["source"] == "print('relayed'); 6 * 7"
     api.delete(f"/api/kernels/{kernel_id}")
+
+
+def test_channels_take_the_token_as_jupyter_servers_gateway_client_sends_it(gateway, api):
+    """``Authorization: token <t>`` (GatewayClient.auth_token's header) or ``?token=``; else 401."""
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    kernel_id = api.post("/api/kernels", json={}).json()["id"]
+    try:
+        bare = gateway.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+
+        async def connect() -> None:
+            await websocket_connect(HTTPRequest(bare + "?session_id=lab-1"))
+
+        with pytest.raises(HTTPClientError) as refused:
+            asyncio.run(connect())
+        assert refused.value.code == 401
+        header = {"Authorization": f"token {gateway.token}"}
+        seen = asyncio.run(run_over_channels(bare + "?session_id=lab-2", "print(7)", header))
+        assert any(m["content"].get("text") == "7\n" for m in seen)
+    finally:
+        api.delete(f"/api/kernels/{kernel_id}")
 
 
 def free_port() -> int:
@@ -124,13 +236,11 @@ def test_stock_jupyter_server_runs_code_through_the_gateway(jupyter_server, api)
     kernel_id = kernel.json()["id"]
     assert kernel_id in [s["id"] for s in api.get("/v1/sessions").json()["sessions"]]
     ws_url = url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
-    seen = asyncio.run(
-        run_over_channels(
-            ws_url, "import os; print(os.getuid())", {"Authorization": f"token {token}"}
-        )
-    )
+    code = "import os; print(os.getuid(), os.getcwd())"
+    seen = asyncio.run(run_over_channels(ws_url, code, {"Authorization": f"token {token}"}))
     text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
-    assert text == "1000\n", f"expected output from the sandboxed kernel, got {seen}"
+    # jupyter_server sent its own notebook directory as KERNEL_WORKING_DIR: not mirrored.
+    assert text == "1000 /workspace\n", f"expected output from the sandboxed kernel, got {seen}"
     assert client.delete(f"/api/kernels/{kernel_id}").status_code == 204
     assert wait_for(lambda: api.get(f"/v1/sessions/{kernel_id}").json()["state"] == "deleted")
 

@@ -23,6 +23,8 @@ CODE = (
 
 
 def test_jupyterlab_runs_a_cell_in_the_sandbox(gateway, api):
+    """With the gateway's token (GatewayClient.auth_token) on REST and channels, no open mode."""
+    assert httpx.get(f"{gateway.url}/api/kernels").status_code == 401, "the gateway needs a token"
     root = short_tmpdir()
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(CODE)],
@@ -64,7 +66,9 @@ def test_jupyterlab_runs_a_cell_in_the_sandbox(gateway, api):
 
 
 def _ran_in_gateway(api) -> bool:
+    """The cell ran in a gateway session: one with a Jupyter kernel's activity-counted ttl."""
     sessions = api.get("/v1/sessions", params={"metadata.client": "jupyter"}).json()["sessions"]
+    sessions = [s for s in sessions if s["ttl_from"] == "activity"]
     history = [api.get(f"/v1/sessions/{s['id']}/history").json()["executions"] for s in sessions]
     return any(h and h[0]["code"] == CODE for h in history)
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import mimetypes
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BadRequest, Denied, NotFound
+from ..errors import BadRequest, Denied, NotFound, QuotaExceeded
 from ..relays.jupyter_channels import KernelChannels
+from ..sessions.kernel_env import kernel_start
 from ..sessions.model import Session
-from ..sessions.requests import CreateSession
 from .base import JSONHandler, JSONWebSocketHandler
 
 log = logging.getLogger(__name__)
@@ -87,25 +86,12 @@ class KernelsHandler(JSONHandler):
         self.send([kernel_model(s) for s in self.manager.list(self.principal)])
 
     async def post(self) -> None:
-        body = self.json_body()
-        env = body.get("env") or {}
-        if not isinstance(env, dict):
-            raise BadRequest("env must be an object")
-        request: dict[str, Any] = {
-            "kernel": body.get("name") or None,
-            "env": {k: str(v) for k, v in env.items() if not k.startswith("KERNEL_")},
-            "metadata": {"client": "jupyter"},
-        }
-        if env.get("KERNEL_USERNAME"):
-            request["metadata"]["username"] = str(env["KERNEL_USERNAME"])
-        if _is_uuid(env.get("KERNEL_ID")):
-            request["id"] = str(env["KERNEL_ID"])
-        if env.get("KERNEL_LAUNCH_TIMEOUT"):
-            try:  # clients send it as a string of seconds
-                request["start_timeout"] = float(env["KERNEL_LAUNCH_TIMEOUT"])
-            except ValueError:
-                raise BadRequest("KERNEL_LAUNCH_TIMEOUT must be a number of seconds") from None
-        session = await self.manager.create(CreateSession.from_json(request), self.principal)
+        start = kernel_start(self.json_body(), self.manager.settings.jupyter_ttl_from)
+        try:
+            session = await self.manager.create(start.request, self.principal)
+        except (BadRequest, QuotaExceeded) as e:  # name the KERNEL_* variable it came from
+            e.message += start.blame(e.message)
+            raise
         self.audit_session = session.id
         self.set_header("Location", f"/api/kernels/{session.id}")
         self.send(kernel_model(session), status=201)
@@ -167,6 +153,12 @@ class ChannelsHandler(JSONWebSocketHandler):
             self.relay.resume(self._deliver)
         else:
             await self.relay.open()
+        self.relay.session.on_end.add(self._session_ended)
+
+    def _session_ended(self, reason: str) -> None:
+        """Close the client's WebSocket: a kernel that is gone must not look merely quiet."""
+        said = f"the kernel's session ended: {reason}".encode()[:123]  # a close reason's most
+        self.close(1001, said.decode(errors="ignore"))
 
     def _deliver(self, text: str) -> None:
         log.debug("kernel -> client %s: %.200s", self.relay.session.id, text)
@@ -203,18 +195,11 @@ class ChannelsHandler(JSONWebSocketHandler):
 
     def on_close(self) -> None:
         session = self.relay.session
+        session.on_end.discard(self._session_ended)
         if self.client_session and session.state != "deleted" and self.relay.sockets:
             self.relay.park(self.client_session)
         else:
             self.relay.close()
-
-
-def _is_uuid(value: Any) -> bool:
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return value is not None
 
 
 _KERNEL = r"/api/kernels/(?P<kernel_id>[^/]+)"

@@ -104,6 +104,31 @@ class SandboxLifecycle:
             secrets_as=request.secrets_as,
             policy=request.policy,
             idle_action=request.idle_action or s.idle_action,
+            ttl_from=request.ttl_from,
+            max_lifetime=s.max_ttl,
+            working_dir=self._working_dir(request),
+        )
+
+    def _working_dir(self, request: CreateSession) -> str | None:
+        """The directory a Python kernel is to start in; other kernels cannot be moved yet."""
+        if request.working_dir is None:
+            return None
+        language = self.kernelspecs.get(request.kernel).language
+        if language != "python":
+            raise BadRequest(
+                f"KERNEL_WORKING_DIR is honoured for Python kernels only, not {language} "
+                f"({request.kernel}); unset it, and the kernel starts in /workspace"
+            )
+        return request.working_dir
+
+    async def enter_working_dir(self, session: Session) -> None:
+        """Move a (re)started kernel into its working directory, made if missing."""
+        if session.working_dir is None or session.kernel is None:
+            return
+        path = f"/workspace/{session.working_dir}"
+        await session.kernel.run_silently(
+            f"import os as _sbx_os\n_sbx_os.makedirs({path!r}, exist_ok=True)\n"
+            f"_sbx_os.chdir({path!r})\ndel _sbx_os"
         )
 
     async def unseal(self, session: Session, strict: bool = True) -> None:

@@ -477,12 +477,24 @@ class SessionManager:
                 raise
         if snapshot is not None:
             await self._fork(session, snapshot)
+        await self._enter_working_dir(session)
         session.state = "idle"
         await self.save(session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
         return session, warm
+
+    async def _enter_working_dir(self, session: Session) -> None:
+        """Move the new kernel to its working directory; a kernel that cannot go there ends."""
+        try:
+            await self.lifecycle.enter_working_dir(session)
+        except Exception as e:
+            await self.end(session, f"could not enter working directory {session.working_dir}")
+            raise BadRequest(
+                f"the kernel could not enter KERNEL_WORKING_DIR {session.working_dir!r} ({e}); "
+                "give a directory inside /workspace"
+            ) from e
 
     async def _fork(self, session: Session, snapshot: dict[str, Any]) -> None:
         """Give a new session a snapshot's history, files and state; end it if that fails."""
@@ -625,6 +637,7 @@ class SessionManager:
                 session.state = "idle"
             if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
                 await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
             result.files, result.artifacts_truncated = await session.workspace.changes()
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             result.resumed = resumed
@@ -813,6 +826,7 @@ class SessionManager:
                     session.paused = None
                     await self.state.forget(session)
                 await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
         except GatewayError as e:
             if session.state == "starting":  # not ended meanwhile: say why, allow another try
                 await self.mark_dead(session, f"restart failed: {e.message}")
@@ -921,6 +935,7 @@ class SessionManager:
                 else:
                     report = await self.state.restore(session, saved, session.kernel.start)
                     await self.lifecycle.connect_packages(session)
+                await self.lifecycle.enter_working_dir(session)
         except BaseException:
             if session.state == "starting":
                 session.state = "paused"
@@ -954,8 +969,9 @@ class SessionManager:
         session = self.get(session_id, who)
         s = self.settings
         ttl = request.ttl
-        if request.expires_in is not None:
-            ttl = self.clock() - session.created_at + request.expires_in
+        if request.expires_in is not None:  # an activity ttl restarts now (touched below)
+            since = 0.0 if session.ttl_from == "activity" else self.clock() - session.created_at
+            ttl = since + request.expires_in
         session.ttl = seconds(ttl, "ttl", session.ttl, s.max_ttl)
         session.idle_timeout = seconds(
             request.idle_timeout, "idle_timeout", session.idle_timeout, s.max_idle_timeout
@@ -1061,6 +1077,8 @@ class SessionManager:
                         pass
         await self.lifecycle.teardown(session)
         await self.save(session)
+        for tell in list(session.on_end):  # once its record says why, for a client that asks
+            tell(reason)
         await self.leases.release(session.id)
         log.info("session %s ended: %s", session.id, reason)
 
@@ -1197,8 +1215,9 @@ class SessionManager:
         """End sessions past their TTL (paused too), and pause or end idle ones."""
         now = self.clock()
         for session in list(self.sessions.values()):
-            if now >= session.expires_at:
-                await self.end(session, f"ttl expired after {session.ttl:g} s")
+            expired = session.expiry(now)
+            if expired is not None:
+                await self.end(session, expired)
             elif (
                 session.state in ("idle", "dead")
                 and session.connections == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..access.auth import Principal
@@ -49,6 +50,9 @@ class Session:
         secrets_as: str = "env",
         policy: Policy | None = None,
         idle_action: str = "end",
+        ttl_from: str = "created",
+        max_lifetime: float | None = None,
+        working_dir: str | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.policy = policy  # the session's own, tightening its tenant's
@@ -63,6 +67,12 @@ class Session:
         self.ttl = ttl
         self.idle_timeout = idle_timeout
         self.idle_action = idle_action  # "end" or "pause" once the idle timeout passes
+        # "created": the ttl runs from creation. "activity" (Jupyter kernels): from
+        # the last activity, held while a client is connected or a cell runs, and
+        # never past ``max_lifetime`` from creation (the operator's cap).
+        self.ttl_from = ttl_from
+        self.max_lifetime = ttl if max_lifetime is None else max_lifetime
+        self.working_dir = working_dir  # the kernel's directory, relative to the workspace
         self.env = env
         self.secret_names = secret_names
         self.secrets_as = secrets_as  # env variables, or files in /run/secrets
@@ -95,6 +105,8 @@ class Session:
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
         self.parked: dict[str, Relay] = {}
+        # Connected Jupyter clients, each told (its WebSocket closed) when the session ends.
+        self.on_end: set[Callable[[str], None]] = set()
 
     @classmethod
     def from_record(cls, doc: dict[str, Any]) -> Session:
@@ -115,6 +127,9 @@ class Session:
             secrets_as=doc.get("secrets_as", "env"),
             policy=session_policy(doc.get("policy")),
             idle_action=doc.get("idle_action", "end"),
+            ttl_from=doc.get("ttl_from", "created"),
+            max_lifetime=doc.get("max_lifetime"),
+            working_dir=doc.get("working_dir"),
         )
         session.paused = doc.get("paused")
         session.forked_from = doc.get("forked_from")
@@ -153,7 +168,21 @@ class Session:
 
     @property
     def expires_at(self) -> float:
+        """When the ttl runs out, if nothing happens meanwhile."""
+        if self.ttl_from == "activity":
+            return min(self.last_activity + self.ttl, self.created_at + self.max_lifetime)
         return self.created_at + self.ttl
+
+    def expiry(self, now: float) -> str | None:
+        """Why the session's lifetime is over at ``now``; None while it is not."""
+        if self.ttl_from != "activity":
+            return f"ttl expired after {self.ttl:g} s" if now >= self.expires_at else None
+        if now >= self.created_at + self.max_lifetime:
+            return f"max lifetime of {self.max_lifetime:g} s reached"
+        active = self.connections > 0 or bool(self.running)  # a client, or a cell running
+        if not active and now >= self.last_activity + self.ttl:
+            return f"ttl expired: no activity for {self.ttl:g} s"
+        return None
 
     @property
     def idle_deadline(self) -> float:
@@ -182,6 +211,9 @@ class Session:
             "ttl": self.ttl,
             "idle_timeout": self.idle_timeout,
             "idle_action": self.idle_action,
+            "ttl_from": self.ttl_from,
+            "max_lifetime": self.max_lifetime,
+            "working_dir": self.working_dir,
             "paused": self.paused,
             "forked_from": self.forked_from,
             "runtime": self.runtime,

@@ -145,8 +145,9 @@ async def _take_over(
     ):
         await registry.end(session, "the gateway restarted while the session was starting")
         return
-    if time.time() >= session.expires_at:
-        await registry.end(session, f"ttl expired after {session.ttl:g} s ({_WHILE_DOWN})")
+    expired = session.expiry(time.time())
+    if expired is not None:
+        await registry.end(session, f"{expired} ({_WHILE_DOWN})")
         return
     try:
         if paused:

@@ -69,6 +69,8 @@ class CreateSession:
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policy: Policy | None = None  # tightens the tenant's policy, never loosens it
     from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
+    ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
+    working_dir: str | None = None  # the kernel's directory in the workspace (relative)
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
