@@ -444,6 +444,11 @@ def mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
         raise BadRequest(
             "--approver-token is for stdio: over --http each caller is a different person"
         )
+    if args.http and args.token:
+        raise BadRequest(
+            "--token is for stdio: over --http each caller sends its own gateway token "
+            "(Authorization: Bearer), and this server sends none of its own"
+        )
     serve(
         settings,
         http=args.http,
