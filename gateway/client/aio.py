@@ -32,7 +32,9 @@ from .base import (
     BaseSnapshot,
     Call,
     Progress,
+    ReplayProgress,
     SessionOptions,
+    replay_event,
 )
 from .models import (
     Approval,
@@ -140,15 +142,32 @@ class AsyncClient(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
+        on_cell: ReplayProgress | None = None,
     ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
-        hashes the export recorded (``metadata.sbx.inputs``).
+        hashes the export recorded (``metadata.sbx.inputs``). ``on_cell(cell, done,
+        total)``, plain or async, hears of each code cell as the gateway decides it.
         """
         if isinstance(notebook, Path):
             notebook = await asyncio.to_thread(notebook.read_bytes)
-        return await self.call(self._replay_call(notebook, image_tolerance, inputs))
+        if on_cell is None:
+            return await self.call(self._replay_call(notebook, image_tolerance, inputs))
+        call = self._replay_call(notebook, image_tolerance, inputs, True)
+        response = await self.send(call, stream=True)
+        try:
+            async for line in response.aiter_lines():
+                event = replay_event(line)
+                if isinstance(event, ReplayReport):
+                    return event
+                if event is not None and inspect.isawaitable(done := on_cell(*event)):
+                    await done
+        except httpx.TransportError as e:
+            raise self.unreachable(e) from e
+        finally:
+            await response.aclose()
+        raise self.unreachable(httpx.RemoteProtocolError("the replay ended without its report"))
 
     async def snapshot(self, snapshot_id: str) -> AsyncSnapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""

@@ -26,7 +26,9 @@ from .base import (
     BaseSnapshot,
     Call,
     Progress,
+    ReplayProgress,
     SessionOptions,
+    replay_event,
 )
 from .models import (
     Approval,
@@ -109,13 +111,30 @@ class Client(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
+        on_cell: ReplayProgress | None = None,
     ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
-        hashes the export recorded (``metadata.sbx.inputs``).
+        hashes the export recorded (``metadata.sbx.inputs``). ``on_cell(cell, done,
+        total)`` hears of each code cell as the gateway decides it.
         """
-        return self.call(self._replay_call(notebook, image_tolerance, inputs))
+        if on_cell is None:
+            return self.call(self._replay_call(notebook, image_tolerance, inputs))
+        call = self._replay_call(notebook, image_tolerance, inputs, True)
+        response = self.send(call, stream=True)
+        try:
+            for line in response.iter_lines():
+                event = replay_event(line)
+                if isinstance(event, ReplayReport):
+                    return event
+                if event is not None:
+                    on_cell(*event)
+        except httpx.TransportError as e:
+            raise self.unreachable(e) from e
+        finally:
+            response.close()
+        raise self.unreachable(httpx.RemoteProtocolError("the replay ended without its report"))
 
     def snapshot(self, snapshot_id: str) -> Snapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
