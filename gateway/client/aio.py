@@ -272,6 +272,17 @@ class AsyncFiles(BaseFiles):
     async def list(self, path: str = "") -> list[FileInfo]:
         return await self.session.client.call(self._list_call(path))
 
+    async def rename(self, old: str, new: str) -> FileInfo:
+        """Rename (move) a file or directory; the new name's parents are made.
+
+        An existing file at ``new`` is replaced, as ``mv`` does.
+        """
+        return await self.session.client.call(self._rename_call(old, new))
+
+    async def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False if it was there already (E2B's answer)."""
+        return await self.session.client.call(self._make_dir_call(path))
+
     async def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         await self.session.client.call(self._remove_call(path))
@@ -362,14 +373,16 @@ class AsyncSession(BaseSession[AsyncClient]):
         *,
         timeout: float | None = None,
         description: str | None = None,
+        env: Mapping[str, str] | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
+        ``env``: environment variables for this run only (Python kernels).
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, cancellation) interrupts the cell.
         """
-        run = Run(code, timeout, description, **callbacks)
+        run = Run(code, timeout, description, env, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             async with await self.client.open_stream(url) as ws:
@@ -431,8 +444,12 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.set_timeout(seconds)
 
     # E2B's names, where the meaning is the same (docs/sdk.md has the table).
-    async def run_code(self, code: str, **options: Any) -> Execution:
-        """E2B's name for ``run``."""
+    async def run_code(
+        self, code: str, *, envs: Mapping[str, str] | None = None, **options: Any
+    ) -> Execution:
+        """E2B's name for ``run``; ``envs`` is E2B's name for ``env``."""
+        if envs is not None:
+            options["env"] = envs
         return await self.run(code, **options)
 
     async def get_metrics(self) -> SessionMetrics:

@@ -582,6 +582,24 @@ class BaseFiles(abc.ABC):
     def _remove_call(self, path: str) -> Call[None]:
         return Call("DELETE", self._path(path))
 
+    def _rename_call(self, old: str, new: str) -> Call[FileInfo]:
+        return Call(
+            "POST",
+            self.session._path("/rename"),
+            lambda r: FileInfo.from_json(r.json()),
+            json={"from": old, "to": new},
+        )
+
+    def _make_dir_call(self, path: str) -> Call[bool]:
+        """True when it made the directory, False if it was there already."""
+        return Call(
+            "POST",
+            self.session._path("/directories"),
+            lambda r: r.status_code == 201,
+            json={"path": path},
+            idempotent=True,  # making a directory twice leaves one directory
+        )
+
     @staticmethod
     def _remaining(file: IO[bytes]) -> int | None:
         """Bytes left to read in a file object, when it can tell."""

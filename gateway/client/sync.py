@@ -235,6 +235,17 @@ class Files(BaseFiles):
     def list(self, path: str = "") -> list[FileInfo]:
         return self.session.client.call(self._list_call(path))
 
+    def rename(self, old: str, new: str) -> FileInfo:
+        """Rename (move) a file or directory; the new name's parents are made.
+
+        An existing file at ``new`` is replaced, as ``mv`` does.
+        """
+        return self.session.client.call(self._rename_call(old, new))
+
+    def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False if it was there already (E2B's answer)."""
+        return self.session.client.call(self._make_dir_call(path))
+
     def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         self.session.client.call(self._remove_call(path))
@@ -321,14 +332,16 @@ class Session(BaseSession[Client]):
         *,
         timeout: float | None = None,
         description: str | None = None,
+        env: Mapping[str, str] | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
+        ``env``: environment variables for this run only (Python kernels).
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, Ctrl-C) interrupts the cell.
         """
-        run = Run(code, timeout, description, **callbacks)
+        run = Run(code, timeout, description, env, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             with self.client.open_stream(url) as ws:
@@ -384,8 +397,12 @@ class Session(BaseSession[Client]):
         return self.set_timeout(seconds)
 
     # E2B's names, where the meaning is the same (docs/sdk.md has the table).
-    def run_code(self, code: str, **options: Any) -> Execution:
-        """E2B's name for ``run``."""
+    def run_code(
+        self, code: str, *, envs: Mapping[str, str] | None = None, **options: Any
+    ) -> Execution:
+        """E2B's name for ``run``; ``envs`` is E2B's name for ``env``."""
+        if envs is not None:
+            options["env"] = envs
         return self.run(code, **options)
 
     def get_metrics(self) -> SessionMetrics:
