@@ -70,3 +70,19 @@ def test_the_async_half_mirrors_it(gateway):
                 assert moved.path == "in/x.txt" and await session.files.exists("in/x.txt")
 
     asyncio.run(run())
+
+
+def test_download_dir_makes_the_local_parents(gateway, tmp_path):
+    """docs/sdk.md's download_dir("results", "local/results") failed: no local/ yet."""
+    with Client(gateway.url, gateway.token) as client, client.create_session() as session:
+        session.files.write("results/r.txt", "r")
+        dest = session.files.download_dir("results", tmp_path / "local" / "results")
+        assert (dest / "r.txt").read_text() == "r"
+
+        async def run() -> None:
+            async with AsyncClient(gateway.url, gateway.token) as aclient:
+                asession = aclient.session(session.id)
+                got = await asession.files.download_dir("results", tmp_path / "a" / "b")
+                assert (got / "r.txt").read_text() == "r"
+
+        asyncio.run(run())

@@ -305,8 +305,11 @@ class AsyncFiles(BaseFiles):
         ]
 
     async def download_dir(self, path: str, dest: str | Path) -> Path:
-        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        """Download a workspace directory (as one archive) into the local directory ``dest``
+        (made, with its parents, as needed)."""
         dest = Path(dest)
+        # where the archive lands first
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
         archive = await self.download(
             path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar"
         )

@@ -268,8 +268,10 @@ class Files(BaseFiles):
         ]
 
     def download_dir(self, path: str, dest: str | Path) -> Path:
-        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        """Download a workspace directory (as one archive) into the local directory ``dest``
+        (made, with its parents, as needed)."""
         dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)  # where the archive lands first
         archive = self.download(path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar")
         try:
             return self._extract(archive, dest)
