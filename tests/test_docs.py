@@ -109,7 +109,8 @@ def test_every_marker_gives_a_reason_and_stands_before_an_example():
             if not fence or fence[2].lower() not in LANGUAGES:
                 problems.append(f"{where}: not-tested marks no shell or Python example")
     assert not problems, "\n".join(problems)
-    assert sum(b.not_tested is None for b in ALL) >= 15, "most examples should run"
+    tested = sum(b.not_tested is None for b in ALL)
+    assert tested * 2 >= len(ALL), f"only {tested} of {len(ALL)} examples run"
 
 
 def test_the_readme_defines_api_as_the_tests_do():
