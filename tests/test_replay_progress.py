@@ -50,6 +50,13 @@ def test_the_api_streams_a_line_per_cell_then_the_report(api):
     assert cells == EXPECTED and [e["event"] for e in events[:-1]] == ["cell"] * 3
     assert events[-1]["event"] == "report" and events[-1]["report"]["summary"]["different"] == 1
     assert api.post("/v1/notebooks/replay?progress=maybe", json=notebook()).status_code == 400
+    bad = notebook()
+    bad["cells"][1]["metadata"]["tags"] = ["sbx-float-tolerance=lots"]
+    refused = api.post("/v1/notebooks/replay?progress=true", json=bad)  # before any line: JSON
+    assert refused.status_code == 400 and refused.headers["content-type"].startswith(
+        "application/json"
+    )
+    assert "sbx-float-tolerance" in refused.json()["error"]["message"]
 
 
 def test_the_sdk_hears_of_every_cell_sync_and_async(gateway):

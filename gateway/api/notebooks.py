@@ -80,26 +80,29 @@ class ReplayHandler(JSONHandler):
         ``error`` line, as the status has gone.
         """
 
+        self.set_header("Content-Type", "application/x-ndjson")  # an error answer resets it
+        sent = False
+
         async def on_cell(cell: dict[str, Any], done: int, total: int) -> None:
-            if not self._headers_written:
-                self.set_header("Content-Type", "application/x-ndjson")
-            self.write(json.dumps({"event": "cell", "done": done, "total": total, "cell": cell}))
-            self.write("\n")
+            nonlocal sent
+            sent = True
+            line = {"event": "cell", "done": done, "total": total, "cell": cell}
+            self.write(json.dumps(line) + "\n")
             await self.flush()
 
         try:
             report = await replay_notebook(
                 self.manager, nb, self.principal, image_tolerance, inputs, on_cell
             )
+        except tornado.iostream.StreamClosedError:
+            return  # the client went away; the replay's session has been ended
         except GatewayError as e:
-            if not self._headers_written:
+            if not sent:
                 raise
             error = {"code": e.code, "message": e.message}
             self.finish(json.dumps({"event": "error", "error": error}) + "\n")
             return
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
-        if not self._headers_written:
-            self.set_header("Content-Type", "application/x-ndjson")
         self.finish(json.dumps({"event": "report", "report": report}) + "\n")
 
 
