@@ -196,3 +196,17 @@ def test_the_examples_run(path, gateway, api, tmp_path):
         for sid in left:
             api.delete(f"/v1/sessions/{sid}")
     assert not left, f"{path.relative_to(ROOT)}'s examples left sessions running: {sorted(left)}"
+
+
+def test_a_broken_example_fails_naming_its_file_and_line(gateway, tmp_path):
+    """kernels.md's curl without the Authorization header: a 401 fails, at its line."""
+    old = Block(
+        ROOT / "docs" / "kernels.md", 16, "sh",
+        'echo "a line that works"\ncurl -s $SBX_URL/v1/kernels', None,
+    )  # fmt: skip
+    cwd = workdir(tmp_path)
+    with pytest.raises(pytest.fail.Exception, match=r"docs/kernels\.md:18: this example failed"):
+        run_shell([old], environment(gateway, cwd / "home"), cwd)
+    python = Block(ROOT / "docs" / "sdk.md", 40, "python", "x = 1\nSession.nothing", None)
+    with pytest.raises(pytest.fail.Exception, match=r"docs/sdk\.md:40: this example failed"):
+        run_python([python], environment(gateway, cwd / "home"), cwd)
