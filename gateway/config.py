@@ -348,8 +348,9 @@ class Settings:
     )
     token: str = _opt(
         "",
-        "API token: the one `sbx serve` accepts (as an admin of token_tenant) besides the "
-        "tokens file, and the one the SDK, client commands and `sbx mcp` send",
+        "API token: the one the SDK, client commands and `sbx mcp` send (their --token), "
+        "and the one `sbx serve` accepts as an admin of token_tenant besides the tokens "
+        "file (its --admin-token)",
         AUTH,
     )
 
@@ -783,16 +784,25 @@ class Settings:
 
     @classmethod
     def add_arguments(
-        cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None
+        cls,
+        parser: argparse.ArgumentParser,
+        only: tuple[str, ...] | None = None,
+        *,
+        skip: tuple[str, ...] = (),
+        flags: Mapping[str, str] | None = None,
     ) -> None:
         """Add one ``--flag`` per field (or per ``only`` field) under its group; unset stay None.
 
         Flags keep the text as typed: the settings parse it, as they do env and file values.
+        ``flags`` renames a field's flag where its usual one would mean something else
+        there (``--token`` is always the token a client sends, so ``sbx serve`` names the
+        token it accepts ``--admin-token``).
         """
         parser.add_argument("--config", help="TOML config file (also SBX_CONFIG)")
         groups: dict[str, Any] = {}
+        flags = flags or {}
         for f in dataclasses.fields(cls):
-            if only is not None and f.name not in only:
+            if (only is not None and f.name not in only) or f.name in skip:
                 continue
             title, kind = f.metadata["group"], f.metadata["kind"]
             if title not in groups:
@@ -800,7 +810,7 @@ class Settings:
             switch = {"nargs": "?", "const": "true"} if kind is SWITCH else {}
             shown = kind.show(_default(f)) or "''"
             groups[title].add_argument(
-                "--" + f.name.replace("_", "-"),
+                flags.get(f.name, "--" + f.name.replace("_", "-")),
                 dest=f.name,
                 default=None,
                 metavar=kind.metavar,

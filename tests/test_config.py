@@ -115,8 +115,13 @@ SAMPLES = {
 }
 
 
-def values(settings: Settings) -> dict:
-    return {f.name: getattr(settings, f.name) for f in FIELDS}
+def values(settings: Settings, skip: tuple[str, ...] = ()) -> dict:
+    return {f.name: getattr(settings, f.name) for f in FIELDS if f.name not in skip}
+
+
+def serve_flag(name: str) -> str | None:
+    """``sbx serve``'s flag for a setting: --token is a client's, so serve's is --admin-token."""
+    return {"url": None, "token": "--admin-token"}.get(name, "--" + name.replace("_", "-"))
 
 
 def test_every_option_has_a_sample():
@@ -124,8 +129,10 @@ def test_every_option_has_a_sample():
 
 
 def test_flags_env_and_file_give_the_same_typed_values(tmp_path):
-    flags = [part for name, raw in SAMPLES.items() for part in (f"--{name.replace('_', '-')}", raw)]
-    from_flags = Settings.load(build_parser().parse_args(["serve", *flags]), {})
+    flags = [part for name, raw in SAMPLES.items() if serve_flag(name)
+             for part in (serve_flag(name), raw)]  # fmt: skip
+    parsed_flags = build_parser().parse_args(["serve", *flags])
+    from_flags = Settings.load(parsed_flags, {"SBX_URL": SAMPLES["url"]})  # a client setting
     from_env = Settings.load(None, {f"SBX_{name.upper()}": raw for name, raw in SAMPLES.items()})
     config = tmp_path / "sbx.toml"
     config.write_text("".join(f"{name} = {raw!r}\n" for name, raw in SAMPLES.items()))
@@ -215,9 +222,51 @@ def test_serve_help_lists_every_option_under_its_group():
         elif flag := re.match(r" {2}(--[a-z-]+)", line):
             group_of[flag[1]] = group
     for f in FIELDS:
-        flag = "--" + f.name.replace("_", "-")
+        if not (flag := serve_flag(f.name)):
+            continue
         assert group_of.get(flag) == f.metadata["group"], (
             f"sbx serve --help shows {flag} under {group_of.get(flag)!r}, "
             f"not under {f.metadata['group']!r}"
         )
     assert "(env SBX_MAX_REQUEST_BODY, default 16m)" in " ".join(result.stdout.split())
+
+
+def parsed(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+def test_token_is_always_the_token_a_client_sends(capsys):
+    """--token means one thing: the gateway token this client authenticates with."""
+    client_commands = (["sessions", "ls"], ["exec", "x", "1"], ["mcp"], ["e2b", "env"])
+    for command in client_commands:
+        assert parsed(*command, "--token", "t0k").token == "t0k", command
+    # the token a gateway accepts has its own name, and a server has no --url to send to
+    assert parsed("serve", "--admin-token", "adm1n").token == "adm1n"
+    with pytest.raises(SystemExit):
+        parsed("serve", "--url", "http://elsewhere:1")
+    for command in (["images", "build"], ["images", "ls"], ["images", "push"]):
+        with pytest.raises(SystemExit):
+            parsed(*command, "--token", "t0k")
+    capsys.readouterr()
+    help_text = " ".join(
+        subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", "--help"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        ).stdout.split()
+    )  # fmt: skip
+    assert "--admin-token" in help_text and "--token " not in help_text
+
+
+def test_serve_token_still_works_with_a_deprecation_message(capsys):
+    assert parsed("serve", "--token", "old-spelling").token == "old-spelling"
+    assert "--token is deprecated here, use --admin-token" in capsys.readouterr().err
+
+
+def test_mcp_over_http_refuses_a_token_it_would_not_send():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "mcp", "--http", "--port", "0", "--token", "t0k"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--token is for stdio" in result.stderr

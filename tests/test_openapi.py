@@ -296,8 +296,19 @@ def test_files_both_ways_and_their_errors(admin, sid):
     assert "data/in.csv" in tarfile.open(fileobj=io.BytesIO(tar.content)).getnames()
     archive = admin.get(f"{files}/data", params={"format": "zip"})
     assert "in.csv" in zipfile.ZipFile(io.BytesIO(archive.content)).namelist()
+    made = admin.post(f"/v1/sessions/{sid}/directories", json={"path": "made/deep"})
+    assert made.status_code == 201 and made.json()["type"] == "directory", made.text
+    assert admin.post(f"/v1/sessions/{sid}/directories", json={"path": "made"}).status_code == 200
+    moved = admin.post(f"/v1/sessions/{sid}/rename", json={"from": "data/x.txt", "to": "made/x"})
+    assert moved.status_code == 200 and moved.json()["path"] == "made/x", moved.text
     admin.post(f"/v1/sessions/{sid}/execute", json={"code": "import os; os.symlink('/etc', 'l')"})
+    rename, directories = f"/v1/sessions/{sid}/rename", f"/v1/sessions/{sid}/directories"
     refusals = [
+        ("POST", rename, {"json": {"from": "nothing", "to": "b"}}, 404, "file_not_found"),
+        ("POST", rename, {"json": {"from": "made/x"}}, 400, "bad_request"),
+        ("POST", rename, {"json": {"from": "made/x", "to": "l/x"}}, 403, "path_forbidden"),
+        ("POST", directories, {"json": {"path": "data/in.csv"}}, 409, "conflict"),
+        ("POST", directories, {"json": {}}, 400, "bad_request"),
         ("GET", f"{files}/data", {}, 409, "not_a_file"),
         ("GET", f"{files}/missing.txt", {}, 404, "file_not_found"),
         ("GET", f"{files}/l/passwd", {}, 403, "path_forbidden"),

@@ -91,7 +91,7 @@ def test_the_wheel_serves_kernels_from_its_package_data(wheels, tmp_path):
     with log.open("w") as out:
         serve = subprocess.Popen(
             [bin_dir / "sbx", "serve", "--port", "0", "--data-dir", data_dir, "--pool", "",
-             "--end-sessions-on-stop", "--token", "packaged-token-0123456789"],
+             "--end-sessions-on-stop", "--admin-token", "packaged-token-0123456789"],
             cwd=tmp_path, stderr=out, env=CLEAN_ENV,
         )  # fmt: skip
     try:

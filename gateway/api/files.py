@@ -7,7 +7,7 @@ from typing import Any
 
 import tornado.web
 
-from ..errors import BadRequest, Denied, FileTooLarge, GatewayError
+from ..errors import BadRequest, Conflict, Denied, FileTooLarge, GatewayError
 from ..sandbox.files import AsyncReader, AsyncUpload, AsyncWorkspace
 from .base import JSONHandler
 
@@ -218,7 +218,53 @@ class FileHandler(StreamedUpload, JSONHandler):
         self.finish()
 
 
+def _path_field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value.strip("/"):
+        raise BadRequest(f'{name!r} must be a workspace path, e.g. "out/data.csv"')
+    return value
+
+
+class RenameHandler(JSONHandler):
+    """``POST {"from": path, "to": path}``: rename (move) a file or directory.
+
+    The destination's parents are made; an existing destination file is
+    replaced, as ``mv`` does. The old name goes, so a policy that refuses
+    deleting refuses this too.
+    """
+
+    actions = {"POST": "files.rename"}
+
+    async def post(self, session_id: str) -> None:
+        body = self.json_body()
+        source, destination = _path_field(body, "from"), _path_field(body, "to")
+        self.audit_detail.update({"from": source, "to": destination})
+        workspace = self.manager.files(session_id, self.principal)
+        self.manager.check_file(session_id, self.principal, "delete")
+        self.send(await workspace.move(source, destination))
+
+
+class DirectoriesHandler(JSONHandler):
+    """``POST {"path": dir}``: make a directory and its parents (201; 200 if it was there)."""
+
+    actions = {"POST": "files.make_dir"}
+
+    async def post(self, session_id: str) -> None:
+        path = _path_field(self.json_body(), "path")
+        self.audit_detail["path"] = path
+        workspace = self.manager.files(session_id, self.principal)
+        created = await workspace.make_dir(path)
+        entry = await workspace.stat(path)
+        if entry["type"] != "directory":
+            raise Conflict(f"{path!r} is a {entry['type']}, not a directory")
+        self.send(entry, status=201 if created else 200)
+
+
+_ACTIONS = r"/v1/sessions/(?P<session_id>[^/]+)"
+
 routes = [
     (_SESSION, FilesHandler),
     (_SESSION + r"/(?P<path>.+)", FileHandler),
+    (_ACTIONS + r"/rename", RenameHandler),
+    (_ACTIONS + r"/directories", DirectoriesHandler),
 ]

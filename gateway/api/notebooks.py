@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
+from typing import Any
 
 import tornado.iostream
 
-from ..errors import BadRequest
+from ..errors import BadRequest, GatewayError
 from ..notebooks.export import export_chunks, read_notebook, replay_notebook
 from .base import JSONHandler
 from .files import MAX_BATCH
@@ -59,9 +61,49 @@ class ReplayHandler(JSONHandler):
             body = notebooks[0].body
             inputs = {part.filename: part.body for part in self.request.files.get("inputs", [])}
         nb = await read_notebook(body)
+        if self.get_argument("progress", "false") not in ("true", "false"):
+            raise BadRequest("progress must be true or false")
+        if self.get_argument("progress", "false") == "true":
+            await self._replay_with_progress(nb, image_tolerance, inputs)
+            return
         report = await replay_notebook(self.manager, nb, self.principal, image_tolerance, inputs)
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)
+
+    async def _replay_with_progress(
+        self, nb: Any, image_tolerance: float | None, inputs: dict[str, bytes]
+    ) -> None:
+        """NDJSON: a ``cell`` line as each cell is decided, then the ``report`` line.
+
+        The 200 is sent with the first cell: a refusal before it (a bad input,
+        quota) is still an ordinary error answer; a failure after it is an
+        ``error`` line, as the status has gone.
+        """
+
+        self.set_header("Content-Type", "application/x-ndjson")  # an error answer resets it
+        sent = False
+
+        async def on_cell(cell: dict[str, Any], done: int, total: int) -> None:
+            nonlocal sent
+            sent = True
+            line = {"event": "cell", "done": done, "total": total, "cell": cell}
+            self.write(json.dumps(line) + "\n")
+            await self.flush()
+
+        try:
+            report = await replay_notebook(
+                self.manager, nb, self.principal, image_tolerance, inputs, on_cell
+            )
+        except tornado.iostream.StreamClosedError:
+            return  # the client went away; the replay's session has been ended
+        except GatewayError as e:
+            if not sent:
+                raise
+            error = {"code": e.code, "message": e.message}
+            self.finish(json.dumps({"event": "error", "error": error}) + "\n")
+            return
+        self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
+        self.finish(json.dumps({"event": "report", "report": report}) + "\n")
 
 
 routes = [

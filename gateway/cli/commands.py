@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..client import Client, Execution, Session, SessionInfo
+from ..client import Client, Execution, ReplayReport, Session, SessionInfo
 from ..client.settings import ClientSettings
 from ..errors import BadRequest, GatewayError, NotAFile
 from . import bundles, terminal
@@ -318,8 +318,8 @@ def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
         content = _read_notebook(source)
     if args.inputs:
         inputs.update(bundles.inputs_from(Path(args.inputs), json.loads(content)))
-    with _client(settings) as client, terminal.waiting(f"replaying {source}"):
-        report = client.replay(content, image_tolerance=args.image_tolerance, inputs=inputs)
+    with _client(settings) as client:
+        report = _replay(client, source, content, inputs, args)
     output = Path(args.output or source.with_suffix(".replayed.ipynb"))
     output.write_text(json.dumps(report.notebook, indent=1))
     if args.report:
@@ -344,6 +344,19 @@ def replay(settings: ClientSettings, args: argparse.Namespace) -> int:
         f"executed notebook written to {output}"
     )
     return 0 if report.reproduced else 1
+
+
+def _replay(
+    client: Client, source: Path, content: str | bytes, inputs: dict[str, bytes], args: Any
+) -> ReplayReport:
+    """The replay, with a per-cell bar on a terminal; quiet with --json or when piped."""
+    options = {"image_tolerance": args.image_tolerance, "inputs": inputs}
+    if args.json:
+        return client.replay(content, **options)
+    with terminal.replay_progress(f"replaying {source}") as on_cell:
+        if on_cell is None:
+            return client.replay(content, **options)
+        return client.replay(content, on_cell=on_cell, **options)
 
 
 def approvals(settings: ClientSettings, args: argparse.Namespace) -> int:
@@ -443,6 +456,11 @@ def mcp(settings: ClientSettings, args: argparse.Namespace) -> int:
     if args.http and args.approver_token:
         raise BadRequest(
             "--approver-token is for stdio: over --http each caller is a different person"
+        )
+    if args.http and args.token:
+        raise BadRequest(
+            "--token is for stdio: over --http each caller sends its own gateway token "
+            "(Authorization: Bearer), and this server sends none of its own"
         )
     serve(
         settings,

@@ -96,8 +96,24 @@ def _images_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+class _OldServeToken(argparse.Action):
+    """``sbx serve --token``, the spelling before ``--admin-token``: still taken, with a warning."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(
+            "sbx serve: --token is deprecated here, use --admin-token (in every other sbx "
+            "command --token is the token the client sends)",
+            file=sys.stderr,
+        )
+        namespace.token = values
+
+
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+# Settings only the client side reads: no flags for them on the server-side commands.
+CLIENT_ONLY = ("url", "token")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
-    Settings.add_arguments(serve)
+    # --token is the token a client sends; the token a gateway accepts is --admin-token.
+    Settings.add_arguments(serve, skip=("url",), flags={"token": "--admin-token"})
+    serve.add_argument("--token", action=_OldServeToken, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
     images = commands.add_parser("images", help="build and list kernel images")
@@ -116,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--all", action="store_true", help="build every image in images_dir")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     _add_json(build)
-    Settings.add_arguments(build)
+    Settings.add_arguments(build, skip=CLIENT_ONLY)
     build.set_defaults(func=_images_build)
     push = image_commands.add_parser(
         "push", help="push built images to the registry a swarm's nodes pull from"
@@ -126,11 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--to", help="registry to push to, as this host reaches it (default: registry)"
     )
     _add_json(push)
-    Settings.add_arguments(push)
+    Settings.add_arguments(push, skip=CLIENT_ONLY)
     push.set_defaults(func=_images_push)
     ls = image_commands.add_parser("ls", help="list kernel images and whether they are built")
     _add_json(ls)
-    Settings.add_arguments(ls)
+    Settings.add_arguments(ls, skip=CLIENT_ONLY)
     ls.set_defaults(func=_images_ls)
 
     gc = commands.add_parser(

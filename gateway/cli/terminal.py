@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -165,6 +166,37 @@ def transfer(
             progress.update(task, completed=done, total=size)
 
         yield update
+
+
+@contextlib.contextmanager
+def replay_progress(description: str) -> Iterator[Callable[[Any, int, int], None] | None]:
+    """A bar over a replay's code cells, a line per cell decided above it, on a terminal.
+
+    Yields the SDK's ``on_cell`` callback, or None when stderr is not a terminal
+    (piped output stays as it was: the report alone).
+    """
+    if not err.is_terminal:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("cells"),
+        console=err,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(escape(description), total=None)
+        colours = {"same": "green", "skipped": "dim", "different": "yellow", "error": "red"}
+
+        def on_cell(cell: Any, done: int, total: int) -> None:
+            colour = colours.get(cell.result, "red")
+            name = escape(f"cell {done}/{total} [{cell.cell_id}]")
+            err.print(f"{name}: [{colour}]{cell.result}[/{colour}]")
+            progress.update(task, completed=done, total=total)
+
+        yield on_cell
 
 
 def waiting(message: str) -> contextlib.AbstractContextManager[Any]:

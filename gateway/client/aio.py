@@ -32,7 +32,9 @@ from .base import (
     BaseSnapshot,
     Call,
     Progress,
+    ReplayProgress,
     SessionOptions,
+    replay_event,
 )
 from .models import (
     Approval,
@@ -140,15 +142,32 @@ class AsyncClient(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
+        on_cell: ReplayProgress | None = None,
     ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
-        hashes the export recorded (``metadata.sbx.inputs``).
+        hashes the export recorded (``metadata.sbx.inputs``). ``on_cell(cell, done,
+        total)``, plain or async, hears of each code cell as the gateway decides it.
         """
         if isinstance(notebook, Path):
             notebook = await asyncio.to_thread(notebook.read_bytes)
-        return await self.call(self._replay_call(notebook, image_tolerance, inputs))
+        if on_cell is None:
+            return await self.call(self._replay_call(notebook, image_tolerance, inputs))
+        call = self._replay_call(notebook, image_tolerance, inputs, True)
+        response = await self.send(call, stream=True)
+        try:
+            async for line in response.aiter_lines():
+                event = replay_event(line)
+                if isinstance(event, ReplayReport):
+                    return event
+                if event is not None and inspect.isawaitable(done := on_cell(*event)):
+                    await done
+        except httpx.TransportError as e:
+            raise self.unreachable(e) from e
+        finally:
+            await response.aclose()
+        raise self.unreachable(httpx.RemoteProtocolError("the replay ended without its report"))
 
     async def snapshot(self, snapshot_id: str) -> AsyncSnapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
@@ -253,6 +272,17 @@ class AsyncFiles(BaseFiles):
     async def list(self, path: str = "") -> list[FileInfo]:
         return await self.session.client.call(self._list_call(path))
 
+    async def rename(self, old: str, new: str) -> FileInfo:
+        """Rename (move) a file or directory; the new name's parents are made.
+
+        An existing file at ``new`` is replaced, as ``mv`` does.
+        """
+        return await self.session.client.call(self._rename_call(old, new))
+
+    async def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False if it was there already (E2B's answer)."""
+        return await self.session.client.call(self._make_dir_call(path))
+
     async def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         await self.session.client.call(self._remove_call(path))
@@ -275,8 +305,11 @@ class AsyncFiles(BaseFiles):
         ]
 
     async def download_dir(self, path: str, dest: str | Path) -> Path:
-        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        """Download a workspace directory (as one archive) into the local directory ``dest``
+        (made, with its parents, as needed)."""
         dest = Path(dest)
+        # where the archive lands first
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
         archive = await self.download(
             path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar"
         )
@@ -343,14 +376,16 @@ class AsyncSession(BaseSession[AsyncClient]):
         *,
         timeout: float | None = None,
         description: str | None = None,
+        env: Mapping[str, str] | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
+        ``env``: environment variables for this run only (Python kernels).
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, cancellation) interrupts the cell.
         """
-        run = Run(code, timeout, description, **callbacks)
+        run = Run(code, timeout, description, env, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             async with await self.client.open_stream(url) as ws:
@@ -412,8 +447,12 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.set_timeout(seconds)
 
     # E2B's names, where the meaning is the same (docs/sdk.md has the table).
-    async def run_code(self, code: str, **options: Any) -> Execution:
-        """E2B's name for ``run``."""
+    async def run_code(
+        self, code: str, *, envs: Mapping[str, str] | None = None, **options: Any
+    ) -> Execution:
+        """E2B's name for ``run``; ``envs`` is E2B's name for ``env``."""
+        if envs is not None:
+            options["env"] = envs
         return await self.run(code, **options)
 
     async def get_metrics(self) -> SessionMetrics:

@@ -23,11 +23,12 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from .. import __version__
 from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
-from .errors import GatewayUnreachable, error_from_body
+from .errors import GatewayUnreachable, error_from_body, error_from_event
 from .models import (
     Approval,
     FileInfo,
     RecordedExecution,
+    ReplayCell,
     ReplayReport,
     SessionInfo,
     SessionMetrics,
@@ -48,6 +49,7 @@ _CONNECTION_ERRORS = (
     httpx.RemoteProtocolError,
 )
 Progress = Callable[[int, int | None], Any]  # (bytes done, total bytes or None)
+ReplayProgress = Callable[[ReplayCell, int, int], Any]  # (cell decided, done, code cells)
 
 
 class SessionOptions(TypedDict, total=False):
@@ -105,6 +107,20 @@ def session_request(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _nothing(response: httpx.Response) -> None:
     return None
+
+
+def replay_event(line: str) -> tuple[ReplayCell, int, int] | ReplayReport | None:
+    """One line of a replay with progress: a decided cell (with done and total), the
+    report, or None for a blank line; an ``error`` line raises the gateway's error."""
+    if not line.strip():
+        return None
+    event = json.loads(line)
+    if event.get("event") == "report":
+        return ReplayReport.from_json(event["report"])
+    if event.get("event") == "cell":
+        cell = ReplayCell.from_json(event["cell"])
+        return cell, int(event["done"]), int(event["total"])
+    raise error_from_event(event.get("error"))
 
 
 def _json(response: httpx.Response) -> Any:
@@ -271,15 +287,23 @@ class BaseClient:
         notebook: dict[str, Any] | str | bytes | Path,
         image_tolerance: float | None,
         inputs: Mapping[str, bytes] | None = None,
+        progress: bool = False,
     ) -> Call[ReplayReport]:
-        """The replay request; with ``inputs`` (workspace path -> content), a multipart one."""
+        """The replay request; with ``inputs`` (workspace path -> content), a multipart one.
+
+        With ``progress`` the answer is NDJSON, read line by line with ``replay_event``.
+        """
         if isinstance(notebook, Path):
             content = notebook.read_bytes()
         elif isinstance(notebook, dict):
             content = json.dumps(notebook).encode()
         else:
             content = notebook.encode() if isinstance(notebook, str) else notebook
-        params = {} if image_tolerance is None else {"image_tolerance": image_tolerance}
+        params: dict[str, Any] = {}
+        if image_tolerance is not None:
+            params["image_tolerance"] = image_tolerance
+        if progress:
+            params["progress"] = "true"
         headers = None
         if inputs:  # encoded by httpx's own multipart writer, as a request it would send
             parts = [("notebook", ("notebook.ipynb", content, "application/x-ipynb+json"))]
@@ -557,6 +581,24 @@ class BaseFiles(abc.ABC):
 
     def _remove_call(self, path: str) -> Call[None]:
         return Call("DELETE", self._path(path))
+
+    def _rename_call(self, old: str, new: str) -> Call[FileInfo]:
+        return Call(
+            "POST",
+            self.session._path("/rename"),
+            lambda r: FileInfo.from_json(r.json()),
+            json={"from": old, "to": new},
+        )
+
+    def _make_dir_call(self, path: str) -> Call[bool]:
+        """True when it made the directory, False if it was there already."""
+        return Call(
+            "POST",
+            self.session._path("/directories"),
+            lambda r: r.status_code == 201,
+            json={"path": path},
+            idempotent=True,  # making a directory twice leaves one directory
+        )
 
     @staticmethod
     def _remaining(file: IO[bytes]) -> int | None:

@@ -285,6 +285,10 @@ class ReplayCell:
     recorded_status: str | None
     diff: str
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ReplayCell:
+        return cls(**{f.name: doc.get(f.name) for f in dataclasses.fields(cls)})
+
 
 @dataclasses.dataclass
 class ReplayReport:
@@ -305,10 +309,7 @@ class ReplayReport:
         return cls(
             reproduced=bool(doc.get("reproduced")),
             summary=dict(doc.get("summary") or {}),
-            cells=[
-                ReplayCell(**{f.name: c.get(f.name) for f in dataclasses.fields(ReplayCell)})
-                for c in doc.get("cells") or []
-            ],
+            cells=[ReplayCell.from_json(c) for c in doc.get("cells") or []],
             warnings=list(doc.get("warnings") or []),
             inputs=list(doc.get("inputs") or []),
             image=doc.get("image"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, Unpack
 
 from .errors import GatewayUnreachable, error_from_event
@@ -41,6 +41,7 @@ class Run:
         code: str,
         timeout: float | None = None,
         description: str | None = None,
+        env: Mapping[str, str] | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> None:
         unknown = set(callbacks) - set(RunCallbacks.__annotations__)
@@ -52,6 +53,8 @@ class Run:
             message["timeout"] = timeout
         if description is not None:
             message["description"] = description
+        if env:
+            message["env"] = dict(env)
         self._request: str | None = json.dumps(message)
         self.callbacks = callbacks
         self.execution: Execution | None = None

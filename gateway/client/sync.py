@@ -26,7 +26,9 @@ from .base import (
     BaseSnapshot,
     Call,
     Progress,
+    ReplayProgress,
     SessionOptions,
+    replay_event,
 )
 from .models import (
     Approval,
@@ -109,13 +111,30 @@ class Client(BaseClient):
         *,
         image_tolerance: float | None = None,
         inputs: Mapping[str, bytes] | None = None,
+        on_cell: ReplayProgress | None = None,
     ) -> ReplayReport:
         """Re-run a notebook in a fresh session and report, cell by cell, if it reproduced.
 
         ``inputs`` (workspace path -> content) are uploaded first, checked against the
-        hashes the export recorded (``metadata.sbx.inputs``).
+        hashes the export recorded (``metadata.sbx.inputs``). ``on_cell(cell, done,
+        total)`` hears of each code cell as the gateway decides it.
         """
-        return self.call(self._replay_call(notebook, image_tolerance, inputs))
+        if on_cell is None:
+            return self.call(self._replay_call(notebook, image_tolerance, inputs))
+        call = self._replay_call(notebook, image_tolerance, inputs, True)
+        response = self.send(call, stream=True)
+        try:
+            for line in response.iter_lines():
+                event = replay_event(line)
+                if isinstance(event, ReplayReport):
+                    return event
+                if event is not None:
+                    on_cell(*event)
+        except httpx.TransportError as e:
+            raise self.unreachable(e) from e
+        finally:
+            response.close()
+        raise self.unreachable(httpx.RemoteProtocolError("the replay ended without its report"))
 
     def snapshot(self, snapshot_id: str) -> Snapshot:
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
@@ -216,6 +235,17 @@ class Files(BaseFiles):
     def list(self, path: str = "") -> list[FileInfo]:
         return self.session.client.call(self._list_call(path))
 
+    def rename(self, old: str, new: str) -> FileInfo:
+        """Rename (move) a file or directory; the new name's parents are made.
+
+        An existing file at ``new`` is replaced, as ``mv`` does.
+        """
+        return self.session.client.call(self._rename_call(old, new))
+
+    def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False if it was there already (E2B's answer)."""
+        return self.session.client.call(self._make_dir_call(path))
+
     def remove(self, path: str) -> None:
         """Delete a file or a whole directory."""
         self.session.client.call(self._remove_call(path))
@@ -238,8 +268,10 @@ class Files(BaseFiles):
         ]
 
     def download_dir(self, path: str, dest: str | Path) -> Path:
-        """Download a workspace directory (as one archive) into the local directory ``dest``."""
+        """Download a workspace directory (as one archive) into the local directory ``dest``
+        (made, with its parents, as needed)."""
         dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)  # where the archive lands first
         archive = self.download(path, dest.with_name(f".{dest.name}.sbx.tar.gz"), archive="tar")
         try:
             return self._extract(archive, dest)
@@ -302,14 +334,16 @@ class Session(BaseSession[Client]):
         *,
         timeout: float | None = None,
         description: str | None = None,
+        env: Mapping[str, str] | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
+        ``env``: environment variables for this run only (Python kernels).
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, Ctrl-C) interrupts the cell.
         """
-        run = Run(code, timeout, description, **callbacks)
+        run = Run(code, timeout, description, env, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             with self.client.open_stream(url) as ws:
@@ -365,8 +399,12 @@ class Session(BaseSession[Client]):
         return self.set_timeout(seconds)
 
     # E2B's names, where the meaning is the same (docs/sdk.md has the table).
-    def run_code(self, code: str, **options: Any) -> Execution:
-        """E2B's name for ``run``."""
+    def run_code(
+        self, code: str, *, envs: Mapping[str, str] | None = None, **options: Any
+    ) -> Execution:
+        """E2B's name for ``run``; ``envs`` is E2B's name for ``env``."""
+        if envs is not None:
+            options["env"] = envs
         return self.run(code, **options)
 
     def get_metrics(self) -> SessionMetrics:

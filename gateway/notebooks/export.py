@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -172,11 +172,14 @@ async def replay_notebook(
     who: Principal,
     image_tolerance: float | None = None,
     inputs: dict[str, bytes] | None = None,
+    on_cell: Callable[[dict[str, Any], int, int], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Run a notebook's code cells in a fresh session of ``who``'s and compare every cell.
 
     ``inputs`` (workspace path -> content) are written before the first cell;
     one whose SHA-256 differs from the notebook's record is refused first.
+    ``on_cell(verdict, done, total)`` hears of each code cell as it is decided,
+    so a person watching a long replay sees it move.
     """
     recorded = nb.metadata.get("sbx", {})
     kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
@@ -206,6 +209,7 @@ async def replay_notebook(
             workspace = manager.files(session.id, who)
             for path, data in sorted(inputs.items()):
                 await workspace.save(path, data)
+        total = sum(cell.cell_type == "code" for cell in executed.cells)
         for index, cell in enumerate(executed.cells):
             if cell.cell_type != "code":
                 continue
@@ -213,6 +217,8 @@ async def replay_notebook(
             if tags & SKIP_TAGS:
                 cells.append({"index": index, "cell_id": cell.get("id"), "result": "skipped",
                               "status": None, "recorded_status": None, "diff": ""})  # fmt: skip
+                if on_cell is not None:
+                    await on_cell(cells[-1], len(cells), total)
                 continue
             result = await manager.execute(session.id, who, ExecuteCode(cell.source))
             # Images are decoded and compared, text normalised: not on the event loop.
@@ -223,6 +229,8 @@ async def replay_notebook(
             cell.outputs = [nbformat.from_dict(o) for o in result.outputs]
             cell.execution_count = result.execution_count
             cell.metadata["sbx"] = {"status": result.status, "duration_ms": result.duration_ms}
+            if on_cell is not None:
+                await on_cell(cells[-1], len(cells), total)
     finally:
         await manager.delete(session.id, who)
     executed.metadata["sbx"] = {
