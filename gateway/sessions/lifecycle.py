@@ -282,9 +282,7 @@ class SandboxLifecycle:
                     return False
                 raise outcome
         await kernel.let_go()
-        self.isolation.release(pooled.id)
-        if self.packages is not None:
-            self.packages.close(pooled.id)
+        self._release(pooled.id)
         try:
             await self.placement.move_in(session.id, pooled.id, container)
         except BaseException:
@@ -297,11 +295,15 @@ class SandboxLifecycle:
         await self.connect_packages(session, relay=False)
         return True
 
+    def _release(self, session_id: str) -> None:
+        """Stop serving a sandbox's egress and package sockets."""
+        self.isolation.release(session_id)
+        for gate in self.packages.values():
+            gate.close(session_id)
+
     async def teardown(self, session: Session) -> None:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
-        self.isolation.release(session.id)
-        for gate in self.packages.values():
-            gate.close(session.id)
+        self._release(session.id)
         kernel = session.kernel
         if kernel is not None and session.paused is None:  # a paused one has no kernel running
             try:
