@@ -34,12 +34,17 @@ class SnapshotHandler(JSONHandler):
         self.send(public(await self.manager.snapshots.get(snapshot_id, self.principal)))
 
     async def delete(self, snapshot_id: str) -> None:
-        doc = await self.manager.snapshots.get(snapshot_id, self.principal)
-        self.audit_session = doc["session_id"]
-        self.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
-        await self.manager.snapshots.delete(snapshot_id, self.principal)
-        self.set_status(204)
-        self.finish()
+        await delete_snapshot(self, snapshot_id)
+
+
+async def delete_snapshot(handler: JSONHandler, snapshot_id: str) -> None:
+    """Delete one of the caller's tenant's snapshots, named in the audit log (/v1 and E2B)."""
+    doc = await handler.manager.snapshots.get(snapshot_id, handler.principal)
+    handler.audit_session = doc["session_id"]
+    handler.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
+    await handler.manager.snapshots.delete(snapshot_id, handler.principal)
+    handler.set_status(204)
+    handler.finish()
 
 
 routes = [

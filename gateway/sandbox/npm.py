@@ -17,7 +17,6 @@ applied to npm names (``name`` or ``name@version``) on each tarball.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -26,12 +25,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
-from .packages import _free_port
+from .packages import Cache, _free_port
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +130,7 @@ def ensure_verdaccio() -> Path:
     return launcher
 
 
-class NpmCache:
+class NpmCache(Cache):
     """verdaccio, run and configured by the gateway; a caching proxy of npm's registry."""
 
     language = "javascript"
@@ -141,17 +139,12 @@ class NpmCache:
     npm = True
     env = NPM_ENV
     relay = RELAY
+    program = "verdaccio"
+    ready_path = "/-/ping"
 
     def __init__(self, state_dir: Path, start_timeout: float = 120.0) -> None:
-        self.state_dir = state_dir
+        super().__init__(state_dir, start_timeout)
         self.storage = state_dir / "storage"
-        self.start_timeout = start_timeout
-        self.port = 0
-        self._proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def has(self, url_path: str) -> bool:
         """Whether verdaccio's storage holds the tarball ``url_path`` names."""
@@ -168,25 +161,12 @@ class NpmCache:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         config, env = await asyncio.to_thread(self._configure)
         self.port = _free_port()
-        log_file = await asyncio.to_thread(open, self.state_dir / "verdaccio.log", "ab")
-        with log_file:  # the process keeps its own descriptor
-            self._proc = await asyncio.create_subprocess_exec(
-                str(launcher), "--config", str(config), "--listen", f"127.0.0.1:{self.port}",
-                stdout=log_file, stderr=asyncio.subprocess.STDOUT, env=env,
-            )  # fmt: skip
+        await self._launch(
+            str(launcher), "--config", str(config), "--listen", f"127.0.0.1:{self.port}", env=env
+        )
         async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
             await self._wait_ready(client)
         log.info("npm cache (verdaccio) on %s", self.url)
-
-    async def stop(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.terminate()
-            try:
-                async with asyncio.timeout(20):
-                    await self._proc.wait()
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
 
     def _configure(self) -> tuple[Path, dict[str, str]]:
         """verdaccio's config (JSON is YAML) and environment, from the host's npm settings."""
@@ -217,16 +197,6 @@ class NpmCache:
             env["NODE_EXTRA_CA_CERTS"] = cafile
         return path, env
 
-    async def _wait_ready(self, client: httpx.AsyncClient) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.returncode is not None:
-                raise RuntimeError(f"verdaccio exited; see {self.state_dir / 'verdaccio.log'}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get("/-/ping")).status_code == 200:
-                    return
-            await asyncio.sleep(0.3)
-        raise RuntimeError(f"verdaccio did not answer within {self.start_timeout:g} s")
 
 
 if __name__ == "__main__":  # scripts/setup: install it ahead of the first start

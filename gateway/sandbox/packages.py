@@ -18,6 +18,7 @@ cache had it) as an ``Install``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import contextlib
@@ -33,7 +34,6 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import httpx
 
@@ -179,8 +179,12 @@ class Install:
 InstallHook = Callable[[Install], None]
 
 
-class Cache(Protocol):
-    """What a ``PackageGate`` asks of a cache: ``PackageCache`` (pip), ``NpmCache`` (npm)."""
+class Cache(abc.ABC):
+    """A caching package server run beside the gateway, on a loopback port of its own.
+
+    What a ``PackageGate`` serves to sessions: ``PackageCache`` (pip),
+    ``NpmCache`` (npm). This base runs, awaits and stops the server's process.
+    """
 
     language: str  # of the kernels it serves
     installer: str
@@ -188,30 +192,11 @@ class Cache(Protocol):
     npm: bool  # names compare as npm's (lower-cased), not PEP 503's
     env: dict[str, str]  # the kernel's
     relay: str  # code run in the kernel: its loopback port -> the socket
-    port: int
+    program: str  # the server's, in its log's name and errors
+    ready_path: str  # answers 200 once the server serves
 
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def has(self, url_path: str) -> bool: ...
-
-    def project_of(self, path: str) -> tuple[str | None, str | None, str | None]: ...
-
-
-class PackageCache:
-    """devpi-server, run and configured by the gateway; a mirror of pip's configured index."""
-
-    language = "python"
-    installer = "pip"
-    socket_name = SOCKET_NAME
-    npm = False
-    env = PIP_ENV
-    relay = RELAY
-
-    def __init__(self, state_dir: Path, start_timeout: float = 180.0) -> None:
+    def __init__(self, state_dir: Path, start_timeout: float) -> None:
         self.state_dir = state_dir
-        self.server_dir = state_dir / "server"
         self.start_timeout = start_timeout
         self.port = 0
         self._proc: asyncio.subprocess.Process | None = None
@@ -220,12 +205,73 @@ class PackageCache:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / f"{self.program}.log"
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the server (installed and configured first, if need be) and wait until ready."""
+
+    @abc.abstractmethod
+    def has(self, url_path: str) -> bool:
+        """Whether the cache holds the package file ``url_path`` names (no upstream fetch)."""
+
+    @abc.abstractmethod
+    def project_of(self, path: str) -> tuple[str | None, str | None, str | None]:
+        """The project, version and file a request path names (None where it names none)."""
+
+    async def _launch(self, *argv: str, env: dict[str, str] | None = None) -> None:
+        """Run the server (``argv`` listens on ``self.port``), its output in its log."""
+        log_file = await asyncio.to_thread(open, self.log_path, "ab")
+        with log_file:  # the process keeps its own descriptor
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=log_file, stderr=asyncio.subprocess.STDOUT, env=env
+            )
+
+    async def _wait_ready(self, client: httpx.AsyncClient) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.returncode is not None:
+                raise RuntimeError(f"{self.program} exited; see {self.log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(self.ready_path)).status_code == 200:
+                    return
+            await asyncio.sleep(0.3)
+        raise RuntimeError(f"{self.program} did not answer within {self.start_timeout:g} s")
+
+    async def stop(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            try:
+                async with asyncio.timeout(20):
+                    await self._proc.wait()
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+
+class PackageCache(Cache):
+    """devpi-server, run and configured by the gateway; a mirror of pip's configured index."""
+
+    language = "python"
+    installer = "pip"
+    socket_name = SOCKET_NAME
+    npm = False
+    env = PIP_ENV
+    relay = RELAY
+    program = "devpi-server"
+    ready_path = "/+api"
+
+    def __init__(self, state_dir: Path, start_timeout: float = 180.0) -> None:
+        super().__init__(state_dir, start_timeout)
+        self.server_dir = state_dir / "server"
+
     def file_path(self, url_path: str) -> Path:
         """Where the cache keeps the file a ``+f`` URL names, once it has it."""
         return self.server_dir / "+files" / url_path.lstrip("/")
 
     def has(self, url_path: str) -> bool:
-        """Whether the cache holds the package file ``url_path`` names (no upstream fetch)."""
         return self.file_path(url_path).exists()
 
     @staticmethod
@@ -240,27 +286,12 @@ class PackageCache:
             await self._run("devpi-init", "--serverdir", str(self.server_dir),
                             "--root-passwd", password)  # fmt: skip
         self.port = _free_port()
-        log_file = await asyncio.to_thread(open, self.state_dir / "devpi.log", "ab")
-        with log_file:  # the process keeps its own descriptor
-            self._proc = await asyncio.create_subprocess_exec(
-                _tool("devpi-server"), "--serverdir", str(self.server_dir),
-                "--host", "127.0.0.1", "--port", str(self.port),
-                stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
+        await self._launch(_tool("devpi-server"), "--serverdir", str(self.server_dir),
+                           "--host", "127.0.0.1", "--port", str(self.port))  # fmt: skip
         async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
             await self._wait_ready(client)
             await self._configure(client, password, configured_index())
         log.info("package cache (devpi-server) on %s", self.url)
-
-    async def stop(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.terminate()
-            try:
-                async with asyncio.timeout(20):
-                    await self._proc.wait()
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
 
     def _password(self) -> str:
         path = self.state_dir / "root-password"
@@ -277,17 +308,6 @@ class PackageCache:
         out, _ = await proc.communicate()
         if proc.returncode:
             raise RuntimeError(f"{tool} failed: {out.decode(errors='replace')[-2000:]}")
-
-    async def _wait_ready(self, client: httpx.AsyncClient) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.returncode is not None:
-                raise RuntimeError(f"devpi-server exited; see {self.state_dir / 'devpi.log'}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get("/+api")).status_code == 200:
-                    return
-            await asyncio.sleep(0.5)
-        raise RuntimeError(f"devpi-server did not answer within {self.start_timeout:g} s")
 
     async def _configure(self, client: httpx.AsyncClient, password: str, index: str) -> None:
         """Make (or repoint) the mirror index at ``index``."""

@@ -31,6 +31,7 @@ from ...sessions.requests import (
     seconds_of,
 )
 from ...validation import env_vars, metadata_dict
+from ..snapshots import delete_snapshot
 from .base import E2BHandler
 from .templates import ENVD_VERSION, TEMPLATES, kernel_for_template
 
@@ -308,12 +309,7 @@ class SnapshotDeleteHandler(ControlHandler):
     actions = {"DELETE": "snapshot.delete"}
 
     async def delete(self, snapshot_id: str) -> None:
-        doc = await self.manager.snapshots.get(snapshot_id, self.principal)
-        self.audit_session = doc["session_id"]
-        self.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
-        await self.manager.snapshots.delete(snapshot_id, self.principal)
-        self.set_status(204)
-        self.finish()
+        await delete_snapshot(self, snapshot_id)
 
 
 class ForkHandler(ControlHandler):
