@@ -53,6 +53,10 @@ def test_the_routes_say_what_a_bad_request_lacks(api, session):
     )
     r = api.post(f"/v1/sessions/{sid}/directories", json={"path": "../outside"})
     assert r.status_code in (400, 403), r.text
+    r = api.post(f"/v1/sessions/{sid}/directories", json={"path": "d", "parents": True})
+    assert r.status_code == 400 and "unknown field(s) ['parents']" in r.text, r.text
+    r = api.post(f"/v1/sessions/{sid}/rename", json={"from": "a", "to": "b", "force": 1})
+    assert r.status_code == 400 and "unknown field(s) ['force']" in r.text, r.text
 
 
 def test_the_async_half_mirrors_it(gateway):

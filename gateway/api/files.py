@@ -218,6 +218,14 @@ class FileHandler(StreamedUpload, JSONHandler):
         self.finish()
 
 
+def _only(body: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The body, refused if it has a field besides ``names`` (a misspelt one does nothing)."""
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; this request takes {list(names)}")
+    return body
+
+
 def _path_field(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not value.strip("/"):
@@ -236,7 +244,7 @@ class RenameHandler(JSONHandler):
     actions = {"POST": "files.rename"}
 
     async def post(self, session_id: str) -> None:
-        body = self.json_body()
+        body = _only(self.json_body(), "from", "to")
         source, destination = _path_field(body, "from"), _path_field(body, "to")
         self.audit_detail.update({"from": source, "to": destination})
         workspace = self.manager.files(session_id, self.principal)
@@ -250,7 +258,7 @@ class DirectoriesHandler(JSONHandler):
     actions = {"POST": "files.make_dir"}
 
     async def post(self, session_id: str) -> None:
-        path = _path_field(self.json_body(), "path")
+        path = _path_field(_only(self.json_body(), "path"), "path")
         self.audit_detail["path"] = path
         workspace = self.manager.files(session_id, self.principal)
         created = await workspace.make_dir(path)
