@@ -27,7 +27,7 @@ from e2b import (
 )
 from e2b import TimeoutException as E2BTimeout
 from e2b_code_interpreter import AsyncSandbox, Sandbox
-from helpers import GatewayProcess, e2b_env, short_tmpdir
+from helpers import GatewayProcess, e2b_env, two_tenants
 
 pytestmark = pytest.mark.docker
 
@@ -274,14 +274,7 @@ def test_sandboxes_are_addressed_by_host_too(sandbox: Sandbox, gateway: GatewayP
 
 @pytest.fixture(scope="module")
 def tenants(start_gateway):
-    data_dir = short_tmpdir()
-    tokens = data_dir / "tokens.toml"
-    tokens.write_text(
-        '[[tokens]]\ntenant = "acme"\ntoken = "acme-e2b-key"\n\n'
-        '[[tokens]]\ntenant = "rival"\ntoken = "rival-e2b-key"\n\n'
-        "[tenants.rival]\nmax_sessions = 1\n"
-    )
-    return start_gateway("--tokens-file", str(tokens), data_dir=data_dir)
+    return two_tenants(start_gateway, "[tenants.rival]\nmax_sessions = 1\n")
 
 
 def test_another_tenants_sandbox_does_not_exist(tenants, monkeypatch) -> None:

@@ -14,7 +14,7 @@ import time
 import pytest
 from e2b import NotFoundException, SandboxException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
-from helpers import GatewayProcess, e2b_env, short_tmpdir
+from helpers import GatewayProcess, e2b_env, two_tenants
 
 pytestmark = pytest.mark.docker
 
@@ -103,13 +103,7 @@ def test_async_snapshots_and_fork() -> None:
 
 @pytest.fixture(scope="module")
 def tenants(start_gateway):
-    data_dir = short_tmpdir()
-    tokens = data_dir / "tokens.toml"
-    tokens.write_text(
-        '[[tokens]]\ntenant = "acme"\ntoken = "acme-e2b-key"\n\n'
-        '[[tokens]]\ntenant = "rival"\ntoken = "rival-e2b-key"\n'
-    )
-    return start_gateway("--tokens-file", str(tokens), data_dir=data_dir)
+    return two_tenants(start_gateway)
 
 
 def test_another_tenants_snapshots_do_not_exist(tenants, monkeypatch) -> None:
