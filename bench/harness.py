@@ -19,11 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Gateway:
     """``sbx serve`` on a free port, without authentication (a benchmark on loopback
-    measures the gateway, not tokens), ending its sessions when stopped."""
+    measures the gateway, not tokens), ending its sessions when stopped (unless
+    ``end_sessions`` is false: their kernels then run on, as after a restart)."""
 
-    def __init__(self, data_dir: str, *flags: str) -> None:
+    def __init__(self, data_dir: str, *flags: str, end_sessions: bool = True) -> None:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0"]
-        cmd += ["--data-dir", data_dir, "--auth", "none", "--end-sessions-on-stop", *flags]
+        cmd += ["--data-dir", data_dir, "--auth", "none"]
+        cmd += ["--end-sessions-on-stop", str(end_sessions).lower(), *flags]
         self.log = Path(data_dir) / "gateway.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, stderr=log)
