@@ -1,7 +1,7 @@
 """Throughput of 20 sessions executing at once: the gateway against bare jupyter_client clients.
 
 Usage: .venv/bin/python bench/bench_throughput.py [--quick] [--sessions 20]
-       [--seconds 10] [--rounds 4] [--kernel xpython]
+       [--seconds 10] [--rounds 6] [--kernel xpython]
 
 Issue 23's target: with 20 sessions executing at once on xeus-python, the
 gateway's throughput is at least 90% of bare clients driving 20 such kernels
@@ -189,7 +189,7 @@ class Bare:
     @staticmethod
     async def execute(client: AsyncKernelClient) -> None:
         """One cell, done when both its reply and its idle status arrived (as the gateway)."""
-        msg_id = client.execute(CODE)
+        msg_id = client.execute(CODE, allow_stdin=False)  # as the gateway sends it
         replied = idle = False
         while not replied:
             reply = await client.get_shell_msg(timeout=60)
@@ -372,7 +372,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 4 s blocks")
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each block")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--kernel", default="xpython")
     args = parser.parse_args()
     if args.quick:
