@@ -266,6 +266,8 @@ class Scanner:
             for node in check._checks:
                 self._tests.tests.setdefault(node, []).append(check)
         self._ipython = TransformerManager()
+        # The node types some check looks at; a cell with none of them has no findings.
+        self._tested = tuple(getattr(ast, node) for node in self._tests.tests)
 
     def scan(self, code: str, language: str, patterns: Iterable[Pattern] = ()) -> list[Finding]:
         """Findings in ``code`` for a kernel of ``language``; raise ScanFailed if a check broke."""
@@ -281,13 +283,15 @@ class Scanner:
     def _scan_python(self, code: str) -> list[Finding]:
         try:
             tree_source = code
-            ast.parse(code)
+            tree = ast.parse(code)
         except SyntaxError:
             tree_source = self._ipython.transform_cell(code)  # IPython syntax, as the kernel does
             try:
-                ast.parse(tree_source)
+                tree = ast.parse(tree_source)
             except SyntaxError:
                 return []  # the kernel refuses it too: nothing of it runs
+        if not any(isinstance(node, self._tested) for node in ast.walk(tree)):
+            return []  # bandit would visit it all and find nothing (`1 + 1`, `df`)
         visitor = _Visitor(self._tests)
         visitor.process(tree_source)
         findings = {

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -44,37 +45,57 @@ class FrameCounter:
         self._message = 0  # bytes of the current message's frames so far
 
     def feed(self, data: bytes) -> tuple[list[bytes | memoryview], bool]:
-        """What of ``data`` may pass on, and whether the stream must be cut after it."""
+        """What of ``data`` may pass on, and whether the stream must be cut after it.
+
+        At most two parts: a header held from the last read, made whole, then
+        one view of ``data`` up to a cut or a header this read cuts short.
+        """
         view, out, i, n = memoryview(data), [], 0, len(data)
+        run = 0  # where the part of data passing on unchanged begins
         while i < n:
             if len(self._greeting) < _GREETING:
                 take = min(_GREETING - len(self._greeting), n - i)
                 self._greeting += data[i : i + take]
-                out.append(view[i : i + take])
                 i += take
                 if not self._greeting_ok():
+                    out.append(view[run:i])
                     return out, True
             elif self._body:
                 take = min(self._body, n - i)
-                out.append(view[i : i + take])
                 self._body -= take
                 i += take
-            else:
+            elif self._head:  # a header the last read cut short: a byte at a time
                 self._head.append(data[i])
                 i += 1
-                flags = self._head[0]
-                if len(self._head) < (9 if flags & _LONG else 2):
+                if len(self._head) < (9 if self._head[0] & _LONG else 2):
                     continue
-                size = int.from_bytes(self._head[1:], "big")
-                total = size if flags & _COMMAND else self._message + size
-                if total > self.limit:
+                if not self._frame(self._head[0], int.from_bytes(self._head[1:], "big")):
                     return out, True
                 out.append(bytes(self._head))
                 self._head.clear()
-                if not flags & _COMMAND:
-                    self._message = total if flags & _MORE else 0
-                self._body = size
+                run = i
+            else:
+                end = i + (9 if data[i] & _LONG else 2)
+                if end > n:  # held back until its last byte comes
+                    out.append(view[run:i])
+                    self._head += data[i:]
+                    return out, False
+                if not self._frame(data[i], int.from_bytes(data[i + 1 : end], "big")):
+                    out.append(view[run:i])
+                    return out, True
+                i = end
+        out.append(view[run:i])
         return out, False
+
+    def _frame(self, flags: int, size: int) -> bool:
+        """Count a frame whose header just passed; False if it takes its message over the limit."""
+        total = size if flags & _COMMAND else self._message + size
+        if total > self.limit:
+            return False
+        if not flags & _COMMAND:
+            self._message = total if flags & _MORE else 0
+        self._body = size
+        return True
 
     @property
     def greeted(self) -> bool:
@@ -103,8 +124,7 @@ class _Side(asyncio.Protocol):
         self.made = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:

@@ -664,14 +664,12 @@ class SessionManager:
         A held execute goes on in the background: it runs once approved (its
         outcome in the session's history) or ends denied.
         """
-        held: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
-        run = self.spawn(self.execute(session_id, who, request, on_hold=held.set_result))
+        held: asyncio.Future[Approval | None] = asyncio.get_running_loop().create_future()
+        run = self.spawn(self.execute(session_id, who, request, on_hold=_settle_with(held)))
         run.add_done_callback(_retrieve)
-        await asyncio.wait((run, held), return_when=asyncio.FIRST_COMPLETED)
-        if run.done():
-            held.cancel()
-            return run.result()
-        return held.result()
+        run.add_done_callback(lambda _: _settle_with(held)(None))
+        approval = await held  # a caller gone cancels it; the execute goes on
+        return run.result() if approval is None else approval
 
     def begin_execution(
         self,
@@ -1257,6 +1255,16 @@ def _check_page(after: int, limit: int) -> None:
         raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
     if after < 0:
         raise BadRequest("after must be a cursor from a page's 'next', or 0")
+
+
+def _settle_with(future: asyncio.Future[Any]) -> Callable[[Any], None]:
+    """Set ``future``'s result unless it is done (or cancelled) already."""
+
+    def settle(value: Any) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    return settle
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -23,11 +23,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import queue
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -226,7 +227,7 @@ class Store:
         self.retention = retention or Retention()
         self._grown: set[str] = set()  # sessions that may hold more than max_executions
         self._pruner: asyncio.Task | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-store")
+        self._thread = StoreThread("sbx-store")
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
@@ -274,8 +275,8 @@ class Store:
         if self._db is not None:
             await self._run(lambda: None)
             db, self._db = self._db, None
-            await asyncio.get_running_loop().run_in_executor(self._pool, db.close)
-        self._pool.shutdown(wait=True)
+            await self._thread.run(db.close)
+        self._thread.stop()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
@@ -302,7 +303,7 @@ class Store:
         self._flush_due, self._flush_now = None, False
         batch, self._queue = self._queue, []
         calls = [(fn, args) for fn, args, _ in batch]
-        done = asyncio.get_running_loop().run_in_executor(self._pool, self._run_batch, calls)
+        done = self._thread.run(self._run_batch, calls)
         done.add_done_callback(lambda finished: _settle(batch, finished))
 
     def _run_batch(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[tuple[bool, Any]]:
@@ -937,6 +938,50 @@ class Store:
         return json.loads(rows[0]["doc"]) if rows else None
 
 
+class StoreThread:
+    """The store's one thread: runs calls in order, hands each outcome back to the loop.
+
+    Leaner per batch than a one-worker executor, whose every call makes a
+    ``concurrent.futures`` future (a lock and a condition) and chains it to an
+    asyncio one.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        future = asyncio.get_running_loop().create_future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        """Finish the calls queued, then end the thread."""
+        self._calls.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            try:
+                outcome = (True, fn(*args))
+            except BaseException as e:  # handed to the caller, whatever it is
+                outcome = (False, e)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                future.get_loop().call_soon_threadsafe(_deliver, future, outcome)
+
+
+def _deliver(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
+    ok, value = outcome
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
 def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Future) -> None:
     """Hand each caller its call's outcome (or the batch's failure)."""
     if finished.cancelled() or finished.exception() is not None:
@@ -944,13 +989,8 @@ def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Futu
         outcomes: list[tuple[bool, Any]] = [(False, error)] * len(batch)
     else:
         outcomes = finished.result()
-    for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
-        if future.done():
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+    for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+        _deliver(future, outcome)
 
 
 def _execution_values(record: dict[str, Any]) -> tuple:
