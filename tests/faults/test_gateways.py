@@ -182,6 +182,13 @@ def test_a_forwarding_gateway_keeps_one_connection_to_the_owner(start_gateway, d
     assert len(seen) == 1 and connections_to(other, port) == seen, (
         f"each forwarded request opened its own connection to the owner: ports {seen}"
     )
+    time.sleep(0.5)  # audit rows are written in batches
+    with psycopg.connect(database) as db:
+        audited = db.execute(
+            "SELECT count(*) FROM audit WHERE action = 'session.execute' AND session_id = %s",
+            (sid,),
+        ).fetchone()[0]
+    assert audited == 6, f"6 executes, {audited} audit events: the forwarder audited them too"
     # A reply the owner streams (chunked) comes through whole.
     export = other.client.get(f"/v1/sessions/{sid}/notebook")
     assert export.status_code == 200, export.text
