@@ -144,7 +144,6 @@ class Forwarder:
         if len(idle) >= _IDLE_KEPT:
             stream.close()
             return
-        stream.set_nodelay(True)  # HTTP1Connection turns it off after each request
         idle.append((stream, time.monotonic()))
 
     def close(self) -> None:
@@ -222,8 +221,7 @@ class _Reply(httputil.HTTPMessageDelegate):
     def _answer(
         self, start_line: httputil.ResponseStartLine, headers: httputil.HTTPHeaders
     ) -> None:
-        handler = self.handler
-        handler.clear()
+        handler = self.handler  # its default headers are the owner's too: no clear() needed
         handler.set_status(start_line.code, start_line.reason)
         self.streamed = "Content-Length" not in headers
         head = handler.request.method == "HEAD"
