@@ -194,10 +194,14 @@ class _Reply(httputil.HTTPMessageDelegate):
         """
         if not (self.gone or self.sent):
             raise _unreachable(self.owner, error)
+        self._drop()
+        return True
+
+    def _drop(self) -> None:
+        """End the caller's side unanswered: its connection closed, the handler finished."""
         self.handler.request.connection.close()
         with contextlib.suppress(Exception):
-            self.handler.finish()  # nothing more to send: the handler must not run here too
-        return True
+            self.handler.finish()  # so that the handler does not answer here as well
 
     def expire(self) -> None:
         self.expired = True
@@ -225,10 +229,15 @@ class _Reply(httputil.HTTPMessageDelegate):
         handler.set_status(start_line.code, start_line.reason)
         self.streamed = "Content-Length" not in headers
         head = handler.request.method == "HEAD"
+        seen = set()
         for name, value in headers.get_all():
             lower = name.lower()
             if lower not in _HOP or (lower == "content-length" and not head):
-                handler.set_header(name, value)
+                if lower in seen:
+                    handler.add_header(name, value)
+                else:
+                    handler.set_header(name, value)  # in place of this gateway's default
+                    seen.add(lower)
 
     def data_received(self, chunk: bytes) -> Any:
         if self.held is not None:
@@ -261,7 +270,9 @@ class _Reply(httputil.HTTPMessageDelegate):
             self.held = None
             self._answer(*self.head)
             self.handler.write(body)
-        if not self.gone:
+        if self.gone:
+            self._drop()
+        else:
             self.handler.finish()
 
 
