@@ -3,11 +3,14 @@
 Gateways sharing a store record where each answers (``Store.announce``); a
 request for a session this gateway does not hold goes to the gateway whose
 lease holds it, and the owner's answer comes back unchanged: status,
-headers, body, or every WebSocket message both ways. The owner checks the
-caller's token again (the gateways of a deployment share their tokens) and
-audits the request. A passed-on request carries ``FORWARDED``, so it is
-never passed on again: if the owner changed meanwhile, the client gets the
-owner's 404 and asks again, and any gateway then finds the new owner.
+headers, body (a streamed one piece by piece), or every WebSocket message
+both ways. The owner checks the caller's token again (the gateways of a
+deployment share their tokens) and audits the request; the forwarder does
+not, so each request is one audit event. A passed-on request carries
+``FORWARDED``, so it is never passed on again: if the owner changed
+meanwhile, the client gets the owner's 404 and asks again, and any gateway
+then finds the new owner. An owner that does not answer is a 503
+``owner_unavailable``.
 
 Uploads stream their body and are not passed on: send them to the owner.
 """
