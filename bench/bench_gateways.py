@@ -5,10 +5,11 @@ SQLite and two on the shared server. Times trivial executes (``1 + 1``) over
 HTTP on a session of each: on SQLite, on PostgreSQL through the gateway that
 owns the session, and through the other gateway, which passes each request on
 to the owner; and the gateway CPU each execute costs (the owner's, and the
-forwarder's too for a forwarded one). Then failover: a gateway owning a
-session is killed (SIGKILL) and the time until the session answers again,
-with its state, through the surviving gateway (which adopts it) is taken,
-at the default lease. Writes the tables into docs/PERFORMANCE.md.
+forwarder's too for a forwarded one). The last two alternate in blocks on one
+session, so that a shared machine's load falls on both alike. Then failover:
+a gateway owning a session is killed (SIGKILL) and the time until the session
+answers again, with its state, through the surviving gateway (which adopts
+it) is taken, at the default lease. Writes the tables into docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from harness import ROOT, Gateway, cpu_seconds, median, pct, round_trips, write_section
 
 N = 400
+BLOCK = 50  # executes at the owner and forwarded alternate in blocks this long
 FAILOVERS = 3
 
 
@@ -45,12 +47,32 @@ def failover(url: str, survivor: Gateway) -> float:
             time.sleep(0.05)
 
 
-def measure(via: Gateway, sid: str, gateways: list[Gateway]) -> tuple[list[float], float]:
-    """Round trips of N executes through ``via``, and the CPU ms per execute of ``gateways``."""
-    before = sum(cpu_seconds(g.pid) for g in gateways)
-    trips = round_trips(via.client, sid, N)
-    used = sum(cpu_seconds(g.pid) for g in gateways) - before
-    return trips, used * 1000 / (N + 10)  # round_trips warms up with 10 more
+def measure(
+    via: Gateway, sid: str, gateways: list[Gateway], n: int = N
+) -> tuple[list[float], list[float]]:
+    """Round trips of ``n`` executes through ``via``, and the CPU ms per execute of each gateway."""
+    before = [cpu_seconds(g.pid) for g in gateways]
+    trips = round_trips(via.client, sid, n)
+    used = [cpu_seconds(g.pid) - b for g, b in zip(gateways, before, strict=True)]
+    return trips, [u * 1000 / (n + 10) for u in used]  # round_trips warms up with 10 more
+
+
+def alternating(owner: Gateway, other: Gateway, sid: str) -> dict[str, tuple[list[float], list]]:
+    """At the owner and forwarded by ``other``, N executes each, in alternating blocks.
+
+    The CPU lists are per gateway: the owner's, and (forwarded) the forwarder's.
+    """
+    found: dict[str, tuple[list[float], list]] = {
+        "owner": ([], [0.0]),
+        "forwarded": ([], [0.0, 0.0]),
+    }
+    for _ in range(N // BLOCK):
+        for name, via, counted in (("owner", owner, [owner]), ("forwarded", other, [owner, other])):
+            trips, cpu = measure(via, sid, counted, BLOCK)
+            found[name][0].extend(trips)
+            for i, ms in enumerate(cpu):
+                found[name][1][i] += ms * BLOCK / N
+    return found
 
 
 def main() -> None:
@@ -66,16 +88,17 @@ def main() -> None:
             Gateway(dirs[1], "--pool", "", "--database-url", url) as owner,
             Gateway(dirs[2], "--pool", "", "--database-url", url) as other,
         ):
-            rows = []
-            for name, via, home, counted in (
-                ("one gateway, SQLite", alone, alone, [alone]),
-                ("shared PostgreSQL, at the owner", owner, owner, [owner]),
-                ("shared PostgreSQL, forwarded by another gateway", other, owner, [owner, other]),
-            ):
-                sid = home.client.post("/v1/sessions", json={}).json()["id"]
-                trips, cpu = measure(via, sid, counted)
-                rows.append(f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {cpu:.2f} |")
-                home.client.delete(f"/v1/sessions/{sid}")
+            sid = alone.client.post("/v1/sessions", json={}).json()["id"]
+            trips, cpu = measure(alone, sid, [alone])
+            alone.client.delete(f"/v1/sessions/{sid}")
+            rows = [row("one gateway, SQLite", trips, cpu)]
+            sid = owner.client.post("/v1/sessions", json={}).json()["id"]
+            found = alternating(owner, other, sid)
+            owner.client.delete(f"/v1/sessions/{sid}")
+            rows.append(row("shared PostgreSQL, at the owner", *found["owner"]))
+            rows.append(row("shared PostgreSQL, forwarded by another gateway", *found["forwarded"]))
+            overhead = median(found["forwarded"][0]) - median(found["owner"][0])
+            forwarder = found["forwarded"][1][1]
             adopted = [failover(url, other) for _ in range(FAILOVERS)]
     finally:
         subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", server], check=False)
@@ -85,6 +108,10 @@ def main() -> None:
         "| store and route | execute p50 ms | p90 ms | gateway CPU ms per execute |",
         "| --- | ---: | ---: | ---: |",
         *rows,
+        "",
+        f"Forwarding: p50 {overhead:+.2f} ms over the owner's; the forwarding gateway's own CPU "
+        f"{forwarder:.2f} ms per execute (the owner's and the forwarded rows alternate in blocks "
+        f"of {BLOCK} on one session).",
         "",
         "| failover (default lease, 3 s) | runs | each, s | worst, s |",
         "| --- | ---: | --- | ---: |",
@@ -99,6 +126,10 @@ def main() -> None:
         "CPU counts every gateway process the request went through (docs/SCALING.md).",
         body,
     )
+
+
+def row(name: str, trips: list[float], cpu: list[float]) -> str:
+    return f"| {name} | {median(trips):.2f} | {pct(trips, 0.9):.2f} | {sum(cpu):.2f} |"
 
 
 if __name__ == "__main__":

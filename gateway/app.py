@@ -124,7 +124,7 @@ class Gateway:
         self.port: int | None = None
         self.audit: AuditLog | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
-        self.forwarder = Forwarder()
+        self.forwarder = Forwarder(idle=settings.idle_connection_timeout / 2)
         data = Path(settings.data_dir)
         self.package_caches: list[Cache] = [
             *([PackageCache(data / "packages")] if settings.package_cache else []),

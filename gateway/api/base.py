@@ -236,12 +236,14 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
             owner = await self.manager.locate(session_id)
             if owner is None:
                 return
+            # Audited by the owner, where it happens; here only if the owner never answers.
+            principal, self.principal = self.principal, None
             try:
                 if await self.forwarder.forward(self, owner, timeout):
-                    self.principal = None  # audited by the owner, where it happens
                     return
             finally:
                 if not self._finished:
+                    self.principal = principal
                     self.manager.forget_location(session_id)
 
     def body_limit(self) -> int:

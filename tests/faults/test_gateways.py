@@ -14,9 +14,11 @@ import os
 import signal
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 import pytest
 from helpers import PostgresServer, closed, run, run_over_channels, text_of, wait_for
@@ -126,13 +128,18 @@ async def stream_then_resume_elsewhere(first, second, sid: str):
     return "".join(e.get("text", "") for e in seen), seen, done
 
 
-def test_any_gateway_answers_for_any_session(start_gateway, database):
+def deployment(start_gateway, database: str) -> list:
+    """Two gateways on the store sharing one token, as the gateways of a deployment do."""
     token = "shared-token-of-the-deployment"
     gateways = [shared(start_gateway, database, env={"SBX_TOKEN": token}) for _ in range(2)]
     for gw in gateways:
         gw.client.headers["Authorization"] = f"Bearer {token}"
         gw.token = token
-    owner, other = gateways
+    return gateways
+
+
+def test_any_gateway_answers_for_any_session(start_gateway, database):
+    owner, other = deployment(start_gateway, database)
     sid = new_session(owner)
     run(owner.client, sid, "x = 20")
     reply = run(other.client, sid, "x += 1; print(x)")
@@ -152,6 +159,47 @@ def test_any_gateway_answers_for_any_session(start_gateway, database):
     )
     assert other.client.delete(f"/v1/sessions/{sid}").status_code == 204
     assert owner.client.get(f"/v1/sessions/{sid}").json()["state"] == "deleted"
+
+
+def connections_to(gw, port: int) -> set[int]:
+    """The local ports of ``gw``'s open TCP connections to ``port``."""
+    return {
+        c.laddr.port
+        for c in psutil.Process(gw.pid).net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    }
+
+
+def test_a_forwarding_gateway_keeps_one_connection_to_the_owner(start_gateway, database):
+    owner, other = deployment(start_gateway, database)
+    sid = new_session(owner)
+    run(owner.client, sid, "x = 1")
+    port = urllib.parse.urlsplit(owner.url).port
+    seen = set()
+    for n in range(5):
+        assert text_of(run(other.client, sid, "x += 1; print(x)")) == f"{n + 2}\n"
+        seen |= connections_to(other, port)
+    assert len(seen) == 1 and connections_to(other, port) == seen, (
+        f"each forwarded request opened its own connection to the owner: ports {seen}"
+    )
+    time.sleep(0.5)  # audit rows are written in batches
+    with psycopg.connect(database) as db:
+        audited = db.execute(
+            "SELECT count(*) FROM audit WHERE action = 'session.execute' AND session_id = %s",
+            (sid,),
+        ).fetchone()[0]
+    assert audited == 6, f"6 executes, {audited} audit events: the forwarder audited them too"
+    # A reply the owner streams (chunked) comes through whole.
+    export = other.client.get(f"/v1/sessions/{sid}/notebook")
+    assert export.status_code == 200, export.text
+    assert export.headers["content-type"] == "application/x-ipynb+json"
+    direct = owner.client.get(f"/v1/sessions/{sid}/notebook")
+    assert export.json()["cells"] == direct.json()["cells"]
+    owner.stop(signal.SIGKILL)  # its kept connection dies with it: the next request says so
+    started = time.monotonic()
+    r = other.client.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x)"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "owner_unavailable", r.text
+    assert time.monotonic() - started < 5, "the forwarder hung on a dead owner's connection"
 
 
 def test_an_unreachable_database_is_a_clear_503_while_executes_in_flight_finish(start_gateway):
