@@ -99,7 +99,8 @@ SAMPLES = {
     "swarm_poll_interval": "0.5",
     "data_dir": "/srv/sbx",
     "database_url": "postgresql://sbx@db.example/sbx",
-    "advertise_url": "http://10.0.0.5:8765",
+    "advertise_url": "",  # advertise_network's alternative
+    "advertise_network": "sbx-front",
     "lease_ttl": "4",
     "workers": "1",
     "reuse_port": "true",
