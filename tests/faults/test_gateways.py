@@ -295,6 +295,18 @@ def test_a_killed_gateways_sessions_are_adopted_by_another_with_their_state(
     assert again.client.get("/v1/sessions").status_code == 200
     time.sleep(2 * float(LEASE))
     assert answers(ids[0], 0) and answers(ids[1], 1), "the restarted gateway broke them"
+    # The adopter, restarted on its data directory, reattaches to what it adopted
+    # (their containers still carry the first gateway's label).
+    again.stop(signal.SIGKILL)
+    second.stop(signal.SIGKILL)
+    second = shared(
+        start_gateway, database, keep_sessions=True, data_dir=second.data_dir,
+        env={"SBX_TOKEN": token},
+    )  # fmt: skip
+    second.client.headers["Authorization"] = f"Bearer {token}"
+    assert answers(ids[0], 0) and answers(ids[1], 1), (
+        f"the restarted adopter lost what it adopted: {second.client.get('/v1/sessions').text}"
+    )
     # Dying, an adopted kernel is noticed; deleted, it leaves nothing behind.
     engine.containers.get(f"sbx-{ids[1]}").kill()
     assert wait_for(
