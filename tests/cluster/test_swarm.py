@@ -392,6 +392,11 @@ def test_a_killed_replica_s_stream_client_goes_on_through_another(cluster, repli
     assert len(cut) == 1, executions
     cut = cut[0]
     assert "tick 0" in "".join(o.get("text", "") for o in cut["outputs"]), cut
+    # Its new owner restarts its kernel in place (the connection file is written here now).
+    with replicated.client as api:
+        r = api.post(f"/v1/sessions/{sid}/restart")
+        assert r.status_code == 200 and r.json()["state"] == "idle", r.text
+        assert stdout(run(api, sid, "print('x' in dir())")) == "False\n"
 
 
 def test_a_lost_node_kills_its_sessions_only(cluster, api, placed):
