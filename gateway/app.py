@@ -176,7 +176,11 @@ class Gateway:
         sockets = tornado.netutil.bind_sockets(self.settings.port, first, reuse_port=reuse)
         self.port = sockets[0].getsockname()[1]
         if self.store.SHARED:
-            address = self.settings.advertised(self.port)
+            network = self.settings.advertise_network
+            placement = self.manager.lifecycle.placement
+            address = self.settings.advertised(
+                self.port, placement.address_on(network) if network else ""
+            )
             if reuse and not self.settings.advertise_url:  # the shared port reaches any worker
                 sockets += tornado.netutil.bind_sockets(0, "127.0.0.1")
                 address = f"http://127.0.0.1:{sockets[-1].getsockname()[1]}"

@@ -596,6 +596,14 @@ class Settings:
         "for its sessions (empty: http://<host>:<port>, 127.0.0.1 for a wildcard host)",
         STORAGE,
     )
+    advertise_network: str = _opt(
+        "",
+        "with placement swarm, instead of advertise_url: the network (as the gateway's "
+        "container is attached to it, e.g. sbx-front) whose address this gateway's task "
+        "advertises, as http://<address>:<port>; a Swarm service's replicas have no fixed "
+        "address",
+        STORAGE,
+    )
     lease_ttl: float = _opt(
         3.0,
         "seconds a gateway's lease on a session lasts unless renewed (renewed each third of "
@@ -675,6 +683,11 @@ class Settings:
             )
         if self.lease_ttl <= 0:
             raise ConfigError("lease_ttl must be positive")
+        if self.advertise_network and (self.placement != "swarm" or self.advertise_url):
+            raise ConfigError(
+                "advertise_network names a Swarm task's network: it needs placement swarm, "
+                "and no advertise_url (set one of them)"
+            )
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
@@ -758,11 +771,14 @@ class Settings:
             return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
         return Store(Path(self.data_dir) / "gateway.sqlite3", self.retention())
 
-    def advertised(self, port: int) -> str:
-        """This gateway's base URL for its peers, once it listens on ``port``."""
+    def advertised(self, port: int, network_address: str = "") -> str:
+        """This gateway's base URL for its peers, once it listens on ``port``.
+
+        ``network_address``: its address on ``advertise_network``, when that is set.
+        """
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        host = network_address or ("127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host)
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def retention(self) -> Retention:

@@ -99,7 +99,8 @@ SAMPLES = {
     "swarm_poll_interval": "0.5",
     "data_dir": "/srv/sbx",
     "database_url": "postgresql://sbx@db.example/sbx",
-    "advertise_url": "http://10.0.0.5:8765",
+    "advertise_url": "",  # advertise_network's alternative
+    "advertise_network": "sbx-front",
     "lease_ttl": "4",
     "workers": "1",
     "reuse_port": "true",
@@ -270,3 +271,16 @@ def test_mcp_over_http_refuses_a_token_it_would_not_send():
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "--token is for stdio" in result.stderr
+
+
+def test_advertise_network_needs_placement_swarm_and_no_advertise_url():
+    swarm = {"placement": "swarm", "runtimes": "runc", "network_policies": "none",
+             "package_cache": "false", "npm_cache": "false"}  # fmt: skip
+    s = Settings.from_mapping({**swarm, "advertise_network": "sbx-front"})
+    assert s.advertised(8765, "10.0.1.7") == "http://10.0.1.7:8765"
+    with pytest.raises(ConfigError, match="it needs placement swarm"):
+        Settings.from_mapping({"advertise_network": "sbx-front"})
+    with pytest.raises(ConfigError, match="no advertise_url"):
+        Settings.from_mapping(
+            {**swarm, "advertise_network": "sbx-front", "advertise_url": "http://a:1"}
+        )

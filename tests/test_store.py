@@ -275,10 +275,12 @@ def test_a_dead_gateways_open_sessions_are_orphans_for_the_others_to_adopt(make_
             for gateway in ("other", "dead")
         }
         elsewhere = await store.owned_elsewhere("alive"), await store.owned_elsewhere("dead")
+        unheld = {sid for sid in ("lapsed", "live", "ended", "unleased") if await store.unheld(sid)}
         await store.close()
-        return orphans, elsewhere
+        return orphans, elsewhere, unheld
 
-    orphans, elsewhere = asyncio.run(scenario())
+    orphans, elsewhere, unheld = asyncio.run(scenario())
+    assert unheld == {"lapsed"}, "only an open session whose lease ran out is held by nobody"
     assert orphans == {"other": [("lapsed", {"c": "lapsed"})], "dead": []}, (
         "only an open session whose lease ran out is another gateway's to adopt"
     )

@@ -39,6 +39,10 @@ from ..errors import OwnerUnavailable
 log = logging.getLogger(__name__)
 
 FORWARDED = "X-Sbx-Forwarded"
+# Seconds a connect to the owner may take. Gateways share a network: one that has
+# not accepted by then is gone (a killed Swarm task's address answers nothing at
+# all, so the default 20 s would hold every request until then).
+CONNECT_TIMEOUT = 2.0
 _BODIES = ("POST", "PUT", "PATCH")
 # Headers of one hop only, and those Tornado sets itself.
 _HOP = frozenset(
@@ -135,7 +139,7 @@ class Forwarder:
                 url.hostname or "",
                 url.port or (443 if secure else 80),
                 ssl_options=ssl.create_default_context() if secure else None,
-                timeout=20,
+                timeout=CONNECT_TIMEOUT,
             )
         except OSError as e:  # refused, unreachable, timed out
             raise _unreachable(owner, e) from e
@@ -295,10 +299,14 @@ async def connect_upstream(
     request is then answered here.
     """
     url = "ws" + owner.removeprefix("http") + handler.request.uri
-    request = tornado.httpclient.HTTPRequest(url, headers=_headers(handler.request))
+    request = tornado.httpclient.HTTPRequest(
+        url, headers=_headers(handler.request), connect_timeout=CONNECT_TIMEOUT
+    )
     try:
         return await tornado.websocket.websocket_connect(request)
-    except tornado.httpclient.HTTPClientError:
+    except tornado.httpclient.HTTPClientError as e:
+        if e.code == 599:  # no answer at all: timed out
+            raise _unreachable(owner, e) from e
         return None
     except OSError as e:
         raise _unreachable(owner, e) from e

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import docker.errors
 import requests.exceptions
 
-from ..errors import NotSupported
+from ..errors import ConfigError, NotSupported
 from ..limits import Limits, format_size
 from . import volume
 from .workspace import Workspace
@@ -112,7 +112,7 @@ class Placement(abc.ABC):
     resizes_in_place = False
     # Whether secrets can be given as files on a tmpfs (the host's, bind-mounted).
     secret_files = False
-    # Whether a session another gateway on this host started can be adopted (failover).
+    # Whether a session another gateway started can be adopted (failover; ``adoptable``).
     adopts_others = False
     # Whether a running sandbox can be handed to another session (``move_in``).
     hands_over = False
@@ -163,6 +163,21 @@ class Placement(abc.ABC):
         share a network with the gateway keeps the API off that network.
         """
         return [host]
+
+    def address_on(self, network: str) -> str:
+        """The gateway's own address on ``network`` (``advertise_network``), after ``start``."""
+        raise ConfigError(
+            f"the {self.name} placement cannot tell the gateway's address on a network"
+        )
+
+    def adoptable(self, runtime: dict[str, Any] | None) -> bool:
+        """Whether this gateway can take over a dead gateway's session (its runtime info).
+
+        Only where ``adopts_others``; by default, when the session's directory
+        (and so its kernel's sockets and files) is on this host.
+        """
+        directory = (runtime or {}).get("session_dir")
+        return bool(directory) and os.path.isdir(directory)
 
     @abc.abstractmethod
     def sandbox(self, request: SandboxRequest, gateway_id: str) -> Any:

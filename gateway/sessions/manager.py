@@ -40,6 +40,7 @@ from ..errors import (
     GatewayError,
     KernelDied,
     NotPaused,
+    OwnerUnavailable,
     PayloadTooLarge,
     QuotaExceeded,
     SessionBusy,
@@ -291,6 +292,9 @@ class SessionManager:
     async def locate(self, session_id: str) -> str | None:
         """Where the other gateway that owns the session answers; None if none does.
 
+        Raises OwnerUnavailable while an open session's lease has run out and
+        nobody has adopted it yet: it is not gone, and a retry finds it.
+
         An answer is kept for a third of a lease (``forget_location`` drops it
         sooner): a session changes owner only once a lease has run out.
         """
@@ -299,6 +303,12 @@ class SessionManager:
         if known is not None and known[1] > now:
             return known[0]
         found = await self.store.owner_address(session_id)
+        if found is None and await self.store.unheld(session_id):
+            raise OwnerUnavailable(
+                "the gateway that owned this session stopped answering; another one takes "
+                "it over within seconds if it can reach its kernel, else it answers again "
+                "once that gateway is back: try again"
+            )
         if found is None or found[0] == self.leases.owner:
             self._locations.pop(session_id, None)
             return None

@@ -12,16 +12,16 @@ Recovery is handed the store, the sandbox lifecycle and a ``Registry`` (the
 few session commands it needs; the session manager is one), never the
 manager itself. With a shared store it takes only the sessions whose lease
 it holds or claims (``Leases``): never another live gateway's. It also
-adopts a dead gateway's sessions whose directory is on this host (failover
-between gateways of one host), leaving their kernels, and so their state,
-running where they are; and it never reaps a session another gateway holds.
+adopts a dead gateway's sessions the placement can reach (on Docker, those
+whose directory is on this host; on Swarm, any), leaving their kernels, and
+so their state, running where they are; and it never reaps a session another
+gateway holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,16 +85,16 @@ async def take_back(
     At start, that is all of them. Later (the session manager asks each third
     of a lease), those it let go of when its leases ran out while the database
     did not answer, and nobody else took: their kernels ran on meanwhile.
-    Always, a dead gateway's sessions whose directory is here (``_here``).
+    Always, a dead gateway's sessions the placement can adopt (``Placement.adoptable``).
     Returns the containers the sessions taken over run in.
     """
-    gateway_id = lifecycle.gateway_id
-    orphans = await store.orphans(gateway_id) if lifecycle.placement.adopts_others else []
+    gateway_id, placement = lifecycle.gateway_id, lifecycle.placement
+    orphans = await store.orphans(gateway_id) if placement.adopts_others else []
     left = [
         (doc, runtime)
         for doc, runtime in [
             *await store.open_sessions(gateway_id),
-            *((doc, runtime) for doc, runtime in orphans if _here(runtime)),
+            *((doc, runtime) for doc, runtime in orphans if placement.adoptable(runtime)),
         ]
         if doc["id"] not in registry.sessions and doc["id"] not in registry.ending
     ]
@@ -102,9 +102,11 @@ async def take_back(
     left = [session for session, ours in zip(left, owned, strict=True) if ours]
     if not left:
         return set()
-    cut = await close_cut_executions(store, {doc["id"] for doc, _ in left})
-    adopted = {doc["id"] for doc, _ in orphans}
-    containers = await lifecycle.placement.sandboxes(gateway_id, adopted)
+    taken = {doc["id"] for doc, _ in left}
+    cut = await close_cut_executions(store, taken)
+    # Sandboxes are labelled with the gateway that started them: a session this
+    # gateway adopted once (its own now) still runs in the first one's.
+    containers = await placement.sandboxes(gateway_id, taken)
     claimed: set[str] = set()
     outcomes = await asyncio.gather(
         *(
@@ -117,12 +119,6 @@ async def take_back(
         if isinstance(outcome, BaseException):
             log.error("recovering a session failed: %r", outcome)
     return claimed
-
-
-def _here(runtime: dict[str, Any] | None) -> bool:
-    """Whether a session's directory (and so its kernel's sockets) is on this host."""
-    directory = (runtime or {}).get("session_dir")
-    return bool(directory) and os.path.isdir(directory)
 
 
 async def _take_over(

@@ -425,6 +425,16 @@ class Store:
             (json.loads(r["doc"]), json.loads(r["runtime"]) if r["runtime"] else None) for r in rows
         ]
 
+    async def unheld(self, session_id: str) -> bool:
+        """Whether an open session's lease ran out: its owner is gone, another adopts it soon."""
+        rows = await self._run(
+            self._exec,
+            "SELECT 1 FROM leases JOIN sessions ON id = session_id"
+            f" WHERE session_id = ? AND ended_at IS NULL AND expires_at < {self.NOW}",
+            (session_id,),
+        )
+        return bool(rows)
+
     async def owned_elsewhere(self, owner: str) -> set[str]:
         """Open sessions another gateway holds or held a lease on: never ``owner``'s to reap."""
         rows = await self._run(

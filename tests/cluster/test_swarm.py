@@ -312,6 +312,93 @@ def _new_gateway_answers(cluster, old: set[str]) -> bool:
         return False
 
 
+def test_a_killed_replica_s_stream_client_goes_on_through_another(cluster, replicated):
+    """Two gateway replicas on PostgreSQL; the one owning a session is killed mid-cell.
+
+    The client reconnects (to the mesh) with its last event id and the
+    session answers through the other replica, which adopted it: its kernel,
+    and so its variables, kept. The killed replica, started again by Swarm on
+    its data volume, leaves the adopted session's service alone.
+    """
+    with replicated.client as api:
+        r = api.post("/v1/sessions", json={})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert run(api, sid, "x = 41")["status"] == "ok"
+    owner, address = replicated.owner(sid)
+    victim = replicated.container_at(address)
+    code = "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(.2)"
+
+    async def read_until(ws, done) -> list[dict]:
+        events = []
+        while True:
+            raw = await asyncio.wait_for(ws.read_message(), 60)
+            assert raw is not None, f"the stream closed; events so far: {events}"
+            events.append(json.loads(raw))
+            if done(events[-1]):
+                return events
+
+    async def scenario() -> tuple[list[dict], float]:
+        ws = await websocket_connect(replicated.ws_url(f"/v1/sessions/{sid}/stream"))
+        ws.write_message(json.dumps({"type": "execute", "id": "long", "code": code}))
+        seen = await read_until(ws, lambda e: e["type"] == "stream")
+        await asyncio.to_thread(cluster.manager.api.kill, victim)
+        killed, refused = time.monotonic(), []
+        ws.close()  # as the client finds its connection dropped
+        while True:  # as a client would: reconnect until the stream is back
+            assert time.monotonic() - killed < 60, f"no stream back in 60 s: {refused[-3:]}"
+            url = replicated.ws_url(
+                f"/v1/sessions/{sid}/stream", last_event_id=seen[-1]["event_id"]
+            )
+            try:  # a gateway passing it on to the dead owner accepts, then closes
+                ws = await websocket_connect(url, connect_timeout=5)
+                first = await asyncio.wait_for(ws.read_message(), 10)
+                if first is not None:
+                    break
+                refused.append(f"{time.monotonic() - killed:.1f} closed")
+            except Exception as e:  # the owner is gone, then its lease runs out
+                refused.append(f"{time.monotonic() - killed:.1f} {e!r}")
+            await asyncio.sleep(0.25)
+        resumed, resumed_at = json.loads(first), time.monotonic() - killed
+        assert resumed["type"] == "gap", f"the stream's first event after the kill: {resumed}"
+        ws.write_message(json.dumps({"type": "execute", "id": "after", "code": "print(x + 1)"}))
+        after = await read_until(ws, lambda e: e["type"] == "done" and e.get("id") == "after")
+        answered = time.monotonic() - killed
+        print(f"\nrefused while the owner was gone: {refused}; resumed at {resumed_at:.1f} s")
+        await closed(ws)
+        return after, answered
+
+    after, answered = asyncio.run(scenario())
+    printed = "".join(e.get("text", "") for e in after if e.get("id") == "after")
+    assert after[-1]["status"] == "ok" and printed == "42\n", f"after the kill: {after}"
+    # A lease (3 s) runs out, the other adopts within a third of one, clients retry.
+    assert answered < 10, f"the session answered again {answered:.1f} s after the kill"
+    new_owner, _ = replicated.owner(sid)
+    assert new_owner != owner, "the session answered only once its own replica came back"
+    print(f"\nsession answered through the other replica {answered:.1f} s after the kill")
+    # The killed replica comes back on its data volume (its gateway id) and
+    # leaves alone the service of the session the other one adopted.
+    wait_for(lambda: len(replicated.tasks()) == 2 and victim not in str(replicated.tasks()),
+             120, "the killed replica started again")  # fmt: skip
+    time.sleep(5)  # its recovery has run
+    with replicated.client as api:
+        for _ in range(4):  # through either replica
+            assert stdout(run(api, sid, "print(x)")) == "41\n"
+    assert cluster.manager.api.services(filters={"name": f"sbx-{sid}"}), "its service was reaped"
+    # The cell the killed replica ran was interrupted on adoption, its outputs so far kept.
+    with replicated.client as api:
+        executions = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    cut = [e for e in executions if e["status"] == "interrupted_by_gateway_restart"]
+    assert len(cut) == 1, executions
+    cut = cut[0]
+    assert "tick 0" in "".join(o.get("text", "") for o in cut["outputs"]), cut
+    # Its new owner restarts its kernel in place (the connection file is written here now).
+    with replicated.client as api:
+        r = api.post(f"/v1/sessions/{sid}/restart")
+        assert r.status_code == 200 and r.json()["state"] == "idle", r.text
+        assert stdout(run(api, sid, "print('x' in dir())")) == "False\n"
+
+
 def test_a_lost_node_kills_its_sessions_only(cluster, api, placed):
     """Runs last: it stops worker w2's engine."""
     lost, kept = placed["w2"], placed["w1"]

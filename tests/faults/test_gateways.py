@@ -104,6 +104,34 @@ def test_a_gateway_that_loses_a_lease_stops_acting_for_the_session_at_once(
     assert "lease" in gw.tail(200)
 
 
+def test_an_open_session_whose_owner_is_gone_is_503_not_404_until_adopted(
+    start_gateway, database, engine
+):
+    """Between a dead owner's lease running out and the adoption, clients are told to retry."""
+    gw = shared(start_gateway, database)
+    sid = new_session(gw)
+    with psycopg.connect(database, autocommit=True) as db:  # its owner died, on another host
+        db.execute(
+            "UPDATE sessions SET runtime = jsonb_set(runtime::jsonb, '{session_dir}',"
+            " '\"/nonexistent\"')::text WHERE id = %s",
+            (sid,),
+        )
+        db.execute(
+            "UPDATE leases SET owner = 'ghost', expires_at = extract(epoch from now()) - 1"
+            " WHERE session_id = %s",
+            (sid,),
+        )
+    try:
+        time.sleep(2 * float(LEASE))  # gw lets go; it cannot adopt it (not on its host)
+        r = gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "owner_unavailable", r.text
+        assert r.headers.get("Retry-After"), r.headers
+        r = gw.client.get(f"/v1/sessions/{new_session(gw)}x")  # an unknown one is still a 404
+        assert r.status_code == 404, r.text
+    finally:
+        engine.containers.get(f"sbx-{sid}").remove(force=True)
+
+
 async def stream_then_resume_elsewhere(first, second, sid: str):
     """Start a cell on the agent stream of ``first``, leave, resume on ``second``."""
     code = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
@@ -343,6 +371,18 @@ def test_a_killed_gateways_sessions_are_adopted_by_another_with_their_state(
     assert again.client.get("/v1/sessions").status_code == 200
     time.sleep(2 * float(LEASE))
     assert answers(ids[0], 0) and answers(ids[1], 1), "the restarted gateway broke them"
+    # The adopter, restarted on its data directory, reattaches to what it adopted
+    # (their containers still carry the first gateway's label).
+    again.stop(signal.SIGKILL)
+    second.stop(signal.SIGKILL)
+    second = shared(
+        start_gateway, database, keep_sessions=True, data_dir=second.data_dir,
+        env={"SBX_TOKEN": token},
+    )  # fmt: skip
+    second.client.headers["Authorization"] = f"Bearer {token}"
+    assert answers(ids[0], 0) and answers(ids[1], 1), (
+        f"the restarted adopter lost what it adopted: {second.client.get('/v1/sessions').text}"
+    )
     # Dying, an adopted kernel is noticed; deleted, it leaves nothing behind.
     engine.containers.get(f"sbx-{ids[1]}").kill()
     assert wait_for(

@@ -9,6 +9,13 @@ every ``swarm_poll_interval`` seconds finds a node lost (its tasks' sessions
 die with that reason) and a task that ended without its kernel reporting it
 (the agent's container killed or removed). Kernel deaths inside a running
 sandbox (out of memory, a crash) the agent reports at once.
+
+Any gateway of a deployment (the service's replicas, on one shared store)
+can take over another's sessions: kernels are reached over TCP on the
+overlay, sandboxes admit every replica (``tasks.<service>``), and the
+workspace is the agent's, so nothing of a session lives on the gateway's
+host. An adopted service keeps its first gateway's label; the adopter
+follows it by session.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ class SwarmPlacement(Placement):
 
     name = "swarm"
     resizes_in_place = False  # a service update replaces the task, and so the kernel
+    adopts_others = True  # kernels over the overlay, files through the agent
 
     def __init__(
         self,
@@ -97,6 +105,8 @@ class SwarmPlacement(Placement):
         self._gateway_id = ""
         self._on_death: DeathCallback | None = None
         self._poller: asyncio.Task | None = None
+        self._addresses: dict[str, str] = {}  # the gateway's own, by network name
+        self._followed: set[str] = set()  # sessions taken over: their services are another's
 
     # -- watching ----------------------------------------------------------------------
 
@@ -150,12 +160,30 @@ class SwarmPlacement(Placement):
         try:
             container = self.docker.api.inspect_container(socket.gethostname())
             service = container["Config"]["Labels"]["com.docker.swarm.service.name"]
+            networks = container["NetworkSettings"]["Networks"] or {}
         except (docker.errors.DockerException, KeyError):
             raise ConfigError(
                 "placement swarm needs the gateway to run as a Swarm service on the kernel "
                 "network (deploy/swarm-stack.yml), so sandboxes know whom to admit"
             ) from None
+        self._addresses = {
+            name: n["IPAddress"] for name, n in networks.items() if n.get("IPAddress")
+        }
         return f"tasks.{service}"
+
+    def address_on(self, network: str) -> str:
+        """This gateway task's address on ``network``: what its replicas reach it at."""
+        if network not in self._addresses:
+            raise ConfigError(
+                f"advertise_network {network!r}: the gateway's container is not on it "
+                f"(it is on {', '.join(sorted(self._addresses)) or 'no network'}); "
+                "attach the service to it (deploy/swarm-stack.yml)"
+            )
+        return self._addresses[network]
+
+    def adoptable(self, runtime: dict[str, Any] | None) -> bool:
+        """Always: nothing of a session is on the gateway's host (its kernel is a service)."""
+        return True
 
     def api_hosts(self, host: str) -> list[str]:
         """For a wildcard ``host``, every address of the gateway's but its kernel-network ones.
@@ -216,14 +244,15 @@ class SwarmPlacement(Placement):
             await asyncio.sleep(self.options.poll_interval)
 
     async def poll(self) -> None:
-        """Report every task of ours that ended, or whose node was lost, once."""
+        """Report every task of ours (or adopted) that ended, or whose node was lost, once."""
         api = self.docker.api
-        label = f"{LABEL_GATEWAY}={self._gateway_id}"
+        label = LABEL_SESSION if self._followed else f"{LABEL_GATEWAY}={self._gateway_id}"
         nodes, services, tasks = await asyncio.gather(
             asyncio.to_thread(api.nodes),
             asyncio.to_thread(api.services, filters={"label": label}),
             asyncio.to_thread(api.tasks, filters={"label": label}),
         )
+        services = [s for s in services if self._ours(s["Spec"]["Labels"])]
         lost = {
             n["ID"]: n.get("Description", {}).get("Hostname", n["ID"][:12])
             for n in nodes
@@ -249,6 +278,12 @@ class SwarmPlacement(Placement):
             self._reasons[service_id] = reason
             assert self._on_death is not None
             self._on_death(session_id, service_id, exit_code)
+
+    def _ours(self, labels: dict[str, str]) -> bool:
+        return (
+            labels.get(LABEL_GATEWAY) == self._gateway_id
+            or labels.get(LABEL_SESSION) in self._followed
+        )
 
     def report(self, session_id: str, service_id: str, exit_code: int, reason: str) -> None:
         """A kernel death the agent reported (out of memory, a crash)."""
@@ -287,6 +322,15 @@ class SwarmPlacement(Placement):
         """The session's directory here: jupyter_client keeps the connection file in it."""
         Path(spec.connection_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
 
+    async def reattach(self, session_id: str) -> None:
+        """Follow the session's service whoever started it; give it a directory here.
+
+        A kernel restart writes the connection file again, and an adopted
+        session's directory was on the gateway that started it.
+        """
+        self._followed.add(session_id)
+        self.session_dir(session_id).mkdir(mode=0o700, parents=True, exist_ok=True)
+
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         """The image digest Swarm pinned the service to, and the packages the agent reads."""
         running = provisioner()
@@ -309,7 +353,9 @@ class SwarmPlacement(Placement):
     async def sandboxes(
         self, gateway_id: str, sessions: Collection[str] = ()
     ) -> list[SandboxState]:
-        label = f"{LABEL_GATEWAY}={gateway_id}"
+        """This gateway's services, and those of ``sessions`` whoever started them."""
+        wanted = set(sessions)
+        label = LABEL_SESSION if wanted else f"{LABEL_GATEWAY}={gateway_id}"
         api = self.docker.api
         services, tasks, nodes = await asyncio.gather(
             asyncio.to_thread(api.services, filters={"label": label}),
@@ -325,9 +371,12 @@ class SwarmPlacement(Placement):
         return [
             SandboxState(s["ID"], s["Spec"]["Labels"].get(LABEL_SESSION, "?"), s["ID"] in running)
             for s in services
+            if s["Spec"]["Labels"].get(LABEL_GATEWAY) == gateway_id
+            or s["Spec"]["Labels"].get(LABEL_SESSION) in wanted
         ]
 
     async def remove(self, session_id: str) -> None:
+        self._followed.discard(session_id)
         with contextlib.suppress(docker.errors.NotFound):
             await self.remove_sandbox(sandbox_name(session_id))
 
