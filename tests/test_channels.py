@@ -165,6 +165,6 @@ async def test_a_message_whose_edge_another_call_took_is_still_read(kernel, chan
     # the socket (this one) handles ZeroMQ's pending commands: the edge is gone.
     deadline = time.monotonic() + 5
     while not kernel.iopub.getsockopt(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # noqa: ASYNC251  (holding the loop is the point)
     got = [await request.iopub.get(0.3) for _ in range(2)]
     assert got[0] is None and got[1]["content"]["text"] == "stranded"
