@@ -239,6 +239,17 @@ def deleted_files_held(pid: int) -> list[str]:
     return held
 
 
+def unix_sockets_under(path_part: str) -> list[str]:
+    """Paths of this network namespace's Unix sockets that contain ``path_part``.
+
+    A socket stays listed while any process holds it open, even once its
+    file is removed: a gateway's sockets outliving their session show here.
+    """
+    with open("/proc/net/unix") as f:
+        next(f)  # the header
+        return [line.split()[-1] for line in f if path_part in line]
+
+
 CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
 
 

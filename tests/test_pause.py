@@ -7,6 +7,7 @@ import contextlib
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from helpers import (
     run,
     run_over_channels,
     text_of,
+    unix_sockets_under,
     wait_for,
 )
 
@@ -259,3 +261,26 @@ def test_a_replay_resume_in_a_pooled_container_runs_its_cells_over_its_files(sta
     ]
     assert hits and hits[0].endswith(" 2.0"), f"create and resume not both warm: {hits}"
     assert text_of(run(api, sid, "print(v, open('n.txt').read())")) == "11 1\n"
+
+
+def test_paused_and_resumed_sessions_leave_no_kernel_sockets_open(start_gateway, engine):
+    """A kernel's guards listen per sandbox; each pause used to leave five of them open for good."""
+    gw = start_gateway("--pool", "python3=1")
+    api = gw.client
+    pool_ready = lambda: api.get("/healthz").json()["pool_ready"]["python3"] >= 1  # noqa: E731
+    for resumed in (True, False):  # warm into the pool, or deleted while paused
+        assert wait_for(pool_ready, 60), "the pool never filled"
+        sid = api.post("/v1/sessions", json={}).json()["id"]
+        run(api, sid, "x = 1")
+        pause(api, sid)
+        if resumed:
+            assert wait_for(pool_ready, 60), "the pool never refilled"
+            resume(api, sid)
+            assert text_of(run(api, sid, "print(x)")) == "1\n"
+        assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert wait_for(pool_ready, 60), "the pool never refilled"
+    labelled = engine.containers.list(filters={"label": f"sbx.gateway={gateway_id(gw.data_dir)}"})
+    running = {c.labels["sbx.session"] for c in labelled}
+    sessions = gw.data_dir / "sessions"
+    held = {Path(path).relative_to(sessions).parts[0] for path in unix_sockets_under(str(sessions))}
+    assert held <= running, f"sockets still open for sandboxes gone: {held - running}"

@@ -268,6 +268,8 @@ class Kernel:
         an adopted kernel whose container is gone can still be restarted.
         """
         km = self.manager
+        if km.provisioner is not None:  # a paused session's: its guards go with it
+            await km.provisioner.let_go()
         km.load_connection_info(runtime["connection_info"])
         provisioner = self._new_provisioner()
         provisioner.use_sandbox(self.sandbox)
@@ -453,9 +455,12 @@ class Kernel:
             self.restarting = False
 
     async def stop(self) -> None:
-        """Stop the kernel and remove its sandbox, ready for a later ``start`` (a pause)."""
-        self._stop_channels()
-        self.client = None
+        """Stop the kernel and remove its sandbox, ready for a later ``start`` (a pause).
+
+        Its guards close too: a paused session may be deleted, or resumed in
+        another sandbox, and the next ``start`` opens them again.
+        """
+        await self.let_go()
         await self.manager.shutdown_kernel(now=True, restart=True)
 
     async def interrupt(self) -> None:
