@@ -1,7 +1,9 @@
 """One running kernel: start it, run code on it, interrupt, restart, stop.
 
-Wraps jupyter_client's async kernel manager and client. Knows nothing of
-sessions, HTTP or storage; ``SessionManager`` decides when to call what.
+jupyter_client's async kernel manager starts and stops the kernel and makes
+its sockets; the gateway's requests go through its own ``KernelChannels``.
+Knows nothing of sessions, HTTP or storage; ``SessionManager`` decides when
+to call what.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import contextlib
 import functools
 import json
 import logging
-import queue
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
+from .channels import KernelChannels, Message, Request
 from .outputs import OutputCap, OutputCollector, OutputListener
 
 log = logging.getLogger(__name__)
@@ -90,8 +92,8 @@ def shared_context() -> zmq.asyncio.Context:
 def limit_kernel_messages(max_bytes: int) -> None:
     """Make every socket the gateway opens to a kernel refuse a frame over ``max_bytes``.
 
-    A default of the shared context, so it holds for each kernel client's
-    channels and each Jupyter relay's sockets alike. libzmq reads a frame's
+    A default of the shared context, so it holds for the gateway's channels
+    to each kernel and each Jupyter relay's sockets alike. libzmq reads a frame's
     announced size first and, over the limit, drops the connection without
     reading the frame; ``DropWatch`` makes it again, and ``Kernel`` says so
     in the execution's outputs.
@@ -197,7 +199,7 @@ _RECONNECT_WAIT = 2.0
 
 
 class Kernel:
-    """A kernel process in its sandbox, and the client that talks to it."""
+    """A kernel process in its sandbox, and the gateway's channels to it."""
 
     def __init__(
         self,
@@ -217,10 +219,9 @@ class Kernel:
             autorestart=False,
         )
         self.manager.kernel_id = sandbox.session_id
-        self.client = None
         self._drops: DropWatch | None = None
-        self._executing = False
-        self._draining: asyncio.Task | None = None
+        self._channels: KernelChannels | None = None
+        self._channels_ip: str | None = None  # where the kernel was when they were made
         self.died = asyncio.Event()
         self.restarting = False  # its old container's death is expected, not news
         self._interrupting = False
@@ -283,7 +284,6 @@ class Kernel:
     async def let_go(self) -> None:
         """Close this side (channels, guards) and leave the sandbox running for another to adopt."""
         self._stop_channels()
-        self.client = None
         provisioner = self.manager.provisioner
         if provisioner is not None:
             await provisioner.let_go()
@@ -293,88 +293,64 @@ class Kernel:
         self._stop_channels()
 
     def _stop_channels(self) -> None:
-        if self._draining is not None:
-            self._draining.cancel()
-            self._draining = None
         if self._drops is not None:
             self._drops.close()
             self._drops = None
-        if self.client is not None:
-            self.client.stop_channels()
+        if self._channels is not None:
+            self._channels.close()
+            self._channels = None
 
-    async def connect(self, flush: bool = True) -> None:
-        """Open the client's channels (once) and wait until the kernel answers.
-
-        ``flush`` false skips jupyter_client's last 0.2 s wait for iopub to fall
-        quiet (a kernel that has answered before: what it still says is drained).
-        """
+    async def connect(self) -> None:
+        """Open the gateway's channels to the kernel (once) and wait until it answers."""
         self.died.clear()
-        if self.client is not None and self.client.ip != self.manager.ip:
-            # Restarted elsewhere (a cluster sandbox replaced on another node).
-            self._stop_channels()
-            self.client = None
-        if self.client is None:
-            # Its own Session: verified signatures are remembered per Session, and
-            # relays of Jupyter clients see the same iopub messages.
-            self.client = self.manager.client(
-                session=self.manager.session.clone(), context=self.manager.context
-            )
-            self.client.start_channels()
-            channels = (self.client.iopub_channel, self.client.shell_channel)
-            self._drops = DropWatch([channel.socket for channel in channels])
-        await self._stop_draining()  # waiting for ready reads iopub itself
+        km = self.manager
+        if self._channels is not None and self._channels_ip != km.ip:
+            self._stop_channels()  # restarted elsewhere (a cluster sandbox on another node)
+        if self._channels is None:
+            shell, iopub = km.connect_shell(), km.connect_iopub()
+            self._drops = DropWatch([iopub, shell])
+            self._channels, self._channels_ip = KernelChannels(km.session, shell, iopub), km.ip
         try:
-            if flush:
-                await self.client.wait_for_ready(timeout=self.start_timeout)
-            else:
-                await self._answers()
+            await self._answers()
         except RuntimeError as e:
             output = await self._container_output()
             raise KernelStartFailed(
                 f"the kernel did not start ({e}); its last output: {output or '(none)'}"
             ) from e
-        self._drain()
 
     async def _answers(self) -> None:
-        """A kernel_info reply on shell and a message on iopub: both channels are connected."""
-        client = self.client
-        assert client is not None
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            client.kernel_info()
-            try:
-                reply = await client.shell_channel.get_msg(timeout=1)
-                if reply["msg_type"] == "kernel_info_reply":
-                    await client.iopub_channel.get_msg(timeout=0.2)
-                    return
-            except queue.Empty:
-                continue
-        raise RuntimeError(f"the kernel did not answer in {self.start_timeout:g} s")
+        """A kernel_info reply on shell and a message on iopub: both channels are up.
 
-    def _drain(self) -> None:
-        """Read and forget iopub while no execution reads it.
-
-        Unread, libzmq would hold up to its high-water mark (1000 messages) of
-        what a chatty kernel publishes between executions, or to a Jupyter
-        client (each relay has its own sockets): up to 1000 times
-        ``max_kernel_message``.
+        Asked again each second, until ``start_timeout``; a late reply to an
+        earlier ask counts too, as jupyter_client's ``wait_for_ready`` does.
         """
-        if self._draining is None and self.client is not None and not self._executing:
-            self._draining = asyncio.create_task(self._discard_iopub())
+        channels = self._channels
+        assert channels is not None
+        deadline = time.monotonic() + self.start_timeout
+        asked: list[Request] = []
+        try:
+            while True:
+                channels.iopub_heard.clear()
+                asked.append(self._request("kernel_info_request", {}))
+                await asyncio.wait([request.reply for request in asked], timeout=1.0)
+                if any(request.reply.done() for request in asked):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(channels.iopub_heard.wait(), 0.2)
+                    if channels.iopub_heard.is_set():
+                        return
+                channels.poke()
+                if not await self.manager.is_alive():
+                    raise RuntimeError("the kernel stopped before it answered")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the kernel did not answer in {self.start_timeout:g} s")
+        finally:
+            for request in asked:
+                request.close()
 
-    async def _discard_iopub(self) -> None:
-        assert self.client is not None
-        socket = self.client.iopub_channel.socket
-        while True:
-            await socket.recv_multipart(copy=False)
-            await asyncio.sleep(0)
-
-    async def _stop_draining(self) -> None:
-        if self._draining is not None:
-            self._draining.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._draining
-            self._draining = None
+    def _request(self, msg_type: str, content: dict[str, Any]) -> Request:
+        if self._channels is None:
+            raise RuntimeError("the kernel is not connected")
+        return self._channels.request(msg_type, content)
 
     async def _container_output(self) -> str:
         """The sandbox's last output lines, to say why a start failed."""
@@ -383,9 +359,9 @@ class Kernel:
 
     async def run_silently(self, code: str) -> None:
         """Run setup code that leaves no trace: no execution count, history or output."""
-        assert self.client is not None
-        msg_id = self.client.execute(code, silent=True, store_history=False, allow_stdin=False)
-        reply = await self._reply(msg_id)
+        reply = await self._reply(
+            self._request("execute_request", _execute_content(code, silent=True))
+        )
         if reply is None or reply.get("status") != "ok":
             raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
 
@@ -396,15 +372,8 @@ class Kernel:
         execution count, history or output. Raises ``RuntimeError`` with the
         kernel's error when either fails, ``TimeoutError`` when no reply comes.
         """
-        assert self.client is not None
-        msg_id = self.client.execute(
-            code,
-            silent=True,
-            store_history=False,
-            allow_stdin=False,
-            user_expressions={"value": expression},
-        )
-        reply = await self._reply(msg_id, timeout)
+        content = _execute_content(code, silent=True, user_expressions={"value": expression})
+        reply = await self._reply(self._request("execute_request", content), timeout)
         if reply is None:
             raise TimeoutError(f"the kernel gave no answer within {timeout:g} s")
         value = reply.get("user_expressions", {}).get("value", {})
@@ -413,12 +382,12 @@ class Kernel:
                 raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
         return str(value.get("data", {}).get("text/plain", ""))
 
-    @contextlib.asynccontextmanager
-    async def environment(self, env: Mapping[str, str]) -> AsyncIterator[None]:
+    def environment(self, env: Mapping[str, str]) -> contextlib.AbstractAsyncContextManager:
         """Run one execution with ``env`` set in a Python kernel's ``os.environ``, then undo it."""
-        if not env:
-            yield
-            return
+        return self._environment(env) if env else contextlib.nullcontext()
+
+    @contextlib.asynccontextmanager
+    async def _environment(self, env: Mapping[str, str]) -> AsyncIterator[None]:
         await self.run_silently(
             f"import os as _sbx_os\n_sbx_env = {{k: _sbx_os.environ.get(k) for k in {list(env)!r}}}"
             f"\n_sbx_os.environ.update(__import__('json').loads({json.dumps(env)!r}))"
@@ -436,9 +405,10 @@ class Kernel:
 
     async def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info_reply content (language_info, implementation)."""
-        assert self.client is not None
-        reply = await self.client.kernel_info(reply=True, timeout=self.start_timeout)
-        return reply["content"]
+        reply = await self._reply(self._request("kernel_info_request", {}), self.start_timeout)
+        if reply is None:
+            raise TimeoutError(f"the kernel gave no kernel_info_reply in {self.start_timeout:g} s")
+        return reply
 
     async def restart(self) -> None:
         """Replace the kernel process with a fresh one (state is lost).
@@ -493,16 +463,13 @@ class Kernel:
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
-        self._executing = True
-        await self._stop_draining()
         if on_start is not None:
             on_start()
         try:
             collector = OutputCollector(cap.bytes, on_output, cap.limit, mask)
             return await self._execute(code, timeout, grace, collector)
         finally:
-            self._awaiting_start = self._executing = False
-            self._drain()
+            self._awaiting_start = False
 
     async def _execute(
         self,
@@ -511,14 +478,31 @@ class Kernel:
         grace: float,
         collector: OutputCollector,
     ) -> ExecutionResult:
-        assert self.client is not None
         started = time.monotonic()
         deadline = started + timeout
         drops = self._drops
         assert drops is not None
         await drops.settled(_RECONNECT_WAIT)
         drops_before = drops.drops
-        msg_id = self.client.execute(code, allow_stdin=False)
+        request = self._request("execute_request", _execute_content(code))
+        try:
+            return await self._collect(request, collector, started, deadline, grace, drops_before)
+        finally:
+            request.close()
+
+    async def _collect(
+        self,
+        request: Request,
+        collector: OutputCollector,
+        started: float,
+        deadline: float,
+        grace: float,
+        drops_before: int,
+    ) -> ExecutionResult:
+        """Fold the request's iopub messages into ``collector`` until the kernel is idle again."""
+        drops = self._drops
+        assert drops is not None
+        timeout = deadline - started
         timed_out = restarted = False
         busy_since = float("inf")
         reply = None
@@ -536,16 +520,11 @@ class Kernel:
                 await self.manager.interrupt_kernel()
             if self._awaiting_start and now - busy_since > _SILENT_START:
                 await self._begun()
-            try:
-                msg = await self.client.get_iopub_msg(timeout=min(0.25, deadline - now))
-            except queue.Empty:
+            msg = await request.iopub.get(min(0.25, deadline - now))
+            if msg is None:
                 collector.lost = drops.drops - drops_before
-                if collector.lost and (reply := await self._reply(msg_id, 0.0)) is not None:
+                if collector.lost and (reply := await request.wait_reply(0.0)) is not None:
                     break  # its idle status may have gone with a dropped connection
-                continue
-            # Messages already waiting are read without a pause: let the other sessions in.
-            await asyncio.sleep(0)
-            if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             if self._awaiting_start and msg["msg_type"] in _CELL_BEGUN:
                 # The cell's code is about to run: an interrupt now stops it. One
@@ -554,7 +533,7 @@ class Kernel:
                 await self._begun()
             elif self._awaiting_start and msg["msg_type"] == "status":
                 busy_since = time.monotonic()  # a kernel that never says more begins soon
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
                 break
             collector.add_message(msg)
         collector.lost = drops.drops - drops_before
@@ -563,7 +542,7 @@ class Kernel:
         # No reply at all: the kernel dropped the request (an interrupt landed
         # before the code ran); the reply is short in coming then, not 5 s.
         if reply is None:
-            reply = await self._reply(msg_id, 0.5 if self._interrupting else 5.0)
+            reply = await self._reply(request, 0.5 if self._interrupting else 5.0)
         if reply is None:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
@@ -588,18 +567,15 @@ class Kernel:
         if self._deferred_interrupt:
             await self.manager.interrupt_kernel()
 
-    async def _reply(self, msg_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
-        """Fetch the execute_reply (it may trail the idle status slightly)."""
-        assert self.client is not None
+    async def _reply(self, request: Request, timeout: float = 5.0) -> Message | None:
+        """The request's reply content (it may trail the idle status slightly); None if late."""
         try:
-            while True:
-                msg = await self.client.get_shell_msg(timeout=timeout)
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    return msg["content"]
-        except queue.Empty:
-            if timeout:
-                log.warning("no execute_reply for %s", msg_id)
-            return None
+            reply = await request.wait_reply(timeout)
+        finally:
+            request.close()
+        if reply is None:
+            log.warning("no reply to %s", request.msg_id)
+        return reply
 
     def _timeout_result(
         self, collector: OutputCollector, started: float, timeout: float, restarted: bool
@@ -617,3 +593,16 @@ class Kernel:
             "kernel_restarted": restarted,
         }
         return result
+
+
+def _execute_content(code: str, silent: bool = False, **extra: Any) -> dict[str, Any]:
+    """An execute_request's content; a silent one leaves no history."""
+    return {
+        "code": code,
+        "silent": silent,
+        "store_history": not silent,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+        **extra,
+    }

@@ -291,7 +291,7 @@ class SandboxLifecycle:
         self._equip(session)
         assert session.kernel is not None
         await session.kernel.adopt({**runtime, "kernel_id": session.id})
-        await session.kernel.connect(flush=False)  # it answered the pool already
+        await session.kernel.connect()
         await self.connect_packages(session, relay=False)
         return True
 

@@ -1,0 +1,170 @@
+"""The gateway's own channels to a kernel, against a stand-in kernel made of real ZeroMQ sockets.
+
+The kernel side signs with jupyter_client's Session, as kernels do; the
+integration tests (test_execute, test_kernel_drops, ...) run the same code
+against real kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session
+
+from gateway.execution.channels import KernelChannels
+
+KEY = b"k" * 32
+FLOOD = 900  # under ZeroMQ's high-water mark (1000), which a PUB socket drops past
+
+
+class StandIn:
+    """A kernel's shell (ROUTER) and iopub (PUB), and the gateway's sockets connected to them."""
+
+    def __init__(self, tmp_path) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.session = Session(key=KEY)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.router.bind(f"ipc://{tmp_path}/shell")
+        self.pub.bind(f"ipc://{tmp_path}/iopub")
+        self.shell = self.ctx.socket(zmq.DEALER)
+        self.iopub = self.ctx.socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.shell.connect(f"ipc://{tmp_path}/shell")
+        self.iopub.connect(f"ipc://{tmp_path}/iopub")
+
+    async def next_request(self) -> tuple[list[bytes], dict]:
+        frames = await asyncio.wait_for(self.router.recv_multipart(), 5)
+        idents, rest = self.session.feed_identities(frames)
+        return idents, self.session.deserialize(rest)
+
+    def reply(self, idents: list[bytes], parent: dict, session: Session | None = None) -> None:
+        (session or self.session).send(
+            self.router, "execute_reply", {"status": "ok"}, parent=parent, ident=idents
+        )
+
+    def publish(self, msg_type: str, content: dict, parent: dict | None) -> None:
+        self.session.send(self.pub, msg_type, content, parent=parent or {})
+
+    async def subscribed(self, channels: KernelChannels) -> None:
+        """Publish until the SUB socket hears (a slow joiner misses the first messages)."""
+        request = channels.request("kernel_info_request", {})
+        idents, msg = await self.next_request()
+        self.reply(idents, msg)
+        for _ in range(100):
+            self.publish("status", {"execution_state": "idle"}, msg)
+            if await request.iopub.get(0.05) is not None:
+                request.close()
+                return
+        raise AssertionError("iopub never connected")
+
+    def close(self) -> None:
+        for sock in (self.router, self.pub):
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+def scenario(test):
+    """Run ``test(kernel, channels)`` on a fresh loop, connected channels and stand-in."""
+
+    def run(tmp_path) -> None:
+        async def go() -> None:
+            kernel = StandIn(tmp_path)
+            channels = KernelChannels(Session(key=KEY), kernel.shell, kernel.iopub)
+            try:
+                await kernel.subscribed(channels)
+                await test(kernel, channels)
+            finally:
+                channels.close()
+                kernel.close()
+
+        asyncio.run(go())
+
+    run.__name__ = test.__name__
+    return run
+
+
+@scenario
+async def test_a_request_gets_its_own_iopub_messages_in_order_and_its_reply(kernel, channels):
+    request = channels.request("execute_request", {"code": "1 + 1"})
+    idents, msg = await kernel.next_request()
+    assert msg["content"]["code"] == "1 + 1"
+    other = kernel.session.msg("execute_request", {})
+    kernel.publish("stream", {"name": "stdout", "text": "not yours"}, other["header"])
+    for n in range(3):
+        kernel.publish("stream", {"name": "stdout", "text": f"{n}"}, msg["header"])
+    kernel.reply(idents, msg["header"])
+    texts = [(await request.iopub.get(2))["content"]["text"] for _ in range(3)]
+    assert texts == ["0", "1", "2"]
+    assert await request.iopub.get(0.2) is None  # the other request's message went nowhere
+    assert (await request.wait_reply(2))["status"] == "ok"
+
+
+@scenario
+async def test_a_message_with_a_wrong_signature_is_dropped(kernel, channels):
+    request = channels.request("execute_request", {"code": "x"})
+    idents, msg = await kernel.next_request()
+    kernel.reply(idents, msg["header"], session=Session(key=b"not the key"))
+    assert await request.wait_reply(0.5) is None
+    kernel.reply(idents, msg["header"])
+    assert await request.wait_reply(2) is not None
+
+
+@scenario
+async def test_what_comes_after_a_request_is_closed_is_dropped(kernel, channels):
+    request = channels.request("execute_request", {"code": "x"})
+    _, msg = await kernel.next_request()
+    request.close()
+    kernel.publish("stream", {"name": "stdout", "text": "late"}, msg["header"])
+    assert await request.iopub.get(0.3) is None
+
+
+@scenario
+async def test_a_flood_of_messages_leaves_the_loop_to_others(kernel, channels):
+    request = channels.request("execute_request", {"code": "flood"})
+    _, msg = await kernel.next_request()
+    for n in range(FLOOD):
+        kernel.publish("stream", {"name": "stdout", "text": str(n)}, msg["header"])
+    ticks = 0
+
+    async def other_session() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_session())
+    received = 0
+    while received < FLOOD and await request.iopub.get(2) is not None:
+        received += 1
+    other.cancel()
+    assert received == FLOOD
+    # Read KernelChannels.BATCH messages a turn: the other task ran between the batches.
+    assert ticks >= FLOOD // KernelChannels.BATCH
+
+
+@scenario
+async def test_closing_the_channels_ends_a_wait_for_a_reply(kernel, channels):
+    request = channels.request("execute_request", {"code": "x"})
+    await kernel.next_request()
+    waiting = asyncio.create_task(request.wait_reply(5))
+    await asyncio.sleep(0.05)
+    channels.close()
+    assert await asyncio.wait_for(waiting, 1) is None
+
+
+@scenario
+async def test_a_message_whose_edge_another_call_took_is_still_read(kernel, channels):
+    request = channels.request("execute_request", {"code": "x"})
+    _, msg = await kernel.next_request()
+    kernel.publish("stream", {"name": "stdout", "text": "stranded"}, msg["header"])
+    # The loop is held while the message arrives, its edge unseen; any call on
+    # the socket (this one) handles ZeroMQ's pending commands: the edge is gone.
+    deadline = time.monotonic() + 5
+    while not kernel.iopub.getsockopt(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+        time.sleep(0.01)  # noqa: ASYNC251  (holding the loop is the point)
+    got = [await request.iopub.get(0.3) for _ in range(2)]
+    assert got[0] is None and got[1]["content"]["text"] == "stranded"
