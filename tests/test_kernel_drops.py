@@ -113,3 +113,49 @@ def test_an_oversized_frame_drops_the_connection_and_dropwatch_makes_it_again(tm
     got, drops = asyncio.run(_oversized_frame_then_more(tmp_path))
     assert got == [b"after"], "after the oversized frame nothing arrived any more"
     assert drops == 1
+
+
+# A watch closed while its socket lives on, then the socket's connection drops.
+_WATCH_CLOSED_FIRST = textwrap.dedent(
+    """
+    import asyncio, os
+    import zmq, zmq.asyncio
+    from gateway.execution.kernel import DropWatch
+
+    async def pair(ctx):
+        server = ctx.socket(zmq.ROUTER)
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        client = ctx.socket(zmq.DEALER)
+        client.connect(f"tcp://127.0.0.1:{port}")
+        await client.send(b"hello")
+        return server, client, await server.poll(3000)
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        server, client, _ = await pair(ctx)
+        watch = DropWatch([client])
+        await asyncio.sleep(0.1)
+        watch.close()
+        await asyncio.sleep(0.1)  # its task has closed its end of the monitor by now
+        server.close(linger=0)  # events for the client's monitor: dropped, retried
+        await asyncio.sleep(0.3)
+        *_, answered = await pair(ctx)  # anyone else on the context
+        print("answered" if answered else "silent", flush=True)
+        os._exit(0)  # a stuck I/O thread would hold the context's end for good
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_closed_watch_never_blocks_zeromq_for_the_other_sockets():
+    """libzmq sends a monitor's events blocking, from its one I/O thread.
+
+    A monitor whose reading end was closed while its socket lived on stopped
+    that thread at the socket's next event: from then on no kernel socket in
+    the gateway connected (a resumed session's kernel "did not answer in 60 s").
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _WATCH_CLOSED_FIRST], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == "answered", f"ZeroMQ's I/O thread is stuck: {proc.stderr[-2000:]}"

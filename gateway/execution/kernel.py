@@ -119,6 +119,13 @@ class DropWatch:
     the dead connection is cut only while the socket has nothing to read,
     and never while ZeroMQ is reconnecting it (which once in a few kernel
     restarts aborted the gateway).
+
+    libzmq sends each monitor event from its one I/O thread, blocking until
+    the monitor's reader takes it: a reader closed while its socket still
+    has events to tell stops that thread, and with it every kernel socket of
+    the gateway. So a socket's monitoring is switched off before the reader
+    closes (``_unwatch``), and ``close`` does so at once, for the caller
+    closes the sockets right after.
     """
 
     # Seconds ZeroMQ has to say it reconnects by itself: its I/O thread says so
@@ -130,6 +137,7 @@ class DropWatch:
         self.drops = 0
         self._down: set[str] = set()  # endpoints dropped and not connected again yet
         self._changed = asyncio.Event()
+        self._sockets = sockets
         self._tasks = [asyncio.create_task(self._watch(sock)) for sock in sockets]
 
     async def settled(self, timeout: float) -> None:
@@ -169,6 +177,7 @@ class DropWatch:
                     self._down.add(endpoint)
                     dropped.setdefault(endpoint, time.monotonic() + self.RETRY_WINDOW)
         finally:
+            _unwatch(sock)
             monitor.close(linger=0)
 
     async def _connect_again(self, sock: zmq.asyncio.Socket, endpoint: str) -> None:
@@ -186,8 +195,17 @@ class DropWatch:
             return
 
     def close(self) -> None:
+        for sock in self._sockets:
+            _unwatch(sock)
         for task in self._tasks:
             task.cancel()
+
+
+def _unwatch(sock: zmq.Socket) -> None:
+    """Stop ``sock``'s monitor: no event is sent to its reader from now on."""
+    if not sock.closed:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
 
 
 # iopub messages that say the kernel is running a cell's code now; a kernel
