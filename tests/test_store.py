@@ -167,6 +167,30 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_sto
     assert asyncio.run(scenario()) == ["s", "t"]
 
 
+def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monkeypatch):
+    """Small writes commit on the loop, never checkpointing: the thread does that, every so often.
+
+    Without those checkpoints the WAL would grow by every write for good.
+    """
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10)
+    path = tmp_path / "db.sqlite3"
+
+    async def scenario():
+        store = Store(path)
+        await store.open()
+        for i in range(300):  # a batch each: awaited one by one
+            doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
+            await store.save_session(doc, {"kernel_id": f"k{i}", "pad": "x" * 2000})
+        wal = (tmp_path / "db.sqlite3-wal").stat().st_size
+        kept = len(await store.open_sessions("g"))
+        await store.close()
+        return wal, kept
+
+    wal, kept = asyncio.run(scenario())
+    assert kept == 300
+    assert wal < 512 * 1024, f"the WAL grew to {wal} bytes: it is not checkpointed"
+
+
 def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execution_id(
     postgres, tmp_path
 ):

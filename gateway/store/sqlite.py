@@ -8,8 +8,16 @@ call in a savepoint of its own, so one failing call undoes only itself). A
 call someone waits for flushes the batch at the end of the loop's turn;
 bookkeeping nobody waits for (an execution's running row, outputs no client
 is shown yet, audit events) rides along with the next flush, or goes within
-``LAZY_DELAY``. Each batch is one wake-up of the store's thread and one
-commit, where an execute's writes would otherwise cost several of each.
+``LAZY_DELAY``. Each batch is one commit, where an execute's writes would
+otherwise cost several.
+
+A batch of nothing but single-row writes (an execute's records, audit
+events) runs on the loop itself when the thread is idle: in WAL mode with
+``synchronous=NORMAL`` its commit writes to the WAL without waiting for the
+disk, and handing it to the thread cost more (two thread switches) than the
+write. The WAL's checkpoints, which do wait for the disk, run on the thread
+(``CHECKPOINT_EVERY``); anything that may read or touch many rows, or finds
+the thread busy, goes to the thread as before.
 
 Old history is pruned in the background by the ``Retention`` the store is
 given: a bounded batch at a time, each one call on the same thread, so
@@ -40,6 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAZY_DELAY = 0.05  # seconds a write nobody waits for may wait for company
+CHECKPOINT_EVERY = 200  # batches committed between two checkpoints of the WAL (on the thread)
 HISTORY_PAGE = 100  # executions in a page of history unless asked otherwise
 HISTORY_PAGE_MAX = 1000
 PAGE_BYTES = 4 << 20  # code and outputs (as stored) a page of history holds at most
@@ -231,8 +240,11 @@ class Store:
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        self._quick = True  # the queued calls are all single-row writes
         self._flush_due: asyncio.Handle | None = None
         self._flush_now = False
+        self._in_thread = 0  # batches handed to the thread and not settled yet
+        self._commits = 0  # batches committed since the last checkpoint
 
     async def open(self) -> None:
         await self._run(self._open)
@@ -243,10 +255,12 @@ class Store:
         # Kernel keys are stored here: the directory is the gateway's alone.
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path.parent.chmod(0o700)
-        db = sqlite3.connect(self.path, isolation_level=None)
+        # Used from the loop too, never at the same time as from the thread (``_flush``).
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints wait for the disk: the thread's
         db.execute("PRAGMA foreign_keys=ON")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == 0 and db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
@@ -281,15 +295,19 @@ class Store:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
 
-    def _submit(self, fn: Callable[..., T], *args: Any, lazy: bool = False) -> asyncio.Future[T]:
-        """Queue a call for the store's thread; calls run in the order submitted.
+    def _submit(
+        self, fn: Callable[..., T], *args: Any, lazy: bool = False, quick: bool = False
+    ) -> asyncio.Future[T]:
+        """Queue a call for the store; calls run in the order submitted.
 
-        ``lazy``: nobody waits for it, so it may wait for the next flush (see
-        the module's docstring).
+        ``lazy``: nobody waits for it, so it may wait for the next flush;
+        ``quick``: a single-row write, which may run on the loop (see the
+        module's docstring).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.append((fn, args, future))
+        self._quick = self._quick and quick
         if not lazy and not self._flush_now:
             if self._flush_due is not None:
                 self._flush_due.cancel()
@@ -302,9 +320,40 @@ class Store:
     def _flush(self) -> None:
         self._flush_due, self._flush_now = None, False
         batch, self._queue = self._queue, []
+        quick, self._quick = self._quick, True
         calls = [(fn, args) for fn, args, _ in batch]
+        self._commits += 1
+        checkpoint = self._commits >= CHECKPOINT_EVERY
+        if quick and not checkpoint and self._in_thread == 0 and self._db is not None:
+            # Nothing runs on the thread: the connection is the loop's for this batch.
+            try:
+                outcomes = self._run_batch(calls)
+            except sqlite3.Error as e:  # the transaction itself failed
+                outcomes = [(False, e)] * len(batch)
+            for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                _deliver(future, outcome)
+            return
+        self._in_thread += 1
         done = self._thread.run(self._run_batch, calls)
-        done.add_done_callback(lambda finished: _settle(batch, finished))
+        done.add_done_callback(lambda finished: self._settled(batch, finished))
+        if checkpoint:
+            self._commits = 0
+            self._in_thread += 1
+            self._thread.run(self._checkpoint).add_done_callback(self._checkpointed)
+
+    def _settled(self, batch: list[tuple[Any, Any, asyncio.Future]], done: asyncio.Future) -> None:
+        self._in_thread -= 1
+        _settle(batch, done)
+
+    def _checkpoint(self) -> None:
+        """On the thread: move the WAL's pages into the database file (waits for the disk)."""
+        if self._db is not None:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _checkpointed(self, done: asyncio.Future) -> None:
+        self._in_thread -= 1
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("checkpointing the store's WAL failed: %s", done.exception())
 
     def _run_batch(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[tuple[bool, Any]]:
         """On the store's thread: run calls in one transaction; (ok, result or error) each."""
@@ -387,6 +436,7 @@ class Store:
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
             " ended_at = excluded.ended_at, doc = excluded.doc, runtime = excluded.runtime",
             (doc["id"], doc["state"], doc["created_at"], doc["ended_at"], json.dumps(doc), kept),
+            quick=True,
         )
 
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
@@ -601,6 +651,7 @@ class Store:
                 json.dumps(record["review"]) if record.get("review") else None,
             ),
             lazy=True,
+            quick=True,
         )
         return execution_id, written
 
@@ -619,6 +670,7 @@ class Store:
             "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
             (execution_id, None if output is None else json.dumps(output)),
             lazy=not shown,
+            quick=True,
         )
 
     def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
@@ -633,7 +685,7 @@ class Store:
             )
             self._cursor("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
 
-        return self._submit(update)
+        return self._submit(update, quick=True)
 
     async def running_executions(self) -> list[dict[str, Any]]:
         """Executions still marked running, each with the outputs recorded so far."""
@@ -672,6 +724,7 @@ class Store:
                 json.dumps(event["detail"]) if event.get("detail") else None,
             ),
             lazy=True,
+            quick=True,
         )
 
     async def audit_events(
@@ -760,6 +813,7 @@ class Store:
             "INSERT INTO connections (session_id, execution_id, at, record) VALUES (?, ?, ?, ?)",
             (session_id, execution_id, record["at"], json.dumps(record)),
             lazy=True,
+            quick=True,
         )
 
     async def connections(
@@ -924,6 +978,7 @@ class Store:
                 doc["created_at"],
                 json.dumps(doc),
             ),
+            quick=True,
         )
 
     async def approvals(
