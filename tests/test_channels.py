@@ -8,6 +8,9 @@ against real kernels.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import json
 import time
 
 import zmq
@@ -168,3 +171,31 @@ async def test_a_message_whose_edge_another_call_took_is_still_read(kernel, chan
         time.sleep(0.01)  # noqa: ASYNC251  (holding the loop is the point)
     got = [await request.iopub.get(0.3) for _ in range(2)]
     assert got[0] is None and got[1]["content"]["text"] == "stranded"
+
+
+@scenario
+async def test_malformed_messages_from_a_kernel_are_dropped_and_reading_goes_on(kernel, channels):
+    """Every frame a kernel sends is hostile: none of these may reach the loop as an error."""
+    errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+    request = channels.request("execute_request", {"code": "x"})
+    _, msg = await kernel.next_request()
+    mine = json.dumps({"msg_id": msg["header"]["msg_id"]}).encode()
+    bad_parents = [
+        b"[" * 200_000,  # nested past the interpreter's recursion limit
+        b"[1, 2]",  # not an object
+        json.dumps({"msg_id": ["unhashable"]}).encode(),
+        b"\xff\xfe not json",
+    ]
+    for parent in bad_parents:
+        kernel.pub.send_multipart([b"<IDS|MSG>", b"sig", b"{}", parent, b"{}", b"{}"])
+    kernel.pub.send_multipart([b"no delimiter at all"])
+    kernel.pub.send_multipart([b"<IDS|MSG>", b"too few frames"])
+    for header, content in ((b"[" * 200_000, b"{}"), (b"{}", b"{" * 200_000), (b"{}", b"[]")):
+        parts = [header, mine, b"{}", content]  # signed: parsed past the signature
+        signature = hmac.new(KEY, b"".join(parts), hashlib.sha256).hexdigest().encode()
+        kernel.pub.send_multipart([b"<IDS|MSG>", signature, *parts])
+    kernel.publish("stream", {"name": "stdout", "text": "after"}, msg["header"])
+    got = await request.iopub.get(2)
+    assert got is not None and got["content"]["text"] == "after"
+    assert errors == [], f"a kernel's message raised in the gateway's loop: {errors}"

@@ -226,7 +226,7 @@ class KernelChannels:
     def _route(self, frames: list[bytes], route: Callable[[Request, Message], None]) -> None:
         try:
             msg = self._parse(frames)
-        except (ValueError, AttributeError, TypeError, KeyError):
+        except (ValueError, AttributeError, TypeError, KeyError, RecursionError):
             return  # not a well-formed Jupyter message: nothing of it is used
         if msg is not None:
             route(self._requests[msg["parent_header"]["msg_id"]], msg)

@@ -35,6 +35,9 @@ from .agent_stream import ReplayBuffer
 
 log = logging.getLogger(__name__)
 
+# The parts of a kernel message the relay reads as objects; anything else is dropped.
+_OBJECTS = ("header", "parent_header", "metadata", "content")
+
 CHANNELS = ("shell", "control", "stdin", "iopub")
 Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 
@@ -70,6 +73,7 @@ class KernelChannels:
         self.parked_as: str | None = None
         self.buffer = ReplayBuffer(manager.settings)
         self._expiry: asyncio.TimerHandle | None = None
+        self.dropped = 0  # kernel messages not relayed: unverified or the wrong shape
 
     async def open(self, timeout: float = 10.0) -> None:
         """Connect this client's sockets and relay kernel messages once iopub flows."""
@@ -187,8 +191,17 @@ class KernelChannels:
         try:
             _, parts = self.signer.feed_identities(frames)
             msg = self.signer.deserialize(parts)
-        except Exception:
-            log.warning("dropping a kernel message that failed to verify on %s", channel)
+            if not all(isinstance(msg[part], dict) for part in _OBJECTS):
+                raise TypeError("a part of it is not a JSON object")
+            if not isinstance(msg["msg_type"], str) or not isinstance(
+                msg["parent_header"].get("msg_id", ""), str
+            ):
+                raise TypeError("its type or its parent's id is not a string")
+        except Exception as e:  # a kernel has its key: signed is not well-formed
+            self.dropped += 1
+            if self.dropped == 1:  # once: a kernel may send a million
+                log.warning("session %s: dropping kernel messages on %s (first: %s)",
+                            self.session.id, channel, e)  # fmt: skip
             return
         if channel == "iopub":
             self.iopub_ready.set()

@@ -14,7 +14,16 @@ import json
 import time
 
 import pytest
-from helpers import Canary, canary_session, closed, execute_request, run, text_of, wait_for
+from helpers import (
+    Canary,
+    canary_session,
+    closed,
+    execute_request,
+    run,
+    run_over_channels,
+    text_of,
+    wait_for,
+)
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
@@ -168,3 +177,28 @@ def test_a_session_keeps_no_more_output_than_its_session_cap(start_gateway):
     assert run(api, sid, "1/0")["error"]["ename"] == "ZeroDivisionError"
     other = api.post("/v1/sessions", json={}).json()["id"]
     assert text_of(run(api, other, "print('y' * 60_000)")) == "y" * 60_000 + "\n"
+
+
+# Signed with the kernel's own key (a sandbox has it), well-formed JSON, wrong shapes.
+MALFORMED = RAW + (
+    "header = k.get_parent()['header']\n"
+    "for parent, content in (([1], b'{}'), ({'msg_id': [1]}, b'{}'), ('text', b'{}'),\n"
+    "                        (header, b'[1, 2]'), (header, b'\"text\"'), (header, b'null')):\n"
+    "    m = k.session.msg('stream', content={})\n"
+    "    m['parent_header'], m['content'] = parent, content\n"
+    "    k.session.send(k.iopub_socket, m)\n"
+    "print('after')"
+)
+
+
+def test_malformed_kernel_messages_are_dropped_on_every_path(output_gateway, attacker):
+    """What a kernel sends is hostile: wrong shapes are dropped, never raised in the gateway."""
+    before = len(output_gateway.log)
+    reply = run(output_gateway.client, attacker, MALFORMED)
+    assert reply["status"] == "ok" and text_of(reply) == "after\n", reply
+    url = output_gateway.ws_url(f"/api/kernels/{attacker}/channels")
+    seen = asyncio.run(run_over_channels(url, MALFORMED))
+    texts = [m["content"].get("text") for m in seen if m["msg_type"] == "stream"]
+    assert texts == ["after\n"], seen
+    raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
+    assert raised == [], "".join(output_gateway.log[before:][-60:])
