@@ -20,9 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nbformat import ValidationError
-from nbformat.v4 import new_output, output_from_msg
-
 from ..limits import format_size
 from ..masking import NO_SECRETS, Masker
 
@@ -260,6 +257,11 @@ def _output(msg: dict[str, Any]) -> dict[str, Any]:
     plain = _plain_output(msg["header"]["msg_type"], msg["content"])
     if plain is not None:
         return plain
+    # Here, not at the top: nbformat's schema validator takes 0.9 s to import, which every
+    # ``sbx`` client command paid through the settings (the gateway has it from its start).
+    from nbformat import ValidationError
+    from nbformat.v4 import new_output, output_from_msg
+
     try:
         return output_from_msg(msg)
     except ValidationError:
