@@ -170,6 +170,33 @@ def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():
     assert "cannot hold" in outputs[-1]["text"]
 
 
+def test_collector_drops_messages_of_the_wrong_shape_without_raising():
+    """A kernel signs with its own key: each of these raised in the gateway, failing the execute."""
+    c = OutputCollector(cap_bytes=10_000)
+    shown = {"display_id": "d"}
+    kept = msg("display_data", data={"text/plain": "kept"}, metadata={}, transient=shown)
+    c.add_message(kept)
+    hostile = [
+        msg("error", ename=5, evalue="x", traceback=[]),
+        msg("error"),
+        msg("stream", text="no name"),
+        msg("display_data", data={"text/plain": "x"}, metadata={}, transient=[1]),
+        msg("update_display_data", data=[1], metadata={}, transient={"display_id": "d"}),
+        msg("update_display_data", data={}, metadata={}, transient="d"),
+        msg("update_display_data", data={"text/plain": "new"}, metadata=[1], transient=shown),
+        msg("execute_result", data={"text/plain": "x"}, metadata={}),
+        msg("execute_input", execution_count="7; DROP TABLE"),
+        msg("execute_input", execution_count=True),
+    ]
+    for message in hostile:
+        c.add_message(message)
+    outputs = c.finish()
+    assert outputs[0]["data"] == {"text/plain": "new"}, outputs
+    assert outputs[0]["metadata"] == {"sbx_display_id": "d"}
+    assert c.execution_count is None and c.error is None
+    assert all(o["output_type"] != "error" for o in outputs)
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io

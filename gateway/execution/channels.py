@@ -252,7 +252,7 @@ class KernelChannels:
         if not str(msg["header"].get("version", PROTOCOL_VERSION)).startswith("5"):
             msg = adapt(msg)  # an older protocol's message, in today's shape
         msg["msg_type"] = msg["header"]["msg_type"]
-        return msg
+        return msg if isinstance(msg["msg_type"], str) else None  # a list is unhashable
 
     @staticmethod
     def _on_iopub(request: Request, msg: Message) -> None:

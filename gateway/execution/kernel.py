@@ -26,7 +26,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
 from .channels import KernelChannels, Message, Request
-from .outputs import OutputCap, OutputCollector, OutputListener
+from .outputs import OutputCap, OutputCollector, OutputListener, execution_count
 
 log = logging.getLogger(__name__)
 
@@ -564,7 +564,7 @@ class Kernel:
         if reply is None:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
-            collector.execution_count = reply.get("execution_count")
+            collector.execution_count = execution_count(reply)
         return ExecutionResult.collected(self._outcome(collector, reply), collector, started)
 
     def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:

@@ -202,3 +202,32 @@ def test_malformed_kernel_messages_are_dropped_on_every_path(output_gateway, att
     assert texts == ["after\n"], seen
     raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
     assert raised == [], "".join(output_gateway.log[before:][-60:])
+
+
+# Right envelopes, contents of the wrong shape: each raised in the gateway's collector.
+ODD_CONTENTS = RAW + (
+    "for kind, content in (\n"
+    "    ('error', {'ename': 5, 'evalue': 'x', 'traceback': []}), ('error', {}),\n"
+    "    ('stream', {'text': 'no name'}), ('execute_result', {'data': {}, 'metadata': {}}),\n"
+    "    ('display_data', {'data': {'text/plain': 'x'}, 'metadata': {}, 'transient': [1]}),\n"
+    "    ('update_display_data', {'data': [1], 'transient': {'display_id': 'd'}}),\n"
+    "    ('update_display_data', {'data': {}, 'metadata': [], 'transient': {'display_id': 'd'}}),\n"
+    "    ('update_display_data', {'data': {}, 'metadata': {}, 'transient': 'd'}),\n"
+    "    (['stream'], {'name': 'stdout', 'text': 'list type'}),\n"
+    "    ('execute_input', {'execution_count': 'seven', 'code': ''}),\n"
+    "):\n"
+    "    raw(content, kind=kind)\n"
+    "print('after')"
+)
+
+
+def test_contents_of_the_wrong_shape_never_fail_the_execute(output_gateway, attacker):
+    """A kernel's odd output becomes a note or nothing; the execute and the session go on."""
+    api, before = output_gateway.client, len(output_gateway.log)
+    reply = run(api, attacker, ODD_CONTENTS)
+    assert reply["status"] == "ok" and reply["error"] is None, reply
+    assert text_of(reply) == "after\n", reply
+    assert reply["execution_count"] is None or isinstance(reply["execution_count"], int), reply
+    raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
+    assert raised == [], "".join(output_gateway.log[before:][-60:])
+    assert text_of(run(api, attacker, "print('still here')")) == "still here\n"
