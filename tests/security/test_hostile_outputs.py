@@ -231,3 +231,34 @@ def test_contents_of_the_wrong_shape_never_fail_the_execute(output_gateway, atta
     raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
     assert raised == [], "".join(output_gateway.log[before:][-60:])
     assert text_of(run(api, attacker, "print('still here')")) == "still here\n"
+
+
+# From the next cell on, every message with an execution count carries a dict instead.
+ODD_COUNT = (
+    "k = get_ipython().kernel\n"
+    "_send = k.session.send\n"
+    "def _odd(stream, msg_or_type, content=None, *args, **kwargs):\n"
+    "    if isinstance(content, dict) and 'execution_count' in content:\n"
+    "        content = {**content, 'execution_count': {'not': 'a count'}}\n"
+    "    return _send(stream, msg_or_type, content, *args, **kwargs)\n"
+    "k.session.send = _odd\n"
+)
+
+
+def test_an_execution_count_that_is_not_a_number_is_not_passed_on(output_gateway, attacker):
+    """The API and the store type it as an integer: a kernel's dict there is no count."""
+    api = output_gateway.client
+    run(api, attacker, ODD_COUNT)
+    reply = run(api, attacker, "print('next')")
+    assert reply["status"] == "ok" and text_of(reply) == "next\n", reply
+    assert reply["execution_count"] is None, reply
+    url = output_gateway.ws_url(f"/api/kernels/{attacker}/channels")
+    asyncio.run(run_over_channels(url, "print('relayed')"))
+
+    def recorded() -> list[dict]:
+        return api.get(f"/v1/sessions/{attacker}/history").json()["executions"]
+
+    relayed = wait_for(lambda: any(e["code"] == "print('relayed')" for e in recorded()), 10, 0.2)
+    assert relayed, "the relayed execution was not recorded"
+    counts = [e["execution_count"] for e in recorded()]
+    assert all(c is None or isinstance(c, int) for c in counts), counts
