@@ -221,7 +221,8 @@ class OutputCollector:
             notes.append(f"{format_size(self.dropped)} dropped, over {self.limit}")
         if self.lost:
             notes.append(
-                "the kernel sent a message larger than the gateway's max_kernel_message, "
+                "the kernel sent a message larger than the gateway's max_kernel_message "
+                "(or of more than 10000 frames), "
                 "which was refused unread; outputs sent while the connection was made "
                 "again may be missing (write large results to a file)"
             )

@@ -88,6 +88,9 @@ ATTACKS = {
     # Each frame under max_kernel_message, the message 40 times over: sent from 30 MB held once.
     "raw message of many frames": RAW
     + "b = b'x' * 30_000_000\nraw({'name': 'stdout', 'text': 'raw'}, [b] * 40)",
+    # Each frame a few bytes on the wire, each costing the gateway far more to hold and read.
+    "raw message of many tiny frames": RAW
+    + "raw({'name': 'stdout', 'text': 'raw'}, [b'xy'] * 3_000_000)",
 }
 
 
