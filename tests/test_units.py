@@ -197,6 +197,19 @@ def test_collector_drops_messages_of_the_wrong_shape_without_raising():
     assert all(o["output_type"] != "error" for o in outputs)
 
 
+def test_a_flood_of_clears_with_nothing_to_clear_costs_no_writes():
+    """Each clear the listener hears is a row written; a clear carries no payload to charge."""
+    heard: list = []
+    c = OutputCollector(cap_bytes=10_000, listener=heard.append)
+    for _ in range(1000):
+        c.add_message(msg("clear_output", wait=False))
+    c.add_message(msg("stream", name="stdout", text="x"))
+    for _ in range(1000):
+        c.add_message(msg("clear_output", wait=False))
+    assert heard == [{"output_type": "stream", "name": "stdout", "text": "x"}, None]
+    assert c.finish() == []
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io

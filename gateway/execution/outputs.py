@@ -191,6 +191,9 @@ class OutputCollector:
             self._tail.clear()
 
     def _clear(self) -> None:
+        if not self.outputs:  # nothing since the last clear: a flood of them writes nothing
+            self._clear_pending = False
+            return
         self._tail.clear()
         self.outputs.clear()
         self._clear_pending = False
