@@ -210,6 +210,17 @@ def test_a_flood_of_clears_with_nothing_to_clear_costs_no_writes():
     assert c.finish() == []
 
 
+def test_empty_streams_cost_no_writes():
+    """An empty stream is charged nothing, so each one stored was a free row in the store."""
+    heard: list = []
+    c = OutputCollector(cap_bytes=10_000, listener=heard.append)
+    for _ in range(1000):
+        c.add_message(msg("stream", name="stdout", text=""))
+    c.add_message(msg("stream", name="stdout", text="x"))
+    assert heard == [{"output_type": "stream", "name": "stdout", "text": "x"}]
+    assert c.finish() == heard
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io

@@ -131,6 +131,8 @@ class OutputCollector:
         if self._clear_pending:
             self._clear()
         output = _output(msg)
+        if output.get("text") == "":  # charged nothing: stored, a flood of them would be free
+            return
         display_id = _display_id(content)
         if display_id and "metadata" in output:
             output["metadata"]["sbx_display_id"] = display_id
