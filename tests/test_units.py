@@ -221,6 +221,24 @@ def test_empty_streams_cost_no_writes():
     assert c.finish() == heard
 
 
+def test_display_updates_do_not_scan_every_output():
+    """Updates for ids never shown cost little each, and each one scanned every output kept."""
+    import time
+
+    c = OutputCollector(cap_bytes=4 * 1024 * 1024)
+    for _ in range(10_000):
+        c.add_message(msg("display_data", data={"text/plain": "x"}, metadata={}))
+    shown = {"display_id": "d"}
+    c.add_message(msg("display_data", data={"text/plain": "old"}, transient=shown))
+    started = time.process_time()
+    for n in range(20_000):
+        c.add_message(msg("update_display_data", data={}, transient={"display_id": str(n)}))
+    took = time.process_time() - started
+    c.add_message(msg("update_display_data", data={"text/plain": "new"}, transient=shown))
+    assert c.outputs[-1]["data"] == {"text/plain": "new"} and not c.truncated
+    assert took < 2.0, f"20,000 updates of unknown displays took {took:.1f} s of CPU"
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io

@@ -100,6 +100,8 @@ class OutputCollector:
         self.execution_count: int | None = None
         self.error: dict[str, Any] | None = None
         self._clear_pending = False
+        # The outputs kept of each display id: an update need not scan every output.
+        self._displays: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def truncated(self) -> bool:
@@ -133,15 +135,15 @@ class OutputCollector:
         output = _output(msg)
         if output.get("text") == "":  # charged nothing: stored, a flood of them would be free
             return
-        display_id = _display_id(content)
-        if display_id and "metadata" in output:
+        display_id = _display_id(content) if "metadata" in output else None  # not a note
+        if display_id:
             output["metadata"]["sbx_display_id"] = display_id
         if output["output_type"] == "error":  # not a note saying an odd error was dropped
             output = self._append(output, budget=self.used + _ERROR_BUDGET)
             assert output is not None  # an error is always kept
             self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
-        else:
-            self._append(output, budget=self.cap)
+        elif self._append(output, budget=self.cap) is not None and display_id:
+            self._displays.setdefault(display_id, []).append(output)
 
     def _count(self, size: int) -> bool:
         """Charge a payload nothing keeps; False, and counted as dropped, past the cap."""
@@ -198,6 +200,7 @@ class OutputCollector:
             return
         self._tail.clear()
         self.outputs.clear()
+        self._displays.clear()
         self._clear_pending = False
         if self.listener is not None:
             self.listener(None)
@@ -210,13 +213,12 @@ class OutputCollector:
         metadata = content.get("metadata", {})
         if not display_id or not isinstance(data, dict):
             return  # nothing to update, or nothing to update it with
-        for output in self.outputs:
-            if output.get("metadata", {}).get("sbx_display_id") == display_id:
-                output["data"] = {k: _as_text(k, v) for k, v in data.items()}
-                output["metadata"] = {
-                    **(metadata if isinstance(metadata, dict) else {}),
-                    "sbx_display_id": display_id,
-                }
+        for output in self._displays.get(display_id, ()):
+            output["data"] = {k: _as_text(k, v) for k, v in data.items()}
+            output["metadata"] = {
+                **(metadata if isinstance(metadata, dict) else {}),
+                "sbx_display_id": display_id,
+            }
 
     def finish(self) -> list[dict[str, Any]]:
         """Return the final outputs, with the truncation marker when anything was cut."""
