@@ -365,10 +365,11 @@ class Kernel:
             for request in asked:
                 request.close()
 
-    def _request(self, msg_type: str, content: dict[str, Any]) -> Request:
+    def _request(self, msg_type: str, content: dict[str, Any], iopub: bool = False) -> Request:
+        """A request on shell; ``iopub``: its iopub messages are read too (an execute's)."""
         if self._channels is None:
             raise RuntimeError("the kernel is not connected")
-        return self._channels.request(msg_type, content)
+        return self._channels.request(msg_type, content, iopub)
 
     async def _container_output(self) -> str:
         """The sandbox's last output lines, to say why a start failed."""
@@ -502,7 +503,7 @@ class Kernel:
         assert drops is not None
         await drops.settled(_RECONNECT_WAIT)
         drops_before = drops.drops
-        request = self._request("execute_request", _execute_content(code))
+        request = self._request("execute_request", _execute_content(code), iopub=True)
         try:
             return await self._collect(request, collector, started, deadline, grace, drops_before)
         finally:
