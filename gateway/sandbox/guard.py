@@ -74,6 +74,7 @@ class FrameCounter:
             elif self._head:  # a header the last read cut short: a byte at a time
                 self._head.append(data[i])
                 i += 1
+                run = i  # held, not passed on as it is: a read may end before it is whole
                 if len(self._head) < (9 if self._head[0] & _LONG else 2):
                     continue
                 if not self._frame(self._head[0], int.from_bytes(self._head[1:], "big")):
