@@ -199,3 +199,23 @@ async def test_malformed_messages_from_a_kernel_are_dropped_and_reading_goes_on(
     got = await request.iopub.get(2)
     assert got is not None and got["content"]["text"] == "after"
     assert errors == [], f"a kernel's message raised in the gateway's loop: {errors}"
+
+
+@scenario
+async def test_a_request_that_reads_no_iopub_holds_none_of_it(kernel, channels):
+    """A silent setup or a state save waits for its reply only: a kernel can flood its iopub."""
+    import tracemalloc
+
+    request = channels.request("execute_request", {"code": "x"}, iopub=False)
+    idents, msg = await kernel.next_request()
+    tracemalloc.start()
+    try:
+        for _ in range(200):
+            kernel.publish("stream", {"name": "stdout", "text": "x" * 100_000}, msg["header"])
+        kernel.reply(idents, msg["header"])
+        assert await request.wait_reply(5) is not None
+        await asyncio.sleep(0.5)  # the flood is read meanwhile
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 5_000_000, f"{held / 1e6:.0f} MB of iopub held for a request that reads none"

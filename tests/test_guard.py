@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.execution.kernel import DropWatch
-from gateway.sandbox.guard import FrameCounter, MessageGuard
+from gateway.sandbox.guard import MAX_FRAMES, FrameCounter, MessageGuard
 
 LIMIT = 1000
 GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x01" + b"NULL" + b"\0" * 16 + b"\0" * 32
@@ -59,6 +59,28 @@ def test_the_counter_passes_exactly_what_comes_before_the_first_message_over_the
     expected = bytes(stream[:allowed]) if over else bytes(stream)
     assert cut == over
     assert bytes(passed) == expected
+
+
+def test_a_message_of_too_many_frames_is_cut_however_small_they_are():
+    """Empty frames add no bytes, but each is a libzmq message and a read in the gateway."""
+    counter = FrameCounter(LIMIT)
+    many = frame(0, more=True) * (MAX_FRAMES - 1) + frame(0)
+    parts, cut = counter.feed(GREETING + many + many)
+    assert not cut and b"".join(parts) == GREETING + many + many
+    parts, cut = counter.feed(frame(0, more=True) * MAX_FRAMES + frame(0))
+    assert cut and b"".join(parts) == frame(0, more=True) * MAX_FRAMES
+
+
+def test_a_frame_header_cut_over_three_reads_passes_once():
+    """Its middle bytes were passed on and held both: the gateway's libzmq read other frames
+    than the guard counted, so a kernel choosing its writes could slip a message past it."""
+    stream = GREETING + frame(256, command=True) + frame(300, more=True) + frame(1)
+    counter, passed = FrameCounter(LIMIT), b""
+    for chunk in (stream[:65], stream[65:66], stream[66:68], stream[68:]):
+        parts, cut = counter.feed(chunk)
+        passed += b"".join(parts)
+        assert not cut
+    assert passed == stream
 
 
 def test_a_greeting_that_is_not_zmtp_3_is_cut():

@@ -170,6 +170,75 @@ def test_collector_keeps_outputs_nbformat_refuses_instead_of_failing():
     assert "cannot hold" in outputs[-1]["text"]
 
 
+def test_collector_drops_messages_of_the_wrong_shape_without_raising():
+    """A kernel signs with its own key: each of these raised in the gateway, failing the execute."""
+    c = OutputCollector(cap_bytes=10_000)
+    shown = {"display_id": "d"}
+    kept = msg("display_data", data={"text/plain": "kept"}, metadata={}, transient=shown)
+    c.add_message(kept)
+    hostile = [
+        msg("error", ename=5, evalue="x", traceback=[]),
+        msg("error"),
+        msg("stream", text="no name"),
+        msg("display_data", data={"text/plain": "x"}, metadata={}, transient=[1]),
+        msg("update_display_data", data=[1], metadata={}, transient={"display_id": "d"}),
+        msg("update_display_data", data={}, metadata={}, transient="d"),
+        msg("update_display_data", data={"text/plain": "new"}, metadata=[1], transient=shown),
+        msg("execute_result", data={"text/plain": "x"}, metadata={}),
+        msg("execute_input", execution_count="7; DROP TABLE"),
+        msg("execute_input", execution_count=True),
+    ]
+    for message in hostile:
+        c.add_message(message)
+    outputs = c.finish()
+    assert outputs[0]["data"] == {"text/plain": "new"}, outputs
+    assert outputs[0]["metadata"] == {"sbx_display_id": "d"}
+    assert c.execution_count is None and c.error is None
+    assert all(o["output_type"] != "error" for o in outputs)
+
+
+def test_a_flood_of_clears_with_nothing_to_clear_costs_no_writes():
+    """Each clear the listener hears is a row written; a clear carries no payload to charge."""
+    heard: list = []
+    c = OutputCollector(cap_bytes=10_000, listener=heard.append)
+    for _ in range(1000):
+        c.add_message(msg("clear_output", wait=False))
+    c.add_message(msg("stream", name="stdout", text="x"))
+    for _ in range(1000):
+        c.add_message(msg("clear_output", wait=False))
+    assert heard == [{"output_type": "stream", "name": "stdout", "text": "x"}, None]
+    assert c.finish() == []
+
+
+def test_empty_streams_cost_no_writes():
+    """An empty stream is charged nothing, so each one stored was a free row in the store."""
+    heard: list = []
+    c = OutputCollector(cap_bytes=10_000, listener=heard.append)
+    for _ in range(1000):
+        c.add_message(msg("stream", name="stdout", text=""))
+    c.add_message(msg("stream", name="stdout", text="x"))
+    assert heard == [{"output_type": "stream", "name": "stdout", "text": "x"}]
+    assert c.finish() == heard
+
+
+def test_display_updates_do_not_scan_every_output():
+    """Updates for ids never shown cost little each, and each one scanned every output kept."""
+    import time
+
+    c = OutputCollector(cap_bytes=4 * 1024 * 1024)
+    for _ in range(10_000):
+        c.add_message(msg("display_data", data={"text/plain": "x"}, metadata={}))
+    shown = {"display_id": "d"}
+    c.add_message(msg("display_data", data={"text/plain": "old"}, transient=shown))
+    started = time.process_time()
+    for n in range(20_000):
+        c.add_message(msg("update_display_data", data={}, transient={"display_id": str(n)}))
+    took = time.process_time() - started
+    c.add_message(msg("update_display_data", data={"text/plain": "new"}, transient=shown))
+    assert c.outputs[-1]["data"] == {"text/plain": "new"} and not c.truncated
+    assert took < 2.0, f"20,000 updates of unknown displays took {took:.1f} s of CPU"
+
+
 def png(color: tuple[int, int, int], size=(20, 10)) -> str:
     import base64
     import io

@@ -97,7 +97,7 @@ class Request:
     ) -> None:
         self.msg_id = msg_id
         self.reply = reply
-        self.iopub = Inbox(poke)
+        self.iopub = Inbox(poke)  # empty for good if the request was made without iopub
         self.close = close  # nothing more is routed to it: what comes later is dropped
         self._poke = poke
 
@@ -138,7 +138,8 @@ class KernelChannels:
         self._signer = hmac.HMAC(session.key, digestmod=hashlib.sha256) if session.key else None
         self._prefix = uuid.uuid4().hex[:12]
         self._count = itertools.count(1)
-        self._requests: dict[str, Request] = {}
+        self._requests: dict[str, Request] = {}  # each waits for its reply on shell
+        self._listening: dict[str, Request] = {}  # those of them that read iopub too
         self._loop = asyncio.get_running_loop()
         self._closed = False
         self.iopub_heard = asyncio.Event()  # anything at all came on iopub: it is connected
@@ -152,8 +153,12 @@ class KernelChannels:
             self._loop.add_reader(sock.FD, self._readable, sock, route)
         self.poke()
 
-    def request(self, msg_type: str, content: dict[str, Any]) -> Request:
-        """Send ``msg_type`` on shell; its iopub messages and reply go to the returned Request."""
+    def request(self, msg_type: str, content: dict[str, Any], iopub: bool = True) -> Request:
+        """Send ``msg_type`` on shell; its iopub messages and reply go to the returned Request.
+
+        ``iopub=False``: only the reply is wanted, and iopub messages for it are
+        dropped unparsed; nobody would read them, and a kernel chooses how many.
+        """
         msg_id = f"{self._prefix}_{next(self._count)}"
         header = {
             "msg_id": msg_id,
@@ -174,11 +179,17 @@ class KernelChannels:
             raise RuntimeError("the kernel has not read its last 1000 requests") from None
         reply = self._loop.create_future()
         request = Request(
-            msg_id, reply, functools.partial(self._requests.pop, msg_id, None), self.poke
+            msg_id, reply, functools.partial(self._forget, msg_id), self.poke
         )
         self._requests[msg_id] = request
+        if iopub:
+            self._listening[msg_id] = request
         self._loop.call_soon(self._readable, *self._readers[0])  # the send may have taken its edge
         return request
+
+    def _forget(self, msg_id: str) -> None:
+        self._requests.pop(msg_id, None)
+        self._listening.pop(msg_id, None)
 
     def poke(self) -> None:
         """Read whatever waits, whether or not its edge was seen."""
@@ -199,6 +210,7 @@ class KernelChannels:
         for request in self._requests.values():
             request.reply.cancel()
         self._requests.clear()
+        self._listening.clear()
 
     def _sign(self, parts: list[bytes]) -> bytes:
         if self._signer is None:
@@ -224,19 +236,20 @@ class KernelChannels:
         self._loop.call_soon(self._readable, sock, route)  # more may wait: after the others
 
     def _route(self, frames: list[bytes], route: Callable[[Request, Message], None]) -> None:
+        requests = self._listening if route is self._on_iopub else self._requests
         try:
-            msg = self._parse(frames)
+            msg = self._parse(frames, requests)
         except (ValueError, AttributeError, TypeError, KeyError, RecursionError):
             return  # not a well-formed Jupyter message: nothing of it is used
         if msg is not None:
-            route(self._requests[msg["parent_header"]["msg_id"]], msg)
+            route(requests[msg["parent_header"]["msg_id"]], msg)
 
-    def _parse(self, frames: list[bytes]) -> Message | None:
-        """The message, if a request waits for it and its signature is right; else None."""
+    def _parse(self, frames: list[bytes], requests: dict[str, Request]) -> Message | None:
+        """The message, if one of ``requests`` waits for it and its signature is right."""
         start = frames.index(_DELIMITER) + 1
         signature, header, parent, metadata, content = frames[start : start + 5]
         msg_id = json.loads(parent).get("msg_id")
-        if msg_id not in self._requests:
+        if msg_id not in requests:
             return None  # nobody waits for it: dropped unverified, unparsed
         if self._sign([header, parent, metadata, content]) != signature:
             return None
@@ -252,7 +265,7 @@ class KernelChannels:
         if not str(msg["header"].get("version", PROTOCOL_VERSION)).startswith("5"):
             msg = adapt(msg)  # an older protocol's message, in today's shape
         msg["msg_type"] = msg["header"]["msg_type"]
-        return msg
+        return msg if isinstance(msg["msg_type"], str) else None  # a list is unhashable
 
     @staticmethod
     def _on_iopub(request: Request, msg: Message) -> None:

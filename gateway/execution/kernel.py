@@ -26,7 +26,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
 from .channels import KernelChannels, Message, Request
-from .outputs import OutputCap, OutputCollector, OutputListener
+from .outputs import OutputCap, OutputCollector, OutputListener, execution_count
 
 log = logging.getLogger(__name__)
 
@@ -365,10 +365,11 @@ class Kernel:
             for request in asked:
                 request.close()
 
-    def _request(self, msg_type: str, content: dict[str, Any]) -> Request:
+    def _request(self, msg_type: str, content: dict[str, Any], iopub: bool = False) -> Request:
+        """A request on shell; ``iopub``: its iopub messages are read too (an execute's)."""
         if self._channels is None:
             raise RuntimeError("the kernel is not connected")
-        return self._channels.request(msg_type, content)
+        return self._channels.request(msg_type, content, iopub)
 
     async def _container_output(self) -> str:
         """The sandbox's last output lines, to say why a start failed."""
@@ -502,7 +503,7 @@ class Kernel:
         assert drops is not None
         await drops.settled(_RECONNECT_WAIT)
         drops_before = drops.drops
-        request = self._request("execute_request", _execute_content(code))
+        request = self._request("execute_request", _execute_content(code), iopub=True)
         try:
             return await self._collect(request, collector, started, deadline, grace, drops_before)
         finally:
@@ -564,7 +565,7 @@ class Kernel:
         if reply is None:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
-            collector.execution_count = reply.get("execution_count")
+            collector.execution_count = execution_count(reply)
         return ExecutionResult.collected(self._outcome(collector, reply), collector, started)
 
     def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:

@@ -97,6 +97,8 @@ class OutputCollector:
         self.execution_count: int | None = None
         self.error: dict[str, Any] | None = None
         self._clear_pending = False
+        # The outputs kept of each display id: an update need not scan every output.
+        self._displays: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def truncated(self) -> bool:
@@ -115,7 +117,7 @@ class OutputCollector:
                 self._clear()
             return
         if kind == "execute_input":
-            self.execution_count = content.get("execution_count")
+            self.execution_count = execution_count(content)
             return
         if kind in COUNTED_MSG_TYPES:
             self._count(payload_size(content))
@@ -128,15 +130,17 @@ class OutputCollector:
         if self._clear_pending:
             self._clear()
         output = _output(msg)
-        display_id = content.get("transient", {}).get("display_id")
+        if output.get("text") == "":  # charged nothing: stored, a flood of them would be free
+            return
+        display_id = _display_id(content) if "metadata" in output else None  # not a note
         if display_id:
             output["metadata"]["sbx_display_id"] = display_id
-        if kind == "error":
+        if output["output_type"] == "error":  # not a note saying an odd error was dropped
             output = self._append(output, budget=self.used + _ERROR_BUDGET)
             assert output is not None  # an error is always kept
             self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
-        else:
-            self._append(output, budget=self.cap)
+        elif self._append(output, budget=self.cap) is not None and display_id:
+            self._displays.setdefault(display_id, []).append(output)
 
     def _count(self, size: int) -> bool:
         """Charge a payload nothing keeps; False, and counted as dropped, past the cap."""
@@ -188,8 +192,12 @@ class OutputCollector:
             self._tail.clear()
 
     def _clear(self) -> None:
+        if not self.outputs:  # nothing since the last clear: a flood of them writes nothing
+            self._clear_pending = False
+            return
         self._tail.clear()
         self.outputs.clear()
+        self._displays.clear()
         self._clear_pending = False
         if self.listener is not None:
             self.listener(None)
@@ -198,11 +206,16 @@ class OutputCollector:
         """Replace a display's data in place; the new data is charged like a new output."""
         if not self._count(payload_size(content)):
             return
-        display_id = content.get("transient", {}).get("display_id")
-        for output in self.outputs:
-            if output.get("metadata", {}).get("sbx_display_id") == display_id:
-                output["data"] = {k: _as_text(k, v) for k, v in content.get("data", {}).items()}
-                output["metadata"] = {**content.get("metadata", {}), "sbx_display_id": display_id}
+        display_id, data = _display_id(content), content.get("data", {})
+        metadata = content.get("metadata", {})
+        if not display_id or not isinstance(data, dict):
+            return  # nothing to update, or nothing to update it with
+        for output in self._displays.get(display_id, ()):
+            output["data"] = {k: _as_text(k, v) for k, v in data.items()}
+            output["metadata"] = {
+                **(metadata if isinstance(metadata, dict) else {}),
+                "sbx_display_id": display_id,
+            }
 
     def finish(self) -> list[dict[str, Any]]:
         """Return the final outputs, with the truncation marker when anything was cut."""
@@ -212,7 +225,8 @@ class OutputCollector:
             notes.append(f"{format_size(self.dropped)} dropped, over {self.limit}")
         if self.lost:
             notes.append(
-                "the kernel sent a message larger than the gateway's max_kernel_message, "
+                "the kernel sent a message larger than the gateway's max_kernel_message "
+                "(or of more than 10000 frames), "
                 "which was refused unread; outputs sent while the connection was made "
                 "again may be missing (write large results to a file)"
             )
@@ -225,6 +239,18 @@ class OutputCollector:
                 }
             )
         return self.outputs
+
+
+def execution_count(content: dict[str, Any]) -> int | None:
+    """The message's execution count if it is one (a kernel may send any JSON there)."""
+    count = content.get("execution_count")
+    return count if type(count) is int else None
+
+
+def _display_id(content: dict[str, Any]) -> str | None:
+    transient = content.get("transient")
+    display_id = transient.get("display_id") if isinstance(transient, dict) else None
+    return display_id if isinstance(display_id, str) else None
 
 
 def _cut_error(output: dict[str, Any], room: int) -> dict[str, Any]:
@@ -264,7 +290,7 @@ def _output(msg: dict[str, Any]) -> dict[str, Any]:
 
     try:
         return output_from_msg(msg)
-    except ValidationError:
+    except (ValidationError, KeyError):  # KeyError: a field the message type needs is missing
         pass
     content = dict(msg["content"])
     if isinstance(content.get("data"), dict):
@@ -273,9 +299,9 @@ def _output(msg: dict[str, Any]) -> dict[str, Any]:
         content["metadata"] = {}
     try:
         return output_from_msg({**msg, "content": content})
-    except ValidationError as e:
+    except (ValidationError, KeyError) as e:
         kind = msg["header"]["msg_type"]
-        reason = str(e).splitlines()[0]
+        reason = str(e).splitlines()[0] if isinstance(e, ValidationError) else f"no {e}"
         return new_output(
             "stream",
             name="stderr",

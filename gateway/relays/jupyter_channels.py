@@ -29,7 +29,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from ..errors import Denied
 from ..execution.kernel import DropWatch, ExecutionResult
-from ..execution.outputs import OutputCollector
+from ..execution.outputs import OutputCollector, execution_count
 from ..sessions.manager import Session, SessionManager
 from .agent_stream import ReplayBuffer
 
@@ -230,7 +230,7 @@ class KernelChannels:
         if pending is None:
             return
         if channel == "shell" and kind == "execute_reply":
-            pending.collector.execution_count = msg["content"].get("execution_count")
+            pending.collector.execution_count = execution_count(msg["content"])
         elif channel == "iopub":
             if kind == "status" and msg["content"].get("execution_state") == "idle":
                 del self.pending[parent]

@@ -27,10 +27,16 @@ log = logging.getLogger(__name__)
 
 _GREETING = 64  # ZMTP 3: signature (10), version (2), mechanism (20), as-server, filler
 _MORE, _LONG, _COMMAND = 1, 2, 4
+# Frames in one message. An empty frame is 2 bytes on the wire but a libzmq message
+# and a Python object in the gateway, read one call each with the loop held: three
+# million of them held every session for 5 s. A Jupyter message has about ten.
+MAX_FRAMES = 10_000
 
 
 class FrameCounter:
     """Reads the ZMTP 3 frame headers in a byte stream; finds the first message over ``limit``.
+
+    Over ``limit`` bytes, or over ``MAX_FRAMES`` frames.
 
     A header is held back until it is whole (at most 9 bytes), so the stream
     can be cut exactly before the frame that crosses the limit; bodies pass
@@ -43,6 +49,7 @@ class FrameCounter:
         self._head = bytearray()
         self._body = 0  # bytes of the current frame's body still to come
         self._message = 0  # bytes of the current message's frames so far
+        self._frames = 0  # and how many of them
 
     def feed(self, data: bytes) -> tuple[list[bytes | memoryview], bool]:
         """What of ``data`` may pass on, and whether the stream must be cut after it.
@@ -67,6 +74,7 @@ class FrameCounter:
             elif self._head:  # a header the last read cut short: a byte at a time
                 self._head.append(data[i])
                 i += 1
+                run = i  # held, not passed on as it is: a read may end before it is whole
                 if len(self._head) < (9 if self._head[0] & _LONG else 2):
                     continue
                 if not self._frame(self._head[0], int.from_bytes(self._head[1:], "big")):
@@ -89,11 +97,14 @@ class FrameCounter:
 
     def _frame(self, flags: int, size: int) -> bool:
         """Count a frame whose header just passed; False if it takes its message over the limit."""
-        total = size if flags & _COMMAND else self._message + size
-        if total > self.limit:
-            return False
-        if not flags & _COMMAND:
-            self._message = total if flags & _MORE else 0
+        if flags & _COMMAND:
+            if size > self.limit:
+                return False
+        else:
+            total, frames = self._message + size, self._frames + 1
+            if total > self.limit or frames > MAX_FRAMES:
+                return False
+            self._message, self._frames = (total, frames) if flags & _MORE else (0, 0)
         self._body = size
         return True
 

@@ -88,6 +88,9 @@ ATTACKS = {
     # Each frame under max_kernel_message, the message 40 times over: sent from 30 MB held once.
     "raw message of many frames": RAW
     + "b = b'x' * 30_000_000\nraw({'name': 'stdout', 'text': 'raw'}, [b] * 40)",
+    # Each frame a few bytes on the wire, each costing the gateway far more to hold and read.
+    "raw message of many tiny frames": RAW
+    + "raw({'name': 'stdout', 'text': 'raw'}, [b'xy'] * 3_000_000)",
 }
 
 
@@ -202,3 +205,63 @@ def test_malformed_kernel_messages_are_dropped_on_every_path(output_gateway, att
     assert texts == ["after\n"], seen
     raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
     assert raised == [], "".join(output_gateway.log[before:][-60:])
+
+
+# Right envelopes, contents of the wrong shape: each raised in the gateway's collector.
+ODD_CONTENTS = RAW + (
+    "for kind, content in (\n"
+    "    ('error', {'ename': 5, 'evalue': 'x', 'traceback': []}), ('error', {}),\n"
+    "    ('stream', {'text': 'no name'}), ('execute_result', {'data': {}, 'metadata': {}}),\n"
+    "    ('display_data', {'data': {'text/plain': 'x'}, 'metadata': {}, 'transient': [1]}),\n"
+    "    ('update_display_data', {'data': [1], 'transient': {'display_id': 'd'}}),\n"
+    "    ('update_display_data', {'data': {}, 'metadata': [], 'transient': {'display_id': 'd'}}),\n"
+    "    ('update_display_data', {'data': {}, 'metadata': {}, 'transient': 'd'}),\n"
+    "    (['stream'], {'name': 'stdout', 'text': 'list type'}),\n"
+    "    ('execute_input', {'execution_count': 'seven', 'code': ''}),\n"
+    "):\n"
+    "    raw(content, kind=kind)\n"
+    "print('after')"
+)
+
+
+def test_contents_of_the_wrong_shape_never_fail_the_execute(output_gateway, attacker):
+    """A kernel's odd output becomes a note or nothing; the execute and the session go on."""
+    api, before = output_gateway.client, len(output_gateway.log)
+    reply = run(api, attacker, ODD_CONTENTS)
+    assert reply["status"] == "ok" and reply["error"] is None, reply
+    assert text_of(reply) == "after\n", reply
+    assert reply["execution_count"] is None or isinstance(reply["execution_count"], int), reply
+    raised = [line for line in output_gateway.log[before:] if "Traceback" in line]
+    assert raised == [], "".join(output_gateway.log[before:][-60:])
+    assert text_of(run(api, attacker, "print('still here')")) == "still here\n"
+
+
+# From the next cell on, every message with an execution count carries a dict instead.
+ODD_COUNT = (
+    "k = get_ipython().kernel\n"
+    "_send = k.session.send\n"
+    "def _odd(stream, msg_or_type, content=None, *args, **kwargs):\n"
+    "    if isinstance(content, dict) and 'execution_count' in content:\n"
+    "        content = {**content, 'execution_count': {'not': 'a count'}}\n"
+    "    return _send(stream, msg_or_type, content, *args, **kwargs)\n"
+    "k.session.send = _odd\n"
+)
+
+
+def test_an_execution_count_that_is_not_a_number_is_not_passed_on(output_gateway, attacker):
+    """The API and the store type it as an integer: a kernel's dict there is no count."""
+    api = output_gateway.client
+    run(api, attacker, ODD_COUNT)
+    reply = run(api, attacker, "print('next')")
+    assert reply["status"] == "ok" and text_of(reply) == "next\n", reply
+    assert reply["execution_count"] is None, reply
+    url = output_gateway.ws_url(f"/api/kernels/{attacker}/channels")
+    asyncio.run(run_over_channels(url, "print('relayed')"))
+
+    def recorded() -> list[dict]:
+        return api.get(f"/v1/sessions/{attacker}/history").json()["executions"]
+
+    relayed = wait_for(lambda: any(e["code"] == "print('relayed')" for e in recorded()), 10, 0.2)
+    assert relayed, "the relayed execution was not recorded"
+    counts = [e["execution_count"] for e in recorded()]
+    assert all(c is None or isinstance(c, int) for c in counts), counts
