@@ -69,8 +69,9 @@ def test_a_session_whose_ttl_runs_out_while_restarting_is_a_409(start_gateway):
     gw = start_gateway("--cull-interval", "0.05")
     session = gw.client.post("/v1/sessions", json={}).json()
     age = time.time() - datetime.fromisoformat(session["created_at"]).timestamp()
-    # Expire half a second from now: a restart (about a second) outlives it.
-    gw.client.patch(f"/v1/sessions/{session['id']}", json={"ttl": age + 0.5})
+    # Expire a fifth of a second from now: a restart (a cold container, half a
+    # second and more) outlives it, and the culler looks every 50 ms.
+    gw.client.patch(f"/v1/sessions/{session['id']}", json={"ttl": age + 0.2})
     r = gw.client.post(f"/v1/sessions/{session['id']}/restart")  # was 500: its sockets vanished
     assert r.status_code == 409 and r.json()["error"]["code"] == "session_ended", r.text
     assert "ended while it restarted: ttl expired" in r.json()["error"]["message"]

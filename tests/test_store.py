@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 
 import psycopg
 import pytest
@@ -189,6 +190,25 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     wal, kept = asyncio.run(scenario())
     assert kept == 300
     assert wal < 512 * 1024, f"the WAL grew to {wal} bytes: it is not checkpointed"
+
+
+def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):
+    """Only SQLite's small writes run on the loop; a server's every statement is a round trip.
+
+    Run on the loop, a write to a PostgreSQL server that stopped answering
+    held every session of the gateway (and its failure reached no caller).
+    """
+
+    async def scenario():
+        store = PostgresStore(postgres.database(), tmp_path)
+        await store.open()
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        await store.save_session(doc)
+        ran_on = await store._submit(threading.get_ident, quick=True)
+        await store.close()
+        return ran_on
+
+    assert asyncio.run(scenario()) != threading.get_ident()
 
 
 def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execution_id(

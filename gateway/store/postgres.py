@@ -187,6 +187,7 @@ class PostgresStore(Store):
     ROW_ORDER = "seq"
     NOW = "extract(epoch from clock_timestamp())::double precision"
     SHARED = True
+    LOOP_WRITES = False
 
     def __init__(self, url: str, data_dir: Path, retention: Retention | None = None) -> None:
         super().__init__(data_dir / "gateway.sqlite3", retention)  # path: only its directory

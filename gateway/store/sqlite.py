@@ -226,6 +226,10 @@ class Store:
     PostgreSQL server: it overrides only what the two dialects do differently.
     """
 
+    # Small writes may commit on the loop: SQLite's commit in WAL mode does not
+    # wait for the disk. A database server's every statement is a round trip.
+    LOOP_WRITES = True
+
     ROW_ORDER = "rowid"  # the column that orders rows as they were inserted
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the database's clock, in seconds
     SHARED = False  # whether other gateways may use the same database
@@ -323,12 +327,12 @@ class Store:
         quick, self._quick = self._quick, True
         calls = [(fn, args) for fn, args, _ in batch]
         self._commits += 1
-        checkpoint = self._commits >= CHECKPOINT_EVERY
-        if quick and not checkpoint and self._in_thread == 0 and self._db is not None:
+        checkpoint = self.LOOP_WRITES and self._commits >= CHECKPOINT_EVERY
+        if self.LOOP_WRITES and quick and not checkpoint and self._in_thread == 0 and self._db:
             # Nothing runs on the thread: the connection is the loop's for this batch.
             try:
                 outcomes = self._run_batch(calls)
-            except sqlite3.Error as e:  # the transaction itself failed
+            except Exception as e:  # the transaction itself failed: each caller hears of it
                 outcomes = [(False, e)] * len(batch)
             for (_, _, future), outcome in zip(batch, outcomes, strict=True):
                 _deliver(future, outcome)
