@@ -1,8 +1,9 @@
 """The gateway's own channels to a kernel, against a stand-in kernel made of real ZeroMQ sockets.
 
-The kernel side signs with jupyter_client's Session, as kernels do; the
-integration tests (test_execute, test_kernel_drops, ...) run the same code
-against real kernels.
+Each scenario runs over both kinds of link: the gateway's own ZMTP (a kernel
+on this host) and libzmq sockets (a kernel elsewhere). The kernel side signs
+with jupyter_client's Session, as kernels do; the integration tests
+(test_execute, test_kernel_drops, ...) run the same code against real kernels.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import hmac
 import json
 import time
 
+import pytest
 import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
-from gateway.execution.channels import KernelChannels
+from gateway.execution import zmtp
+from gateway.execution.channels import KernelChannels, ZmqLink
 
 KEY = b"k" * 32
 FLOOD = 900  # under ZeroMQ's high-water mark (1000), which a PUB socket drops past
@@ -26,18 +29,26 @@ FLOOD = 900  # under ZeroMQ's high-water mark (1000), which a PUB socket drops p
 class StandIn:
     """A kernel's shell (ROUTER) and iopub (PUB), and the gateway's sockets connected to them."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, transport: str) -> None:
         self.ctx = zmq.asyncio.Context()
         self.session = Session(key=KEY)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.pub = self.ctx.socket(zmq.PUB)
         self.router.bind(f"ipc://{tmp_path}/shell")
         self.pub.bind(f"ipc://{tmp_path}/iopub")
-        self.shell = self.ctx.socket(zmq.DEALER)
+        self.iopub: zmq.asyncio.Socket | None = None  # the gateway's, over libzmq
+        if transport == "zmtp":
+            self.links = (
+                zmtp.Link(f"{tmp_path}/shell", b"DEALER", 1 << 20),
+                zmtp.Link(f"{tmp_path}/iopub", b"SUB", 1 << 20),
+            )
+            return
+        shell = self.ctx.socket(zmq.DEALER)
         self.iopub = self.ctx.socket(zmq.SUB)
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.shell.connect(f"ipc://{tmp_path}/shell")
+        shell.connect(f"ipc://{tmp_path}/shell")
         self.iopub.connect(f"ipc://{tmp_path}/iopub")
+        self.links = (ZmqLink(shell), ZmqLink(self.iopub))
 
     async def next_request(self) -> tuple[list[bytes], dict]:
         frames = await asyncio.wait_for(self.router.recv_multipart(), 5)
@@ -70,13 +81,17 @@ class StandIn:
         self.ctx.term()
 
 
-def scenario(test):
-    """Run ``test(kernel, channels)`` on a fresh loop, connected channels and stand-in."""
+def scenario(test=None, *, transports=("zmtp", "zmq")):
+    """Run ``test(kernel, channels)`` on a fresh loop, connected channels and stand-in,
+    once over each of ``transports``."""
+    if test is None:
+        return lambda test: scenario(test, transports=transports)
 
-    def run(tmp_path) -> None:
+    @pytest.mark.parametrize("transport", transports)
+    def run(tmp_path, transport) -> None:
         async def go() -> None:
-            kernel = StandIn(tmp_path)
-            channels = KernelChannels(Session(key=KEY), kernel.shell, kernel.iopub)
+            kernel = StandIn(tmp_path, transport)
+            channels = KernelChannels(Session(key=KEY), *kernel.links)
             try:
                 await kernel.subscribed(channels)
                 await test(kernel, channels)
@@ -145,8 +160,9 @@ async def test_a_flood_of_messages_leaves_the_loop_to_others(kernel, channels):
         received += 1
     other.cancel()
     assert received == FLOOD
-    # Read KernelChannels.BATCH messages a turn: the other task ran between the batches.
-    assert ticks >= FLOOD // KernelChannels.BATCH
+    # Read BATCH messages a turn: the other task ran between the batches.
+    assert ZmqLink.BATCH == zmtp.Link.BATCH
+    assert ticks >= FLOOD // ZmqLink.BATCH
 
 
 @scenario
@@ -159,7 +175,7 @@ async def test_closing_the_channels_ends_a_wait_for_a_reply(kernel, channels):
     assert await asyncio.wait_for(waiting, 1) is None
 
 
-@scenario
+@scenario(transports=("zmq",))
 async def test_a_message_whose_edge_another_call_took_is_still_read(kernel, channels):
     request = channels.request("execute_request", {"code": "x"})
     _, msg = await kernel.next_request()

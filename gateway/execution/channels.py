@@ -6,9 +6,10 @@ each header's dates with dateutil. Here each socket is read as messages come,
 the signature checked and only what is needed parsed: a message nobody waits
 for (another client's, or anything between executions) is dropped after its
 parent header, unverified and unparsed, so a chatty kernel costs little and
-libzmq never holds a backlog for it. jupyter_client's kernel manager still
-starts the kernel and makes the sockets (with CurveZMQ where the placement
-asks for it).
+nothing holds a backlog for it. jupyter_client's kernel manager still
+starts the kernel; the messages travel over ``Link``s: the gateway's own
+ZMTP to a kernel on this host, libzmq sockets (with CurveZMQ) to one across
+a cluster.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import zmq.asyncio
 from jupyter_client.adapter import adapt
@@ -117,22 +118,84 @@ class Request:
         return self.reply.result()["content"]
 
 
-class KernelChannels:
-    """Sends requests on a kernel's shell socket and routes what comes back to them.
+class Link(Protocol):
+    """One of the gateway's connections to a kernel socket: shell (DEALER) or iopub (SUB)."""
 
-    Reads each socket from the event loop's own readiness callback, with
-    non-blocking receives: no future or timer per message. ZeroMQ signals
-    readiness by edge, and a send can swallow the edge of a message that came
-    meanwhile, so every send and every quiet wait (``poke``) reads again.
+    def start(self, deliver: Callable[[list[bytes]], None]) -> None:
+        """Hand each whole message (its frames) to ``deliver`` from now on."""
+
+    def send(self, frames: list[bytes]) -> None:
+        """Queue a message without blocking; RuntimeError if the kernel reads none."""
+
+    def poke(self) -> None:
+        """Read whatever waits, whether or not its readiness was seen."""
+
+    def close(self) -> None: ...
+
+
+class ZmqLink:
+    """A libzmq socket as a ``Link`` (CurveZMQ over TCP to a cluster's kernels).
+
+    Read from the event loop's own readiness callback, with non-blocking
+    receives: no future or timer per message. ZeroMQ signals readiness by
+    edge, and a send can swallow the edge of a message that came meanwhile,
+    so every send and every quiet wait (``poke``) reads again.
     """
 
     # Messages read in one turn of the loop before the other sessions get theirs.
     BATCH = 32
 
-    def __init__(
-        self, session: Session, shell: zmq.asyncio.Socket, iopub: zmq.asyncio.Socket
-    ) -> None:
-        self.sockets = (shell, iopub)  # owned here: closed with the channels
+    def __init__(self, socket: zmq.asyncio.Socket) -> None:
+        self.socket = socket  # owned here: closed with the link
+        self._sock = zmq.Socket.shadow(socket.underlying)  # pyzmq's asyncio layer never engaged
+        self._loop = asyncio.get_running_loop()
+        self._deliver: Callable[[list[bytes]], None] | None = None
+
+    def start(self, deliver: Callable[[list[bytes]], None]) -> None:
+        self._deliver = deliver
+        self._loop.add_reader(self._sock.FD, self._readable)
+        self.poke()
+
+    def send(self, frames: list[bytes]) -> None:
+        try:
+            for part in frames[:-1]:  # never blocks: queued below the high-water mark
+                self._sock.send(part, _NOBLOCK | _SNDMORE)
+            self._sock.send(frames[-1], _NOBLOCK)
+        except zmq.Again:
+            raise RuntimeError("the kernel has not read its last 1000 requests") from None
+        self.poke()  # the send may have taken the edge of a message that came
+
+    def poke(self) -> None:
+        if self._deliver is not None:
+            self._loop.call_soon(self._readable)
+
+    def close(self) -> None:
+        if self._deliver is not None:
+            self._deliver = None  # reads already scheduled find it so: the socket is gone
+            self._loop.remove_reader(self._sock.FD)
+        self.socket.close(linger=0)
+
+    def _readable(self) -> None:
+        sock = self._sock
+        for _ in range(self.BATCH):
+            # Asked first: an empty read's exception costs more than the question.
+            if self._deliver is None or not sock.getsockopt(_EVENTS) & _POLLIN:
+                return
+            frames = [sock.recv(_NOBLOCK)]
+            while sock.getsockopt(_RCVMORE):  # a message's frames come together
+                frames.append(sock.recv(_NOBLOCK))
+            self._deliver(frames)
+        self._loop.call_soon(self._readable)  # more may wait: after the others
+
+
+class KernelChannels:
+    """Sends requests on a kernel's shell and routes what comes back to them.
+
+    Over two ``Link``s: the gateway's own ZMTP (``execution.zmtp``) to a
+    kernel on this host, libzmq sockets (``ZmqLink``) to one elsewhere.
+    """
+
+    def __init__(self, session: Session, shell: Link, iopub: Link) -> None:
         self._username = session.username
         self._session = session.session
         self._signer = hmac.HMAC(session.key, digestmod=hashlib.sha256) if session.key else None
@@ -143,15 +206,9 @@ class KernelChannels:
         self._loop = asyncio.get_running_loop()
         self._closed = False
         self.iopub_heard = asyncio.Event()  # anything at all came on iopub: it is connected
-        # Plain views of the sockets: pyzmq's asyncio layer is never engaged.
-        self._shell = zmq.Socket.shadow(shell.underlying)
-        self._readers = [
-            (self._shell, self._on_reply),
-            (zmq.Socket.shadow(iopub.underlying), self._on_iopub),
-        ]
-        for sock, route in self._readers:
-            self._loop.add_reader(sock.FD, self._readable, sock, route)
-        self.poke()
+        self._shell, self._iopub = shell, iopub
+        shell.start(self._on_shell)
+        iopub.start(self._on_iopub)
 
     def request(self, msg_type: str, content: dict[str, Any], iopub: bool = True) -> Request:
         """Send ``msg_type`` on shell; its iopub messages and reply go to the returned Request.
@@ -169,22 +226,12 @@ class KernelChannels:
             "version": PROTOCOL_VERSION,
         }
         parts = [_dumps(header), _EMPTY, _EMPTY, _dumps(content)]
-        try:
-            self._shell.send(_DELIMITER, _NOBLOCK | _SNDMORE)  # never blocks: queued below the HWM
-            self._shell.send(self._sign(parts), _NOBLOCK | _SNDMORE)
-            for part in parts[:-1]:
-                self._shell.send(part, _NOBLOCK | _SNDMORE)
-            self._shell.send(parts[-1], _NOBLOCK)
-        except zmq.Again:
-            raise RuntimeError("the kernel has not read its last 1000 requests") from None
+        self._shell.send([_DELIMITER, self._sign(parts), *parts])
         reply = self._loop.create_future()
-        request = Request(
-            msg_id, reply, functools.partial(self._forget, msg_id), self.poke
-        )
+        request = Request(msg_id, reply, functools.partial(self._forget, msg_id), self.poke)
         self._requests[msg_id] = request
         if iopub:
             self._listening[msg_id] = request
-        self._loop.call_soon(self._readable, *self._readers[0])  # the send may have taken its edge
         return request
 
     def _forget(self, msg_id: str) -> None:
@@ -193,20 +240,17 @@ class KernelChannels:
 
     def poke(self) -> None:
         """Read whatever waits, whether or not its edge was seen."""
-        if self._closed:
-            return
-        for sock, route in self._readers:
-            self._loop.call_soon(self._readable, sock, route)
+        if not self._closed:
+            self._shell.poke()
+            self._iopub.poke()
 
     def close(self) -> None:
-        """Stop reading and close the sockets; requests waiting get no reply."""
+        """Stop reading and close the links; requests waiting get no reply."""
         if self._closed:
             return
-        self._closed = True  # reads already scheduled find it so: the sockets are gone
-        for sock, _ in self._readers:
-            self._loop.remove_reader(sock.FD)
-        for sock in self.sockets:
-            sock.close(linger=0)
+        self._closed = True
+        self._shell.close()
+        self._iopub.close()
         for request in self._requests.values():
             request.reply.cancel()
         self._requests.clear()
@@ -220,61 +264,45 @@ class KernelChannels:
             signer.update(part)
         return signer.hexdigest().encode()
 
-    def _readable(self, sock: zmq.Socket, route: Callable[[Request, Message], None]) -> None:
-        if self._closed:
-            return
-        for _ in range(self.BATCH):
-            # Asked first: an empty read's exception costs more than the question.
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
-                return
-            frames = [sock.recv(_NOBLOCK)]
-            while sock.getsockopt(_RCVMORE):  # a message's frames come together
-                frames.append(sock.recv(_NOBLOCK))
-            if route is self._on_iopub:
-                self.iopub_heard.set()
-            self._route(frames, route)
-        self._loop.call_soon(self._readable, sock, route)  # more may wait: after the others
-
-    def _route(self, frames: list[bytes], route: Callable[[Request, Message], None]) -> None:
-        requests = self._listening if route is self._on_iopub else self._requests
-        try:
-            msg = self._parse(frames, requests)
-        except (ValueError, AttributeError, TypeError, KeyError, RecursionError):
-            return  # not a well-formed Jupyter message: nothing of it is used
+    def _on_shell(self, frames: list[bytes]) -> None:
+        msg = self._parse(frames, self._requests)
         if msg is not None:
-            route(requests[msg["parent_header"]["msg_id"]], msg)
+            reply = self._requests[msg["parent_header"]["msg_id"]].reply
+            if not reply.done():
+                reply.set_result(msg)
+
+    def _on_iopub(self, frames: list[bytes]) -> None:
+        self.iopub_heard.set()
+        msg = self._parse(frames, self._listening)
+        if msg is not None:
+            self._listening[msg["parent_header"]["msg_id"]].iopub.put(msg)
 
     def _parse(self, frames: list[bytes], requests: dict[str, Request]) -> Message | None:
-        """The message, if one of ``requests`` waits for it and its signature is right."""
-        start = frames.index(_DELIMITER) + 1
-        signature, header, parent, metadata, content = frames[start : start + 5]
-        msg_id = json.loads(parent).get("msg_id")
-        if msg_id not in requests:
-            return None  # nobody waits for it: dropped unverified, unparsed
-        if self._sign([header, parent, metadata, content]) != signature:
+        """The message, if one of ``requests`` waits for it, it is well formed and its
+        signature is right; None otherwise: nothing of it is used."""
+        try:
+            start = frames.index(_DELIMITER) + 1
+            signature, header, parent, metadata, content = frames[start : start + 5]
+            msg_id = json.loads(parent).get("msg_id")
+            if msg_id not in requests:
+                return None  # nobody waits for it: dropped unverified, unparsed
+            if self._sign([header, parent, metadata, content]) != signature:
+                return None
+            msg = {
+                "header": json.loads(header),
+                "parent_header": {"msg_id": msg_id},
+                "metadata": json.loads(metadata),
+                "content": json.loads(content),
+                "buffers": frames[start + 5 :],
+            }
+            if not isinstance(msg["content"], dict):
+                return None
+            if not str(msg["header"].get("version", PROTOCOL_VERSION)).startswith("5"):
+                msg = adapt(msg)  # an older protocol's message, in today's shape
+            msg["msg_type"] = msg["header"]["msg_type"]
+        except (ValueError, AttributeError, TypeError, KeyError, RecursionError):
             return None
-        msg = {
-            "header": json.loads(header),
-            "parent_header": {"msg_id": msg_id},
-            "metadata": json.loads(metadata),
-            "content": json.loads(content),
-            "buffers": frames[start + 5 :],
-        }
-        if not isinstance(msg["content"], dict):
-            return None
-        if not str(msg["header"].get("version", PROTOCOL_VERSION)).startswith("5"):
-            msg = adapt(msg)  # an older protocol's message, in today's shape
-        msg["msg_type"] = msg["header"]["msg_type"]
         return msg if isinstance(msg["msg_type"], str) else None  # a list is unhashable
-
-    @staticmethod
-    def _on_iopub(request: Request, msg: Message) -> None:
-        request.iopub.put(msg)
-
-    @staticmethod
-    def _on_reply(request: Request, msg: Message) -> None:
-        if not request.reply.done():
-            request.reply.set_result(msg)
 
 
 def _dumps(value: Any) -> bytes:

@@ -25,8 +25,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
-from .channels import KernelChannels, Message, Request
+from .channels import KernelChannels, Message, Request, ZmqLink
 from .outputs import OutputCap, OutputCollector, OutputListener, execution_count
+from .zmtp import Link, Links
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,7 @@ class Kernel:
             autorestart=False,
         )
         self.manager.kernel_id = sandbox.session_id
-        self._drops: DropWatch | None = None
+        self._drops: DropWatch | Links | None = None
         self._channels: KernelChannels | None = None
         self._channels_ip: str | None = None  # where the kernel was when they were made
         self.died = asyncio.Event()
@@ -325,9 +326,7 @@ class Kernel:
         if self._channels is not None and self._channels_ip != km.ip:
             self._stop_channels()  # restarted elsewhere (a cluster sandbox on another node)
         if self._channels is None:
-            shell, iopub = km.connect_shell(), km.connect_iopub()
-            self._drops = DropWatch([iopub, shell])
-            self._channels, self._channels_ip = KernelChannels(km.session, shell, iopub), km.ip
+            self._channels, self._channels_ip = self._open_channels(), km.ip
         try:
             await self._answers()
         except RuntimeError as e:
@@ -335,6 +334,21 @@ class Kernel:
             raise KernelStartFailed(
                 f"the kernel did not start ({e}); its last output: {output or '(none)'}"
             ) from e
+
+    def _open_channels(self) -> KernelChannels:
+        """The gateway's own ZMTP straight to the kernel's sockets where the sandbox
+        offers them (on this host, bounded as the guards bound them); else libzmq's."""
+        km = self.manager
+        direct = getattr(self.sandbox, "direct_sockets", None)
+        paths = direct(km.shell_port, km.iopub_port) if direct is not None else None
+        if paths is not None:
+            shell_path, iopub_path, limit = paths
+            links = (Link(shell_path, b"DEALER", limit), Link(iopub_path, b"SUB", limit))
+            self._drops = Links(links)
+            return KernelChannels(km.session, *links)
+        shell, iopub = km.connect_shell(), km.connect_iopub()
+        self._drops = DropWatch([iopub, shell])
+        return KernelChannels(km.session, ZmqLink(shell), ZmqLink(iopub))
 
     async def _answers(self) -> None:
         """A kernel_info reply on shell and a message on iopub: both channels are up.

@@ -26,7 +26,7 @@ from typing import cast
 log = logging.getLogger(__name__)
 
 _GREETING = 64  # ZMTP 3: signature (10), version (2), mechanism (20), as-server, filler
-_MORE, _LONG, _COMMAND = 1, 2, 4
+MORE, LONG, COMMAND = 1, 2, 4
 # Frames in one message. An empty frame is 2 bytes on the wire but a libzmq message
 # and a Python object in the gateway, read one call each with the loop held: three
 # million of them held every session for 5 s. A Jupyter message has about ten.
@@ -75,7 +75,7 @@ class FrameCounter:
                 self._head.append(data[i])
                 i += 1
                 run = i  # held, not passed on as it is: a read may end before it is whole
-                if len(self._head) < (9 if self._head[0] & _LONG else 2):
+                if len(self._head) < (9 if self._head[0] & LONG else 2):
                     continue
                 if not self._frame(self._head[0], int.from_bytes(self._head[1:], "big")):
                     return out, True
@@ -83,7 +83,7 @@ class FrameCounter:
                 self._head.clear()
                 run = i
             else:
-                end = i + (9 if data[i] & _LONG else 2)
+                end = i + (9 if data[i] & LONG else 2)
                 if end > n:  # held back until its last byte comes
                     out.append(view[run:i])
                     self._head += data[i:]
@@ -97,14 +97,14 @@ class FrameCounter:
 
     def _frame(self, flags: int, size: int) -> bool:
         """Count a frame whose header just passed; False if it takes its message over the limit."""
-        if flags & _COMMAND:
+        if flags & COMMAND:
             if size > self.limit:
                 return False
         else:
             total, frames = self._message + size, self._frames + 1
             if total > self.limit or frames > MAX_FRAMES:
                 return False
-            self._message, self._frames = (total, frames) if flags & _MORE else (0, 0)
+            self._message, self._frames = (total, frames) if flags & MORE else (0, 0)
         self._body = size
         return True
 
@@ -120,7 +120,7 @@ class FrameCounter:
 
     def oversized_header(self) -> bytes:
         """A frame header libzmq's ``MAXMSGSIZE`` (the same limit) refuses unread."""
-        return bytes([_LONG]) + (self.limit + 1).to_bytes(8, "big")
+        return bytes([LONG]) + (self.limit + 1).to_bytes(8, "big")
 
 
 class _Side(asyncio.Protocol):

@@ -9,7 +9,9 @@ is at a short fixed path: some kernels (xeus-based ones) read socket names back
 into 32-byte buffers, and the host path is long. The gateway's sockets connect
 to the kernel's through a ``MessageGuard`` each (gateway.sandbox.guard),
 listening in a directory of the gateway's own, so no message over
-``max_kernel_message`` reaches libzmq whole.
+``max_kernel_message`` reaches libzmq whole; the gateway's own shell and
+iopub speak ZMTP to the kernel's sockets themselves, bounded the same way
+(``direct_sockets``).
 The kernel can write its run directory (it binds sockets there), so nothing
 the gateway reads or writes lives in it: jupyter_client's connection file is
 beside it, out of the sandbox's reach, and the kernel's copy (naming the
@@ -104,6 +106,15 @@ class SandboxSpec:
     def sockets(self) -> Path:
         """The prefix of the ipc sockets the gateway connects to: the guards', or the kernel's."""
         return (self.guard_dir if self.max_message else self.run_dir) / "k"
+
+    def direct_sockets(self, shell_port: int, iopub_port: int) -> tuple[str, str, int] | None:
+        """The kernel's own shell and iopub sockets, and the bound on a message, for the
+        gateway's channels: they speak ZMTP themselves and bound messages as the guards
+        do (gateway.execution.zmtp). None with the guards off: libzmq's sockets then."""
+        if not self.max_message:
+            return None
+        shell, iopub = (str(self.run_dir / f"k-{port}") for port in (shell_port, iopub_port))
+        return shell, iopub, self.max_message
 
     def manager_options(self) -> dict[str, Any]:
         """How jupyter_client reaches the kernel: ipc sockets, through guards unless off."""

@@ -1,0 +1,227 @@
+"""The gateway's own ZMTP links against libzmq's sockets (as a kernel binds them), and its
+reader against any cut of a byte stream. Real kernels: test_execute, test_kernel_drops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+import zmq.asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.execution import zmtp
+from gateway.sandbox.guard import MAX_FRAMES
+
+LIMIT = 1000
+
+
+class Kernel:
+    """A kernel's PUB and ROUTER, bound on ipc sockets in ``tmp_path``."""
+
+    def __init__(self, tmp_path) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.iopub, self.shell = str(tmp_path / "iopub"), str(tmp_path / "shell")
+        self.pub.bind(f"ipc://{self.iopub}")
+        self.router.bind(f"ipc://{self.shell}")
+
+    def close(self) -> None:
+        for sock in (self.pub, self.router):
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+async def subscribed(kernel: Kernel, got: asyncio.Queue) -> None:
+    """Publish until the link hears (a subscription takes a moment to reach PUB)."""
+    for _ in range(200):
+        await kernel.pub.send(b"hello")
+        try:
+            assert await asyncio.wait_for(got.get(), 0.02) == [b"hello"]
+            return
+        except TimeoutError:
+            continue
+    raise AssertionError("the SUB link never heard")
+
+
+def run(tmp_path, scenario) -> None:
+    async def go() -> None:
+        kernel = Kernel(tmp_path)
+        try:
+            await scenario(kernel)
+        finally:
+            kernel.close()
+
+    asyncio.run(go())
+
+
+def test_a_message_over_the_limit_is_cut_before_it_is_read_and_the_link_goes_on(tmp_path):
+    async def scenario(kernel: Kernel) -> None:
+        link = zmtp.Link(kernel.iopub, b"SUB", LIMIT)
+        got: asyncio.Queue = asyncio.Queue()
+        link.start(got.put_nowait)
+        try:
+            await subscribed(kernel, got)
+            # Each frame under the limit, the message over it; then a message of many
+            # empty frames (no bytes, but each one a read and an object).
+            await kernel.pub.send_multipart([b"a" * 600, b"b" * 600, b"c" * 600])
+            await subscribed(kernel, got)
+            await kernel.pub.send_multipart([b""] * (MAX_FRAMES + 1))
+            await subscribed(kernel, got)
+            assert got.empty(), "a message over the bounds got through"
+            assert link.drops == 2
+        finally:
+            link.close()
+
+    run(tmp_path, scenario)
+
+
+def test_requests_sent_before_the_kernel_listens_go_when_it_does(tmp_path):
+    async def scenario(kernel: Kernel) -> None:
+        link = zmtp.Link(str(tmp_path / "later"), b"DEALER", LIMIT)
+        replies: asyncio.Queue = asyncio.Queue()
+        link.start(replies.put_nowait)
+        try:
+            link.send([b"first", b"request"])
+            await asyncio.sleep(0.3)  # nothing listens: the link tries again meanwhile
+            kernel.router.bind(f"ipc://{tmp_path / 'later'}")
+            ident, *frames = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
+            assert frames == [b"first", b"request"]
+            await kernel.router.send_multipart([ident, b"reply", b"x" * 300])  # a long frame
+            assert await asyncio.wait_for(replies.get(), 5) == [b"reply", b"x" * 300]
+            assert link.drops == 0
+        finally:
+            link.close()
+
+    run(tmp_path, scenario)
+
+
+def test_a_kernel_that_restarts_is_connected_to_again(tmp_path):
+    async def scenario(kernel: Kernel) -> None:
+        link = zmtp.Link(kernel.shell, b"DEALER", LIMIT)
+        replies: asyncio.Queue = asyncio.Queue()
+        link.start(replies.put_nowait)
+        try:
+            for _ in range(2):
+                link.send([b"ping"])
+                ident, _ = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
+                await kernel.router.send_multipart([ident, b"pong"])
+                assert await asyncio.wait_for(replies.get(), 5) == [b"pong"]
+                conn = link._conn
+                assert conn is not None
+                kernel.router.close(linger=0)  # the kernel restarts: a new socket, same path
+                kernel.router = kernel.ctx.socket(zmq.ROUTER)
+                kernel.router.bind(f"ipc://{kernel.shell}")
+                await asyncio.wait_for(conn.lost, 5)
+                await asyncio.wait_for(link.up.wait(), 5)
+        finally:
+            link.close()
+
+    run(tmp_path, scenario)
+
+
+def test_a_sandbox_that_answers_garbage_or_never_finishes_a_message_holds_nothing(tmp_path):
+    """A socket the sandbox put in the kernel's place: not ZMTP, then a message left open."""
+
+    async def scenario(kernel: Kernel) -> None:
+        path = str(tmp_path / "impostor")
+        answers = [b"HTTP/1.1 200 OK\r\n\r\n", zmtp.GREETING + zmtp.ready(b"PUB")]
+        accepted: list[asyncio.StreamWriter] = []
+        second = asyncio.Event()
+
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            if len(accepted) >= 2:
+                second.set()
+            writer.write(answers[min(len(accepted), len(answers)) - 1])
+            if len(accepted) >= 2:  # a frame announcing the limit, then a trickle of it
+                writer.write(bytes((zmtp.LONG | zmtp.MORE,)) + LIMIT.to_bytes(8, "big") + b"x")
+
+        server = await asyncio.start_unix_server(impostor, path)
+        link = zmtp.Link(path, b"SUB", LIMIT)
+        got: asyncio.Queue = asyncio.Queue()
+        link.start(got.put_nowait)
+        try:
+            await asyncio.wait_for(second.wait(), 5)
+            await asyncio.sleep(0.2)
+            assert got.empty()
+            assert link.drops == 0  # not ZMTP at all is no kernel message to cut
+            conn = link._conn
+            assert conn is not None and len(conn._buffer) < 16  # the frame's one byte waits
+        finally:
+            link.close()
+            server.close()
+            for writer in accepted:
+                writer.close()
+            await asyncio.sleep(0)
+
+    run(tmp_path, scenario)
+
+
+class _Transport:
+    """What a _Connection writes and whether it was cut, without a socket."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.write(part)
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+messages = st.lists(
+    st.lists(st.binary(max_size=400), min_size=1, max_size=4), min_size=1, max_size=6
+)
+
+
+@given(messages, st.lists(st.integers(1, 300), max_size=20), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_the_reader_delivers_the_same_messages_however_the_stream_is_cut(sent, cuts, ping):
+    """Every split of the bytes into reads gives the same messages, each once, in order."""
+
+    async def go() -> list[list[bytes]]:
+        link = zmtp.Link("unused", b"DEALER", 10_000)
+        got: list[list[bytes]] = []
+        link._deliver = got.append
+        conn = zmtp._Connection(link)
+        transport = _Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        stream = zmtp.GREETING + zmtp.ready(b"ROUTER")
+        if ping:
+            stream += zmtp.command(b"PING", b"\x00\x0ahb")
+        stream += b"".join(zmtp.encode(m) for m in sent)
+        at = 0
+        for cut in [*cuts, len(stream)]:
+            conn.data_received(stream[at : at + cut])
+            at += cut
+            for _ in range(10):  # batches the loop would deliver in later turns
+                await asyncio.sleep(0)
+        conn.data_received(stream[at:])
+        for _ in range(len(sent) // zmtp.Link.BATCH + 2):
+            await asyncio.sleep(0)
+        assert not transport.aborted
+        assert transport.written.startswith(zmtp.GREETING + zmtp.ready(b"DEALER"))
+        assert (zmtp.command(b"PONG", b"hb") in transport.written) == ping
+        return got
+
+    assert asyncio.run(go()) == sent
