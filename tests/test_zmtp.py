@@ -186,7 +186,26 @@ class _Transport:
         pass
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return len(self.written)  # the peer reads nothing
+
+
+def connected(link: zmtp.Link, peer: bytes) -> tuple[zmtp._Connection, _Transport]:
+    """A connection of ``link`` that has had the greeting and READY of a ``peer`` socket."""
+    conn = zmtp._Connection(link)
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(zmtp.GREETING + zmtp.ready(peer))
+    return conn, transport
+
+
+def test_a_ping_flood_from_a_peer_that_reads_nothing_grows_nothing():
+    async def go() -> None:
+        conn, transport = connected(zmtp.Link("unused", b"SUB", LIMIT), b"PUB")
+        conn.data_received(zmtp.command(b"PING", b"\x00\x0a" + b"c" * 16) * 100_000)
+        assert not transport.aborted
+        assert len(transport.written) < 8192, "every PING was answered into an unread buffer"
+
+    asyncio.run(go())
 
 
 messages = st.lists(
@@ -206,7 +225,7 @@ def test_the_reader_delivers_the_same_messages_however_the_stream_is_cut(sent, c
         conn = zmtp._Connection(link)
         transport = _Transport()
         conn.connection_made(transport)  # type: ignore[arg-type]
-        stream = zmtp.GREETING + zmtp.ready(b"ROUTER")
+        stream = zmtp.GREETING + zmtp.ready(b"ROUTER")  # cut into reads too
         if ping:
             stream += zmtp.command(b"PING", b"\x00\x0ahb")
         stream += b"".join(zmtp.encode(m) for m in sent)

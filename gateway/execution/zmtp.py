@@ -244,8 +244,10 @@ class _Connection(asyncio.Protocol):
             self.ready = True
             self.link._ready(self)
         elif name == b"PING":  # ZMTP 3.1 heartbeats, should the kernel's side ask
-            context = body[1 + body[0] + 2 :][:16]
-            self.transport.write(command(b"PONG", context))
+            # Unanswered while the kernel leaves earlier answers unread: a PING flood
+            # must not grow the gateway's write buffer.
+            if self.transport.get_write_buffer_size() < _MAX_COMMAND:
+                self.transport.write(command(b"PONG", body[1 + body[0] + 2 :][:16]))
         elif name == b"ERROR":
             raise ProtocolError("the kernel's side refused the handshake")
 
@@ -278,6 +280,8 @@ class Links:
     async def settled(self, timeout: float) -> None:
         """Wait (up to ``timeout``) until every link is connected: what a kernel
         publishes while its iopub connection is down is lost."""
+        if all(link.up.is_set() for link in self.links):
+            return  # every execute asks: no timer when nothing is down
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 for link in self.links:
