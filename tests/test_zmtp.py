@@ -244,3 +244,91 @@ def test_the_reader_delivers_the_same_messages_however_the_stream_is_cut(sent, c
         return got
 
     assert asyncio.run(go()) == sent
+
+
+def test_a_flood_of_empty_commands_is_read_a_turn_s_worth_at_a_time():
+    """Each header is Python work, however few bytes: 128K of them held every session."""
+
+    async def go() -> None:
+        conn, transport = connected(zmtp.Link("unused", b"SUB", LIMIT), b"PUB")
+        conn.data_received(zmtp.command(b"") * 100_000)
+        assert conn._paused and len(conn._buffer) > 100_000, "the whole read was taken at once"
+        for _ in range(100_000 // zmtp.HEADERS_PER_TURN + 1):
+            await asyncio.sleep(0)
+        assert not conn._buffer and not conn._paused and not transport.aborted
+
+    asyncio.run(go())
+
+
+def test_a_request_sent_right_after_a_cut_waits_for_the_next_connection():
+    """Until the connection is gone for good, a send wrote into it, and was lost."""
+
+    async def go() -> None:
+        link = zmtp.Link("unused", b"DEALER", LIMIT)
+        conn, transport = connected(link, b"ROUTER")
+        link._conn = conn
+        conn.data_received(zmtp.encode([b"a" * 600, b"b" * 600]))  # over LIMIT: cut
+        assert transport.aborted and link.drops == 1
+        sent = len(transport.written)
+        link.send([b"after the cut"])
+        assert len(transport.written) == sent, "written into the cut connection"
+        assert link._pending == [zmtp.encode([b"after the cut"])]
+
+    asyncio.run(go())
+
+
+def test_a_socket_that_never_answers_the_handshake_is_left_and_tried_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(zmtp, "HANDSHAKE_TIMEOUT", 0.2)
+
+    async def scenario(kernel: Kernel) -> None:
+        accepted: list[asyncio.StreamWriter] = []
+        again = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            if len(accepted) >= 2:
+                again.set()
+
+        path = str(tmp_path / "silent")
+        server = await asyncio.start_unix_server(silent, path)
+        link = zmtp.Link(path, b"SUB", LIMIT)
+        link.start(lambda frames: None)
+        try:
+            await asyncio.wait_for(again.wait(), 3)
+        except TimeoutError:
+            raise AssertionError("the link waited on a silent socket for good") from None
+        finally:
+            link.close()
+            server.close()
+            for writer in accepted:
+                writer.close()
+            await asyncio.sleep(0)
+
+    run(tmp_path, scenario)
+
+
+def test_a_delivery_that_raises_cuts_the_connection_and_reading_goes_on(tmp_path):
+    async def scenario(kernel: Kernel) -> None:
+        link = zmtp.Link(kernel.iopub, b"SUB", LIMIT)
+        got: asyncio.Queue = asyncio.Queue()
+        raised = []
+
+        def deliver(frames: list[bytes]) -> None:
+            if frames == [b"raise"] and not raised:
+                raised.append(frames)
+                raise RuntimeError("a bug in a delivery")
+            if frames != [b"filler"]:
+                got.put_nowait(frames)
+
+        link.start(deliver)
+        try:
+            await subscribed(kernel, got)
+            for _ in range(zmtp.Link.BATCH + 5):  # the raise comes in a later turn's batch
+                await kernel.pub.send(b"filler")
+            await kernel.pub.send(b"raise")
+            await asyncio.sleep(0.2)
+            await subscribed(kernel, got)
+        finally:
+            link.close()
+
+    run(tmp_path, scenario)

@@ -31,10 +31,16 @@ log = logging.getLogger(__name__)
 # signature, version 3.0, mechanism NULL, as-server 0, filler
 GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
 _MAX_COMMAND = 4096  # READY, PING, ERROR: a few properties at most
-# Requests waiting for a connection, and bytes waiting in one, before a send is refused:
+# Requests (and their bytes) waiting for a connection or in one before a send is refused:
 # a kernel that reads no requests is told so, as libzmq's high-water mark would.
 MAX_PENDING = 1000
 MAX_UNSENT = 64 << 20
+# Frame headers read in one turn of the loop, commands and empty frames too: each is
+# Python work however few bytes it has (a 256 KiB read holds 128K empty ones).
+HEADERS_PER_TURN = 2048
+# Seconds from connecting to the peer's READY (libzmq's handshake interval is 30 s):
+# a socket planted in the kernel's place that never answers is left, and tried again.
+HANDSHAKE_TIMEOUT = 10.0
 
 Deliver = Callable[[list[bytes]], None]
 
@@ -83,6 +89,7 @@ class Link:
         self._deliver: Deliver = _nowhere
         self._conn: _Connection | None = None
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._task: asyncio.Task | None = None
 
     def start(self, deliver: Deliver) -> None:
@@ -90,15 +97,16 @@ class Link:
         self._task = asyncio.get_running_loop().create_task(self._connect())
 
     def send(self, frames: list[bytes]) -> None:
-        conn = self._conn
+        data, conn = encode(frames), self._conn
         if conn is not None and conn.ready:
             if conn.transport.get_write_buffer_size() > MAX_UNSENT:
                 raise RuntimeError("the kernel is not reading its requests")
-            conn.transport.write(encode(frames))
-        elif len(self._pending) >= MAX_PENDING:
-            raise RuntimeError(f"the kernel has not read its last {MAX_PENDING} requests")
+            conn.transport.write(data)
+        elif len(self._pending) >= MAX_PENDING or self._pending_bytes > MAX_UNSENT:
+            raise RuntimeError(f"the kernel has not read its last {len(self._pending)} requests")
         else:
-            self._pending.append(encode(frames))
+            self._pending.append(data)
+            self._pending_bytes += len(data)
 
     def poke(self) -> None:
         """Nothing waits unread here: what comes is read as it comes."""
@@ -110,6 +118,7 @@ class Link:
         if self._conn is not None:
             self._conn.transport.abort()
         self._pending.clear()
+        self._pending_bytes = 0
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -121,20 +130,21 @@ class Link:
             except OSError:  # the kernel is not up yet, or is restarting
                 await asyncio.sleep(self.RECONNECT)
                 continue
-            try:
-                await conn.lost
-            finally:
-                if self._conn is conn:
-                    self._conn = None
-                self.up.clear()
+            await conn.lost
             await asyncio.sleep(self.RECONNECT)
 
     def _ready(self, conn: _Connection) -> None:
         if self.socket_type == b"SUB":
             conn.transport.write(frame(0, b"\x01"))  # subscribe to everything (ZMTP 3.0)
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
         conn.transport.writelines(pending)
         self.up.set()
+
+    def _down(self, conn: _Connection) -> None:
+        """``conn`` is closing: from now on sends wait for the next connection."""
+        if self._conn is conn:
+            self._conn = None
+            self.up.clear()
 
 
 def _nowhere(frames: list[bytes]) -> None:
@@ -154,13 +164,21 @@ class _Connection(asyncio.Protocol):
         self._frames: list[bytes] = []  # of the message being read
         self._size = 0  # their bytes
         self._paused = False  # reading stopped until the buffer's messages are delivered
+        self._handshake: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.link._conn = self  # before anything it reads: sends wait for its handshake
         self.transport.write(GREETING + ready(self.link.socket_type))
+        self._handshake = asyncio.get_running_loop().call_later(
+            HANDSHAKE_TIMEOUT, self._cut, "no handshake in time", False
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.ready = False
+        self.link._down(self)
+        if self._handshake is not None:
+            self._handshake.cancel()
         if not self.lost.done():
             self.lost.set_result(None)
 
@@ -168,19 +186,29 @@ class _Connection(asyncio.Protocol):
         self._buffer += data
         self._read()
 
+    def _cut(self, why: str, counted: bool) -> None:
+        """Close at once (what was sent on it is lost) and connect again."""
+        if counted:
+            self.link.drops += 1
+        log.warning("a kernel connection was cut (%s): %s; connecting again", self.link.path, why)
+        self.ready = False
+        self.link._down(self)
+        self.transport.abort()
+
     def _read(self) -> None:
-        """Deliver the buffer's whole messages, ``BATCH`` at most before the loop's others."""
+        """Deliver the buffer's whole messages, a turn's worth at a time."""
         if self.transport.is_closing():
             return
         try:
-            delivered = self._parse()
+            more = self._parse()
         except ProtocolError as e:
-            if self._greeted:
-                self.link.drops += 1
-            log.warning("a kernel connection was cut (%s): %s; connecting again", self.link.path, e)
-            self.transport.abort()
+            self._cut(str(e), counted=self._greeted)
             return
-        if delivered < Link.BATCH:
+        except Exception:  # a delivery that raised: the connection goes, not the reading
+            log.exception("a kernel message could not be delivered (%s)", self.link.path)
+            self._cut("a message could not be delivered", counted=False)
+            return
+        if not more:
             if self._paused:
                 self._paused = False
                 self.transport.resume_reading()
@@ -190,18 +218,21 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
         asyncio.get_running_loop().call_soon(self._read)
 
-    def _parse(self) -> int:
-        """Take whole frames off the buffer; the number of messages delivered."""
-        buf, pos, delivered = self._buffer, 0, 0
+    def _parse(self) -> bool:
+        """Take whole frames off the buffer; whether a turn's worth was taken (more may wait)."""
+        buf, pos, delivered, headers = self._buffer, 0, 0, 0
         n = len(buf)
         view = memoryview(buf)
         try:
             if not self._greeted:
                 _check_greeting(buf[: len(GREETING)])  # as far as it has come
                 if n < len(GREETING):
-                    return 0
+                    return False
                 self._greeted, pos = True, len(GREETING)
-            while delivered < Link.BATCH and n - pos >= 2:
+            while n - pos >= 2:
+                if delivered >= Link.BATCH or headers >= HEADERS_PER_TURN:
+                    return True
+                headers += 1
                 flags = buf[pos]
                 if flags & LONG:
                     if n - pos < 9:
@@ -228,7 +259,7 @@ class _Connection(asyncio.Protocol):
         finally:
             view.release()
             del buf[:pos]
-        return delivered
+        return False
 
     def _bound(self, flags: int, size: int) -> None:
         """A frame whose header just came: over a bound, its body is never read."""
@@ -242,6 +273,8 @@ class _Connection(asyncio.Protocol):
         name = body[1 : 1 + body[0]] if body else b""
         if name == b"READY" and not self.ready:
             self.ready = True
+            if self._handshake is not None:
+                self._handshake.cancel()
             self.link._ready(self)
         elif name == b"PING":  # ZMTP 3.1 heartbeats, should the kernel's side ask
             # Unanswered while the kernel leaves earlier answers unread: a PING flood
