@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.execution.kernel import DropWatch
-from gateway.sandbox.guard import MAX_FRAMES, FrameCounter, MessageGuard
+from gateway.sandbox import guard as guard_module
+from gateway.sandbox.guard import HEADERS_PER_TURN, MAX_FRAMES, FrameCounter, MessageGuard
 
 LIMIT = 1000
 GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x01" + b"NULL" + b"\0" * 16 + b"\0" * 32
@@ -32,9 +33,9 @@ messages = st.lists(
 )
 
 
-@given(messages, st.lists(st.integers(1, 400), max_size=30))
+@given(messages, st.lists(st.integers(1, 400), max_size=30), st.integers(1, 5))
 def test_the_counter_passes_exactly_what_comes_before_the_first_message_over_the_limit(
-    sequence, cuts
+    sequence, cuts, budget
 ):
     stream, allowed, over = bytearray(GREETING), None, False
     for kind, sizes in sequence:
@@ -51,9 +52,11 @@ def test_the_counter_passes_exactly_what_comes_before_the_first_message_over_the
     counter, passed, cut = FrameCounter(LIMIT), bytearray(), False
     position = 0
     for size in [*cuts, len(stream)]:
-        chunk, position = bytes(stream[position : position + size]), position + size
-        parts, cut = counter.feed(chunk)
-        passed += b"".join(parts)
+        chunk, position = memoryview(bytes(stream[position : position + size])), position + size
+        while chunk and not cut:  # a few headers a turn: the rest of the read in later ones
+            parts, cut, used = counter.feed(chunk, budget)
+            passed += b"".join(parts)
+            chunk = chunk[used:]
         if cut or position >= len(stream):
             break
     expected = bytes(stream[:allowed]) if over else bytes(stream)
@@ -65,10 +68,19 @@ def test_a_message_of_too_many_frames_is_cut_however_small_they_are():
     """Empty frames add no bytes, but each is a libzmq message and a read in the gateway."""
     counter = FrameCounter(LIMIT)
     many = frame(0, more=True) * (MAX_FRAMES - 1) + frame(0)
-    parts, cut = counter.feed(GREETING + many + many)
+    parts, cut, _ = counter.feed(GREETING + many + many)
     assert not cut and b"".join(parts) == GREETING + many + many
-    parts, cut = counter.feed(frame(0, more=True) * MAX_FRAMES + frame(0))
+    parts, cut, _ = counter.feed(frame(0, more=True) * MAX_FRAMES + frame(0))
     assert cut and b"".join(parts) == frame(0, more=True) * MAX_FRAMES
+
+
+def test_a_flood_of_empty_commands_is_read_a_turn_s_worth_at_a_time():
+    """Each header is Python work in the loop, however few bytes: 128K in one read held
+    every session ~50 ms."""
+    flood = GREETING + frame(0, command=True) * 100_000
+    parts, cut, used = FrameCounter(LIMIT).feed(flood, HEADERS_PER_TURN)
+    assert not cut and used == len(GREETING) + 2 * HEADERS_PER_TURN
+    assert b"".join(parts) == flood[:used]
 
 
 def test_a_frame_header_cut_over_three_reads_passes_once():
@@ -77,14 +89,14 @@ def test_a_frame_header_cut_over_three_reads_passes_once():
     stream = GREETING + frame(256, command=True) + frame(300, more=True) + frame(1)
     counter, passed = FrameCounter(LIMIT), b""
     for chunk in (stream[:65], stream[65:66], stream[66:68], stream[68:]):
-        parts, cut = counter.feed(chunk)
+        parts, cut, _ = counter.feed(chunk)
         passed += b"".join(parts)
         assert not cut
     assert passed == stream
 
 
 def test_a_greeting_that_is_not_zmtp_3_is_cut():
-    _, cut = FrameCounter(LIMIT).feed(b"\x01\x00" + b"x" * 70)
+    _, cut, _ = FrameCounter(LIMIT).feed(b"\x01\x00" + b"x" * 70)
     assert cut
 
 
@@ -152,3 +164,38 @@ def test_a_connection_made_before_the_kernel_listens_is_closed_at_once(tmp_path)
             await guard.close()
 
     assert asyncio.run(scenario()) == b""
+
+
+def test_reads_passed_on_over_several_turns_arrive_whole_and_in_order(tmp_path, monkeypatch):
+    """Messages of many empty frames: each read is relayed a turn's worth at a time."""
+    monkeypatch.setattr(guard_module, "HEADERS_PER_TURN", 50)  # every read takes turns
+
+    async def scenario() -> list[list[bytes]]:
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(f"ipc://{tmp_path / 'kernel'}")
+        guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", 1 << 20)
+        await guard.start()
+        sub = ctx.socket(zmq.SUB)
+        sub.subscribe(b"")
+        sub.connect(f"ipc://{tmp_path / 'guard'}")
+        try:
+            while not await sub.poll(20):  # the subscription reaches the kernel
+                await pub.send(b"hello")
+            await sub.recv_multipart()
+            for n in range(50):
+                await pub.send_multipart([b""] * 999 + [str(n).encode()])
+            await pub.send(b"end")
+            got = []
+            while (msg := await asyncio.wait_for(sub.recv_multipart(), 10)) != [b"end"]:
+                if msg != [b"hello"]:
+                    got.append(msg)
+            return got
+        finally:
+            await guard.close()
+            for sock in (sub, pub):
+                sock.close(linger=0)
+            ctx.term()
+
+    got = asyncio.run(scenario())
+    assert got == [[b""] * 999 + [str(n).encode()] for n in range(50)]

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import deque
 from pathlib import Path
 from typing import cast
 
@@ -31,6 +32,9 @@ MORE, LONG, COMMAND = 1, 2, 4
 # and a Python object in the gateway, read one call each with the loop held: three
 # million of them held every session for 5 s. A Jupyter message has about ten.
 MAX_FRAMES = 10_000
+# Frame headers read in one turn of the loop, commands and empty frames too: each is
+# Python work however few bytes it has (one 256 KiB read holds 128K empty ones).
+HEADERS_PER_TURN = 2048
 
 
 class FrameCounter:
@@ -51,8 +55,12 @@ class FrameCounter:
         self._message = 0  # bytes of the current message's frames so far
         self._frames = 0  # and how many of them
 
-    def feed(self, data: bytes) -> tuple[list[bytes | memoryview], bool]:
-        """What of ``data`` may pass on, and whether the stream must be cut after it.
+    def feed(
+        self, data: bytes | memoryview, budget: int = 1 << 62
+    ) -> tuple[list[bytes | memoryview], bool, int]:
+        """What of ``data`` may pass on, whether the stream must be cut after it, and how
+        much of ``data`` was read: all of it, unless ``budget`` frame headers came first
+        (the rest is for another turn of the loop).
 
         At most two parts: a header held from the last read, made whole, then
         one view of ``data`` up to a cut or a header this read cuts short.
@@ -60,13 +68,17 @@ class FrameCounter:
         view, out, i, n = memoryview(data), [], 0, len(data)
         run = 0  # where the part of data passing on unchanged begins
         while i < n:
+            if not self._body and not self._head and self.greeted:
+                if budget <= 0:
+                    break
+                budget -= 1
             if len(self._greeting) < _GREETING:
                 take = min(_GREETING - len(self._greeting), n - i)
                 self._greeting += data[i : i + take]
                 i += take
                 if not self._greeting_ok():
                     out.append(view[run:i])
-                    return out, True
+                    return out, True, i
             elif self._body:
                 take = min(self._body, n - i)
                 self._body -= take
@@ -78,7 +90,7 @@ class FrameCounter:
                 if len(self._head) < (9 if self._head[0] & LONG else 2):
                     continue
                 if not self._frame(self._head[0], int.from_bytes(self._head[1:], "big")):
-                    return out, True
+                    return out, True, i
                 out.append(bytes(self._head))
                 self._head.clear()
                 run = i
@@ -87,13 +99,13 @@ class FrameCounter:
                 if end > n:  # held back until its last byte comes
                     out.append(view[run:i])
                     self._head += data[i:]
-                    return out, False
+                    return out, False, n
                 if not self._frame(data[i], int.from_bytes(data[i + 1 : end], "big")):
                     out.append(view[run:i])
-                    return out, True
+                    return out, True, i
                 i = end
         out.append(view[run:i])
-        return out, False
+        return out, False, i
 
     def _frame(self, flags: int, size: int) -> bool:
         """Count a frame whose header just passed; False if it takes its message over the limit."""
@@ -133,6 +145,9 @@ class _Side(asyncio.Protocol):
         self.early: list[bytes] = []  # what came before the other end was connected
         self.registry: set[_Side] | None = None  # the guard's open connections
         self.made = asyncio.get_running_loop().create_future()
+        self.throttled = False  # the other end's transport holds too much: not read
+        self._held: deque[bytes | memoryview] = deque()  # read, for a later turn of the loop
+        self._holding = False  # reading paused until what is held is passed on
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -146,14 +161,38 @@ class _Side(asyncio.Protocol):
         if self.counter is None:
             peer.write(data)
             return
-        parts, cut = self.counter.feed(data)
+        self._held.append(data)
+        if len(self._held) == 1:
+            self._relay()
+
+    def _relay(self) -> None:
+        """Pass on what was read, a chunk and ``HEADERS_PER_TURN`` headers a turn at most."""
+        peer = self.peer.transport if self.peer is not None else None
+        if not self._held or peer is None or self.transport is None or self.counter is None:
+            return
+        data = self._held[0]
+        parts, cut, used = self.counter.feed(data, HEADERS_PER_TURN)
         peer.writelines(parts)
         if cut:
+            self._held.clear()
             if self.counter.greeted:
                 peer.write(self.counter.oversized_header())
                 log.warning("a kernel message over max_kernel_message was cut")
             peer.close()  # after what is buffered is sent
             self.close()
+            return
+        if used < len(data):
+            self._held[0] = memoryview(data)[used:]
+        else:
+            self._held.popleft()
+        if self._held:
+            self._holding = True
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._relay)
+        elif self._holding:
+            self._holding = False
+            if not self.throttled:
+                self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.registry is not None:
@@ -164,11 +203,14 @@ class _Side(asyncio.Protocol):
     # A side whose transport holds too much stops the other from reading.
     def pause_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
+            self.peer.throttled = True
             self.peer.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+            self.peer.throttled = False
+            if not self.peer._held:  # else it resumes once they are passed on
+                self.peer.transport.resume_reading()
 
     def close(self) -> None:
         if self.transport is not None:
