@@ -22,13 +22,16 @@ class Gateway:
     measures the gateway, not tokens), ending its sessions when stopped (unless
     ``end_sessions`` is false: their kernels then run on, as after a restart)."""
 
-    def __init__(self, data_dir: str, *flags: str, end_sessions: bool = True) -> None:
+    def __init__(
+        self, data_dir: str, *flags: str, end_sessions: bool = True, tree: Path | None = None
+    ) -> None:
+        """``tree``: the checkout whose ``gateway`` package runs (by default the installed one)."""
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0"]
         cmd += ["--data-dir", data_dir, "--auth", "none"]
         cmd += ["--end-sessions-on-stop", str(end_sessions).lower(), *flags]
         self.log = Path(data_dir) / "gateway.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, stderr=log)
+            self.proc = subprocess.Popen(cmd, stderr=log, cwd=tree)
         self.url = wait_for_line(self.log, "listening on http://", 120).split("listening on ")[1]
         self.url = self.url.split()[0]
         self.client = httpx.Client(base_url=self.url, timeout=600)
