@@ -4,6 +4,7 @@ reader against any cut of a byte stream. Real kernels: test_execute, test_kernel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import zmq
 import zmq.asyncio
@@ -56,107 +57,116 @@ def run(tmp_path, scenario) -> None:
     asyncio.run(go())
 
 
-def test_a_message_over_the_limit_is_cut_before_it_is_read_and_the_link_goes_on(tmp_path):
-    async def scenario(kernel: Kernel) -> None:
-        link = zmtp.Link(kernel.iopub, b"SUB", LIMIT)
-        got: asyncio.Queue = asyncio.Queue()
-        link.start(got.put_nowait)
-        try:
-            await subscribed(kernel, got)
-            # Each frame under the limit, the message over it; then a message of many
-            # empty frames (no bytes, but each one a read and an object).
-            await kernel.pub.send_multipart([b"a" * 600, b"b" * 600, b"c" * 600])
-            await subscribed(kernel, got)
-            await kernel.pub.send_multipart([b""] * (MAX_FRAMES + 1))
-            await subscribed(kernel, got)
-            assert got.empty(), "a message over the bounds got through"
-            assert link.drops == 2
-        finally:
-            link.close()
+def with_link(tmp_path, socket_type: bytes, scenario, path: str | None = None, around=None) -> None:
+    """Run ``scenario(kernel, link, got)``: a started link to the kernel's iopub (SUB) or
+    shell (DEALER), or to ``path``, and the queue its messages go to; inside ``around``
+    (an async context manager) if given."""
 
-    run(tmp_path, scenario)
+    async def go(kernel: Kernel) -> None:
+        default = kernel.iopub if socket_type == b"SUB" else kernel.shell
+        async with around or contextlib.nullcontext():
+            link = zmtp.Link(path or default, socket_type, LIMIT)
+            got: asyncio.Queue = asyncio.Queue()
+            link.start(got.put_nowait)
+            try:
+                await scenario(kernel, link, got)
+            finally:
+                link.close()
+
+    run(tmp_path, go)
+
+
+def test_a_message_over_the_limit_is_cut_before_it_is_read_and_the_link_goes_on(tmp_path):
+    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+        await subscribed(kernel, got)
+        # Each frame under the limit, the message over it; then a message of many
+        # empty frames (no bytes, but each one a read and an object).
+        await kernel.pub.send_multipart([b"a" * 600, b"b" * 600, b"c" * 600])
+        await subscribed(kernel, got)
+        await kernel.pub.send_multipart([b""] * (MAX_FRAMES + 1))
+        await subscribed(kernel, got)
+        assert got.empty(), "a message over the bounds got through"
+        assert link.drops == 2
+
+    with_link(tmp_path, b"SUB", scenario)
 
 
 def test_requests_sent_before_the_kernel_listens_go_when_it_does(tmp_path):
-    async def scenario(kernel: Kernel) -> None:
-        link = zmtp.Link(str(tmp_path / "later"), b"DEALER", LIMIT)
-        replies: asyncio.Queue = asyncio.Queue()
-        link.start(replies.put_nowait)
-        try:
-            link.send([b"first", b"request"])
-            await asyncio.sleep(0.3)  # nothing listens: the link tries again meanwhile
-            kernel.router.bind(f"ipc://{tmp_path / 'later'}")
-            ident, *frames = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
-            assert frames == [b"first", b"request"]
-            await kernel.router.send_multipart([ident, b"reply", b"x" * 300])  # a long frame
-            assert await asyncio.wait_for(replies.get(), 5) == [b"reply", b"x" * 300]
-            assert link.drops == 0
-        finally:
-            link.close()
+    async def scenario(kernel: Kernel, link: zmtp.Link, replies: asyncio.Queue) -> None:
+        link.send([b"first", b"request"])
+        await asyncio.sleep(0.3)  # nothing listens: the link tries again meanwhile
+        kernel.router.bind(f"ipc://{tmp_path / 'later'}")
+        ident, *frames = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
+        assert frames == [b"first", b"request"]
+        await kernel.router.send_multipart([ident, b"reply", b"x" * 300])  # a long frame
+        assert await asyncio.wait_for(replies.get(), 5) == [b"reply", b"x" * 300]
+        assert link.drops == 0
 
-    run(tmp_path, scenario)
+    with_link(tmp_path, b"DEALER", scenario, str(tmp_path / "later"))
 
 
 def test_a_kernel_that_restarts_is_connected_to_again(tmp_path):
-    async def scenario(kernel: Kernel) -> None:
-        link = zmtp.Link(kernel.shell, b"DEALER", LIMIT)
-        replies: asyncio.Queue = asyncio.Queue()
-        link.start(replies.put_nowait)
-        try:
-            for _ in range(2):
-                link.send([b"ping"])
-                ident, _ = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
-                await kernel.router.send_multipart([ident, b"pong"])
-                assert await asyncio.wait_for(replies.get(), 5) == [b"pong"]
-                conn = link._conn
-                assert conn is not None
-                kernel.router.close(linger=0)  # the kernel restarts: a new socket, same path
-                kernel.router = kernel.ctx.socket(zmq.ROUTER)
-                kernel.router.bind(f"ipc://{kernel.shell}")
-                await asyncio.wait_for(conn.lost, 5)
-                await asyncio.wait_for(link.up.wait(), 5)
-        finally:
-            link.close()
+    async def scenario(kernel: Kernel, link: zmtp.Link, replies: asyncio.Queue) -> None:
+        for _ in range(2):
+            link.send([b"ping"])
+            ident, _ = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
+            await kernel.router.send_multipart([ident, b"pong"])
+            assert await asyncio.wait_for(replies.get(), 5) == [b"pong"]
+            conn = link._conn
+            assert conn is not None
+            kernel.router.close(linger=0)  # the kernel restarts: a new socket, same path
+            kernel.router = kernel.ctx.socket(zmq.ROUTER)
+            kernel.router.bind(f"ipc://{kernel.shell}")
+            await asyncio.wait_for(conn.lost, 5)
+            await asyncio.wait_for(link.up.wait(), 5)
 
-    run(tmp_path, scenario)
+    with_link(tmp_path, b"DEALER", scenario)
+
+
+class Impostor:
+    """A socket the sandbox put in the kernel's place: ``answer(n)`` is what it writes to
+    its ``n``-th connection; ``again`` is set once a second connection comes."""
+
+    def __init__(self, path: str, answer) -> None:
+        self.path, self.answer = path, answer
+        self.accepted: list[asyncio.StreamWriter] = []
+        self.again = asyncio.Event()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted.append(writer)
+        writer.write(self.answer(len(self.accepted)))
+        if len(self.accepted) >= 2:
+            self.again.set()
+
+    async def __aenter__(self) -> Impostor:
+        self.server = await asyncio.start_unix_server(self._accept, self.path)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        for writer in self.accepted:
+            writer.close()
+        await asyncio.sleep(0)
 
 
 def test_a_sandbox_that_answers_garbage_or_never_finishes_a_message_holds_nothing(tmp_path):
-    """A socket the sandbox put in the kernel's place: not ZMTP, then a message left open."""
+    def answer(n: int) -> bytes:
+        if n == 1:
+            return b"HTTP/1.1 200 OK\r\n\r\n"
+        # A frame announcing the limit, then a trickle of it.
+        frame = bytes((zmtp.LONG | zmtp.MORE,)) + LIMIT.to_bytes(8, "big") + b"x"
+        return zmtp.GREETING + zmtp.ready(b"PUB") + frame
 
-    async def scenario(kernel: Kernel) -> None:
-        path = str(tmp_path / "impostor")
-        answers = [b"HTTP/1.1 200 OK\r\n\r\n", zmtp.GREETING + zmtp.ready(b"PUB")]
-        accepted: list[asyncio.StreamWriter] = []
-        second = asyncio.Event()
+    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+        await asyncio.wait_for(impostor.again.wait(), 5)
+        await asyncio.sleep(0.2)
+        assert got.empty()
+        assert link.drops == 0  # not ZMTP at all is no kernel message to cut
+        conn = link._conn
+        assert conn is not None and len(conn._buffer) < 16  # the frame's one byte waits
 
-        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            accepted.append(writer)
-            if len(accepted) >= 2:
-                second.set()
-            writer.write(answers[min(len(accepted), len(answers)) - 1])
-            if len(accepted) >= 2:  # a frame announcing the limit, then a trickle of it
-                writer.write(bytes((zmtp.LONG | zmtp.MORE,)) + LIMIT.to_bytes(8, "big") + b"x")
-
-        server = await asyncio.start_unix_server(impostor, path)
-        link = zmtp.Link(path, b"SUB", LIMIT)
-        got: asyncio.Queue = asyncio.Queue()
-        link.start(got.put_nowait)
-        try:
-            await asyncio.wait_for(second.wait(), 5)
-            await asyncio.sleep(0.2)
-            assert got.empty()
-            assert link.drops == 0  # not ZMTP at all is no kernel message to cut
-            conn = link._conn
-            assert conn is not None and len(conn._buffer) < 16  # the frame's one byte waits
-        finally:
-            link.close()
-            server.close()
-            for writer in accepted:
-                writer.close()
-            await asyncio.sleep(0)
-
-    run(tmp_path, scenario)
+    impostor = Impostor(str(tmp_path / "impostor"), answer)
+    with_link(tmp_path, b"SUB", scenario, impostor.path, around=impostor)
 
 
 class _Transport:
@@ -280,31 +290,14 @@ def test_a_request_sent_right_after_a_cut_waits_for_the_next_connection():
 def test_a_socket_that_never_answers_the_handshake_is_left_and_tried_again(tmp_path, monkeypatch):
     monkeypatch.setattr(zmtp, "HANDSHAKE_TIMEOUT", 0.2)
 
-    async def scenario(kernel: Kernel) -> None:
-        accepted: list[asyncio.StreamWriter] = []
-        again = asyncio.Event()
-
-        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            accepted.append(writer)
-            if len(accepted) >= 2:
-                again.set()
-
-        path = str(tmp_path / "silent")
-        server = await asyncio.start_unix_server(silent, path)
-        link = zmtp.Link(path, b"SUB", LIMIT)
-        link.start(lambda frames: None)
+    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
         try:
-            await asyncio.wait_for(again.wait(), 3)
+            await asyncio.wait_for(silent.again.wait(), 3)
         except TimeoutError:
             raise AssertionError("the link waited on a silent socket for good") from None
-        finally:
-            link.close()
-            server.close()
-            for writer in accepted:
-                writer.close()
-            await asyncio.sleep(0)
 
-    run(tmp_path, scenario)
+    silent = Impostor(str(tmp_path / "silent"), lambda n: b"")
+    with_link(tmp_path, b"SUB", scenario, silent.path, around=silent)
 
 
 def test_a_delivery_that_raises_cuts_the_connection_and_reading_goes_on(tmp_path):
