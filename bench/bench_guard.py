@@ -1,10 +1,12 @@
-"""What the message guard costs: kernels behind it against kernels without it, in one run.
+"""What bounding kernel messages costs: bounded kernels against unbounded ones, in one run.
 
 Usage: .venv/bin/python bench/bench_guard.py [--executes 300] [--blocks 6]
 
-Starts two gateways side by side, one with the default guard in front of
-every kernel socket and one with ``--kernel-message-guard false`` (the floor:
-libzmq reads the kernel's sockets directly). A warm session on each runs a
+Starts two gateways side by side: one as by default (its own shell and
+iopub speak ZMTP to the kernel, bounding each message as they read it, and
+a guard stands in front of the kernel's other sockets) and one with
+``--kernel-message-guard false`` (the floor: libzmq reads the kernel's
+sockets directly, bounding each frame only). A warm session on each runs a
 trivial execute over HTTP in alternating blocks (this machine's speed drifts
 within minutes), then a cell that prints 16 MiB in 64 KiB chunks with the
 output cap raised to hold it, and a cold create. Then, in process and with
@@ -134,17 +136,16 @@ def main() -> None:
     per_message = (median(g) - median(f)) / 2
     rows += [
         "",
-        f"The guard adds **{added:+.2f} ms** to the p50 of a trivial execute here; in "
-        f"process it costs {per_message:.0f} µs per message (one more Unix socket, and the "
-        "frame headers read by the event loop; bodies pass as views, uncopied). A trivial "
-        "execute is about seven kernel messages, so what the execute figure shows beyond "
-        "that is the extra wake-ups of the gateway's process waiting for a CPU on a busy "
-        "machine (see the load average).",
+        f"Bounding whole messages adds **{added:+.2f} ms** to the p50 of a trivial execute "
+        "here (the gateway's own ZMTP in place of libzmq for an execute's messages). "
+        f"Where the guard still relays (the kernel's other sockets, the Jupyter relays'), "
+        f"it costs {per_message:.0f} µs per message in process (one more Unix socket, and "
+        "the frame headers read by the event loop; bodies pass as views, uncopied).",
     ]
     print("\n".join(rows))
     write_section(
         "bench_guard",
-        "The kernel message guard",
+        "Bounding kernel messages: the gateway's own ZMTP and the guard",
         f"{args.blocks} alternating blocks per gateway, warm sessions, runc, loopback, "
         f"default `max_kernel_message` (32 MiB); measured at "
         f"{time.strftime('%H:%M UTC', time.gmtime())}.",
