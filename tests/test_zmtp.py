@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import zmq
 import zmq.asyncio
@@ -167,6 +168,22 @@ def test_a_sandbox_that_answers_garbage_or_never_finishes_a_message_holds_nothin
 
     impostor = Impostor(str(tmp_path / "impostor"), answer)
     with_link(tmp_path, b"SUB", scenario, impostor.path, around=impostor)
+
+
+def test_a_planted_socket_that_is_not_zmtp_is_tried_ever_less_often_and_logged_once(
+    tmp_path, caplog
+):
+    """Tried every 100 ms, each try a connect, a read and a warning: for good, per link."""
+
+    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+        await asyncio.sleep(1.6)
+
+    garbage = Impostor(str(tmp_path / "garbage"), lambda n: b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with caplog.at_level(logging.WARNING, logger="gateway.execution.zmtp"):
+        with_link(tmp_path, b"SUB", scenario, garbage.path, around=garbage)
+    # 0.1, 0.2, 0.4, 0.8 s apart: five tries in 1.6 s, not sixteen
+    assert 3 <= len(garbage.accepted) <= 6, len(garbage.accepted)
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
 
 
 class _Transport:

@@ -80,6 +80,10 @@ class Link:
     """
 
     RECONNECT = 0.1  # seconds between attempts: libzmq's reconnect interval
+    # Seconds between attempts at most while connections are cut before their handshake
+    # is done (not ZMTP, or silent: a socket the sandbox put in the kernel's place): each
+    # costs a connect and a read, and tried every 100 ms they would cost the gateway for good.
+    RECONNECT_MAX = 5.0
     BATCH = 32  # messages delivered in one turn of the loop before the other sessions'
 
     def __init__(self, path: str, socket_type: bytes, limit: int) -> None:
@@ -91,6 +95,7 @@ class Link:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._task: asyncio.Task | None = None
+        self._failed = 0  # connections in a row that never finished their handshake
 
     def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
@@ -131,7 +136,10 @@ class Link:
                 await asyncio.sleep(self.RECONNECT)
                 continue
             await conn.lost
-            await asyncio.sleep(self.RECONNECT)
+            self._failed = self._failed + 1 if conn.refused else 0
+            await asyncio.sleep(
+                min(self.RECONNECT * 2 ** min(self._failed, 16), self.RECONNECT_MAX)
+            )
 
     def _ready(self, conn: _Connection) -> None:
         if self.socket_type == b"SUB":
@@ -158,6 +166,8 @@ class _Connection(asyncio.Protocol):
         self.link = link
         self.transport = cast(asyncio.Transport, None)
         self.ready = False
+        self.handshaken = False  # READY came, whatever happened after
+        self.refused = False  # cut before its handshake was done: no kernel's socket, it seems
         self.lost = asyncio.get_running_loop().create_future()
         self._buffer = bytearray()  # what came and is not read yet
         self._greeted = False
@@ -187,10 +197,21 @@ class _Connection(asyncio.Protocol):
         self._read()
 
     def _cut(self, why: str, counted: bool) -> None:
-        """Close at once (what was sent on it is lost) and connect again."""
+        """Close at once (what was sent on it is lost) and connect again.
+
+        A failed handshake is logged once in a row: a sandbox choosing what answers
+        there must not fill the gateway's log.
+        """
         if counted:
             self.link.drops += 1
-        log.warning("a kernel connection was cut (%s): %s; connecting again", self.link.path, why)
+        self.refused = not self.handshaken
+        quiet = self.refused and self.link._failed > 0
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "a kernel connection was cut (%s): %s; connecting again",
+            self.link.path,
+            why,
+        )
         self.ready = False
         self.link._down(self)
         self.transport.abort()
@@ -272,7 +293,7 @@ class _Connection(asyncio.Protocol):
     def _command(self, body: bytes) -> None:
         name = body[1 : 1 + body[0]] if body else b""
         if name == b"READY" and not self.ready:
-            self.ready = True
+            self.ready = self.handshaken = True
             if self._handshake is not None:
                 self._handshake.cancel()
             self.link._ready(self)
