@@ -8,6 +8,8 @@ the audit log with its version and hash.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from helpers import run, tenant_gateway, text_of
@@ -109,3 +111,20 @@ def test_cache_urls_name_their_project_and_version():
     sdist = "/root/sbx/+f/14f/d1ed3dd0e1a46/zope.interface-6.0.tar.gz"
     assert project_of(sdist) == ("zope.interface", "6.0", "zope.interface-6.0.tar.gz")
     assert project_of("/+api") == (None, None, None)
+
+
+def test_a_root_password_that_starts_with_a_dash_still_starts_the_cache(tmp_path):
+    """The password is token_urlsafe, so one start in 64 drew a leading '-': devpi-init
+    took it for an option and the gateway did not start (seen in CI)."""
+    from gateway.sandbox.packages import PackageCache
+
+    async def scenario() -> None:
+        cache = PackageCache(tmp_path / "cache", start_timeout=120)
+        cache.state_dir.mkdir(mode=0o700, parents=True)
+        (cache.state_dir / "root-password").write_text("-Xy_9" + "a" * 27)
+        try:
+            await cache.start()
+        finally:
+            await cache.stop()
+
+    asyncio.run(scenario())

@@ -283,8 +283,9 @@ class PackageCache(Cache):
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         password = await asyncio.to_thread(self._password)
         if not (self.server_dir / ".nodeinfo").exists():
+            # One argument: a password may begin with '-' (token_urlsafe), an option to argparse.
             await self._run("devpi-init", "--serverdir", str(self.server_dir),
-                            "--root-passwd", password)  # fmt: skip
+                            f"--root-passwd={password}")  # fmt: skip
         self.port = _free_port()
         await self._launch(_tool("devpi-server"), "--serverdir", str(self.server_dir),
                            "--host", "127.0.0.1", "--port", str(self.port))  # fmt: skip
