@@ -30,6 +30,8 @@ import zmq.asyncio
 from jupyter_client.adapter import adapt
 from jupyter_client.session import Session
 
+from . import zmtp
+
 _DELIMITER = b"<IDS|MSG>"
 _EMPTY = b"{}"
 PROTOCOL_VERSION = "5.3"
@@ -142,8 +144,7 @@ class ZmqLink:
     so every send and every quiet wait (``poke``) reads again.
     """
 
-    # Messages read in one turn of the loop before the other sessions get theirs.
-    BATCH = 32
+    BATCH = zmtp.Link.BATCH  # messages read in one turn of the loop before the other sessions'
 
     def __init__(self, socket: zmq.asyncio.Socket) -> None:
         self.socket = socket  # owned here: closed with the link

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from ..sandbox.guard import COMMAND, LONG, MAX_FRAMES, MORE
+from ..sandbox.guard import COMMAND, HEADERS_PER_TURN, LONG, MAX_FRAMES, MORE
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ _MAX_COMMAND = 4096  # READY, PING, ERROR: a few properties at most
 # a kernel that reads no requests is told so, as libzmq's high-water mark would.
 MAX_PENDING = 1000
 MAX_UNSENT = 64 << 20
-# Frame headers read in one turn of the loop, commands and empty frames too: each is
-# Python work however few bytes it has (a 256 KiB read holds 128K empty ones).
-HEADERS_PER_TURN = 2048
 # Seconds from connecting to the peer's READY (libzmq's handshake interval is 30 s):
 # a socket planted in the kernel's place that never answers is left, and tried again.
 HANDSHAKE_TIMEOUT = 10.0
