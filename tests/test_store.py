@@ -168,6 +168,53 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_sto
     assert asyncio.run(scenario()) == ["s", "t"]
 
 
+def test_an_execution_that_ends_before_its_running_row_is_written_is_written_once(make_store):
+    """A quick execute's running row, outputs and outcome share one batch: only the outcome
+    is written, as one row, where it would have been the row, its outputs, their deletion
+    and an update (each a statement, and on SQLite pages of the WAL)."""
+
+    async def scenario():
+        store = make_store()
+        await store.open()
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        await store.save_session(doc)
+        statements = []
+        cursor = store._cursor
+        store._cursor = lambda sql, params=(): statements.append(sql) or cursor(sql, params)
+        started = {"code": "1 + 1", "description": "add", "started_at": "t1",
+                   "review": {"decision": {"action": "allow"}}}  # fmt: skip
+        quick, _ = store.start_execution("s", started)
+        out = {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}}
+        stored = store.add_output(quick, out)
+        record = {"status": "ok", "execution_count": 1, "outputs": [out], "error": None,
+                  "ended_at": "t2", "duration_ms": 1.5}  # fmt: skip
+        await store.finish_execution(quick, record)
+        await stored
+        quick_statements, statements[:] = list(statements), []
+        slow, begun = store.start_execution("s", {**started, "code": "sleep(1)"})
+        await begun  # written as running: its outcome then replaces it, as before
+        await store.add_output(slow, out)
+        await store.finish_execution(slow, {**record, "execution_count": 2})
+        history = (await store.history("s")).executions
+        leftover = await store._run(store._exec, "SELECT count(*) FROM running_outputs")
+        await store.close()
+        return quick_statements, statements, history, leftover[0][0]
+
+    quick_statements, slow_statements, history, leftover = asyncio.run(scenario())
+    assert [s.split()[0] for s in quick_statements] == ["INSERT"]
+    assert "running_outputs" not in quick_statements[0]
+    assert any(s.startswith("UPDATE executions") for s in slow_statements)
+    first, second = history
+    assert (first["code"], first["description"], first["status"]) == ("1 + 1", "add", "ok")
+    assert first["outputs"] == second["outputs"] == [
+        {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}}
+    ]
+    assert (first["started_at"], first["ended_at"], first["duration_ms"]) == ("t1", "t2", 1.5)
+    assert first["review"] == second["review"] == {"decision": {"action": "allow"}}
+    assert (first["execution_count"], second["execution_count"]) == (1, 2)
+    assert leftover == 0
+
+
 def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monkeypatch):
     """Small writes commit on the loop, never checkpointing: the thread does that, every so often.
 

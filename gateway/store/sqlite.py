@@ -244,6 +244,7 @@ class Store:
         self._db: sqlite3.Connection | None = None
         self._next_execution = 1
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        self._unwritten: dict[int, _Unwritten] = {}  # running rows still in the queue
         self._quick = True  # the queued calls are all single-row writes
         self._flush_due: asyncio.Handle | None = None
         self._flush_now = False
@@ -324,6 +325,7 @@ class Store:
     def _flush(self) -> None:
         self._flush_due, self._flush_now = None, False
         batch, self._queue = self._queue, []
+        self._unwritten.clear()
         quick, self._quick = self._quick, True
         calls = [(fn, args) for fn, args, _ in batch]
         self._commits += 1
@@ -650,20 +652,21 @@ class Store:
         """
         execution_id = self._next_id()
         self._grown.add(session_id)
+        started = (
+            execution_id,
+            session_id,
+            record["code"],
+            record.get("description"),
+            record["started_at"],
+            json.dumps(record["review"]) if record.get("review") else None,
+        )
+        self._unwritten[execution_id] = _Unwritten(len(self._queue), started)
         written = self._submit(
             self._exec,
-            "INSERT INTO executions (id, session_id, status, code, description, outputs,"
-            " started_at, ended_at, duration_ms, review)"
-            " VALUES (?, ?, 'running', ?, ?, '[]', ?, ?, 0, ?)",
-            (
-                execution_id,
-                session_id,
-                record["code"],
-                record.get("description"),
-                record["started_at"],
-                record["started_at"],
-                json.dumps(record["review"]) if record.get("review") else None,
-            ),
+            "INSERT INTO executions (id, session_id, code, description, started_at, review,"
+            " status, outputs, ended_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, 'running', '[]',"
+            " ?, 0)",
+            (*started, record["started_at"]),
             lazy=True,
             quick=True,
         )
@@ -679,6 +682,9 @@ class Store:
         client once the output is on disk, without holding up the kernel.
         ``shown``: a client waits to be shown it, so it is flushed at once.
         """
+        unwritten = self._unwritten.get(execution_id)
+        if unwritten is not None:
+            unwritten.outputs.append(len(self._queue))
         return self._submit(
             self._exec,
             "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
@@ -688,7 +694,24 @@ class Store:
         )
 
     def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
-        """Replace a running execution's row with its final outcome; returns the write."""
+        """Replace a running execution's row with its final outcome; returns the write.
+
+        When the running row is still queued (a quick execute: all of it in one
+        batch), the outcome is inserted in its place and its queued outputs are
+        dropped: they would be deleted in the same transaction. Nothing in
+        between was committed, so a crash loses no more than before.
+        """
+        unwritten = self._unwritten.pop(execution_id, None)
+        if unwritten is not None:
+            _, _, begun = self._queue[unwritten.at]
+            self._queue[unwritten.at] = (
+                self._exec,
+                (_INSERT_FINISHED, (*unwritten.started, *_execution_values(record))),
+                begun,
+            )
+            for at in unwritten.outputs:
+                self._queue[at] = (_nothing, (), self._queue[at][2])
+            return self._submit(_nothing, quick=True)
 
         def update() -> None:  # one transaction with the rest of its batch
             self._cursor(
@@ -1070,6 +1093,28 @@ def _settle(batch: list[tuple[Any, Any, asyncio.Future]], finished: asyncio.Futu
         outcomes = finished.result()
     for (_, _, future), outcome in zip(batch, outcomes, strict=True):
         _deliver(future, outcome)
+
+
+_INSERT_FINISHED = (
+    "INSERT INTO executions (id, session_id, code, description, started_at, review, "
+    + ", ".join(_EXECUTION_COLUMNS)
+    + ") VALUES ("
+    + ", ".join("?" * (6 + len(_EXECUTION_COLUMNS)))
+    + ")"
+)
+
+
+@dataclasses.dataclass
+class _Unwritten:
+    """An execution whose running row waits in the queue (at ``at``), and its outputs' places."""
+
+    at: int
+    started: tuple  # the running row's values, as _INSERT_FINISHED begins
+    outputs: list[int] = dataclasses.field(default_factory=list)
+
+
+def _nothing() -> None:
+    """A queued call whose write another took over; it settles with its batch."""
 
 
 def _execution_values(record: dict[str, Any]) -> tuple:
