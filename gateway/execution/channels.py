@@ -15,6 +15,7 @@ a cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -284,16 +285,16 @@ class KernelChannels:
         try:
             start = frames.index(_DELIMITER) + 1
             signature, header, parent, metadata, content = frames[start : start + 5]
-            msg_id = json.loads(parent).get("msg_id")
+            msg_id = loads(parent).get("msg_id")
             if msg_id not in requests:
                 return None  # nobody waits for it: dropped unverified, unparsed
             if self._sign([header, parent, metadata, content]) != signature:
                 return None
             msg = {
-                "header": json.loads(header),
+                "header": loads(header),
                 "parent_header": {"msg_id": msg_id},
-                "metadata": json.loads(metadata),
-                "content": json.loads(content),
+                "metadata": loads(metadata),
+                "content": loads(content),
                 "buffers": frames[start + 5 :],
             }
             if not isinstance(msg["content"], dict):
@@ -306,5 +307,27 @@ class KernelChannels:
         return msg if isinstance(msg["msg_type"], str) else None  # a list is unhashable
 
 
+def loads(frame: bytes) -> Any:
+    """``json.loads(frame)``, in half the time for the objects kernels send.
+
+    Four of a message's frames are parsed, some twenty per execute: the
+    standard function's checks (its encoding sniffed from the bytes, spaces
+    skipped) cost as much as the parse. Whatever the direct route does not
+    take whole (another encoding, spaces, bad JSON) gets the standard
+    function's own answer or error.
+    """
+    if frame[:1] == b"{":
+        with contextlib.suppress(ValueError):
+            text = frame.decode("utf-8", "surrogatepass")
+            value, end = _DECODER.raw_decode(text)
+            if end == len(text):
+                return value
+    return json.loads(frame)
+
+
+_DECODER = json.JSONDecoder()
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)  # one, not one per message
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
