@@ -392,3 +392,22 @@ def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, t
     assert data_dir.why_orphan("s1") is None, (
         "sbx gc would remove the sandboxes of a gateway on PostgreSQL: it has no SQLite file"
     )
+
+
+def test_an_outcome_that_cannot_be_stored_fails_its_finish_even_when_written_in_one_row(make_store):
+    """The one-row write of a quick execute reports its failure where the update did."""
+
+    async def scenario():
+        store = make_store()
+        await store.open()
+        await store.save_session({"id": "s", "state": "idle", "created_at": "t", "ended_at": None})
+        quick, _ = store.start_execution("s", {"code": "1", "started_at": "t1"})
+        record = {"status": "ok", "execution_count": 2**63, "outputs": [], "error": None,
+                  "ended_at": "t2", "duration_ms": 1.0}  # fmt: skip
+        finish = store.finish_execution(quick, record)
+        finished = await asyncio.gather(finish, return_exceptions=True)
+        await store.close()
+        return finished[0]
+
+    outcome = asyncio.run(scenario())
+    assert isinstance(outcome, Exception), "an execution was lost and its finish said ok"

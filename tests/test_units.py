@@ -409,3 +409,14 @@ def test_replay_buffer_drops_the_oldest_past_either_bound(tmp_path):
     buffer.append("xy")  # "c" goes for the count, then "d" for the bytes
     assert list(buffer.texts) == ["12345678", "xy"] and (buffer.size, buffer.dropped) == (10, 4)
     assert buffer.drain() == ["12345678", "xy"] and (buffer.size, buffer.dropped) == (0, 6)
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"), [(7, 7), (2**31 - 1, 2**31 - 1), (2**31, None), (2**63, None), (-1, None),
+                       (True, None), (1.0, None), ("7", None)],
+)  # fmt: skip
+def test_an_execution_count_is_kept_only_if_a_store_column_holds_it(sent, kept):
+    """A kernel chooses the number: 2**63 once cost its execution the record."""
+    from gateway.execution.outputs import execution_count
+
+    assert execution_count({"execution_count": sent}) == kept

@@ -682,13 +682,14 @@ class Store:
         client once the output is on disk, without holding up the kernel.
         ``shown``: a client waits to be shown it, so it is flushed at once.
         """
+        values = (execution_id, None if output is None else json.dumps(output))
         unwritten = self._unwritten.get(execution_id)
-        if unwritten is not None:
+        if unwritten is not None:  # its place, now that nothing can fail before it is taken
             unwritten.outputs.append(len(self._queue))
         return self._submit(
             self._exec,
             "INSERT INTO running_outputs (execution_id, output) VALUES (?, ?)",
-            (execution_id, None if output is None else json.dumps(output)),
+            values,
             lazy=not shown,
             quick=True,
         )
@@ -699,19 +700,30 @@ class Store:
         When the running row is still queued (a quick execute: all of it in one
         batch), the outcome is inserted in its place and its queued outputs are
         dropped: they would be deleted in the same transaction. Nothing in
-        between was committed, so a crash loses no more than before.
+        between was committed, so a crash loses no more than before. If that
+        insert fails, the returned write fails with it, as the update would.
         """
         unwritten = self._unwritten.pop(execution_id, None)
         if unwritten is not None:
-            _, _, begun = self._queue[unwritten.at]
-            self._queue[unwritten.at] = (
-                self._exec,
-                (_INSERT_FINISHED, (*unwritten.started, *_execution_values(record))),
-                begun,
-            )
+            values = (*unwritten.started, *_execution_values(record))
+            failed: list[Exception] = []
+
+            def insert() -> None:
+                failed.clear()  # a batch that failed elsewhere is run again
+                try:
+                    self._cursor(_INSERT_FINISHED, values)
+                except Exception as e:
+                    failed.append(e)
+                    raise
+
+            def confirm() -> None:
+                if failed:
+                    raise failed[-1]
+
+            self._queue[unwritten.at] = (insert, (), self._queue[unwritten.at][2])
             for at in unwritten.outputs:
                 self._queue[at] = (_nothing, (), self._queue[at][2])
-            return self._submit(_nothing, quick=True)
+            return self._submit(confirm, quick=True)
 
         def update() -> None:  # one transaction with the rest of its batch
             self._cursor(
