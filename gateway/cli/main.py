@@ -14,7 +14,6 @@ from pathlib import Path
 from .. import __version__
 from ..config import Settings
 from ..errors import GatewayError
-from ..observe.logs import TurnBufferedHandler
 from .arguments import add_client_commands
 
 
@@ -177,7 +176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(
             level=settings.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            handlers=[TurnBufferedHandler()],
         )
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("urllib3").setLevel(logging.WARNING)  # the engine API, polled
