@@ -166,6 +166,35 @@ def test_a_connection_made_before_the_kernel_listens_is_closed_at_once(tmp_path)
     assert asyncio.run(scenario()) == b""
 
 
+
+def test_the_guard_never_follows_a_symbolic_link_in_the_kernels_place(tmp_path):
+    """The kernel's socket directory is the sandbox's: a link there must lead nowhere."""
+
+    async def scenario() -> list[bool]:
+        accepted = []
+        elsewhere = await asyncio.start_unix_server(
+            lambda r, w: accepted.append(True) or w.close(), str(tmp_path / "elsewhere")
+        )
+        (tmp_path / "kernel").symlink_to(tmp_path / "elsewhere")
+        guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", LIMIT)
+        await guard.start()
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "guard"))
+            writer.write(GREETING)
+            try:
+                await asyncio.wait_for(reader.read(), 2)
+            except ConnectionResetError:
+                pass
+            finally:
+                writer.close()
+        finally:
+            await guard.close()
+            elsewhere.close()
+        return accepted
+
+    assert asyncio.run(scenario()) == [], "the guard connected through a symbolic link"
+
+
 def test_reads_passed_on_over_several_turns_arrive_whole_and_in_order(tmp_path, monkeypatch):
     """Messages of many empty frames: each read is relayed a turn's worth at a time."""
     monkeypatch.setattr(guard_module, "HEADERS_PER_TURN", 50)  # every read takes turns

@@ -186,6 +186,21 @@ def test_a_planted_socket_that_is_not_zmtp_is_tried_ever_less_often_and_logged_o
     assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
 
 
+
+def test_a_link_never_follows_a_symbolic_link_the_sandbox_put_in_the_kernels_place(tmp_path):
+    """The kernel's socket directory is the sandbox's: a link there could send the
+    gateway's connection (and each execute's code) to any socket the gateway can reach."""
+
+    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+        await asyncio.sleep(0.5)
+
+    elsewhere = Impostor(str(tmp_path / "elsewhere"), lambda n: zmtp.GREETING)
+    planted = tmp_path / "planted"
+    planted.symlink_to(elsewhere.path)
+    with_link(tmp_path, b"DEALER", scenario, str(planted), around=elsewhere)
+    assert elsewhere.accepted == [], "the link connected through a symbolic link"
+
+
 class _Transport:
     """What a _Connection writes and whether it was cut, without a socket."""
 

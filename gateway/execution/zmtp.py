@@ -24,7 +24,15 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from ..sandbox.guard import COMMAND, HEADERS_PER_TURN, LONG, MAX_FRAMES, MORE
+from ..sandbox.guard import (
+    COMMAND,
+    HEADERS_PER_TURN,
+    LONG,
+    MAX_FRAMES,
+    MORE,
+    NotASocket,
+    connect_socket_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +131,22 @@ class Link:
         self._pending_bytes = 0
 
     async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             try:
-                _, conn = await loop.create_unix_connection(
-                    functools.partial(_Connection, self), self.path
+                conn = await connect_socket_file(self.path, functools.partial(_Connection, self))
+            except NotASocket:  # planted by the sandbox: tried ever less often, as below
+                log.log(
+                    logging.DEBUG if self._failed else logging.WARNING,
+                    "not a socket where a kernel's is (%s): not connected; trying again",
+                    self.path,
                 )
+                self._failed += 1
             except OSError:  # the kernel is not up yet, or is restarting
                 await asyncio.sleep(self.RECONNECT)
                 continue
-            await conn.lost
-            self._failed = self._failed + 1 if conn.refused else 0
+            else:
+                await conn.lost
+                self._failed = self._failed + 1 if conn.refused else 0
             await asyncio.sleep(
                 min(self.RECONNECT * 2 ** min(self._failed, 16), self.RECONNECT_MAX)
             )

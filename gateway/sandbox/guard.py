@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +219,30 @@ class _Side(asyncio.Protocol):
             self.transport.close()
 
 
+class NotASocket(OSError):
+    """Something other than a socket (a symbolic link, say) is where a kernel's should be."""
+
+
+async def connect_socket_file(path: str, factory: Callable[[], asyncio.Protocol]) -> Any:
+    """Connect to the Unix socket at ``path`` itself, never through a symbolic link; the protocol.
+
+    A kernel's socket directory is its sandbox's: a link planted in a socket's
+    place would take the gateway's connection (and what it sends) to any socket
+    the gateway can reach. The path is opened without following a link and the
+    connection made through that very file. OSError if nothing is there.
+    """
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise NotASocket(f"{path} is not a socket")
+        _, protocol = await asyncio.get_running_loop().create_unix_connection(
+            factory, f"/proc/self/fd/{fd}"
+        )
+        return protocol
+    finally:
+        os.close(fd)
+
+
 class MessageGuard:
     """Relays each connection made to ``listen`` (a Unix socket) to ``target``.
 
@@ -249,11 +275,9 @@ class MessageGuard:
         await gateway_side.made
         kernel_side = _Side(FrameCounter(self.limit))
         try:
-            await asyncio.get_running_loop().create_unix_connection(
-                lambda: kernel_side, str(self.target)
-            )
+            await connect_socket_file(str(self.target), lambda: kernel_side)
         except OSError:
-            gateway_side.close()  # the kernel is not up (yet, or any more)
+            gateway_side.close()  # the kernel is not up (yet, or any more), or not a socket
             return
         kernel_side.peer, gateway_side.peer = gateway_side, kernel_side
         if gateway_side.transport is None or gateway_side.transport.is_closing():
