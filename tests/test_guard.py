@@ -148,23 +148,24 @@ def test_a_connection_made_before_the_kernel_listens_is_closed_at_once(tmp_path)
     Left open, libzmq waited out its 30 s handshake timeout: every cold start took 31 s.
     """
 
-    async def scenario() -> bytes:
-        guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", LIMIT)
-        await guard.start()
+    assert asyncio.run(_greet_through_the_guard(tmp_path)) == b""
+
+
+async def _greet_through_the_guard(tmp_path) -> bytes:
+    """What a greeting to a guard of ``tmp_path/kernel`` gets back before the guard hangs up."""
+    guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", LIMIT)
+    await guard.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "guard"))
+        writer.write(GREETING)
         try:
-            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "guard"))
-            writer.write(GREETING)
-            try:
-                return await asyncio.wait_for(reader.read(), 2)
-            except ConnectionResetError:  # hung up with the greeting unread
-                return b""
-            finally:
-                writer.close()
+            return await asyncio.wait_for(reader.read(), 2)
+        except ConnectionResetError:  # hung up with the greeting unread
+            return b""
         finally:
-            await guard.close()
-
-    assert asyncio.run(scenario()) == b""
-
+            writer.close()
+    finally:
+        await guard.close()
 
 
 def test_the_guard_never_follows_a_symbolic_link_in_the_kernels_place(tmp_path):
@@ -176,19 +177,9 @@ def test_the_guard_never_follows_a_symbolic_link_in_the_kernels_place(tmp_path):
             lambda r, w: accepted.append(True) or w.close(), str(tmp_path / "elsewhere")
         )
         (tmp_path / "kernel").symlink_to(tmp_path / "elsewhere")
-        guard = MessageGuard(tmp_path / "guard", tmp_path / "kernel", LIMIT)
-        await guard.start()
         try:
-            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "guard"))
-            writer.write(GREETING)
-            try:
-                await asyncio.wait_for(reader.read(), 2)
-            except ConnectionResetError:
-                pass
-            finally:
-                writer.close()
+            await _greet_through_the_guard(tmp_path)
         finally:
-            await guard.close()
             elsewhere.close()
         return accepted
 

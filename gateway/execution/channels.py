@@ -35,6 +35,8 @@ from . import zmtp
 
 _DELIMITER = b"<IDS|MSG>"
 _EMPTY = b"{}"
+_DECODER = json.JSONDecoder()
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)  # one, not one per message
 PROTOCOL_VERSION = "5.3"
 # pyzmq's flags as plain ints: its enums cost a Python call at every use.
 _EVENTS, _POLLIN, _RCVMORE, _SNDMORE, _NOBLOCK = (
@@ -323,10 +325,6 @@ def loads(frame: bytes) -> Any:
             if end == len(text):
                 return value
     return json.loads(frame)
-
-
-_DECODER = json.JSONDecoder()
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)  # one, not one per message
 
 
 def _dumps(value: Any) -> bytes:

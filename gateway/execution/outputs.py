@@ -241,14 +241,14 @@ class OutputCollector:
         return self.outputs
 
 
+MAX_EXECUTION_COUNT = 2**31  # PostgreSQL's INTEGER; SQLite's holds 2**63
+
+
 def execution_count(content: dict[str, Any]) -> int | None:
     """The message's execution count if it is one (a kernel may send any JSON there,
     and any integer: one no store column holds would cost the execution its record)."""
     count = content.get("execution_count")
     return count if type(count) is int and 0 <= count < MAX_EXECUTION_COUNT else None
-
-
-MAX_EXECUTION_COUNT = 2**31  # PostgreSQL's INTEGER; SQLite's holds 2**63
 
 
 def _display_id(content: dict[str, Any]) -> str | None:

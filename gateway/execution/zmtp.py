@@ -135,11 +135,7 @@ class Link:
             try:
                 conn = await connect_socket_file(self.path, functools.partial(_Connection, self))
             except NotASocket:  # planted by the sandbox: tried ever less often, as below
-                log.log(
-                    logging.DEBUG if self._failed else logging.WARNING,
-                    "not a socket where a kernel's is (%s): not connected; trying again",
-                    self.path,
-                )
+                self._log_failure(True, "not a socket where a kernel's is (%s): trying again")
                 self._failed += 1
             except OSError:  # the kernel is not up yet, or is restarting
                 await asyncio.sleep(self.RECONNECT)
@@ -150,6 +146,12 @@ class Link:
             await asyncio.sleep(
                 min(self.RECONNECT * 2 ** min(self._failed, 16), self.RECONNECT_MAX)
             )
+
+    def _log_failure(self, refused: bool, message: str, *args: object) -> None:
+        """A warning, but once for a run of refusals: what answers there is the sandbox's
+        choice, and it must not fill the gateway's log."""
+        quiet = refused and self._failed > 0
+        log.log(logging.DEBUG if quiet else logging.WARNING, message, self.path, *args)
 
     def _ready(self, conn: _Connection) -> None:
         if self.socket_type == b"SUB":
@@ -207,20 +209,12 @@ class _Connection(asyncio.Protocol):
         self._read()
 
     def _cut(self, why: str, counted: bool) -> None:
-        """Close at once (what was sent on it is lost) and connect again.
-
-        A failed handshake is logged once in a row: a sandbox choosing what answers
-        there must not fill the gateway's log.
-        """
+        """Close at once (what was sent on it is lost) and connect again."""
         if counted:
             self.link.drops += 1
         self.refused = not self.handshaken
-        quiet = self.refused and self.link._failed > 0
-        log.log(
-            logging.DEBUG if quiet else logging.WARNING,
-            "a kernel connection was cut (%s): %s; connecting again",
-            self.link.path,
-            why,
+        self.link._log_failure(
+            self.refused, "a kernel connection was cut (%s): %s; connecting again", why
         )
         self.ready = False
         self.link._down(self)
