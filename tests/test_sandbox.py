@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import run, text_of, wait_for
+from helpers import SCHEDULING_CLASSES, run, text_of, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -51,6 +51,19 @@ def test_container_is_hardened(api, session, engine):
     assert host["NanoCpus"] == int(session["limits"]["cpus"] * 1e9)
     assert info["Config"]["Labels"]["sbx.session"] == session["id"]
     assert "sbx.gateway" in info["Config"]["Labels"]
+
+
+def test_every_thread_of_the_kernel_runs_as_batch_work(api, session, engine):
+    """A kernel's threads never preempt the gateway when they wake (SCHED_BATCH).
+
+    Under the default class each kernel thread that woke (a reply, an output)
+    took the CPU from the one gateway process serving every session.
+    """
+    out = text_of(run(api, session["id"], SCHEDULING_CLASSES)).strip()
+    assert out == "[3]", f"scheduling classes of the kernel's threads: {out} (3 is SCHED_BATCH)"
+    top = engine.api.top(f"sbx-{session['id']}", ps_args="-eLo pid,cls,comm")["Processes"]
+    kernel = [cls for _, cls, command in top if command != "docker-init"]
+    assert kernel and set(kernel) == {"B"}, f"the engine's view of the sandbox's threads: {top}"
 
 
 def test_delete_removes_the_container(api, new_session, engine):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import closed
+from helpers import SCHEDULING_CLASSES, closed, text_of
 from tornado.websocket import websocket_connect
 
 # The first test's setup builds the swarm and pushes the images: minutes, not seconds.
@@ -91,6 +91,12 @@ def test_execute_keeps_state_on_each_worker(api, placed, worker):
     assert reply["outputs"][-1]["data"]["text/plain"] == "42"
     record = api.get(f"/v1/sessions/{sid}").json()
     assert record["state"] == "idle" and record["kernel"] == "python3"
+
+
+def test_a_workers_kernel_runs_as_batch_work(api, placed):
+    """As on one host: the agent and the kernel it starts never preempt on waking."""
+    out = text_of(run(api, placed["w1"], SCHEDULING_CLASSES)).strip()
+    assert out == "[3]", f"scheduling classes of the sandbox's threads: {out} (3 is SCHED_BATCH)"
 
 
 @pytest.mark.parametrize("worker", ["w1", "w2"])

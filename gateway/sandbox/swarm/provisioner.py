@@ -45,6 +45,7 @@ from ...errors import (
 from ...limits import Limits
 from ..base import exit_reason, oom_reason
 from ..docker.provisioner import (
+    BATCH_CLASS,
     LABEL_GATEWAY,
     LABEL_SESSION,
     SandboxProvisioner,
@@ -121,7 +122,12 @@ class SwarmSpec:
             "TaskTemplate": {
                 "ContainerSpec": {
                     "Image": image,
-                    "Args": ["python", f"{AGENT_DIR}/agent.py", f"/run/secrets/{SECRET_TARGET}"],
+                    "Args": [
+                        *BATCH_CLASS,
+                        "python",
+                        f"{AGENT_DIR}/agent.py",
+                        f"/run/secrets/{SECRET_TARGET}",
+                    ],
                     "Labels": labels,
                     "User": self.user,
                     "Dir": "/workspace",
