@@ -216,9 +216,9 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
 
 
 def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monkeypatch):
-    """Small writes commit on the loop, never checkpointing: the thread does that, every so often.
+    """Small writes commit on the loop, never checkpointing: threads do that, every so often.
 
-    Without those checkpoints the WAL would grow by every write for good.
+    Without those checkpoints the WAL would grow by every write for good (6 MB here).
     """
     monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10)
     path = tmp_path / "db.sqlite3"
@@ -226,9 +226,10 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     async def scenario():
         store = Store(path)
         await store.open()
-        for i in range(300):  # a batch each: awaited one by one
+        for i in range(300):  # a batch each: awaited one by one, a millisecond apart
             doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
             await store.save_session(doc, {"kernel_id": f"k{i}", "pad": "x" * 2000})
+            await asyncio.sleep(0.001)
         wal = (tmp_path / "db.sqlite3-wal").stat().st_size
         kept = len(await store.open_sessions("g"))
         await store.close()
@@ -237,6 +238,43 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     wal, kept = asyncio.run(scenario())
     assert kept == 300
     assert wal < 512 * 1024, f"the WAL grew to {wal} bytes: it is not checkpointed"
+
+
+def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path, monkeypatch):
+    """A checkpoint copies the WAL into the database alongside the loop's writes, not before them.
+
+    It ran on the store's one thread, in line: every write queued behind it
+    (tens of milliseconds under load, each execute of every session waiting).
+    """
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 3)
+    copying = threading.Event()
+    let_go = threading.Event()
+    checkpoint = Store._checkpoint
+
+    def slow_checkpoint(self):
+        copying.set()
+        let_go.wait(10)
+        return checkpoint(self)
+
+    monkeypatch.setattr(Store, "_checkpoint", slow_checkpoint)
+
+    async def scenario():
+        store = Store(tmp_path / "db.sqlite3")
+        await store.open()
+        during = 0  # writes made while the checkpoint was held
+        for i in range(40):
+            doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
+            await asyncio.wait_for(store.save_session(doc), 2)
+            during += copying.is_set()
+            await asyncio.sleep(0.001)
+        let_go.set()
+        kept = len(await store.open_sessions("g"))
+        await store.close()
+        return during, kept
+
+    during, kept = asyncio.run(scenario())
+    assert during >= 20, f"only {during} writes ran while the checkpoint was held"
+    assert kept == 40
 
 
 def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):

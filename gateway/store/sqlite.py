@@ -15,9 +15,15 @@ A batch of nothing but single-row writes (an execute's records, audit
 events) runs on the loop itself when the thread is idle: in WAL mode with
 ``synchronous=NORMAL`` its commit writes to the WAL without waiting for the
 disk, and handing it to the thread cost more (two thread switches) than the
-write. The WAL's checkpoints, which do wait for the disk, run on the thread
-(``CHECKPOINT_EVERY``); anything that may read or touch many rows, or finds
-the thread busy, goes to the thread as before.
+write. Anything that may read or touch many rows, or finds the thread busy,
+goes to the thread as before.
+
+The WAL's checkpoints wait for the disk. Every ``CHECKPOINT_EVERY`` batches
+one copies the WAL into the database on a thread and connection of its own,
+while the writes go on; then a short one in line with the writes copies what
+they added meanwhile, so the WAL starts over at the next write and stays
+small. Run in line whole, a checkpoint held up every write behind it: at 20
+busy sessions, 12 ms every second or so, each session's execute waiting.
 
 Old history is pruned in the background by the ``Retention`` the store is
 given: a bounded batch at a time, each one call on the same thread, so
@@ -48,7 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAZY_DELAY = 0.05  # seconds a write nobody waits for may wait for company
-CHECKPOINT_EVERY = 200  # batches committed between two checkpoints of the WAL (on the thread)
+CHECKPOINT_EVERY = 200  # batches committed between two checkpoints of the WAL
 HISTORY_PAGE = 100  # executions in a page of history unless asked otherwise
 HISTORY_PAGE_MAX = 1000
 PAGE_BYTES = 4 << 20  # code and outputs (as stored) a page of history holds at most
@@ -242,13 +248,17 @@ class Store:
         self._pruner: asyncio.Task | None = None
         self._thread = StoreThread("sbx-store")
         self._db: sqlite3.Connection | None = None
+        # Checkpoints alongside the writes: a thread and a connection of their own.
+        self._checkpointer = StoreThread("sbx-store-checkpoint") if self.LOOP_WRITES else None
+        self._checkpoint_db: sqlite3.Connection | None = None
+        self._checkpointing = False  # from the start of a checkpoint to the end of its catch-up
         self._next_execution = 1
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
         self._unwritten: dict[int, _Unwritten] = {}  # running rows still in the queue
         self._quick = True  # the queued calls are all single-row writes
         self._flush_due: asyncio.Handle | None = None
         self._flush_now = False
-        self._in_thread = 0  # batches handed to the thread and not settled yet
+        self._in_thread = 0  # batches (and catch-ups) handed to the thread and not settled yet
         self._commits = 0  # batches committed since the last checkpoint
 
     async def open(self) -> None:
@@ -261,11 +271,8 @@ class Store:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path.parent.chmod(0o700)
         # Used from the loop too, never at the same time as from the thread (``_flush``).
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.row_factory = sqlite3.Row
+        db = self._connect_file()
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints wait for the disk: the thread's
         db.execute("PRAGMA foreign_keys=ON")
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == 0 and db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
@@ -283,7 +290,15 @@ class Store:
                 (self.retention.max_executions,),
             )
             self._grown.update(row[0] for row in over)
+        self._checkpoint_db = self._connect_file()
         self._db = db
+
+    def _connect_file(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints wait for the disk: never in line
+        return db
 
     async def close(self) -> None:
         """Stop pruning, finish what is queued, then close the connection."""
@@ -295,6 +310,10 @@ class Store:
             await self._run(lambda: None)
             db, self._db = self._db, None
             await self._thread.run(db.close)
+        if self._checkpointer is not None:
+            if self._checkpoint_db is not None:  # after the checkpoint under way, if any
+                await self._checkpointer.run(self._checkpoint_db.close)
+            self._checkpointer.stop()
         self._thread.stop()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -329,8 +348,11 @@ class Store:
         quick, self._quick = self._quick, True
         calls = [(fn, args) for fn, args, _ in batch]
         self._commits += 1
-        checkpoint = self.LOOP_WRITES and self._commits >= CHECKPOINT_EVERY
-        if self.LOOP_WRITES and quick and not checkpoint and self._in_thread == 0 and self._db:
+        if self._commits >= CHECKPOINT_EVERY and self._checkpointer and not self._checkpointing:
+            self._commits = 0
+            self._checkpointing = True
+            self._checkpointer.run(self._checkpoint).add_done_callback(self._checkpointed)
+        if self.LOOP_WRITES and quick and self._in_thread == 0 and self._db:
             # Nothing runs on the thread: the connection is the loop's for this batch.
             try:
                 outcomes = self._run_batch(calls)
@@ -342,24 +364,35 @@ class Store:
         self._in_thread += 1
         done = self._thread.run(self._run_batch, calls)
         done.add_done_callback(lambda finished: self._settled(batch, finished))
-        if checkpoint:
-            self._commits = 0
-            self._in_thread += 1
-            self._thread.run(self._checkpoint).add_done_callback(self._checkpointed)
 
     def _settled(self, batch: list[tuple[Any, Any, asyncio.Future]], done: asyncio.Future) -> None:
         self._in_thread -= 1
         _settle(batch, done)
 
     def _checkpoint(self) -> None:
-        """On the thread: move the WAL's pages into the database file (waits for the disk)."""
-        if self._db is not None:
-            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        """On the checkpoint thread: copy the WAL into the database file as the writes go on."""
+        if self._checkpoint_db is not None:
+            self._checkpoint_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _checkpointed(self, done: asyncio.Future) -> None:
+        _warn_if_failed(done)
+        if self._db is None:  # closed meanwhile
+            self._checkpointing = False
+            return
+        # What was written meanwhile is only in the WAL: a short checkpoint in line
+        # copies it, so no reader or writer is left on the WAL and it starts over.
+        self._in_thread += 1
+        self._thread.run(self._catch_up).add_done_callback(self._caught_up)
+
+    def _catch_up(self) -> None:
+        """On the store's thread, writes held: copy the WAL's last pages into the database."""
+        if self._db is not None:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _caught_up(self, done: asyncio.Future) -> None:
         self._in_thread -= 1
-        if not done.cancelled() and done.exception() is not None:
-            log.warning("checkpointing the store's WAL failed: %s", done.exception())
+        self._checkpointing = False
+        _warn_if_failed(done)
 
     def _run_batch(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[tuple[bool, Any]]:
         """On the store's thread: run calls in one transaction; (ok, result or error) each."""
@@ -1084,6 +1117,11 @@ class StoreThread:
                 outcome = (False, e)
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 future.get_loop().call_soon_threadsafe(_deliver, future, outcome)
+
+
+def _warn_if_failed(checkpoint: asyncio.Future) -> None:
+    if not checkpoint.cancelled() and checkpoint.exception() is not None:
+        log.warning("checkpointing the store's WAL failed: %s", checkpoint.exception())
 
 
 def _deliver(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
