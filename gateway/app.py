@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import resource
 import signal
@@ -216,6 +217,7 @@ class Gateway:
             idle_connection_timeout=settings.idle_connection_timeout,
         )
         self.server.add_sockets(sockets)
+        _freeze_what_lives_for_good()
 
     async def stop(self) -> None:
         """Stop accepting requests, keep (or end) the sessions, close the store."""
@@ -370,6 +372,17 @@ def _warn_unauthenticated(host: str) -> None:
         "Use API tokens for anything but a single user on this machine.",
         where,
     )
+
+
+def _freeze_what_lives_for_good() -> None:
+    """Keep what the start made (modules, the app, recovered sessions) out of full collections.
+
+    It lives as long as the process, yet each full pass of the cyclic collector
+    walked all of it: at 20 busy sessions, one 90 ms stall of the loop, every
+    session waiting, every ten seconds or so. Only what is made later is walked.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _raise_file_limit() -> None:
