@@ -266,3 +266,29 @@ def test_frames_parse_as_the_standard_json_module_parses_them(frame):
     """The channels' own parse of a kernel's frames is a shortcut, never a different answer."""
     # As written: 1 and 1.0, 0.0 and -0.0 are equal, NaN is not even equal to itself.
     assert repr(_outcome(channels.loads, frame)) == repr(_outcome(json.loads, frame))
+
+
+@scenario(transports=("zmtp",))
+async def test_a_request_its_caller_gave_up_on_never_reaches_a_kernel_that_comes_back(
+    kernel, channels
+):
+    """A request sent while the kernel is away waits for it, unless its caller stops waiting.
+
+    It went when the kernel came back: code ran whose caller had been told it
+    failed (a timeout, say), changing the session's state behind its back.
+    """
+    shell = kernel.links[0]
+    kernel.router.close(linger=0)  # the kernel restarts: its socket goes, then comes back
+    for _ in range(100):
+        if not shell.up.is_set():
+            break
+        await asyncio.sleep(0.02)
+    assert not shell.up.is_set(), "the link never saw the kernel go"
+    abandoned = channels.request("execute_request", {"code": "x = 1"})
+    abandoned.close()  # its caller gave up
+    waiting = channels.request("execute_request", {"code": "x = 2"})
+    kernel.router = kernel.ctx.socket(zmq.ROUTER)
+    kernel.router.bind(f"ipc://{shell.path}")
+    _, msg = await kernel.next_request()
+    assert msg["content"]["code"] == "x = 2", "a request its caller gave up on ran"
+    assert waiting.msg_id == msg["header"]["msg_id"]

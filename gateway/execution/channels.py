@@ -129,8 +129,18 @@ class Link(Protocol):
     def start(self, deliver: Callable[[list[bytes]], None]) -> None:
         """Hand each whole message (its frames) to ``deliver`` from now on."""
 
-    def send(self, frames: list[bytes]) -> None:
-        """Queue a message without blocking; RuntimeError if the kernel reads none."""
+    def send(self, frames: list[bytes]) -> object:
+        """Queue a message without blocking; RuntimeError if the kernel reads none.
+
+        Returns what ``withdraw`` takes back.
+        """
+
+    def withdraw(self, sent: object) -> None:
+        """Take back a message the kernel has not been sent yet: its caller gave up.
+
+        Sent when the kernel came back, it would run code whose caller was
+        told it failed.
+        """
 
     def poke(self) -> None:
         """Read whatever waits, whether or not its readiness was seen."""
@@ -168,6 +178,9 @@ class ZmqLink:
         except zmq.Again:
             raise RuntimeError("the kernel has not read its last 1000 requests") from None
         self.poke()  # the send may have taken the edge of a message that came
+
+    def withdraw(self, sent: object) -> None:
+        """libzmq holds what waits for a connection: it goes when the kernel is back."""
 
     def poke(self) -> None:
         if self._deliver is not None:
@@ -230,17 +243,19 @@ class KernelChannels:
             "version": PROTOCOL_VERSION,
         }
         parts = [_dumps(header), _EMPTY, _EMPTY, _dumps(content)]
-        self._shell.send([_DELIMITER, self._sign(parts), *parts])
+        sent = self._shell.send([_DELIMITER, self._sign(parts), *parts])
         reply = self._loop.create_future()
-        request = Request(msg_id, reply, functools.partial(self._forget, msg_id), self.poke)
+        request = Request(msg_id, reply, functools.partial(self._forget, msg_id, sent), self.poke)
         self._requests[msg_id] = request
         if iopub:
             self._listening[msg_id] = request
         return request
 
-    def _forget(self, msg_id: str) -> None:
+    def _forget(self, msg_id: str, sent: object) -> None:
         self._requests.pop(msg_id, None)
         self._listening.pop(msg_id, None)
+        if not self._closed:
+            self._shell.withdraw(sent)
 
     def poke(self) -> None:
         """Read whatever waits, whether or not its edge was seen."""

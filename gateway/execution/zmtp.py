@@ -106,7 +106,7 @@ class Link:
         self._deliver = deliver
         self._task = asyncio.get_running_loop().create_task(self._connect())
 
-    def send(self, frames: list[bytes]) -> None:
+    def send(self, frames: list[bytes]) -> bytes:
         data, conn = encode(frames), self._conn
         if conn is not None and conn.ready:
             if conn.transport.get_write_buffer_size() > MAX_UNSENT:
@@ -117,6 +117,15 @@ class Link:
         else:
             self._pending.append(data)
             self._pending_bytes += len(data)
+        return data
+
+    def withdraw(self, sent: object) -> None:
+        """Drop ``sent`` (what ``send`` returned) if it still waits for the kernel to listen."""
+        for i, data in enumerate(self._pending):
+            if data is sent:
+                del self._pending[i]
+                self._pending_bytes -= len(data)
+                return
 
     def poke(self) -> None:
         """Nothing waits unread here: what comes is read as it comes."""
