@@ -171,6 +171,7 @@ class Gateway:
             "gauge", "sbx_event_loop_lag_max_seconds",
             "Longest event-loop stall in the last minute.", [], lambda: {(): lag()},
         )  # fmt: skip
+        _freeze_what_lives_for_good()
         await self.manager.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         reuse = self.settings.reuse_port
@@ -217,7 +218,6 @@ class Gateway:
             idle_connection_timeout=settings.idle_connection_timeout,
         )
         self.server.add_sockets(sockets)
-        _freeze_what_lives_for_good()
 
     async def stop(self) -> None:
         """Stop accepting requests, keep (or end) the sessions, close the store."""
@@ -375,11 +375,13 @@ def _warn_unauthenticated(host: str) -> None:
 
 
 def _freeze_what_lives_for_good() -> None:
-    """Keep what the start made (modules, the app, recovered sessions) out of full collections.
+    """Keep what the start made so far (modules, settings, the manager) out of full collections.
 
     It lives as long as the process, yet each full pass of the cyclic collector
     walked all of it: at 20 busy sessions, one 90 ms stall of the loop, every
     session waiting, every ten seconds or so. Only what is made later is walked.
+    Called before sessions are recovered: what ends is never frozen (a frozen
+    cycle is never collected).
     """
     gc.collect()
     gc.freeze()

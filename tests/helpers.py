@@ -151,8 +151,14 @@ def execute_in_background(
 # Code printing the scheduling classes of the sandbox's threads but its init's (3: SCHED_BATCH).
 SCHEDULING_CLASSES = (
     "import glob\n"
-    "stats = [s for s in glob.glob('/proc/[0-9]*/task/*/stat') if s.split('/')[2] != '1']\n"
-    "print(sorted({int(open(s).read().rsplit(')', 1)[1].split()[38]) for s in stats}))"
+    "classes = set()\n"
+    "for stat in glob.glob('/proc/[0-9]*/task/*/stat'):\n"
+    "    try:\n"
+    "        if stat.split('/')[2] != '1':\n"
+    "            classes.add(int(open(stat).read().rsplit(')', 1)[1].split()[38]))\n"
+    "    except FileNotFoundError:  # a thread that ended meanwhile\n"
+    "        pass\n"
+    "print(sorted(classes))"
 )
 
 

@@ -92,6 +92,8 @@ def test_v1_commands_endpoint(gateway: GatewayProcess, session: dict) -> None:
     assert r.status_code == 200, r.text
     reply = r.json()
     assert (reply["exit_code"], reply["stdout"], reply["stderr"]) == (4, "out\n", "err\n")
+    r = api.post(path, json={"command": "chrt --pid $$"})
+    assert "SCHED_BATCH" in r.json()["stdout"], "a command preempts the gateway when it wakes"
     r = api.post(path, json={"command": "sleep 30", "timeout": 1})
     assert r.json()["timed_out"] is True and r.json()["exit_code"] is None
     r = api.post(path, json={"command": "head -c 3000000 /dev/zero | tr '\\0' x"})

@@ -69,8 +69,8 @@ def test_what_the_start_made_is_kept_out_of_full_collections(engine):
     async def start_and_count() -> int:
         gateway = Gateway(settings)
         gc.unfreeze()
-        await gateway.start()
         try:
+            await gateway.start()
             return gc.get_freeze_count()
         finally:
             await gateway.stop()

@@ -218,7 +218,9 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
 def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monkeypatch):
     """Small writes commit on the loop, never checkpointing: threads do that, every so often.
 
-    Without those checkpoints the WAL would grow by every write for good (6 MB here).
+    Without those checkpoints the WAL would grow by every write for good (6 MB
+    here). With them it holds about the batches between two, at times a few
+    times that: a write that starts while a read is open does not start it over.
     """
     monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10)
     path = tmp_path / "db.sqlite3"
@@ -226,10 +228,13 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     async def scenario():
         store = Store(path)
         await store.open()
-        for i in range(300):  # a batch each: awaited one by one, a millisecond apart
+        for i in range(300):  # a batch each: awaited one by one
             doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
             await store.save_session(doc, {"kernel_id": f"k{i}", "pad": "x" * 2000})
-            await asyncio.sleep(0.001)
+            for _ in range(500):  # a checkpoint under way ends (how soon is the disk's)
+                if not store._checkpointing:
+                    break
+                await asyncio.sleep(0.01)
         wal = (tmp_path / "db.sqlite3-wal").stat().st_size
         kept = len(await store.open_sessions("g"))
         await store.close()
@@ -237,7 +242,7 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
 
     wal, kept = asyncio.run(scenario())
     assert kept == 300
-    assert wal < 512 * 1024, f"the WAL grew to {wal} bytes: it is not checkpointed"
+    assert wal < 2 << 20, f"the WAL grew to {wal} bytes: it is not checkpointed"
 
 
 def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path, monkeypatch):
@@ -261,20 +266,28 @@ def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path,
     async def scenario():
         store = Store(tmp_path / "db.sqlite3")
         await store.open()
-        during = 0  # writes made while the checkpoint was held
-        for i in range(40):
-            doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
+        saved = 0
+
+        async def save() -> None:
+            nonlocal saved
+            doc = {"id": f"s{saved}", "state": "idle", "created_at": "t", "ended_at": None}
             await asyncio.wait_for(store.save_session(doc), 2)
-            during += copying.is_set()
-            await asyncio.sleep(0.001)
+            saved += 1
+
+        while not copying.is_set() and saved < 1000:
+            await save()
+            await asyncio.sleep(0.001)  # the checkpoint's thread gets its turn
+        assert copying.is_set(), "no checkpoint began: the test shows nothing"
+        for _ in range(20):  # each would time out if it waited for the checkpoint
+            await save()
         let_go.set()
         kept = len(await store.open_sessions("g"))
         await store.close()
-        return during, kept
+        await store.close()  # a second close has nothing left to do
+        return saved, kept
 
-    during, kept = asyncio.run(scenario())
-    assert during >= 20, f"only {during} writes ran while the checkpoint was held"
-    assert kept == 40
+    saved, kept = asyncio.run(scenario())
+    assert kept == saved
 
 
 def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):

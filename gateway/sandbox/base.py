@@ -31,6 +31,15 @@ from .workspace import Workspace
 # Host tmpfs under which sandboxes' secret files live (never on disk), one directory each.
 SECRETS_TMPFS = Path("/dev/shm/sbx-secrets")
 SECRETS_MOUNT = "/run/secrets"  # where a sandbox sees them, read-only
+# Sandbox processes run as batch work (SCHED_BATCH; a shell runs this, then execs
+# the program, which passes the class on to every process and thread it starts):
+# a sandbox thread that wakes waits for the running task's turn to end instead of
+# taking the CPU from it at once, so sandboxes stop preempting the one gateway
+# process that serves every session (at 20 busy sessions, from 1.2 preemptions of
+# the gateway per execute to 0.8, and less CPU per execute on every side:
+# docs/PERFORMANCE.md). Where the class cannot be set (gVisor answers EINVAL, an
+# image without chrt) the program runs as before; images need /bin/sh.
+AS_BATCH = "chrt --batch --pid 0 $$ 2>/dev/null"
 
 # Called on the loop when a sandbox stops: (session id, sandbox id, exit code).
 DeathCallback = Callable[[str, str, int], None]

@@ -20,10 +20,11 @@ goes to the thread as before.
 
 The WAL's checkpoints wait for the disk. Every ``CHECKPOINT_EVERY`` batches
 one copies the WAL into the database on a thread and connection of its own,
-while the writes go on; then a short one in line with the writes copies what
-they added meanwhile, so the WAL starts over at the next write and stays
-small. Run in line whole, a checkpoint held up every write behind it: at 20
-busy sessions, 12 ms every second or so, each session's execute waiting.
+while the writes go on, and again what they added meanwhile; if they kept
+adding, a short one in line with the writes copies the rest. Either way the
+WAL starts over at the next write and stays small. Run in line whole, a
+checkpoint held up every write behind it: at 20 busy sessions, 12 ms every
+second or so, each session's execute waiting.
 
 Old history is pruned in the background by the ``Retention`` the store is
 given: a bounded batch at a time, each one call on the same thread, so
@@ -55,6 +56,7 @@ T = TypeVar("T")
 
 LAZY_DELAY = 0.05  # seconds a write nobody waits for may wait for company
 CHECKPOINT_EVERY = 200  # batches committed between two checkpoints of the WAL
+CHECKPOINT_TRIES = 3  # copies beside the writes before the rest is copied in line
 HISTORY_PAGE = 100  # executions in a page of history unless asked otherwise
 HISTORY_PAGE_MAX = 1000
 PAGE_BYTES = 4 << 20  # code and outputs (as stored) a page of history holds at most
@@ -310,9 +312,9 @@ class Store:
             await self._run(lambda: None)
             db, self._db = self._db, None
             await self._thread.run(db.close)
-        if self._checkpointer is not None:
-            if self._checkpoint_db is not None:  # after the checkpoint under way, if any
-                await self._checkpointer.run(self._checkpoint_db.close)
+        if self._checkpoint_db is not None:  # after the checkpoint under way, if any
+            checkpoint_db, self._checkpoint_db = self._checkpoint_db, None
+            await self._checkpointer.run(checkpoint_db.close)
             self._checkpointer.stop()
         self._thread.stop()
 
@@ -369,18 +371,29 @@ class Store:
         self._in_thread -= 1
         _settle(batch, done)
 
-    def _checkpoint(self) -> None:
-        """On the checkpoint thread: copy the WAL into the database file as the writes go on."""
-        if self._checkpoint_db is not None:
-            self._checkpoint_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    def _checkpoint(self) -> bool:
+        """On the checkpoint thread: copy the WAL into the database file as the writes go on.
+
+        Copies again what they added meanwhile, a few times; whether it all went
+        (then the next write starts the WAL over).
+        """
+        for _ in range(CHECKPOINT_TRIES):
+            if self._checkpoint_db is None:
+                return True
+            [(_, frames, copied)] = self._checkpoint_db.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)"
+            ).fetchall()  # to the end: a statement left open keeps a reader on the WAL
+            if copied == frames:
+                return True
+        return False
 
     def _checkpointed(self, done: asyncio.Future) -> None:
         _warn_if_failed(done)
-        if self._db is None:  # closed meanwhile
+        if self._db is None or (not done.cancelled() and not done.exception() and done.result()):
             self._checkpointing = False
             return
-        # What was written meanwhile is only in the WAL: a short checkpoint in line
-        # copies it, so no reader or writer is left on the WAL and it starts over.
+        # The writes kept adding to the WAL: a short checkpoint in line copies
+        # the rest, so no reader or writer is left on the WAL and it starts over.
         self._in_thread += 1
         self._thread.run(self._catch_up).add_done_callback(self._caught_up)
 

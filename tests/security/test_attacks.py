@@ -7,7 +7,11 @@ by runtime say why; docs/SECURITY.md has the table of results.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+import shutil
+import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -482,6 +486,47 @@ def test_symlink_escapes_through_the_files_api(attack):
     r = attack.api.put(f"{files}/root/tmp/planted", content=b"x")
     assert r.status_code == 403, f"an upload went through a link: {r.status_code} {r.text}"
     assert attack.api.get(f"{files}/../etc/passwd").status_code in (400, 404)
+
+
+def test_a_link_planted_in_the_kernels_socket_place_never_takes_the_gateway_there(attack):
+    """The kernel puts a symbolic link to a host socket where its iopub socket was, then
+    makes the gateway connect again (a message over the bound cuts the connection).
+
+    The gateway resolves socket paths on the host: through the link it would
+    reach any socket the link names (the engine's, another session's kernel).
+    """
+    lure_dir = Path(tempfile.mkdtemp(prefix="sbx-lure-"))
+    lure = socket.socket(socket.AF_UNIX)
+    lure.bind(str(lure_dir / "engine.sock"))
+    lure.listen(8)
+    lure.settimeout(0.2)
+    sid = attack.session()
+    code = (
+        "import json, os\n"
+        "info = json.load(open('/run/sbx-kernel/kernel-connection.json'))\n"
+        "path = f\"{info['ip']}-{info['iopub_port']}\"\n"
+        "os.rename(path, path + '.kept')  # the kernel still listens there\n"
+        f"os.symlink({str(lure_dir / 'engine.sock')!r}, path)\n"
+        "print('x' * (33 << 20), flush=True)  # over max_kernel_message: the link is cut\n"
+    )
+    try:
+        attack.api.post(
+            f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 5}, timeout=30
+        )
+        refused = wait_for(
+            lambda: any("not a socket where a kernel's is" in line for line in attack.gateway.log),
+            timeout=10,
+        )
+        reached = 0
+        for _ in range(10):
+            with contextlib.suppress(TimeoutError):
+                lure.accept()[0].close()
+                reached += 1
+    finally:
+        lure.close()
+        shutil.rmtree(lure_dir, ignore_errors=True)
+    assert reached == 0, "the gateway connected through the kernel's link to a host socket"
+    assert refused, "the gateway never tried the kernel's socket again: the test shows nothing"
 
 
 def test_oversized_and_nul_cells_get_clean_answers(attack):

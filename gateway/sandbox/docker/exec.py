@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 import docker
 
 from ...errors import Conflict
+from ..base import AS_BATCH
 
 WORKDIR = PurePosixPath("/workspace")  # where the workspace is mounted (SandboxSpec.workdir)
 _STREAMS = {1: "stdout", 2: "stderr"}
@@ -54,7 +55,7 @@ class DockerProcess:
     ) -> DockerProcess:
         """Start ``argv`` in the container, in ``cwd`` (relative to the workspace)."""
         api = client.api
-        command = ["/bin/sh", "-c", 'echo "$$"; exec "$@"', "sh", *argv]
+        command = ["/bin/sh", "-c", f'{AS_BATCH}; echo "$$"; exec "$@"', "sh", *argv]
         created = await asyncio.to_thread(
             api.exec_create,
             container_id,

@@ -42,7 +42,7 @@ from jupyter_core.paths import secure_write
 
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
-from ..base import SECRETS_MOUNT, SECRETS_TMPFS, Isolation
+from ..base import AS_BATCH, SECRETS_MOUNT, SECRETS_TMPFS, Isolation
 from ..guard import MessageGuard
 
 LABEL_GATEWAY = "sbx.gateway"
@@ -52,14 +52,7 @@ LABEL_SESSION = "sbx.session"
 CONTAINER_RUN_DIR = "/run/sbx"
 CONTAINER_KERNEL_DIR = "/run/sbx-kernel"
 KERNEL_CONNECTION_FILE = "kernel-connection.json"
-# The kernel runs as batch work (SCHED_BATCH, inherited by every process and
-# thread it starts): a sandbox thread that wakes waits for the running task's
-# turn to end instead of taking the CPU from it at once, so sandboxes stop
-# preempting the one gateway process that serves every session (at 20 busy
-# sessions, from 1.2 preemptions of the gateway per execute to 0.8, and less
-# CPU per execute on every side: docs/PERFORMANCE.md). Where the class cannot be
-# set (gVisor answers EINVAL, an image without chrt) the kernel starts as before.
-BATCH_CLASS = ["/bin/sh", "-c", 'chrt --batch --pid 0 $$ 2>/dev/null; exec "$@"', "sbx-kernel"]
+BATCH_CLASS = ["/bin/sh", "-c", f'{AS_BATCH}; exec "$@"', "sbx-kernel"]  # then the kernel's argv
 
 
 def sandbox_name(session_id: str) -> str:
