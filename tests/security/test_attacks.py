@@ -514,7 +514,10 @@ def test_a_link_planted_in_the_kernels_socket_place_never_takes_the_gateway_ther
             f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 5}, timeout=30
         )
         refused = wait_for(
-            lambda: any("not a socket where a kernel's is" in line for line in attack.gateway.log),
+            lambda: any(
+                "not a socket where a kernel's is" in line and sid in line
+                for line in attack.gateway.log
+            ),
             timeout=10,
         )
         reached = 0
