@@ -148,6 +148,21 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
+def sent_only_when_connected(context: zmq.Context, connect: Callable[[], zmq.Socket]) -> zmq.Socket:
+    """The socket ``connect`` makes on ``context``, with ``ZMQ_IMMEDIATE`` set before it
+    connects: libzmq then queues a message only on a connection that is up.
+
+    Otherwise libzmq keeps what is sent while the kernel is away and sends it
+    when it is back, out of the gateway's reach: code whose caller gave up (and
+    was told it failed) would run. ``ZmqLink`` keeps those requests itself.
+    """
+    context.setsockopt(zmq.IMMEDIATE, 1)  # pyzmq applies a context's options to new sockets
+    try:
+        return connect()
+    finally:
+        context.sockopts.pop(zmq.IMMEDIATE, None)
+
+
 class ZmqLink:
     """A libzmq socket as a ``Link`` (CurveZMQ over TCP to a cluster's kernels).
 
@@ -155,32 +170,44 @@ class ZmqLink:
     receives: no future or timer per message. ZeroMQ signals readiness by
     edge, and a send can swallow the edge of a message that came meanwhile,
     so every send and every quiet wait (``poke``) reads again.
+
+    A DEALER made by ``sent_only_when_connected`` refuses a send while the
+    kernel is away; the message then waits here, in order, until it is back
+    (or its caller takes it back), as a ``zmtp.Link``'s do.
     """
 
     BATCH = zmtp.Link.BATCH  # messages read in one turn of the loop before the other sessions'
+    RETRY = 0.02  # seconds between tries of what waits for a kernel that is away
 
     def __init__(self, socket: zmq.asyncio.Socket) -> None:
         self.socket = socket  # owned here: closed with the link
         self._sock = zmq.Socket.shadow(socket.underlying)  # pyzmq's asyncio layer never engaged
         self._loop = asyncio.get_running_loop()
         self._deliver: Callable[[list[bytes]], None] | None = None
+        self._pending: deque[list[bytes]] = deque()  # refused while the kernel was away
+        self._retrying: asyncio.TimerHandle | None = None
 
     def start(self, deliver: Callable[[list[bytes]], None]) -> None:
         self._deliver = deliver
         self._loop.add_reader(self._sock.FD, self._readable)
         self.poke()
 
-    def send(self, frames: list[bytes]) -> None:
-        try:
-            for part in frames[:-1]:  # never blocks: queued below the high-water mark
-                self._sock.send(part, _NOBLOCK | _SNDMORE)
-            self._sock.send(frames[-1], _NOBLOCK)
-        except zmq.Again:
-            raise RuntimeError("the kernel has not read its last 1000 requests") from None
-        self.poke()  # the send may have taken the edge of a message that came
+    def send(self, frames: list[bytes]) -> list[bytes]:
+        if not self._pending and self._send(frames):
+            self.poke()  # the send may have taken the edge of a message that came
+            return frames
+        if len(self._pending) >= zmtp.MAX_PENDING:
+            raise RuntimeError(f"the kernel has not read its last {len(self._pending)} requests")
+        self._pending.append(frames)
+        if self._retrying is None:
+            self._retrying = self._loop.call_later(self.RETRY, self._retry)
+        return frames
 
     def withdraw(self, sent: object) -> None:
-        """libzmq holds what waits for a connection: it goes when the kernel is back."""
+        for i, frames in enumerate(self._pending):
+            if frames is sent:
+                del self._pending[i]
+                return
 
     def poke(self) -> None:
         if self._deliver is not None:
@@ -190,7 +217,31 @@ class ZmqLink:
         if self._deliver is not None:
             self._deliver = None  # reads already scheduled find it so: the socket is gone
             self._loop.remove_reader(self._sock.FD)
+        self._pending.clear()
+        if self._retrying is not None:
+            self._retrying.cancel()
         self.socket.close(linger=0)
+
+    def _send(self, frames: list[bytes]) -> bool:
+        """Send without blocking; False if the kernel takes nothing now (away, or not
+        reading: queued up to the high-water mark)."""
+        try:
+            for part in frames[:-1]:  # a message's later parts are never refused
+                self._sock.send(part, _NOBLOCK | _SNDMORE)
+            self._sock.send(frames[-1], _NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _retry(self) -> None:
+        """Send what waits, if the kernel is back (no event says so); else try again soon."""
+        self._retrying = None
+        while self._pending and self._send(self._pending[0]):
+            self._pending.popleft()
+        if self._pending:
+            self._retrying = self._loop.call_later(self.RETRY, self._retry)
+        else:
+            self.poke()
 
     def _readable(self) -> None:
         sock = self._sock

@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
-from .channels import KernelChannels, Message, Request, ZmqLink
+from .channels import KernelChannels, Message, Request, ZmqLink, sent_only_when_connected
 from .outputs import OutputCap, OutputCollector, OutputListener, execution_count
 from .zmtp import Link, Links
 
@@ -346,7 +346,7 @@ class Kernel:
             links = (Link(shell_path, b"DEALER", limit), Link(iopub_path, b"SUB", limit))
             self._drops = Links(links)
             return KernelChannels(km.session, *links)
-        shell, iopub = km.connect_shell(), km.connect_iopub()
+        shell, iopub = sent_only_when_connected(km.context, km.connect_shell), km.connect_iopub()
         self._drops = DropWatch([iopub, shell])
         return KernelChannels(km.session, ZmqLink(shell), ZmqLink(iopub))
 
