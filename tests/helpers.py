@@ -29,6 +29,13 @@ from gateway.store.postgres import GATEWAY_ID_FILE
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: docs, notebooks, scripts
 
 
+def screenshot_path(name: str, scratch: Path) -> Path:
+    """Where a browser test saves its screenshot: ``docs/`` (the picture the docs show)
+    with ``SBX_UPDATE_SCREENSHOTS=1``, else ``scratch``, so a test run leaves the
+    checkout as it found it."""
+    return (ROOT / "docs" if os.environ.get("SBX_UPDATE_SCREENSHOTS") == "1" else scratch) / name
+
+
 class GatewayProcess:
     """``sbx serve`` in a subprocess, with its log kept for failure messages."""
 

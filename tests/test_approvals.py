@@ -21,6 +21,7 @@ from helpers import (
     full_history,
     run,
     run_over_channels,
+    screenshot_path,
     short_tmpdir,
     wait_for,
 )
@@ -332,13 +333,13 @@ def test_a_pending_approval_ends_denied_when_the_gateway_restarts(start_gateway,
     assert second.client.get("/v1/approvals", params={"state": "pending"}).json()["approvals"] == []
 
 
-def test_the_approvals_page_shows_held_code_live_and_approves_it(desk, acme_session):
+def test_the_approvals_page_shows_held_code_live_and_approves_it(desk, acme_session, tmp_path):
     """In real headless Chromium: highlighted code, findings by line, live updates, a button."""
     gw, c = desk
     other = c["agent"].post("/v1/sessions", json={}).json()["id"]
     try:
         first = held(c["agent"], acme_session, "x = 1\n" + SHELL)
-        shot = ROOT / "docs" / "approvals.png"
+        shot = screenshot_path("approvals.png", tmp_path)
         browser = subprocess.Popen(
             ["node", "approvals.mjs", f"{gw.url}/approvals#token=approver-token", str(shot)],
             cwd=ROOT / "tests" / "browser",

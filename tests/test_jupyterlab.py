@@ -10,7 +10,7 @@ import uuid
 import httpx
 import nbformat
 import pytest
-from helpers import ROOT, short_tmpdir, wait_for
+from helpers import ROOT, screenshot_path, short_tmpdir, wait_for
 from test_jupyter_api import free_port
 
 pytestmark = pytest.mark.docker
@@ -46,7 +46,7 @@ def test_jupyterlab_runs_a_cell_in_the_sandbox(gateway, api):
         try:
             url = f"http://127.0.0.1:{port}"
             assert wait_for(lambda: _up(url), timeout=60), (root / "lab.log").read_text()
-            shot = ROOT / "docs" / "jupyterlab.png"
+            shot = screenshot_path("jupyterlab.png", root)
             out = subprocess.run(
                 ["node", "lab.mjs", f"{url}/lab/tree/demo.ipynb?token={token}", str(shot)],
                 cwd=ROOT / "tests" / "browser",

@@ -6,7 +6,7 @@ import json
 import subprocess
 
 import pytest
-from helpers import ROOT, run
+from helpers import ROOT, run, screenshot_path
 from test_cli import PLOT, sbx
 
 pytestmark = pytest.mark.docker
@@ -31,7 +31,7 @@ def test_the_report_shows_each_cell_side_by_side_with_images(gateway, api, sessi
     page = (tmp_path / "report.html").read_text()
     assert "<script>" not in page, "the kernel's script reached the report unescaped"
 
-    shot = ROOT / "docs" / "replay-report.png"
+    shot = screenshot_path("replay-report.png", tmp_path)
     browser = subprocess.run(
         ["node", "report.mjs", str(tmp_path / "report.html"), str(shot)],
         cwd=ROOT / "tests" / "browser", capture_output=True, text=True, timeout=120,
