@@ -255,7 +255,7 @@ class _Connection(asyncio.Protocol):
     def _parse(self) -> bool:
         """Take whole frames off the buffer; whether a turn's worth was taken (more may wait)."""
         buf, pos, delivered, headers = self._buffer, 0, 0, 0
-        n = len(buf)
+        n, limit = len(buf), self.link.limit
         view = memoryview(buf)
         try:
             if not self._greeted:
@@ -274,7 +274,13 @@ class _Connection(asyncio.Protocol):
                     size, start = int.from_bytes(view[pos + 1 : pos + 9], "big"), pos + 9
                 else:
                     size, start = buf[pos + 1], pos + 2
-                self._bound(flags, size)
+                # Bounded as its header comes: over a bound, its body is never read.
+                # (In line: some thirty frames an execute.)
+                if flags & COMMAND:
+                    if size > _MAX_COMMAND:
+                        raise ProtocolError(f"a command of {size} bytes")
+                elif self._size + size > limit or len(self._frames) >= MAX_FRAMES:
+                    raise ProtocolError("a message over max_kernel_message")
                 end = start + size
                 if end > n:
                     break
@@ -294,14 +300,6 @@ class _Connection(asyncio.Protocol):
             view.release()
             del buf[:pos]
         return False
-
-    def _bound(self, flags: int, size: int) -> None:
-        """A frame whose header just came: over a bound, its body is never read."""
-        if flags & COMMAND:
-            if size > _MAX_COMMAND:
-                raise ProtocolError(f"a command of {size} bytes")
-        elif self._size + size > self.link.limit or len(self._frames) >= MAX_FRAMES:
-            raise ProtocolError("a message over max_kernel_message")
 
     def _command(self, body: bytes) -> None:
         name = body[1 : 1 + body[0]] if body else b""
