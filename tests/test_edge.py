@@ -198,8 +198,7 @@ def test_a_token_never_reaches_the_log(edge):
     sock = connect(edge)
     with sock:
         sock.sendall(
-            f"GET /v1/sessions HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {SENTINEL}\x01\r\n\r\n"
-            .encode()
+            f"GET /v1/sessions HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {SENTINEL}\x01\r\n\r\n".encode()
         )
         read_answer(sock, timeout=5)
     wait_for(lambda: len(edge.log) > before + 3, timeout=5)

@@ -439,6 +439,8 @@ def test_a_cut_or_garbled_client_hello_is_no_name(cut):
     assert server_name(hello) == "sni.example"
     assert server_name(hello[:cut]) is None
     assert server_name(b"\x16\x03\x01\xff\xff" + b"\xff" * cut) is None
+
+
 def test_a_first_connection_waits_for_the_host_hook_once_per_host():
     async def scenario():
         async with Harness(["127.0.0.1"]) as h:

@@ -206,9 +206,11 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
     assert any(s.startswith("UPDATE executions") for s in slow_statements)
     first, second = history
     assert (first["code"], first["description"], first["status"]) == ("1 + 1", "add", "ok")
-    assert first["outputs"] == second["outputs"] == [
-        {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}}
-    ]
+    assert (
+        first["outputs"]
+        == second["outputs"]
+        == [{"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}}]
+    )
     assert (first["started_at"], first["ended_at"], first["duration_ms"]) == ("t1", "t2", 1.5)
     assert first["review"] == second["review"] == {"decision": {"action": "allow"}}
     assert (first["execution_count"], second["execution_count"]) == (1, 2)

@@ -186,7 +186,6 @@ def test_a_planted_socket_that_is_not_zmtp_is_tried_ever_less_often_and_logged_o
     assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
 
 
-
 def test_a_link_never_follows_a_symbolic_link_the_sandbox_put_in_the_kernels_place(tmp_path):
     """The kernel's socket directory is the sandbox's: a link there could send the
     gateway's connection (and each execute's code) to any socket the gateway can reach."""

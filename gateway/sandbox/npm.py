@@ -198,6 +198,5 @@ class NpmCache(Cache):
         return path, env
 
 
-
 if __name__ == "__main__":  # scripts/setup: install it ahead of the first start
     print(ensure_verdaccio())

@@ -197,9 +197,7 @@ class DockerPlacement(Placement):
         containers = await asyncio.to_thread(
             self.docker.api.containers, all=True, filters={"label": label}
         )
-        found = [
-            SandboxState(c["Id"], _session_of(c), c["State"] == "running") for c in containers
-        ]
+        found = [SandboxState(c["Id"], _session_of(c), c["State"] == "running") for c in containers]
         return [
             s
             for s, c in zip(found, containers, strict=True)
