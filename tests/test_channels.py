@@ -58,6 +58,19 @@ class StandIn:
         shell.connect(self.shell_url)
         return shell
 
+    async def go_away(self) -> None:
+        """The kernel restarts: its shell socket goes (``come_back`` makes it again)."""
+        self.router.close(linger=0)
+        for _ in range(100):
+            if not self.shell_connected():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the link never saw the kernel go")
+
+    def come_back(self) -> None:
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(self.shell_url)
+
     def shell_connected(self) -> bool:
         """Whether the gateway's shell link is connected to the kernel's socket."""
         link = self.links[0]
@@ -285,22 +298,113 @@ def test_frames_parse_as_the_standard_json_module_parses_them(frame):
 async def test_a_request_its_caller_gave_up_on_never_reaches_a_kernel_that_comes_back(
     kernel, channels
 ):
-    """A request sent while the kernel is away waits for it, unless its caller stops waiting.
+    """Requests sent while the kernel is away wait for it, in order, unless their caller
+    stops waiting.
 
-    It went when the kernel came back: code ran whose caller had been told it
+    One went when the kernel came back: code ran whose caller had been told it
     failed (a timeout, say), changing the session's state behind its back.
     """
-    kernel.router.close(linger=0)  # the kernel restarts: its socket goes, then comes back
-    for _ in range(100):
-        if not kernel.shell_connected():
-            break
-        await asyncio.sleep(0.02)
-    assert not kernel.shell_connected(), "the link never saw the kernel go"
-    abandoned = channels.request("execute_request", {"code": "x = 1"})
+    await kernel.go_away()
+    first = channels.request("execute_request", {"code": "x = 1"})
+    abandoned = channels.request("execute_request", {"code": "x = 2"})
     abandoned.close()  # its caller gave up
-    waiting = channels.request("execute_request", {"code": "x = 2"})
-    kernel.router = kernel.ctx.socket(zmq.ROUTER)
-    kernel.router.bind(kernel.shell_url)
-    _, msg = await kernel.next_request()
-    assert msg["content"]["code"] == "x = 2", "a request its caller gave up on ran"
-    assert waiting.msg_id == msg["header"]["msg_id"]
+    third = channels.request("execute_request", {"code": "x = 3"})
+    kernel.come_back()
+    arrived = [(await kernel.next_request())[1] for _ in range(2)]
+    assert [m["content"]["code"] for m in arrived] == ["x = 1", "x = 3"], (
+        "a request its caller gave up on ran, or the others came out of order"
+    )
+    assert [m["header"]["msg_id"] for m in arrived] == [first.msg_id, third.msg_id]
+
+
+@scenario
+async def test_requests_wait_for_a_kernel_that_is_away_up_to_a_bound(kernel, channels):
+    """Past the bound a request is refused at once, as a kernel not reading them is."""
+    await kernel.go_away()
+    bound, zmtp.MAX_PENDING = zmtp.MAX_PENDING, 3
+    try:
+        for n in range(3):
+            channels.request("execute_request", {"code": f"{n}"})
+        with pytest.raises(RuntimeError, match="has not read its last 3 requests"):
+            channels.request("execute_request", {"code": "3"})
+    finally:
+        zmtp.MAX_PENDING = bound
+
+
+def test_only_the_shell_socket_is_made_to_send_only_on_a_connection():
+    """ZMQ_IMMEDIATE is set on the one socket; the context's other sockets keep theirs."""
+    ctx = zmq.Context()
+    made: list[zmq.Socket] = []
+
+    def socket() -> zmq.Socket:
+        made.append(ctx.socket(zmq.DEALER))
+        return made[-1]
+
+    try:
+        assert sent_only_when_connected(ctx, socket).getsockopt(zmq.IMMEDIATE) == 1
+        assert socket().getsockopt(zmq.IMMEDIATE) == 0, "left on the context"
+        ctx.setsockopt(zmq.IMMEDIATE, 1)  # an option the context had before is kept
+        sent_only_when_connected(ctx, socket)
+        assert socket().getsockopt(zmq.IMMEDIATE) == 1
+    finally:
+        for sock in made:
+            sock.close(linger=0)
+        ctx.term()
+
+
+class CutSocket:
+    """libzmq's DEALER as lb.cpp has it when a connection goes between two frames: the
+    frames before are lost, the frame is refused (EAGAIN), and the message's frames
+    sent after it are dropped up to its last one."""
+
+    def __init__(self, refuse: int) -> None:
+        self.refuse = refuse  # the index of the frame sent that is refused, once
+        self.sent = 0
+        self.dropping = False
+        self.message: list[bytes] = []
+        self.delivered: list[list[bytes]] = []
+
+    def getsockopt(self, option: int) -> int:
+        return 0  # nothing to read
+
+    def send(self, part: bytes, flags: int) -> None:
+        more = bool(flags & zmq.SNDMORE)
+        if self.dropping:
+            self.dropping = more
+            return
+        self.sent += 1
+        if self.sent - 1 == self.refuse:
+            self.message, self.dropping = [], more
+            raise zmq.Again()
+        self.message.append(part)
+        if not more:
+            self.delivered.append(self.message)
+            self.message = []
+
+
+def test_a_message_cut_between_two_frames_by_a_lost_connection_is_sent_whole_later():
+    """Its remaining frames are sent for libzmq to drop; the message waits and goes whole.
+
+    Left unsent, they were taken from the next message: libzmq dropped that
+    one in their place, and its sender waited for a reply that never came.
+    """
+
+    async def go() -> list[list[bytes]]:
+        ctx = zmq.asyncio.Context()
+        link = ZmqLink(ctx.socket(zmq.DEALER))
+        link.start(lambda frames: None)
+        cut = link._sock = CutSocket(refuse=1)
+        try:
+            link.send([b"a", b"b", b"c"])
+            link.send([b"d", b"e"])
+            for _ in range(50):
+                if len(cut.delivered) == 2:
+                    break
+                await asyncio.sleep(link.RETRY)
+        finally:
+            link._sock = zmq.Socket.shadow(link.socket.underlying)
+            link.close()
+            ctx.term()
+        return cut.delivered
+
+    assert asyncio.run(go()) == [[b"a", b"b", b"c"], [b"d", b"e"]]

@@ -155,11 +155,15 @@ def sent_only_when_connected(context: zmq.Context, connect: Callable[[], zmq.Soc
     when it is back, out of the gateway's reach: code whose caller gave up (and
     was told it failed) would run. ``ZmqLink`` keeps those requests itself.
     """
+    before = context.sockopts.get(zmq.IMMEDIATE)
     context.setsockopt(zmq.IMMEDIATE, 1)  # pyzmq applies a context's options to new sockets
     try:
         return connect()
     finally:
-        context.sockopts.pop(zmq.IMMEDIATE, None)
+        if before is None:
+            context.sockopts.pop(zmq.IMMEDIATE, None)
+        else:
+            context.sockopts[zmq.IMMEDIATE] = before
 
 
 class ZmqLink:
@@ -172,7 +176,9 @@ class ZmqLink:
 
     A DEALER made by ``sent_only_when_connected`` refuses a send while the
     kernel is away; the message then waits here, in order, until it is back
-    (or its caller takes it back), as a ``zmtp.Link``'s do.
+    (or its caller takes it back), as a ``zmtp.Link``'s do. As there, what
+    libzmq took but had not written when a connection broke is lost with it
+    (its caller hears no reply).
     """
 
     BATCH = zmtp.Link.BATCH  # messages read in one turn of the loop before the other sessions'
@@ -184,6 +190,7 @@ class ZmqLink:
         self._loop = asyncio.get_running_loop()
         self._deliver: Callable[[list[bytes]], None] | None = None
         self._pending: deque[list[bytes]] = deque()  # refused while the kernel was away
+        self._pending_bytes = 0
         self._retrying: asyncio.TimerHandle | None = None
 
     def start(self, deliver: Callable[[list[bytes]], None]) -> None:
@@ -192,20 +199,23 @@ class ZmqLink:
         self.poke()
 
     def send(self, frames: list[bytes]) -> list[bytes]:
-        if not self._pending and self._send(frames):
-            self.poke()  # the send may have taken the edge of a message that came
-            return frames
-        if len(self._pending) >= zmtp.MAX_PENDING:
-            raise RuntimeError(f"the kernel has not read its last {len(self._pending)} requests")
-        self._pending.append(frames)
-        if self._retrying is None:
-            self._retrying = self._loop.call_later(self.RETRY, self._retry)
+        if self._pending or not self._send(frames):
+            if len(self._pending) >= zmtp.MAX_PENDING or self._pending_bytes > zmtp.MAX_UNSENT:
+                raise RuntimeError(
+                    f"the kernel has not read its last {len(self._pending)} requests"
+                )
+            self._pending.append(frames)
+            self._pending_bytes += sum(map(len, frames))
+            if self._retrying is None:
+                self._retrying = self._loop.call_later(self.RETRY, self._retry)
+        self.poke()  # a send may have taken the edge of a message that came
         return frames
 
     def withdraw(self, sent: object) -> None:
         for i, frames in enumerate(self._pending):
             if frames is sent:
                 del self._pending[i]
+                self._pending_bytes -= sum(map(len, frames))
                 return
 
     def poke(self) -> None:
@@ -217,30 +227,40 @@ class ZmqLink:
             self._deliver = None  # reads already scheduled find it so: the socket is gone
             self._loop.remove_reader(self._sock.FD)
         self._pending.clear()
+        self._pending_bytes = 0
         if self._retrying is not None:
             self._retrying.cancel()
+            self._retrying = None
         self.socket.close(linger=0)
 
     def _send(self, frames: list[bytes]) -> bool:
         """Send without blocking; False if the kernel takes nothing now (away, or not
-        reading: queued up to the high-water mark)."""
-        try:
-            for part in frames[:-1]:  # a message's later parts are never refused
-                self._sock.send(part, _NOBLOCK | _SNDMORE)
-            self._sock.send(frames[-1], _NOBLOCK)
-        except zmq.Again:
-            return False
+        reading: queued up to the high-water mark), to be sent whole again later.
+
+        A connection lost between two frames refuses the next one too, and
+        libzmq then drops the message's remaining frames as they are sent, so
+        they are sent here: otherwise the next message would go in their place.
+        """
+        last = len(frames) - 1
+        for i, part in enumerate(frames):
+            try:
+                self._sock.send(part, _NOBLOCK if i == last else _NOBLOCK | _SNDMORE)
+            except zmq.Again:
+                if 0 < i < last:
+                    for rest in frames[i + 1 : last]:
+                        self._sock.send(rest, _NOBLOCK | _SNDMORE)
+                    self._sock.send(frames[last], _NOBLOCK)
+                return False
         return True
 
     def _retry(self) -> None:
         """Send what waits, if the kernel is back (no event says so); else try again soon."""
         self._retrying = None
         while self._pending and self._send(self._pending[0]):
-            self._pending.popleft()
+            self._pending_bytes -= sum(map(len, self._pending.popleft()))
         if self._pending:
             self._retrying = self._loop.call_later(self.RETRY, self._retry)
-        else:
-            self.poke()
+        self.poke()
 
     def _readable(self) -> None:
         sock = self._sock
