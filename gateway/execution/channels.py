@@ -189,8 +189,7 @@ class ZmqLink:
         self._sock = zmq.Socket.shadow(socket.underlying)  # pyzmq's asyncio layer never engaged
         self._loop = asyncio.get_running_loop()
         self._deliver: Callable[[list[bytes]], None] | None = None
-        self._pending: deque[list[bytes]] = deque()  # refused while the kernel was away
-        self._pending_bytes = 0
+        self._pending: zmtp.Backlog[list[bytes]] = zmtp.Backlog()  # refused: the kernel is away
         self._retrying: asyncio.TimerHandle | None = None
 
     def start(self, deliver: Callable[[list[bytes]], None]) -> None:
@@ -200,23 +199,14 @@ class ZmqLink:
 
     def send(self, frames: list[bytes]) -> list[bytes]:
         if self._pending or not self._send(frames):
-            if len(self._pending) >= zmtp.MAX_PENDING or self._pending_bytes > zmtp.MAX_UNSENT:
-                raise RuntimeError(
-                    f"the kernel has not read its last {len(self._pending)} requests"
-                )
-            self._pending.append(frames)
-            self._pending_bytes += sum(map(len, frames))
+            self._pending.add(frames, sum(map(len, frames)))
             if self._retrying is None:
                 self._retrying = self._loop.call_later(self.RETRY, self._retry)
         self.poke()  # a send may have taken the edge of a message that came
         return frames
 
     def withdraw(self, sent: object) -> None:
-        for i, frames in enumerate(self._pending):
-            if frames is sent:
-                del self._pending[i]
-                self._pending_bytes -= sum(map(len, frames))
-                return
+        self._pending.withdraw(sent)
 
     def poke(self) -> None:
         if self._deliver is not None:
@@ -227,7 +217,6 @@ class ZmqLink:
             self._deliver = None  # reads already scheduled find it so: the socket is gone
             self._loop.remove_reader(self._sock.FD)
         self._pending.clear()
-        self._pending_bytes = 0
         if self._retrying is not None:
             self._retrying.cancel()
             self._retrying = None
@@ -256,8 +245,8 @@ class ZmqLink:
     def _retry(self) -> None:
         """Send what waits, if the kernel is back (no event says so); else try again soon."""
         self._retrying = None
-        while self._pending and self._send(self._pending[0]):
-            self._pending_bytes -= sum(map(len, self._pending.popleft()))
+        while self._pending and self._send(self._pending.first()):
+            self._pending.drop_first()
         if self._pending:
             self._retrying = self._loop.call_later(self.RETRY, self._retry)
         self.poke()

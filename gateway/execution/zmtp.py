@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from ..sandbox.guard import (
     COMMAND,
@@ -48,6 +49,7 @@ MAX_UNSENT = 64 << 20
 HANDSHAKE_TIMEOUT = 10.0
 
 Deliver = Callable[[list[bytes]], None]
+T = TypeVar("T")
 
 
 class ProtocolError(Exception):
@@ -76,6 +78,49 @@ def ready(socket_type: bytes) -> bytes:
     return command(b"READY", b"\x0bSocket-Type" + len(socket_type).to_bytes(4, "big") + socket_type)
 
 
+class Backlog(Generic[T]):
+    """Requests waiting for a kernel to listen: in order, bounded in count and bytes, and
+    each one taken back if its caller gives up (sent when the kernel came back, it would
+    run code whose caller was told it failed)."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[T, int]] = deque()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: T, size: int) -> None:
+        """Queue ``item`` (``size`` bytes); RuntimeError past the bounds, as libzmq's
+        high-water mark would refuse it."""
+        if len(self._items) >= MAX_PENDING or self._bytes > MAX_UNSENT:
+            raise RuntimeError(f"the kernel has not read its last {len(self._items)} requests")
+        self._items.append((item, size))
+        self._bytes += size
+
+    def withdraw(self, item: object) -> None:
+        for i, (queued, size) in enumerate(self._items):
+            if queued is item:
+                del self._items[i]
+                self._bytes -= size
+                return
+
+    def first(self) -> T:
+        return self._items[0][0]
+
+    def drop_first(self) -> None:
+        self._bytes -= self._items.popleft()[1]
+
+    def take_all(self) -> list[T]:
+        items = [item for item, _ in self._items]
+        self.clear()
+        return items
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
+
+
 class Link:
     """A DEALER or a SUB connected to one kernel socket, connected again whenever the
     connection is lost or cut; each whole message goes to ``deliver``.
@@ -97,8 +142,7 @@ class Link:
         self.up = asyncio.Event()  # the handshake is done: what is sent goes out
         self._deliver: Deliver = _nowhere
         self._conn: _Connection | None = None
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        self._pending: Backlog[bytes] = Backlog()  # sends made while there is no connection
         self._task: asyncio.Task | None = None
         self._failed = 0  # connections in a row that never finished their handshake
 
@@ -112,20 +156,13 @@ class Link:
             if conn.transport.get_write_buffer_size() > MAX_UNSENT:
                 raise RuntimeError("the kernel is not reading its requests")
             conn.transport.write(data)
-        elif len(self._pending) >= MAX_PENDING or self._pending_bytes > MAX_UNSENT:
-            raise RuntimeError(f"the kernel has not read its last {len(self._pending)} requests")
         else:
-            self._pending.append(data)
-            self._pending_bytes += len(data)
+            self._pending.add(data, len(data))
         return data
 
     def withdraw(self, sent: object) -> None:
         """Drop ``sent`` (what ``send`` returned) if it still waits for the kernel to listen."""
-        for i, data in enumerate(self._pending):
-            if data is sent:
-                del self._pending[i]
-                self._pending_bytes -= len(data)
-                return
+        self._pending.withdraw(sent)
 
     def poke(self) -> None:
         """Nothing waits unread here: what comes is read as it comes."""
@@ -137,7 +174,6 @@ class Link:
         if self._conn is not None:
             self._conn.transport.abort()
         self._pending.clear()
-        self._pending_bytes = 0
 
     async def _connect(self) -> None:
         while True:
@@ -165,8 +201,7 @@ class Link:
     def _ready(self, conn: _Connection) -> None:
         if self.socket_type == b"SUB":
             conn.transport.write(frame(0, b"\x01"))  # subscribe to everything (ZMTP 3.0)
-        pending, self._pending, self._pending_bytes = self._pending, [], 0
-        conn.transport.writelines(pending)
+        conn.transport.writelines(self._pending.take_all())
         self.up.set()
 
     def _down(self, conn: _Connection) -> None:
