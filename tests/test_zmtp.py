@@ -313,7 +313,7 @@ def test_a_request_sent_right_after_a_cut_waits_for_the_next_connection():
         sent = len(transport.written)
         link.send([b"after the cut"])
         assert len(transport.written) == sent, "written into the cut connection"
-        assert link._pending == [zmtp.encode([b"after the cut"])]
+        assert link._pending.take_all() == [zmtp.encode([b"after the cut"])]
 
     asyncio.run(go())
 
