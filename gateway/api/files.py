@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import urllib.parse
 from typing import Any
 
@@ -94,7 +95,7 @@ async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
     handler.finish()
 
 
-class StreamedUpload:
+class StreamedUpload(abc.ABC):
     """An upload written to disk as its body streams in (a ``stream_request_body`` handler).
 
     The body streams in after ``prepare``, so whatever ``prepare`` refuses is
@@ -118,8 +119,9 @@ class StreamedUpload:
         except GatewayError as e:
             self.refusal = e
 
+    @abc.abstractmethod
     async def start_upload(self) -> None:
-        raise NotImplementedError
+        """Check the request and open ``self.upload`` (or leave it None: nothing to write)."""
 
     def answer_refusal(self) -> None:
         if self.refusal is not None:
