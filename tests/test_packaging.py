@@ -11,7 +11,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import venv
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -46,10 +49,12 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     return found
 
 
-def fresh_venv(where: Path, wheel: Path) -> Path:
-    """A new virtual environment with ``wheel`` (and its dependencies) installed; its bin/."""
+def fresh_venv(where: Path, *wheels: Path) -> Path:
+    """A new virtual environment with ``wheels`` (and their dependencies) installed, one
+    after the other; its bin/."""
     venv.EnvBuilder(with_pip=True).create(where)
-    sh(where / "bin" / "python", "-m", "pip", "install", "-q", wheel, cwd=where)
+    for wheel in wheels:
+        sh(where / "bin" / "python", "-m", "pip", "install", "-q", wheel, cwd=where)
     return where / "bin"
 
 
@@ -57,20 +62,89 @@ def test_the_slim_client_installs_and_imports_without_the_server(wheels, tmp_pat
     bin_dir = fresh_venv(tmp_path / "venv", wheels["sandbox_gateway_client"])
     probe = (
         "import json, sys, importlib.util\n"
-        "import gateway\n"
-        "from gateway.client import AsyncClient, Client, Session, GatewayError\n"
-        "print(json.dumps({'modules': sorted(sys.modules), 'version': gateway.__version__,\n"
-        f"  'installed': [n for n in {SERVER_PACKAGES!r} if importlib.util.find_spec(n)]}}))\n"
+        "import sbx_client\n"
+        "from sbx_client import AsyncClient, Client, Session, GatewayError\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'version': sbx_client.__version__,\n"
+        f"  'installed': [n for n in {[*SERVER_PACKAGES, 'gateway']!r}\n"
+        "                if importlib.util.find_spec(n)]}))\n"
     )
     seen = json.loads(sh(bin_dir / "python", "-c", probe, cwd=tmp_path))
     assert seen["installed"] == [], f"the slim client brought {seen['installed']} along"
     loaded = {m.split(".")[0] for m in seen["modules"]} & set(SERVER_PACKAGES)
     assert not loaded, loaded
-    ours = {m for m in seen["modules"] if m.startswith("gateway.")}
-    assert ours <= {"gateway.errors"} | {m for m in ours if m.startswith("gateway.client")}, ours
+    ours = {m for m in seen["modules"] if m.startswith("sbx_client.")}
+    sdk = {m for m in ours if m.startswith("sbx_client.client")}
+    assert ours <= {"sbx_client.errors", "sbx_client.version"} | sdk, ours
     import gateway
 
     assert seen["version"] == gateway.__version__
+
+
+@pytest.fixture
+def health_url() -> Iterator[str]:
+    """A stand-in gateway answering ``GET /healthz``, for an SDK to call without Docker."""
+
+    class Healthz(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "ok", "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# Each SDK, imported by its own name, calls the stand-in gateway; the server's CLI loads too.
+SERVER_PROBE = (
+    "import sys, gateway.app, gateway.cli.main\n"
+    "from gateway.client import Client\n"
+    "print(Client(sys.argv[1], 'token').health()['status'])\n"
+)
+SLIM_PROBE = (
+    "import sys\n"
+    "from sbx_client import Client, GatewayError\n"
+    "from sbx_client.client import Session\n"
+    "print(Client(sys.argv[1], 'token').health()['status'])\n"
+)
+OWNED_PROBE = (
+    "import json, sys\n"
+    "from importlib.metadata import distribution\n"
+    "files = {str(f) for f in distribution(sys.argv[1]).files or ()}\n"
+    "print(json.dumps(sorted(f for f in files if not ('.dist-info' in f or '__pycache__' in f))))\n"
+)
+
+
+def test_the_slim_client_installs_next_to_the_server(wheels, tmp_path, health_url):
+    """Both distributions in one environment: no file belongs to both, so each imports and
+    works, and removing either leaves the other whole."""
+    bin_dir = fresh_venv(
+        tmp_path / "venv", wheels["sandbox_gateway"], wheels["sandbox_gateway_client"]
+    )
+    python, pip = bin_dir / "python", [bin_dir / "python", "-m", "pip"]
+    server_files = set(json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway", cwd=tmp_path)))
+    slim_files = json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway-client", cwd=tmp_path))
+    shared = sorted(server_files.intersection(slim_files))
+    assert not shared, f"the slim client overwrites the server's files: {shared}"
+    assert {f.split("/")[0] for f in slim_files} == {"sbx_client"}, slim_files
+
+    for probe in (SERVER_PROBE, SLIM_PROBE):
+        assert sh(python, "-c", probe, health_url, cwd=tmp_path).strip() == "ok"
+    sh(bin_dir / "sbx", "--version", cwd=tmp_path)
+
+    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway-client", cwd=tmp_path)
+    assert sh(python, "-c", SERVER_PROBE, health_url, cwd=tmp_path).strip() == "ok"
+    sh(*pip, "install", "-q", "--no-deps", wheels["sandbox_gateway_client"], cwd=tmp_path)
+    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway", cwd=tmp_path)
+    assert sh(python, "-c", SLIM_PROBE, health_url, cwd=tmp_path).strip() == "ok"
 
 
 @pytest.mark.docker
