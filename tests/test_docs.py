@@ -7,7 +7,9 @@ one interpreter, with ``SBX_URL`` and ``SBX_TOKEN`` set as the README tells
 users to, in a directory holding the local files the examples name. A failure
 names the file and line. A block that cannot run in a test (it starts a
 second server, installs system packages, sets up a Swarm...) follows an
-``<!-- not-tested: reason -->`` line, and the reason is required.
+``<!-- not-tested: reason -->`` line, and the reason is required. Every
+``toml`` and ``yaml`` block is parsed, and a policy in docs/approvals.md is
+read by the gateway's own policy loader, so a reader can paste any of them.
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import ROOT
 
-pytestmark = pytest.mark.docker
+from gateway.policy.model import Policy
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"sh": "sh", "bash": "sh", "shell": "sh", "console": "sh", "python": "python"}
+# Configuration a reader pastes into a file: parsed, never run.
+SETTINGS = {"toml": "toml", "yaml": "yaml", "yml": "yaml"}
 FENCE = re.compile(r"^(```|~~~)\s*([\w+-]*)")
 MARKER = re.compile(r"<!--\s*not-tested\b(.*?)-->")
 # What the README's "Use it" defines; shell blocks elsewhere use the same `api`.
@@ -66,8 +72,8 @@ class Block:
         return f"{self.path.relative_to(ROOT)}:{self.line}"
 
 
-def examples(path: Path) -> list[Block]:
-    """The file's fenced blocks in an example language, with their markers."""
+def examples(path: Path, languages: dict[str, str] = LANGUAGES) -> list[Block]:
+    """The file's fenced blocks in one of ``languages``, with their markers."""
     lines = path.read_text().splitlines()
     found, i = [], 0
     while i < len(lines):
@@ -78,7 +84,7 @@ def examples(path: Path) -> list[Block]:
         end = next(
             (j for j in range(i + 1, len(lines)) if lines[j].startswith(fence[1])), len(lines)
         )
-        language = LANGUAGES.get(fence[2].lower())
+        language = languages.get(fence[2].lower())
         if language:
             before = next((text for text in reversed(lines[:i]) if text.strip()), "")
             marker = MARKER.search(before)
@@ -92,6 +98,24 @@ def examples(path: Path) -> list[Block]:
 
 
 ALL = [block for path in DOCS for block in examples(path)]
+SETTINGS_BLOCKS = [block for path in DOCS for block in examples(path, SETTINGS)]
+POLICIES = ROOT / "docs" / "approvals.md"  # every settings block there is a policy
+
+
+def test_every_toml_and_yaml_block_parses():
+    assert {b.language for b in SETTINGS_BLOCKS} >= {"toml"}, "no settings block found"
+    problems = []
+    for block in SETTINGS_BLOCKS:
+        try:
+            if block.language == "toml":
+                tomllib.loads(block.code)
+            else:
+                yaml.safe_load(block.code)
+            if block.path == POLICIES:
+                Policy.parse(block.code, block.language, block.where)
+        except Exception as e:
+            problems.append(f"{block.where}: {type(e).__name__}: {e}")
+    assert not problems, "\n".join(problems)
 
 
 def test_every_marker_gives_a_reason_and_stands_before_an_example():
@@ -181,6 +205,7 @@ def run_python(blocks: list[Block], env: dict[str, str], cwd: Path) -> None:
 RUNNABLE = sorted({b.path for b in ALL if b.not_tested is None})
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_examples_run(path, gateway, api, tmp_path):
     blocks = [b for b in ALL if b.path == path and b.not_tested is None]
@@ -198,6 +223,7 @@ def test_the_examples_run(path, gateway, api, tmp_path):
     assert not left, f"{path.relative_to(ROOT)}'s examples left sessions running: {sorted(left)}"
 
 
+@pytest.mark.docker
 def test_a_broken_example_fails_naming_its_file_and_line(gateway, tmp_path):
     """kernels.md's curl without the Authorization header: a 401 fails, at its line."""
     old = Block(
