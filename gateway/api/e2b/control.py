@@ -12,16 +12,17 @@ and why.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, TypeVar
 
 from ...access.sandbox_tokens import SandboxTokens
-from ...errors import BadRequest, Conflict, GatewayError, NotSupported, SnapshotNotFound
+from ...errors import BadRequest, Conflict, NotSupported, SnapshotNotFound
 from ...sandbox.workspace import iso
+from ...sessions.cpu import CpuShares
+from ...sessions.forks import Forks
 from ...sessions.model import Session
 from ...sessions.requests import (
     CreateSession,
@@ -39,10 +40,7 @@ _ID = r"(?P<sandbox_id>[^/]+)"
 CLIENT_ID = "sandbox-gateway"
 DEFAULT_TIMEOUT = 300  # seconds: E2B's own default, when create names none
 LIST_PAGE = 100
-MAX_FORKS = 20  # E2B's bound on fork(count=...)
-# get_metrics: each sandbox's last CPU sample (when, CPU seconds), so a share is over an interval.
-CPU_SAMPLES: dict[str, tuple[float, float]] = {}
-MAX_CPU_SAMPLES = 4096
+T = TypeVar("T")
 
 # Calls the SDK makes that this gateway does not offer yet, and why.
 NOT_YET = {
@@ -86,6 +84,17 @@ class ControlHandler(E2BHandler):
             return
         update = UpdateSession(ttl=ttl, idle_timeout=seconds)
         await self.manager.update(session.id, self.principal, update)
+
+    def page(self, found: list[T]) -> list[T]:
+        """The page of ``found`` that ``limit`` and ``nextToken`` ask for; the next's token in
+        ``X-Next-Token`` when there is one."""
+        limit = self.int_argument("limit", LIST_PAGE)
+        start = self.int_argument("nextToken", 0) if self.get_argument("nextToken", "") else 0
+        if not 1 <= limit <= LIST_PAGE or start < 0:
+            raise BadRequest(f"limit must be 1 to {LIST_PAGE}, nextToken one a page answered with")
+        if start + limit < len(found):
+            self.set_header("X-Next-Token", str(start + limit))
+        return found[start : start + limit]
 
 
 def listed(session: Session) -> dict[str, Any]:
@@ -171,17 +180,9 @@ class SandboxesHandler(ControlHandler):
             for s in self.manager.list(self.principal, metadata=metadata)
             if ("paused" if s.state == "paused" else "running") in states
         ]
-        if not self.request.path.startswith("/v2/"):
-            self.send([listed(s) for s in found])
-            return
-        limit = self.int_argument("limit", LIST_PAGE)
-        start = self.int_argument("nextToken", 0) if self.get_argument("nextToken", "") else 0
-        if not 1 <= limit <= LIST_PAGE or start < 0:
-            raise BadRequest(f"limit must be 1 to {LIST_PAGE}, nextToken one a page answered with")
-        page = found[start : start + limit]
-        if start + limit < len(found):
-            self.set_header("X-Next-Token", str(start + limit))
-        self.send([listed(s) for s in page])
+        if self.request.path.startswith("/v2/"):
+            found = self.page(found)
+        self.send([listed(s) for s in found])
 
 
 class SandboxInfoHandler(ControlHandler):
@@ -290,13 +291,7 @@ class SnapshotListHandler(ControlHandler):
             docs = await self.manager.snapshots.of_tenant(self.principal)
         name = self.get_argument("name", "")
         found = [d for d in docs if not name or d.get("name") == name]
-        limit = self.int_argument("limit", LIST_PAGE)
-        start = self.int_argument("nextToken", 0) if self.get_argument("nextToken", "") else 0
-        if not 1 <= limit <= LIST_PAGE or start < 0:
-            raise BadRequest(f"limit must be 1 to {LIST_PAGE}, nextToken one a page answered with")
-        if start + limit < len(found):
-            self.set_header("X-Next-Token", str(start + limit))
-        self.send([snapshot_info(d) for d in found[start : start + limit]])
+        self.send([snapshot_info(d) for d in self.page(found)])
 
 
 class SnapshotDeleteHandler(ControlHandler):
@@ -323,39 +318,22 @@ class ForkHandler(ControlHandler):
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
-        count = body.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
-            raise BadRequest(f"count must be an integer from 1 to {MAX_FORKS}")
-        source = self.manager.get(sandbox_id, self.principal)
-        doc = await self.manager.snapshot(sandbox_id, self.principal, TakeSnapshot())
-        self.audit_detail.update(snapshot_id=doc["id"], count=count)
-        timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
-        auto_pause = source.idle_action == "pause"
-        request = CreateSession(
-            ttl=self.manager.settings.max_ttl if auto_pause else timeout,
-            idle_timeout=timeout,
-            idle_action=source.idle_action,
-            metadata=source.metadata,
-            from_snapshot=doc["id"],
-            kernel="",
+        snapshot_id, forks = await self.forks.fork(
+            sandbox_id, self.principal, body.get("count", 1), body.get("timeout", DEFAULT_TIMEOUT)
         )
-        try:
-            results = await asyncio.gather(
-                *(self.manager.create(request, self.principal) for _ in range(count)),
-                return_exceptions=True,
-            )
-        finally:
-            await self.manager.snapshots.delete(doc["id"], self.principal)
-        answers: list[dict[str, Any]] = []
-        for result in results:
-            if isinstance(result, GatewayError):
-                answers.append({"error": {"code": result.status, "message": result.message}})
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                answers.append({"sandbox": self.sandbox(result)})
+        self.audit_detail.update(snapshot_id=snapshot_id, count=len(forks))
+        answers = [
+            {"sandbox": self.sandbox(fork)}
+            if isinstance(fork, Session)
+            else {"error": {"code": fork.status, "message": fork.message}}
+            for fork in forks
+        ]
         self.audit_detail["forks"] = [a["sandbox"]["sandboxID"] for a in answers if "sandbox" in a]
         self.send(answers, status=201)
+
+    @property
+    def forks(self) -> Forks:
+        return self.settings["sbx_e2b_forks"]
 
 
 class MetricsHandler(ControlHandler):
@@ -370,16 +348,9 @@ class MetricsHandler(ControlHandler):
     async def get(self, sandbox_id: str) -> None:
         session = self.manager.get(sandbox_id, self.principal)
         usage = await self.manager.usage(sandbox_id, self.principal)
-        now = time.time()
+        shares: CpuShares = self.settings["sbx_e2b_cpu"]
+        now, share = shares.sample(session, usage["cpu_seconds"] or 0.0)
         limits = session.limits
-        cpu_seconds = usage["cpu_seconds"] or 0.0
-        before = CPU_SAMPLES.pop(session.id, (session.created_at, 0.0))
-        CPU_SAMPLES[session.id] = (now, cpu_seconds)
-        while len(CPU_SAMPLES) > MAX_CPU_SAMPLES:  # the oldest first: sandboxes long gone
-            del CPU_SAMPLES[next(iter(CPU_SAMPLES))]
-        elapsed = max(now - before[0], 1e-3)
-        used = cpu_seconds - before[1] if cpu_seconds >= before[1] else cpu_seconds  # restarted
-        share = 100.0 * used / elapsed / max(limits.cpus, 1e-3)
         disk = usage["disk_bytes"] or 0
         self.send(
             [
@@ -387,7 +358,7 @@ class MetricsHandler(ControlHandler):
                     "timestamp": iso(now),
                     "timestampUnix": int(now),
                     "cpuCount": max(1, math.ceil(limits.cpus)),
-                    "cpuUsedPct": round(min(share, 100.0), 2),
+                    "cpuUsedPct": share,
                     "memUsed": usage["memory_bytes"] or 0,
                     "memTotal": limits.memory,
                     "memCache": 0,
