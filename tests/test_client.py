@@ -268,6 +268,26 @@ def test_files_write_read_list_remove(sdk_session, tmp_path):
         files.read("notes/a.txt")
 
 
+def test_commands_run_beside_the_kernel_in_both_halves(gateway, token, sdk_session):
+    sdk_session.files.write("sub/data.txt", "from the workspace\n")
+    ran = sdk_session.commands.run(
+        'cat data.txt; echo "$WHO" >&2; pwd; exit 3', env={"WHO": "me"}, cwd="sub"
+    )
+    assert (ran.exit_code, ran.ok, ran.timed_out) == (3, False, False), ran
+    assert ran.stdout.splitlines()[0] == "from the workspace" and ran.stdout.endswith("/sub\n")
+    assert ran.stderr == "me\n" and ran.pid and ran.duration_ms is not None
+    slow = sdk_session.commands.run("echo started; sleep 30", timeout=1)
+    assert slow.timed_out and slow.exit_code is None and slow.stdout == "started\n", slow
+    assert slow.duration_ms < 15_000
+
+    async def from_asyncio():
+        async with AsyncClient(gateway.url, token) as client:
+            return await client.session(sdk_session.id).commands.run("echo $((6 * 7))")
+
+    done = asyncio.run(from_asyncio())
+    assert done.ok and done.stdout == "42\n"
+
+
 def test_upload_and_download_stream_with_progress(sdk_session, tmp_path):
     source = tmp_path / "big.bin"
     source.write_bytes(bytes(range(256)) * 8192)  # 2 MiB

@@ -32,6 +32,7 @@ from ..errors import (
     NotAFile,
     NotAllowed,
     NotFound,
+    NotSupported,
     PathForbidden,
     PayloadTooLarge,
     QuotaExceeded,
@@ -43,12 +44,13 @@ from ..errors import (
     Unauthorized,
     Unavailable,
 )
-from .aio import AsyncClient, AsyncFiles, AsyncSession, AsyncSnapshot
-from .base import Retry, SessionOptions
+from .aio import AsyncClient, AsyncCommands, AsyncFiles, AsyncSession, AsyncSnapshot
+from .base import CommandOptions, Retry, SessionOptions
 from .errors import GatewayUnreachable
 from .models import (
     Approval,
     Artifact,
+    CommandResult,
     Execution,
     ExecutionError,
     FileInfo,
@@ -60,17 +62,21 @@ from .models import (
     SessionMetrics,
 )
 from .stream import RunCallbacks
-from .sync import Client, Files, Session, Snapshot
+from .sync import Client, Commands, Files, Session, Snapshot
 
 __all__ = [
     "Approval",
     "Artifact",
     "AsyncClient",
+    "AsyncCommands",
     "AsyncFiles",
     "AsyncSession",
     "AsyncSnapshot",
     "BadRequest",
     "Client",
+    "CommandOptions",
+    "CommandResult",
+    "Commands",
     "Conflict",
     "Denied",
     "EgressUnavailable",
@@ -92,6 +98,7 @@ __all__ = [
     "NotAFile",
     "NotAllowed",
     "NotFound",
+    "NotSupported",
     "PathForbidden",
     "PayloadTooLarge",
     "QuotaExceeded",

@@ -27,10 +27,12 @@ from ..errors import FileNotFound, GatewayError, NotAFile
 from .base import (
     CHUNK,
     BaseClient,
+    BaseCommands,
     BaseFiles,
     BaseSession,
     BaseSnapshot,
     Call,
+    CommandOptions,
     Progress,
     ReplayProgress,
     SessionOptions,
@@ -38,6 +40,7 @@ from .base import (
 )
 from .models import (
     Approval,
+    CommandResult,
     Execution,
     FileInfo,
     RecordedExecution,
@@ -329,11 +332,23 @@ class AsyncFiles(BaseFiles):
                 on_progress(done, size)
 
 
+class AsyncCommands(BaseCommands):
+    """Shell commands beside the kernel: ``await session.commands.run("ls -l")``."""
+
+    session: AsyncSession
+
+    async def run(self, command: str, **options: Unpack[CommandOptions]) -> CommandResult:
+        """``Commands.run``, awaited: a shell command line's exit code, stdout and stderr."""
+        return await self.session.client.call(self._run_call(command, options))
+
+
 class AsyncSession(BaseSession[AsyncClient]):
     """One sandboxed kernel. ``async with AsyncSession.create() as s:`` deletes it at the end."""
 
     files_class = AsyncFiles
     files: AsyncFiles
+    commands_class = AsyncCommands
+    commands: AsyncCommands
 
     @classmethod
     def create(

@@ -26,6 +26,7 @@ from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body, error_from_event
 from .models import (
     Approval,
+    CommandResult,
     FileInfo,
     RecordedExecution,
     ReplayCell,
@@ -373,6 +374,7 @@ class BaseSession(Generic[C]):
     """
 
     files_class: Any = None  # Files or AsyncFiles, set by each half
+    commands_class: Any = None  # Commands or AsyncCommands, set by each half
 
     def __init__(self, client: C, info: SessionInfo, *, keep: bool = False) -> None:
         self.client = client
@@ -380,6 +382,7 @@ class BaseSession(Generic[C]):
         self.keep = keep
         self._owns_client = False  # made by Session.create/connect: closed with the session
         self.files = self.files_class(self)
+        self.commands = self.commands_class(self)
 
     @classmethod
     def handle(cls, client: C, session_id: str, *, keep: bool = True) -> Self:
@@ -613,6 +616,47 @@ class BaseFiles(abc.ABC):
         """The destination and the temporary name a download is written under first."""
         dest = Path(dest)
         return dest, dest.with_name(f".{dest.name}.sbx-part")
+
+
+class CommandOptions(TypedDict, total=False):
+    """How ``session.commands.run`` runs a command; anything left out: the gateway's default."""
+
+    timeout: float  # seconds before it is killed (default: the session's limits.timeout)
+    env: Mapping[str, str]
+    cwd: str  # relative to the workspace
+
+
+class BaseCommands:
+    """Shell commands in the session's sandbox, beside its kernel; ``Commands`` and
+    ``AsyncCommands`` only send them."""
+
+    def __init__(self, session: BaseSession[Any]) -> None:
+        self.session = session
+
+    def _run_call(self, command: str, options: Mapping[str, Any]) -> Call[CommandResult]:
+        """Run ``command`` with ``/bin/sh`` and wait for its end.
+
+        Never retried (it may have started), and no read timeout: the gateway ends the
+        command at its time limit and answers.
+        """
+        if not isinstance(command, str) or not command.strip():
+            raise TypeError(f"a command is a shell command line such as 'ls -l', not {command!r}")
+        unknown = set(options) - set(CommandOptions.__annotations__)
+        if unknown:
+            raise TypeError(
+                f"unknown command option(s) {sorted(unknown)}: commands.run takes "
+                f"{', '.join(CommandOptions.__annotations__)} and returns when the command ends"
+            )
+        body = {"command": command, **{k: v for k, v in options.items() if v is not None}}
+        if body.get("env") is not None:
+            body["env"] = dict(body["env"])
+        return Call(
+            "POST",
+            self.session._path("/commands"),
+            lambda r: CommandResult.from_json(r.json()),
+            json=body,
+            timeout=httpx.Timeout(None, connect=self.session.client.timeout.connect),
+        )
 
 
 class BaseSnapshot(Generic[C]):

@@ -444,3 +444,38 @@ class SessionMetrics:
             disk_limit_bytes=doc.get("disk_limit_bytes"),
             raw=doc,
         )
+
+
+@dataclasses.dataclass
+class CommandResult:
+    """A shell command's end (``session.commands.run``).
+
+    A command that fails is not an exception, as a failing cell is not: read
+    ``exit_code`` (None when it was killed at its time limit: ``timed_out``).
+    """
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool  # output past the session's limits.output_bytes was dropped
+    pid: int | None
+    duration_ms: float | None
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CommandResult:
+        return cls(
+            exit_code=doc.get("exit_code"),
+            stdout=str(doc.get("stdout") or ""),
+            stderr=str(doc.get("stderr") or ""),
+            timed_out=bool(doc.get("timed_out")),
+            truncated=bool(doc.get("truncated")),
+            pid=doc.get("pid"),
+            duration_ms=doc.get("duration_ms"),
+            raw=doc,
+        )

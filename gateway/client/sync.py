@@ -21,10 +21,12 @@ from ..errors import FileNotFound, GatewayError, NotAFile
 from .base import (
     CHUNK,
     BaseClient,
+    BaseCommands,
     BaseFiles,
     BaseSession,
     BaseSnapshot,
     Call,
+    CommandOptions,
     Progress,
     ReplayProgress,
     SessionOptions,
@@ -32,6 +34,7 @@ from .base import (
 )
 from .models import (
     Approval,
+    CommandResult,
     Execution,
     FileInfo,
     RecordedExecution,
@@ -289,11 +292,29 @@ class Files(BaseFiles):
                 on_progress(done, size)
 
 
+class Commands(BaseCommands):
+    """Shell commands beside the kernel: ``session.commands.run("ls -l")``."""
+
+    session: Session
+
+    def run(self, command: str, **options: Unpack[CommandOptions]) -> CommandResult:
+        """Run a shell command line in the sandbox (as the kernel's user, within its limits)
+        and wait for its end: exit code, stdout and stderr.
+
+        ``timeout``: seconds before it is killed (default: the session's time limit);
+        ``env``; ``cwd``: relative to the workspace. ``NotSupported`` on a gateway whose
+        placement runs no commands (Swarm).
+        """
+        return self.session.client.call(self._run_call(command, options))
+
+
 class Session(BaseSession[Client]):
     """One sandboxed kernel. ``with Session.create() as s:`` deletes it at the end."""
 
     files_class = Files
     files: Files
+    commands_class = Commands
+    commands: Commands
 
     @classmethod
     def create(
