@@ -1,8 +1,10 @@
 """The gate every execute passes: its tenant's policy, tightened by its session's, on a scan.
 
-Scanning a cell takes tens of microseconds, so it runs on the loop; a cell
-past ``OFFLOAD_BYTES`` is scanned on a thread instead. A scanner that breaks
-is logged, and under an enforcing policy the code is refused (fail closed).
+Scanning a Python cell takes tens of microseconds, so it runs on the loop; a
+cell past ``OFFLOAD_BYTES``, and any cell a policy's patterns are matched
+against (written by tenants and sessions: bounded, but up to seconds), is
+scanned on a thread instead. A scanner that breaks is logged, and under an
+enforcing policy the code is refused (fail closed).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Gate:
         self, tenant: str, session_policy: Policy | None, language: str, code: str
     ) -> Decision:
         """What the policy in force says about ``code``, with the scan's findings."""
-        if len(code) > OFFLOAD_BYTES:
+        patterns = self.book.policy(tenant).tighten(session_policy).patterns
+        if len(code) > OFFLOAD_BYTES or self.scanner.matches(language, patterns):
             return await asyncio.to_thread(self.judge, tenant, session_policy, language, code)
         return self.judge(tenant, session_policy, language, code)
 

@@ -9,7 +9,7 @@ Written as TOML or YAML::
     delete = "hold"
     install = "hold"
     secrets = "deny"
-    [[patterns]]            # for kernels other than Python (regular expressions)
+    [[patterns]]            # for kernels other than Python (RE2 regular expressions)
     rule = "network"
     regex = '\\b(curl|wget)\\b'
     message = "fetches from the network"
@@ -36,7 +36,7 @@ import yaml
 
 from ..errors import GatewayError, PolicyInvalid
 from ..limits import format_size, parse_size
-from .scan import RULES, Finding, Pattern
+from .scan import MAX_PATTERNS, RULES, Finding, Pattern
 
 DEFAULT_FILE = Path(__file__).with_name("default.toml")
 ACTIONS = ("allow", "hold", "deny")  # weakest first
@@ -151,7 +151,7 @@ class Policy:
             "patterns": [
                 {
                     "rule": p.rule,
-                    "regex": p.regex.pattern,
+                    "regex": p.regex,
                     "message": p.message,
                     "kernels": list(p.kernels),
                 }
@@ -214,6 +214,12 @@ class Policy:
         patterns = data.get("patterns", [])
         if not isinstance(patterns, list):
             raise _Fault("patterns", None, "patterns is a list of tables")
+        if len(patterns) > MAX_PATTERNS:
+            raise _Fault(
+                "patterns",
+                None,
+                f"a policy has at most {MAX_PATTERNS} patterns, not {len(patterns)}",
+            )
         files = _file_rules(data.get("files", {}))
         return cls(mode, dict(rules), tuple(_pattern(p) for p in patterns), files=files)
 
@@ -266,15 +272,14 @@ def _pattern(entry: Any) -> Pattern:
     regex = entry.get("regex")
     if not isinstance(regex, str):
         raise _Fault("regex", None, "a pattern needs a regex (a string)")
-    try:
-        compiled = re.compile(regex, re.MULTILINE)
-    except re.error as e:
-        raise _Fault("regex", regex, f"the regex {regex!r} is not valid: {e}") from None
     kernels = entry.get("kernels", [])
     if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
         raise _Fault("kernels", None, "kernels is a list of language names such as 'bash'")
     message = str(entry.get("message") or f"matches {regex!r}")
-    return Pattern(rule, compiled, message, tuple(kernels))
+    try:
+        return Pattern(rule, regex, message, tuple(kernels))
+    except ValueError as e:
+        raise _Fault("regex", regex, str(e)) from None
 
 
 def _line_of(text: str, key: str, value: Any) -> int | None:

@@ -5,7 +5,11 @@ gateway's own checks written as bandit plugins), so a finding names a line
 and what was recognised, not a guess from text. IPython syntax (``!cmd``,
 ``%pip``, ``%%bash``) is first turned into the Python the kernel would run.
 Comments such as ``# nosec`` are ignored: the code's author is the one being
-checked. Other kernels' code is matched against the policy's patterns.
+checked. Other kernels' code is matched against the policy's patterns, with
+RE2: a linear-time matcher (no backtracking), which leaves Python's lock while
+it runs. Patterns are bounded in length and program size when a policy is read,
+and a scan in the product of cell size and program size, so a tenant's pattern
+costs a bounded scan, never a stalled gateway.
 
 Every finding belongs to one *rule* (``shell``, ``network``, ``delete``,
 ``install``, ``secrets``), and policies decide per rule.
@@ -17,10 +21,10 @@ import ast
 import dataclasses
 import logging
 import posixpath
-import re
 from collections.abc import Iterable
 from typing import Any
 
+import re2
 from bandit.blacklists.utils import build_conf_dict
 from bandit.core import config as bandit_config
 from bandit.core import issue, meta_ast, metrics, node_visitor, test_set, tester
@@ -87,6 +91,17 @@ _INSTALL_WORDS = (("pip", "install"), ("pip3", "install"), ("conda", "install"),
 _SHELL_MAGICS = frozenset(("bash", "sh", "script", "system", "sx", "perl", "ruby"))
 _INSTALL_MAGICS = frozenset(("pip", "conda", "mamba", "uv"))
 
+# Bounds on a policy's patterns, so matching them costs a bounded time whoever wrote them.
+MAX_PATTERNS = 32  # per policy (a session's add up with its tenant's)
+MAX_PATTERN_CHARS = 1000
+MAX_PATTERN_PROGRAM = 300  # RE2 instructions; the built-in patterns take 43 to 106
+# bytes x instructions the first search of each pattern may take in one scan (about 1.5 s
+# at RE2's slowest, its NFA, without Python's lock); as much again for later lines' matches.
+MATCH_BUDGET = 2**28
+MAX_FINDINGS = 20  # per pattern: the first match on each line, up to this many
+_RE2 = re2.Options()
+_RE2.log_errors = False  # a refused pattern is the caller's error, not a line on stderr
+
 
 class ScanFailed(Exception):
     """The scanner itself broke: under an enforcing policy the code must not run."""
@@ -108,12 +123,36 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
-    """A policy's pattern for a non-Python kernel: a regular expression and its rule."""
+    """A policy's pattern for a non-Python kernel: a regular expression (RE2) and its rule.
+
+    Raises ValueError, saying why, for a regex RE2 refuses or one past the bounds.
+    """
 
     rule: str
-    regex: re.Pattern[str]
+    regex: str  # as written; matched per line (^ and $ at line ends)
     message: str
     kernels: tuple[str, ...] = ()  # kernel languages it applies to; empty: every one
+    compiled: Any = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.regex) > MAX_PATTERN_CHARS:
+            raise ValueError(
+                f"the regex {self.regex[:60]!r}... is longer than {MAX_PATTERN_CHARS} characters"
+            )
+        try:
+            compiled = re2.compile(f"(?m){self.regex}", _RE2)
+        except re2.error as e:
+            why = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+            raise ValueError(
+                f"the regex {self.regex!r} is not valid RE2 syntax ({why}); patterns are matched "
+                "in linear time, so backreferences and lookaround are not available"
+            ) from None
+        if compiled.programsize > MAX_PATTERN_PROGRAM:
+            raise ValueError(
+                f"the regex {self.regex!r} is too complex ({compiled.programsize} RE2 "
+                f"instructions, at most {MAX_PATTERN_PROGRAM}): use fewer or smaller repetitions"
+            )
+        object.__setattr__(self, "compiled", compiled)
 
     def applies(self, language: str) -> bool:
         return not self.kernels or language in self.kernels
@@ -280,6 +319,11 @@ class Scanner:
         except Exception as e:  # a scanner fault is never a reason to let code through
             raise ScanFailed(f"{type(e).__name__}: {e}") from e
 
+    @staticmethod
+    def matches(language: str, patterns: Iterable[Pattern]) -> bool:
+        """Whether ``scan`` matches any of ``patterns`` (never for Python) on ``language``."""
+        return language != "python" and any(p.applies(language) for p in patterns)
+
     def _scan_python(self, code: str) -> list[Finding]:
         try:
             tree_source = code
@@ -315,11 +359,34 @@ def _blacklist_plugin(data: dict[str, list[dict[str, Any]]]) -> Any:
 
 
 def _match(code: str, language: str, patterns: Iterable[Pattern]) -> list[Finding]:
-    findings = []
-    for pattern in patterns:
-        if not pattern.applies(language):
-            continue
-        for found in pattern.regex.finditer(code):
-            line = code.count("\n", 0, found.start()) + 1
-            findings.append(Finding(pattern.rule, "pattern", line, pattern.message))
+    """The first match of each pattern on each line, up to MAX_FINDINGS a pattern.
+
+    A search costs at most the rest of the cell times the pattern's program: each
+    pattern's first search together within MATCH_BUDGET or the scan is refused
+    before it starts; the searches for more lines within another MATCH_BUDGET.
+    """
+    applying = [p for p in patterns if p.applies(language)]
+    data = code.encode("utf-8", "surrogatepass")
+    if len(data) * sum(p.compiled.programsize for p in applying) > MATCH_BUDGET:
+        raise ScanFailed(
+            f"the cell ({len(data)} bytes) is too large to match against the policy's "
+            f"{len(applying)} patterns in bounded time; split it into smaller cells"
+        )
+    findings, more = [], MATCH_BUDGET  # what searches past each pattern's first may cost
+    for pattern in applying:
+        start = line = counted = 0
+        for n in range(MAX_FINDINGS):
+            if n:
+                more -= (len(data) - start) * pattern.compiled.programsize
+                if more < 0:
+                    break
+            found = pattern.compiled.search(data, start)
+            if found is None:
+                break
+            line += data.count(b"\n", counted, found.start())
+            counted = found.start()
+            findings.append(Finding(pattern.rule, "pattern", line + 1, pattern.message))
+            start = data.find(b"\n", found.start()) + 1
+            if not start:
+                break
     return sorted(findings, key=lambda f: f.line)
