@@ -49,6 +49,7 @@ from .policy.approvals import ApprovalDesk
 from .policy.book import PolicyBook
 from .policy.gate import Gate
 from .policy.scan import Scanner
+from .relays.agent_stream import RelayOptions
 from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
@@ -56,6 +57,7 @@ from .sandbox.kernelspecs import KernelSpecs
 from .sandbox.npm import NpmCache
 from .sandbox.packages import Cache, PackageCache, PackageGate, PackagePolicy
 from .sessions.cpu import CpuShares
+from .sessions.executions import ExecutionLimits, Executions
 from .sessions.forks import Forks
 from .sessions.lifecycle import SandboxLifecycle
 from .sessions.manager import SessionManager
@@ -80,6 +82,7 @@ def make_app(
     observed: GatewayMetrics,
     forwarder: Forwarder,
     e2b_credentials: e2b.Credentials,
+    executions: Executions,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -102,6 +105,10 @@ def make_app(
         default_handler_class=NotFoundHandler,
         log_function=log_request,
         sbx_manager=manager,
+        sbx_executions=executions,
+        sbx_relay_options=RelayOptions(
+            settings.reconnect_grace, settings.replay_buffer_events, settings.replay_buffer_size
+        ),
         sbx_auth=auth,
         sbx_audit=audit_log,
         sbx_secrets=secrets_vault,
@@ -169,6 +176,7 @@ class Gateway:
         self.manager = build_manager(
             self.settings, client, self.store, auth.quota, policies, vault, packages
         )
+        self.executions = build_executions(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
         lag = self.loop_lag.max_lag
         self.manager.metrics.watch(
@@ -213,6 +221,7 @@ class Gateway:
             self.manager.metrics,
             self.forwarder,
             credentials,
+            self.executions,
         )
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, credentials.accepts),
@@ -305,6 +314,26 @@ def build_manager(
     watch_sessions(observed, sessions, pool)
     return SessionManager(
         settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate, metrics=observed
+    )
+
+
+def build_executions(settings: Settings, manager: SessionManager) -> Executions:
+    """The execute pipeline over the manager's sessions and what it was handed."""
+    limits = ExecutionLimits(
+        max_code_size=settings.max_code_size,
+        max_timeout=settings.max_timeout,
+        interrupt_grace=settings.interrupt_grace,
+        session_output_bytes=settings.session_output_bytes,
+    )
+    return Executions(
+        manager,
+        manager.gate,
+        manager.store,
+        manager.lifecycle,
+        manager.commands,
+        manager.leases,
+        manager.metrics,
+        limits,
     )
 
 

@@ -15,12 +15,9 @@ import httpx
 import pytest
 from helpers import (
     ROOT,
-    closed,
     execute_in_background,
-    execute_request,
     full_history,
     run,
-    run_over_channels,
     screenshot_path,
     short_tmpdir,
     wait_for,
@@ -31,7 +28,6 @@ from mcp.types import ElicitResult
 from test_cli import SBX, sbx
 from test_isolation import FETCH, local_index  # noqa: F401 (a fixture)
 from test_stream import Stream
-from tornado.websocket import websocket_connect
 
 from gateway.client import AsyncClient, Client, Denied
 from gateway.sandbox.workspace import parse_iso
@@ -230,25 +226,6 @@ def test_denial_and_timeout_end_a_held_execute_on_the_stream(desk, acme_session)
     assert 8 < waited < 16, f"the approval timeout (10 s) took {waited:.1f} s"
     statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
     assert statuses == ["denied", "denied"]
-
-
-def test_the_jupyter_channels_refuse_code_the_policy_would_hold(desk, acme_session):
-    gw, c = desk
-    url = gw.ws_url(f"/api/kernels/{acme_session}/channels", token="agent-token")
-
-    async def scenario():
-        ran = await run_over_channels(url, "print(6 * 7)")
-        ws = await websocket_connect(url)
-        ws.write_message(json.dumps(execute_request(SHELL)))
-        refusal = json.loads(await asyncio.wait_for(ws.read_message(), 30))
-        await closed(ws)
-        return ran, refusal
-
-    ran, refusal = asyncio.run(scenario())
-    assert any(m["msg_type"] == "stream" for m in ran), "allowed code did not run over channels"
-    assert refusal["channel"] == "error" and "holds this code" in refusal["error"], refusal
-    statuses = [e["status"] for e in full_history(c["agent"], acme_session)]
-    assert statuses == ["ok"], "the refused cell was run or recorded as run"
 
 
 def test_an_approval_for_an_ended_session_is_a_409(desk):

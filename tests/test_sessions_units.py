@@ -22,6 +22,7 @@ from helpers import short_tmpdir
 from jupyter_client.provisioning import LocalProvisioner
 
 from gateway.access.auth import Principal, Quota
+from gateway.app import build_executions
 from gateway.config import Settings
 from gateway.errors import StrategyUnavailable
 from gateway.notebooks.compare import diff_outputs
@@ -200,8 +201,9 @@ def test_manager_runs_a_session_and_tears_its_sandbox_down_once(tmp_path, kernel
         try:
             session = await manager.create(CreateSession(), WHO)
             assert session.state == "idle" and session.image == "sbx/python:local"
-            await manager.execute(session.id, WHO, ExecuteCode("x = 41"))
-            result = await manager.execute(session.id, WHO, ExecuteCode("x + 1"))
+            executions = build_executions(manager.settings, manager)
+            await executions.execute(session.id, WHO, ExecuteCode("x = 41"))
+            result = await executions.execute(session.id, WHO, ExecuteCode("x + 1"))
             assert result.status == "ok", result
             assert result.outputs[0]["data"]["text/plain"] == "42"
             await manager.delete(session.id, WHO)
@@ -274,7 +276,8 @@ def test_the_pool_serves_a_create_and_its_sandbox_is_never_reused(tmp_path, kern
             session = await manager.create(CreateSession(env={"MODE": "warm"}), WHO)
             assert session.id == pooled_id and pool.claims[("python3", "hit")] == 1
             code = ExecuteCode("import os; os.environ['MODE']")
-            result = await manager.execute(session.id, WHO, code)
+            executions = build_executions(manager.settings, manager)
+            result = await executions.execute(session.id, WHO, code)
             assert result.outputs[0]["data"]["text/plain"] == "'warm'"
             # A client-chosen id never gets a pooled sandbox.
             chosen = "5f0c3f9e-8c5c-4f6e-9a51-0d6a4c1c2b7e"

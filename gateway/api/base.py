@@ -39,6 +39,8 @@ from ..errors import (
     Unauthorized,
 )
 from ..limits import format_size
+from ..relays.agent_stream import RelayOptions
+from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
 from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
@@ -90,6 +92,14 @@ class GatewayHandlerMixin:
     @property
     def manager(self) -> SessionManager:
         return self.settings["sbx_manager"]
+
+    @property
+    def executions(self) -> Executions:
+        return self.settings["sbx_executions"]
+
+    @property
+    def relay_options(self) -> RelayOptions:
+        return self.settings["sbx_relay_options"]
 
     @property
     def forwarder(self) -> Forwarder:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BadRequest, Denied, NotFound, QuotaExceeded
+from ..errors import BadRequest, NotFound, QuotaExceeded
+from ..relays.agent_stream import ReplayBuffer
 from ..relays.jupyter_channels import KernelChannels
 from ..sessions.kernel_env import kernel_start
 from ..sessions.model import Session
@@ -141,7 +142,15 @@ class ChannelsHandler(JSONWebSocketHandler):
         if parked is not None:
             self.relay, self.resuming = parked, True
         else:
-            self.relay = KernelChannels(self.manager, session, self._deliver)
+            self.relay = KernelChannels(
+                self.manager,
+                self.executions,
+                session,
+                self.principal,
+                self._deliver,
+                self.relay_options.reconnect_grace,
+                ReplayBuffer(self.relay_options),
+            )
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         return None  # the legacy JSON protocol; clients fall back to it
@@ -178,8 +187,6 @@ class ChannelsHandler(JSONWebSocketHandler):
             self.relay.send(msg)
         except (ValueError, TypeError) as e:
             self.send({"channel": "error", "error": f"message refused: {e}"})
-        except Denied as e:  # the session's policy refused (or would hold) the code
-            self.send({"channel": "error", "error": f"message refused: {e.message}"})
 
     def _audit(self, msg: dict[str, Any]) -> None:
         """Executes and interrupts are state changes; the other messages are not."""

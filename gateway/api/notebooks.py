@@ -66,7 +66,9 @@ class ReplayHandler(JSONHandler):
         if self.get_argument("progress", "false") == "true":
             await self._replay_with_progress(nb, image_tolerance, inputs)
             return
-        report = await replay_notebook(self.manager, nb, self.principal, image_tolerance, inputs)
+        report = await replay_notebook(
+            self.manager, self.executions, nb, self.principal, image_tolerance, inputs
+        )
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)
 
@@ -92,7 +94,7 @@ class ReplayHandler(JSONHandler):
 
         try:
             report = await replay_notebook(
-                self.manager, nb, self.principal, image_tolerance, inputs, on_cell
+                self.manager, self.executions, nb, self.principal, image_tolerance, inputs, on_cell
             )
         except tornado.iostream.StreamClosedError:
             return  # the client went away; the replay's session has been ended

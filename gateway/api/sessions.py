@@ -69,7 +69,7 @@ class ExecuteHandler(JSONHandler):
             self.audit_detail.update(code_facts(body["code"]))
         request = ExecuteCode.from_json(body)
         try:
-            result = await self.manager.submit(session_id, self.principal, request)
+            result = await self.executions.submit(session_id, self.principal, request)
         except Denied as e:
             self.audit_detail["denied"] = e.message
             raise
@@ -93,7 +93,7 @@ class CommandsHandler(JSONHandler):
         if isinstance(body.get("command"), str):
             self.audit_detail.update(code_facts(body["command"]))
         request = StartCommand.from_json(body)
-        result = await self.manager.run_command(session_id, self.principal, request)
+        result = await self.executions.run_command(session_id, self.principal, request)
         self.audit_detail["exit_code"] = result["exit_code"]
         self.send(result)
 

@@ -30,7 +30,9 @@ class StreamHandler(JSONWebSocketHandler):
     transport = "stream"
 
     def prepare_socket(self, session_id: str) -> None:
-        self.hub = hub_for(self.manager, session_id, self.principal)
+        self.hub = hub_for(
+            self.manager, self.executions, self.relay_options, session_id, self.principal
+        )
 
     def open(self, session_id: str) -> None:
         self.set_nodelay(True)  # see JSONWebSocketHandler

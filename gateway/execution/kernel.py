@@ -244,6 +244,7 @@ class Kernel:
         self.died = asyncio.Event()
         self.restarting = False  # its old container's death is expected, not news
         self._interrupting = False
+        self.interrupts = 0  # interrupts sent so far, by anyone: the rule for executions it cut
         # An interrupt asked for before the kernel began the cell would be lost
         # (SIGINT to an idle kernel does nothing); it is held until it begins.
         self._awaiting_start = False
@@ -468,6 +469,7 @@ class Kernel:
 
     async def interrupt(self) -> None:
         self._interrupting = True
+        self.interrupts += 1
         if self._awaiting_start:
             self._deferred_interrupt = True
             return
@@ -580,19 +582,9 @@ class Kernel:
             reply = {"status": "abort"} if self._interrupting else {}
         if collector.execution_count is None:
             collector.execution_count = execution_count(reply)
-        return ExecutionResult.collected(self._outcome(collector, reply), collector, started)
-
-    def _outcome(self, collector: OutputCollector, reply: dict[str, Any]) -> str:
-        """ok, error or interrupted, from the outputs and the kernel's execute_reply.
-
-        Kernels tell an interrupt differently: ipykernel raises KeyboardInterrupt
-        (an error), bash_kernel and IRkernel reply ``abort`` with no error at all.
-        """
-        if reply.get("status") in ("abort", "aborted"):
-            return "interrupted"
-        if collector.error is None:
-            return "ok"
-        return "interrupted" if self._interrupting else "error"
+        return ExecutionResult.collected(
+            outcome(reply, collector.error, self._interrupting), collector, started
+        )
 
     async def _begun(self) -> None:
         """The cell is running: send an interrupt that was asked for before."""
@@ -626,6 +618,20 @@ class Kernel:
             "kernel_restarted": restarted,
         }
         return result
+
+
+def outcome(reply: Mapping[str, Any], error: dict[str, Any] | None, interrupted: bool) -> str:
+    """ok, error or interrupted: the one rule, for the gateway's executes and a client's alike.
+
+    ``interrupted``: an interrupt was sent while it ran. Kernels tell an
+    interrupt differently: ipykernel raises KeyboardInterrupt (an error),
+    bash_kernel and IRkernel reply ``abort`` with no error at all.
+    """
+    if reply.get("status") in ("abort", "aborted"):
+        return "interrupted"
+    if error is None:
+        return "ok"
+    return "interrupted" if interrupted else "error"
 
 
 def _execute_content(code: str, silent: bool = False, **extra: Any) -> dict[str, Any]:

@@ -24,6 +24,20 @@ log = logging.getLogger(__name__)
 
 CUT_BY_RESTART = "interrupted_by_gateway_restart"
 
+# What a history entry ran as (``review["kind"]``; none: a cell). Silent executes
+# are a client's own work in the kernel, commands ran beside it: neither is a cell.
+CELL, SILENT, COMMAND = "cell", "silent", "command"
+
+
+def kind_of(entry: dict[str, Any]) -> str:
+    """What a recorded execution ran as: ``CELL``, ``SILENT`` or ``COMMAND``."""
+    return (entry.get("review") or {}).get("kind", CELL)
+
+
+def ran_in_kernel(entry: dict[str, Any]) -> bool:
+    """Whether a recorded execution's code reached the kernel (a replay of its state runs it)."""
+    return entry.get("status") != "denied" and kind_of(entry) != COMMAND
+
 
 class ExecutionRecorder:
     """One execution's row in the store, kept current while it runs."""

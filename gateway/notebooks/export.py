@@ -22,7 +22,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from .. import __version__
 from ..access.auth import Principal
 from ..errors import BadRequest
-from ..execution.recorder import CUT_BY_RESTART
+from ..execution.recorder import CELL, CUT_BY_RESTART, kind_of
+from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
 from ..sessions.requests import CreateSession, ExecuteCode
 from ..validation import image_ref
@@ -98,6 +99,8 @@ def _cells_json(executions: list[dict[str, Any]], descriptions: bool, first: boo
     """Executions as the JSON of their cells, indented to sit in the notebook's list."""
     cells = []
     for execution in executions:
+        if kind_of(execution) != CELL:
+            continue  # a client's silent execute or a command: in the history, not a cell
         if descriptions and execution.get("description"):
             cells.append(new_markdown_cell(execution["description"], id=f"note-{execution['id']}"))
         cells.append(_code_cell(execution))
@@ -168,6 +171,7 @@ def _parse_notebook(body: Any) -> Any:
 
 async def replay_notebook(
     manager: SessionManager,
+    executions: Executions,
     nb: Any,
     who: Principal,
     image_tolerance: float | None = None,
@@ -220,7 +224,7 @@ async def replay_notebook(
                 if on_cell is not None:
                     await on_cell(cells[-1], len(cells), total)
                 continue
-            result = await manager.execute(session.id, who, ExecuteCode(cell.source))
+            result = await executions.execute(session.id, who, ExecuteCode(cell.source))
             # Images are decoded and compared, text normalised: not on the event loop.
             verdict = await asyncio.to_thread(
                 _verdict, cell, result.status, result.outputs, image_tolerance, tags

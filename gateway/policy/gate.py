@@ -17,7 +17,7 @@ from ..errors import Denied
 from .approvals import ApprovalDesk
 from .book import PolicyBook
 from .model import Decision, Policy
-from .scan import ScanFailed, Scanner
+from .scan import Finding, ScanFailed, Scanner
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,30 @@ class Gate:
         self.desk = desk
 
     async def review(
-        self, tenant: str, session_policy: Policy | None, language: str, code: str
+        self,
+        tenant: str,
+        session_policy: Policy | None,
+        language: str,
+        code: str,
+        given: tuple[Finding, ...] = (),
     ) -> Decision:
-        """What the policy in force says about ``code``, with the scan's findings."""
+        """What the policy in force says about ``code``, with the scan's findings and ``given``."""
         patterns = self.book.policy(tenant).tighten(session_policy).patterns
         if len(code) > OFFLOAD_BYTES or self.scanner.matches(language, patterns):
-            return await asyncio.to_thread(self.judge, tenant, session_policy, language, code)
-        return self.judge(tenant, session_policy, language, code)
+            return await asyncio.to_thread(
+                self.judge, tenant, session_policy, language, code, given
+            )
+        return self.judge(tenant, session_policy, language, code, given)
 
     def judge(
-        self, tenant: str, session_policy: Policy | None, language: str, code: str
+        self,
+        tenant: str,
+        session_policy: Policy | None,
+        language: str,
+        code: str,
+        given: tuple[Finding, ...] = (),
     ) -> Decision:
-        """``review`` on the caller's thread (the Jupyter relay's sends are synchronous)."""
+        """``review`` on the caller's thread."""
         policy = self.book.policy(tenant).tighten(session_policy)
         if not policy.scans:
             return policy.decide(())
@@ -59,7 +71,18 @@ class Gate:
                 "refused (fail closed)" if policy.enforcing else "allowed (report mode)",
             )
             return policy.failed_scan(str(e))
-        return policy.decide(findings)
+        return policy.decide([*given, *findings])
+
+    async def review_command(
+        self, tenant: str, session_policy: Policy | None, line: str
+    ) -> Decision:
+        """A command beside the kernel: a shell by definition, and the shell patterns on its line.
+
+        Its one finding of the ``shell`` rule is what a policy that holds or
+        refuses shell commands in cells holds or refuses here too.
+        """
+        shell = Finding("shell", "SBX300", 1, "runs a command in the sandbox")
+        return await self.review(tenant, session_policy, "bash", line, (shell,))
 
     def check_file(self, tenant: str, session_policy: Policy | None, op: str, size: int = 0) -> int:
         """Refuse a files API ``op`` the policy forbids (Denied); the download limit in force.

@@ -12,6 +12,7 @@ knows nothing of HTTP.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..access.auth import Principal
-from ..config import Settings
 from ..errors import BadRequest, GatewayError
 from ..policy.approvals import Approval
+from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
 from ..sessions.model import Session
 from ..sessions.requests import ExecuteCode
@@ -32,6 +33,15 @@ log = logging.getLogger(__name__)
 Subscriber = Callable[[str], None]  # gets each event as JSON text
 
 
+@dataclasses.dataclass(frozen=True)
+class RelayOptions:
+    """What the live relays are bounded by (``app`` builds them from the settings)."""
+
+    reconnect_grace: float  # seconds a dropped client's relay waits for it
+    replay_events: int  # messages kept for a client that reconnects
+    replay_bytes: int
+
+
 class ReplayBuffer:
     """The latest messages, kept for a client that reconnects; bounded by count and bytes.
 
@@ -39,9 +49,9 @@ class ReplayBuffer:
     numbered stream knows the number of the oldest message still kept.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        self.max_events = settings.replay_buffer_events
-        self.max_bytes = settings.replay_buffer_size
+    def __init__(self, options: RelayOptions) -> None:
+        self.max_events = options.replay_events
+        self.max_bytes = options.replay_bytes
         self.texts: deque[str] = deque()
         self.size = 0
         self.dropped = 0
@@ -66,16 +76,22 @@ class ReplayBuffer:
 class StreamHub:
     """Runs one session's streamed executes and fans their events out to clients."""
 
-    def __init__(self, manager: SessionManager, session: Session) -> None:
-        settings = manager.settings
+    def __init__(
+        self,
+        manager: SessionManager,
+        executions: Executions,
+        session: Session,
+        options: RelayOptions,
+    ) -> None:
         self.manager = manager
+        self.executions = executions
         self.session = session
-        self.grace = settings.reconnect_grace
+        self.grace = options.reconnect_grace
         # Ids carry the hub's identity, so an id from before a gateway restart
         # (or another session) is recognised as unknown rather than mistaken.
         self.epoch = uuid.uuid4().hex[:8]
         self.seq = 0
-        self.buffer = ReplayBuffer(settings)  # every event, numbered from 1
+        self.buffer = ReplayBuffer(options)  # every event, numbered from 1
         self.subscribers: list[Subscriber] = []
         self.tasks: dict[str, asyncio.Task] = {}
         self.running: str | None = None
@@ -164,7 +180,7 @@ class StreamHub:
             )
 
         try:
-            result = await self.manager.execute(
+            result = await self.executions.execute(
                 self.session.id,
                 who,
                 ExecuteCode.from_json(request),
@@ -227,10 +243,16 @@ def rejection(request_id: str | None, error: GatewayError) -> dict[str, Any]:
     }
 
 
-def hub_for(manager: SessionManager, session_id: str, who: Principal) -> StreamHub:
+def hub_for(
+    manager: SessionManager,
+    executions: Executions,
+    options: RelayOptions,
+    session_id: str,
+    who: Principal,
+) -> StreamHub:
     """The session's agent stream, made on first use."""
     session = manager.get(session_id, who)
     if session.stream is None:
-        session.stream = StreamHub(manager, session)
+        session.stream = StreamHub(manager, executions, session, options)
     assert isinstance(session.stream, StreamHub)
     return session.stream

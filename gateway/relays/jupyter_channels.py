@@ -3,16 +3,20 @@
 Each connected client gets its own ZeroMQ sockets (as Jupyter Server does),
 so its traffic never mixes with the gateway's own execute path. Messages are
 re-signed with the session's key on the way in and verified on the way out.
-Executions a Jupyter client runs are recorded like any other, outputs stored
-as they arrive. When a client's WebSocket drops, its relay is parked under
-the client's session id and keeps buffering (bounded) for the reconnect
-grace; a reconnect with the same session id gets the missed messages first,
-as with Jupyter Server.
+Executions a Jupyter client runs pass the session's execute pipeline
+(``Executions.admit``: the policy's gate and holds, silent executes and user
+expressions too) and are recorded like any other, outputs stored as they
+arrive. A held execute waits in the relay, the client's later shell requests
+queued behind it; a refused one gets Jupyter's own error reply. When a
+client's WebSocket drops, its relay is parked under the client's session id
+and keeps buffering (bounded) for the reconnect grace; a reconnect with the
+same session id gets the missed messages first, as with Jupyter Server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -27,9 +31,11 @@ import zmq.asyncio
 from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
-from ..errors import Denied
-from ..execution.kernel import DropWatch, ExecutionResult
+from ..access.auth import Principal
+from ..errors import GatewayError
+from ..execution.kernel import DropWatch, ExecutionResult, outcome
 from ..execution.outputs import OutputCollector, execution_count
+from ..sessions.executions import Admitted, Executions
 from ..sessions.manager import Session, SessionManager
 from .agent_stream import ReplayBuffer
 
@@ -45,24 +51,34 @@ Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 class _Pending:
     """An execute_request from a client, recorded from the moment it is relayed."""
 
-    def __init__(
-        self, manager: SessionManager, session: Session, code: str, review: dict[str, Any]
-    ) -> None:
-        self.started = time.monotonic()
-        self.recorder = manager.begin_execution(session, code, review=review)
-        cap = manager.output_cap(session)
+    def __init__(self, admitted: Admitted, session: Session) -> None:
+        self.admitted = admitted
+        cap = admitted.cap
         self.collector = OutputCollector(
-            cap.bytes, self.recorder.listener(), cap.limit, session.masker
+            cap.bytes, admitted.recorder.listener(), cap.limit, session.masker
         )
+        self.reply: dict[str, Any] = {}
 
 
 class KernelChannels:
     """One client's connection to one session's kernel."""
 
-    def __init__(self, manager: SessionManager, session: Session, deliver: Deliver) -> None:
+    def __init__(
+        self,
+        manager: SessionManager,
+        executions: Executions,
+        session: Session,
+        who: Principal,
+        deliver: Deliver,
+        reconnect_grace: float,
+        buffer: ReplayBuffer,
+    ) -> None:
         self.manager = manager
+        self.executions = executions
         self.session = session
+        self.who = who
         self.deliver = deliver
+        self.reconnect_grace = reconnect_grace
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
         self.streams: dict[str, ZMQStream] = {}
         self.drops: DropWatch | None = None
@@ -71,7 +87,9 @@ class KernelChannels:
         self.iopub_ready = asyncio.Event()
         self.connected = False
         self.parked_as: str | None = None
-        self.buffer = ReplayBuffer(manager.settings)
+        self.buffer = buffer
+        self.queued: collections.deque[dict[str, Any]] = collections.deque()  # shell, in order
+        self._admitting: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self.dropped = 0  # kernel messages not relayed: unverified or the wrong shape
 
@@ -112,8 +130,7 @@ class KernelChannels:
         self._disconnect_client()
         self.parked_as = client_session
         self.session.parked[client_session] = self
-        grace = self.manager.settings.reconnect_grace
-        self._expiry = asyncio.get_running_loop().call_later(grace, self.close)
+        self._expiry = asyncio.get_running_loop().call_later(self.reconnect_grace, self.close)
 
     def resume(self, deliver: Deliver) -> None:
         """A parked client came back: replay what it missed, then relay live."""
@@ -160,32 +177,70 @@ class KernelChannels:
             self._disconnect_client()
 
     def send(self, msg: dict[str, Any]) -> None:
-        """Sign and forward one client message to its channel."""
+        """Sign and forward one client message to its channel.
+
+        Executes go through the pipeline first; shell requests after one wait
+        their turn behind it, so a held cell is not overtaken.
+        """
         channel = msg.pop("channel", None) or "shell"
         if channel not in self.streams or channel == "iopub":
             raise ValueError(f"cannot send on channel {channel!r}")
         for key in ("header", "parent_header", "metadata", "content"):
             msg.setdefault(key, {})
         msg.pop("buffers", None)
-        header = msg["header"]
-        if header.get("msg_type") == "execute_request" and not msg["content"].get("silent"):
-            code = str(msg["content"].get("code", ""))
-            session = self.session
-            decision = self.manager.gate.judge(
-                session.tenant, session.policy, session.language, code
-            )
-            if decision.action != "allow":
-                # Jupyter's protocol has no "wait for a person": held code is refused here.
-                verb = "refuses" if decision.action == "deny" else "holds"
-                raise Denied(
-                    f"the policy {verb} this code: {'; '.join(decision.reasons)}"
-                    + ("; held code runs through the v1 API or the agent stream, where an "
-                       "approver can approve it" if decision.action == "hold" else "")
-                )  # fmt: skip
-            review = {"decision": decision.to_json()}
-            self.pending[header.get("msg_id", "")] = _Pending(self.manager, session, code, review)
         self.session.touch()
+        kind = msg["header"].get("msg_type")
+        if channel == "shell" and (self.queued or kind == "execute_request"):
+            self.queued.append(msg)
+            if self._admitting is None:
+                self._admitting = self.manager.spawn(self._admit_queued())
+            return
+        if channel == "control" and kind == "interrupt_request" and self.session.kernel:
+            self.session.kernel.interrupts += 1
         self.signer.send(self.streams[channel], msg)
+
+    async def _admit_queued(self) -> None:
+        """Send the queued shell requests in order, each execute once the gate admits it."""
+        try:
+            while self.queued and self.streams:
+                msg = self.queued[0]
+                if msg["header"].get("msg_type") == "execute_request":
+                    if not isinstance(msg["content"], dict):
+                        msg["content"] = {}
+                    try:
+                        admitted = await self.executions.admit(
+                            self.session, self.who, msg["content"]
+                        )
+                    except GatewayError as e:  # refused, held and denied, or too large
+                        self.queued.popleft()
+                        self._refuse(msg, e)
+                        continue
+                    if not self.streams:  # closed while it was held
+                        await self.executions.finish(self.session, admitted.recorder, _never_sent())
+                        break
+                    msg_id = str(msg["header"].get("msg_id", ""))
+                    self.pending[msg_id] = _Pending(admitted, self.session)
+                self.queued.popleft()
+                self.signer.send(self.streams["shell"], msg)
+        except Exception:
+            log.exception("session %s: a client's request could not be relayed", self.session.id)
+        finally:
+            self._admitting = None
+
+    def _refuse(self, request: dict[str, Any], error: GatewayError) -> None:
+        """Answer a refused execute as a kernel answers a failed one: error, then idle."""
+        content = {"ename": type(error).__name__, "evalue": error.message, "traceback": []}
+        parent = request["header"]
+        replies = [
+            ("iopub", "status", {"execution_state": "busy"}),
+            ("iopub", "error", content),
+            ("shell", "execute_reply", {"status": "error", "execution_count": None, **content}),
+            ("iopub", "status", {"execution_state": "idle"}),
+        ]
+        for channel, kind, body in replies:
+            msg = self.signer.msg(kind, body, parent=parent)
+            msg["channel"] = channel
+            self._relay(json.dumps(msg, default=json_default))
 
     def _on_recv(self, channel: str, frames: list[bytes]) -> None:
         try:
@@ -212,7 +267,9 @@ class KernelChannels:
             msg["content"] = self.session.masker.tree(msg["content"])
         msg["channel"] = channel
         self._observe(channel, msg)
-        text = json.dumps(msg, default=json_default)
+        self._relay(json.dumps(msg, default=json_default))
+
+    def _relay(self, text: str) -> None:
         if self.connected:
             self.deliver(text)
         else:
@@ -224,12 +281,11 @@ class KernelChannels:
         pending = self.pending.get(parent)
         kind = msg["msg_type"]
         if channel == "iopub" and kind == "status":
-            state = msg["content"].get("execution_state")
-            if state in ("busy", "idle") and self.session.state in ("idle", "busy"):
-                self.session.state = state
+            self.manager.kernel_said(self.session, msg["content"].get("execution_state"))
         if pending is None:
             return
         if channel == "shell" and kind == "execute_reply":
+            pending.reply = msg["content"]
             pending.collector.execution_count = execution_count(msg["content"])
         elif channel == "iopub":
             if kind == "status" and msg["content"].get("execution_state") == "idle":
@@ -239,12 +295,17 @@ class KernelChannels:
                 pending.collector.add_message(msg)
 
     async def _record(self, pending: _Pending) -> None:
-        error = pending.collector.error
-        status = "ok" if error is None else "error"
-        if error is not None and error.get("ename") == "KeyboardInterrupt":
-            status = "interrupted"
-        result = ExecutionResult.collected(status, pending.collector, pending.started)
+        kernel = self.session.kernel
+        interrupted = kernel is not None and kernel.interrupts != pending.admitted.interrupts
+        status = outcome(pending.reply, pending.collector.error, interrupted)
+        result = ExecutionResult.collected(status, pending.collector, pending.admitted.started)
         try:
-            await self.manager.finish_execution(self.session, pending.recorder, result)
+            await self.executions.finish(self.session, pending.admitted.recorder, result)
         except Exception:
             log.exception("session %s: could not record an execution", self.session.id)
+
+
+def _never_sent() -> ExecutionResult:
+    """The outcome of an admitted execute whose client went away before it was sent."""
+    error = {"ename": "ClientGone", "evalue": "the client left before it ran", "traceback": []}
+    return ExecutionResult("interrupted", None, [], error, 0.0)

@@ -36,12 +36,10 @@ from ..errors import (
     BadRequest,
     ConfigError,
     Conflict,
-    Denied,
     GatewayError,
     KernelDied,
     NotPaused,
     OwnerUnavailable,
-    PayloadTooLarge,
     QuotaExceeded,
     SessionBusy,
     SessionEnded,
@@ -49,14 +47,9 @@ from ..errors import (
     StoreUnavailable,
     TooManySessions,
 )
-from ..execution.kernel import ExecutionResult
-from ..execution.outputs import OutputCap, OutputListener
-from ..execution.recorder import ExecutionRecorder
 from ..limits import format_size
 from ..observe.metrics import GatewayMetrics
-from ..policy.approvals import Approval
 from ..policy.gate import Gate
-from ..policy.model import Decision
 from ..sandbox.base import ENGINE_ERRORS
 from ..sandbox.egress import EgressConnection
 from ..sandbox.files import AsyncWorkspace
@@ -74,9 +67,7 @@ from .pool import WarmPool
 from .recovery import recover, take_back
 from .requests import (
     CreateSession,
-    ExecuteCode,
     PauseSession,
-    StartCommand,
     TakeSnapshot,
     UpdateSession,
 )
@@ -97,6 +88,14 @@ _NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 LOCATIONS_KEPT = 10_000  # other gateways' sessions whose owner is remembered, at most
+
+
+@dataclasses.dataclass
+class Turn:
+    """An execution's turn in its session (``SessionManager.turn``)."""
+
+    resumed: dict[str, Any] | None  # how a paused session was resumed first
+    kernel_died: bool = False
 
 
 class SessionManager:
@@ -581,203 +580,6 @@ class SessionManager:
                     f"{advice} or delete a session"
                 )
 
-    async def execute(
-        self,
-        session_id: str,
-        who: Principal,
-        request: ExecuteCode,
-        on_output: OutputListener | None = None,
-        on_start: Callable[[], None] | None = None,
-        on_hold: Callable[[Approval], None] | None = None,
-    ) -> ExecutionResult:
-        """Run code in the session's kernel, one execution at a time per session.
-
-        The request's ``description`` is the caller's markdown narrative for this
-        step; it is recorded and becomes a markdown cell in the notebook export.
-        ``on_start`` is called when this execution's turn comes (others may be
-        queued ahead). ``on_output`` hears of each output once it is stored.
-        The code first passes the policy's gate: refused, it raises Denied;
-        held, ``on_hold`` hears of the approval request and the session stays
-        busy (its other work queued) until an approver decides.
-        """
-        session = self.get(session_id, who)
-        code = request.code
-        if len(code.encode(errors="surrogatepass")) > self.settings.max_code_size:
-            raise PayloadTooLarge(
-                f"the code is larger than the limit of {format_size(self.settings.max_code_size)}"
-                "; put large data in a file (PUT /v1/sessions/{id}/files/...) and read it"
-            )
-        limit = seconds(
-            request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
-        )
-        if request.env and session.language_info.get("name") != "python":
-            raise BadRequest("environment variables for one run are offered for Python kernels")
-        decision = await self.gate.review(session.tenant, session.policy, session.language, code)
-        review: dict[str, Any] = {"decision": decision.to_json()}
-        if decision.action == "deny":
-            raise await self._refuse(session, code, request.description, review, decision.reasons)
-        async with session.lock:
-            resumed = await self._resume(session) if session.state == "paused" else None
-            self._check_usable(session)
-            session.state = "busy"
-            session.touch()
-            assert session.kernel is not None and session.workspace is not None
-            if decision.action == "hold":
-                review["approval"] = await self._hold(session, who, request, decision, on_hold)
-            recorder = self.begin_execution(session, code, request.description, review)
-            await session.workspace.baseline()
-            async with session.kernel.environment(request.env):
-                result = await session.kernel.execute(
-                    code,
-                    timeout=limit,
-                    cap=self.output_cap(session),
-                    grace=self.settings.interrupt_grace,
-                    on_output=recorder.listener(on_output),
-                    on_start=on_start,
-                    mask=session.masker,
-                )
-            if result.status == "dead":
-                advice = "; restart the session to continue" if session.state == "dead" else ""
-                result.error = {
-                    "ename": "KernelDied",
-                    "evalue": f"{session.reason}{advice}",
-                    "traceback": [],
-                }
-            elif session.state == "busy":
-                session.state = "idle"
-            if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
-                await self.lifecycle.connect_packages(session)
-                await self.lifecycle.enter_working_dir(session)
-            result.files, result.artifacts_truncated = await session.workspace.changes()
-            result.artifacts = [c for c in result.files if c["change"] != "deleted"]
-            result.resumed = resumed
-            await self.finish_execution(session, recorder, result)
-        return result
-
-    def output_cap(self, session: Session) -> OutputCap:
-        """The execution's own cap, or what is left of the session's, whichever is less."""
-        total = self.settings.session_output_bytes
-        left = max(0, total - session.output_bytes)
-        if left >= session.limits.output_bytes:
-            return OutputCap(session.limits.output_bytes)
-        return OutputCap(
-            left,
-            f"this session's output limit of {format_size(total)}, all its executions "
-            "together (start a new session, or write large results to files)",
-        )
-
-    async def submit(
-        self, session_id: str, who: Principal, request: ExecuteCode
-    ) -> ExecutionResult | Approval:
-        """Run an execute; if it is held, return its approval request as soon as it is made.
-
-        A held execute goes on in the background: it runs once approved (its
-        outcome in the session's history) or ends denied.
-        """
-        held: asyncio.Future[Approval | None] = asyncio.get_running_loop().create_future()
-        run = self.spawn(self.execute(session_id, who, request, on_hold=_settle_with(held)))
-        run.add_done_callback(_retrieve)
-        run.add_done_callback(lambda _: _settle_with(held)(None))
-        approval = await held  # a caller gone cancels it; the execute goes on
-        return run.result() if approval is None else approval
-
-    def begin_execution(
-        self,
-        session: Session,
-        code: str,
-        description: str | None = None,
-        review: dict[str, Any] | None = None,
-    ) -> ExecutionRecorder:
-        """Record an execution as running, however it is run (v1 API or Jupyter client)."""
-        mask = session.masker
-        recorder = ExecutionRecorder(
-            self.store,
-            session.id,
-            mask.text(code),
-            description and mask.text(description),
-            mask.tree(review),
-        )
-        session.running.add(recorder)
-        return recorder
-
-    async def _hold(
-        self,
-        session: Session,
-        who: Principal,
-        request: ExecuteCode,
-        decision: Decision,
-        on_hold: Callable[[Approval], None] | None,
-    ) -> dict[str, Any]:
-        """Wait, holding the session's turn, for an approver; the approval's record if approved."""
-        assert session.kernel is not None
-        desk = self.gate.desk
-        approval = await desk.request(
-            session.id,
-            session.tenant,
-            who,
-            session.masker.text(request.code),
-            session.language,
-            decision,
-        )
-        if on_hold is not None:
-            on_hold(approval)
-        await desk.wait(approval, session.kernel.died)
-        if approval.state == "approved":
-            return approval.record()
-        if session.state == "busy":
-            session.state = "idle"
-        who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"
-        why = approval.reason or "no reason given"
-        review = {"decision": decision.to_json(), "approval": approval.record()}
-        raise await self._refuse(
-            session,
-            request.code,
-            request.description,
-            review,
-            (f"approval {approval.id} was denied by {who_denied}: {why}",),
-        )
-
-    async def _refuse(
-        self,
-        session: Session,
-        code: str,
-        description: str | None,
-        review: dict[str, Any],
-        reasons: tuple[str, ...],
-    ) -> Denied:
-        """Record an execute that never ran; the Denied error that says why, to raise."""
-        message = "the policy refused this code: " + "; ".join(reasons)
-        recorder = self.begin_execution(session, code, description, review)
-        error = {"ename": "Denied", "evalue": message, "traceback": []}
-        await self.finish_execution(
-            session, recorder, ExecutionResult("denied", None, [], error, 0.0)
-        )
-        return Denied(message)
-
-    async def finish_execution(
-        self, session: Session, recorder: ExecutionRecorder, result: ExecutionResult
-    ) -> None:
-        """Store an execution's outcome in place of its running record.
-
-        The caller answers only once the outcome is on disk; the session's
-        own record (its counters) follows within a second.
-        """
-        self.metrics.executed(
-            session.kernel_name, session.tenant, result.status, result.duration_ms / 1000
-        )
-        session.running.discard(recorder)
-        if not self.leases.holds(session.id):
-            return  # its new owner closes the execution as cut, with the outputs stored
-        session.touch()
-        session.executions += 1
-        session.output_bytes += result.output_bytes
-        finished = recorder.finish(result)
-        self.save_soon(session)
-        try:
-            await finished
-        except StoreUnavailable as e:  # the caller still gets what its code did
-            log.warning("session %s: an execution could not be recorded: %s", session.id, e)
-
     def save_soon(self, session: Session) -> None:
         """Save the session's record within a second.
 
@@ -796,7 +598,36 @@ class SessionManager:
 
         asyncio.get_running_loop().call_later(1.0, flush)
 
-    def _check_usable(self, session: Session) -> None:
+    @contextlib.asynccontextmanager
+    async def turn(self, session: Session) -> AsyncIterator[Turn]:
+        """The session's one turn to run code: resumed first if paused, busy until it ends.
+
+        Executions take turns, so this is the one place a session goes busy and
+        back to idle (unless its kernel died meanwhile: ``Turn.kernel_died``).
+        """
+        async with session.lock:
+            turn = Turn(await self._resume(session) if session.state == "paused" else None)
+            self.check_usable(session)
+            session.state = "busy"
+            session.touch()
+            try:
+                yield turn
+            finally:
+                if session.state == "busy" and not turn.kernel_died:
+                    session.state = "idle"
+
+    def kernel_said(self, session: Session, state: str) -> None:
+        """A Jupyter client's request made the kernel busy or idle: show it, outside any turn.
+
+        During a turn the execute in it decides the state; a client's execute
+        sent meanwhile only queues in the kernel behind it.
+        """
+        if state in ("busy", "idle") and session.state in ("idle", "busy"):
+            if not session.lock.locked():
+                session.state = state
+
+    def check_usable(self, session: Session) -> None:
+        """Refuse work for a dead, ended or paused session, saying what to do."""
         if session.state == "dead":
             raise KernelDied(
                 f"the session's kernel died ({session.reason}); "
@@ -812,7 +643,7 @@ class SessionManager:
 
     async def interrupt(self, session_id: str, who: Principal) -> Session:
         session = self.get(session_id, who)
-        self._check_usable(session)
+        self.check_usable(session)
         assert session.kernel is not None
         await session.kernel.interrupt()
         session.touch()
@@ -862,7 +693,7 @@ class SessionManager:
 
     def _check_idle(self, session: Session, executing: bool = False) -> None:
         """Refuse to save a kernel's state while a cell runs (``executing``: one is queued)."""
-        self._check_usable(session)
+        self.check_usable(session)
         if session.state == "starting":
             raise Conflict(f"session {session.id} is still starting; retry in a moment")
         if executing or session.running or session.state == "busy":
@@ -1009,19 +840,6 @@ class SessionManager:
         session = self.get(session_id, who)
         return self.gate.check_file(session.tenant, session.policy, op, size)
 
-    async def start_command(
-        self, session_id: str, who: Principal, request: StartCommand
-    ) -> Command:
-        """Start a command in the session's sandbox, beside its kernel (busy or not)."""
-        session = self.get(session_id, who)
-        self._check_usable(session)
-        if session.kernel is None or session.kernel.container_id is None:
-            raise Conflict(f"session {session_id} is still starting; retry in a moment")
-        session.touch()
-        return await self.commands.start(
-            session.id, session.kernel.container_id, request, session.masker
-        )
-
     def command(self, session_id: str, who: Principal, pid: int) -> Command:
         """A running command of the session, by its pid in the sandbox."""
         self.get(session_id, who)
@@ -1039,17 +857,6 @@ class SessionManager:
     def unwatch(self, session_id: str, who: Principal, watcher_id: str) -> None:
         self.get(session_id, who)
         self.watchers.stop(session_id, watcher_id)
-
-    async def run_command(
-        self, session_id: str, who: Principal, request: StartCommand
-    ) -> dict[str, Any]:
-        """Run a command to its end; its output is capped as an execution's is."""
-        session = self.get(session_id, who)
-        limit = seconds(
-            request.timeout, "timeout", session.limits.timeout, self.settings.max_timeout
-        )
-        command = await self.start_command(session_id, who, request)
-        return await self.commands.run(command, limit, session.limits.output_bytes)
 
     async def delete(self, session_id: str, who: Principal) -> None:
         await self.end(self.get(session_id, who), "deleted by client")
@@ -1265,22 +1072,6 @@ def _check_page(after: int, limit: int) -> None:
         raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
     if after < 0:
         raise BadRequest("after must be a cursor from a page's 'next', or 0")
-
-
-def _settle_with(future: asyncio.Future[Any]) -> Callable[[Any], None]:
-    """Set ``future``'s result unless it is done (or cancelled) already."""
-
-    def settle(value: Any) -> None:
-        if not future.done():
-            future.set_result(value)
-
-    return settle
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Mark a background execute's failure as seen: its caller had its 202 already."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSession:

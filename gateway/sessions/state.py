@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavailable
 from ..execution.outputs import OutputCap
+from ..execution.recorder import ran_in_kernel
 from ..store.sqlite import HISTORY_PAGE_MAX, Store
 from .lifecycle import SandboxLifecycle
 from .model import Session
@@ -299,7 +300,7 @@ class KernelState:
         after: int | None = 0
         while after is not None:
             page = await self.store.history(session.id, after, HISTORY_PAGE_MAX)
-            for cell in page.executions:
+            for cell in filter(ran_in_kernel, page.executions):
                 result = await kernel.execute(
                     cell["code"],
                     timeout=session.limits.timeout,

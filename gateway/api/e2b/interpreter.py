@@ -106,7 +106,7 @@ class ExecuteHandler(InterpreterHandler):
         self.set_header("Content-Type", "application/x-ndjson")
         self.running = True
         try:
-            result = await self.manager.execute(
+            result = await self.executions.execute(
                 self.sandbox_id, self.principal, request, on_output=self.emit
             )
         finally:

@@ -22,6 +22,7 @@ from protobuf import Oneof
 from ...access.auth import Principal
 from ...errors import BadRequest
 from ...sessions.commands import Command
+from ...sessions.executions import Executions
 from ...sessions.manager import SessionManager
 from ...sessions.requests import StartCommand
 from .connect import as_connect_errors
@@ -41,8 +42,11 @@ def _pid(selector: proc.ProcessSelector | None) -> int:
 class ProcessService(proc_rpc.Process):
     """One sandbox's commands, for one request's caller."""
 
-    def __init__(self, manager: SessionManager, sandbox_id: str, who: Principal) -> None:
-        self.manager, self.sandbox_id, self.who = manager, sandbox_id, who
+    def __init__(
+        self, manager: SessionManager, executions: Executions, sandbox_id: str, who: Principal
+    ) -> None:
+        self.manager, self.executions = manager, executions
+        self.sandbox_id, self.who = sandbox_id, who
 
     def command(self, selector: proc.ProcessSelector | None) -> Command:
         return self.manager.command(self.sandbox_id, self.who, _pid(selector))
@@ -59,7 +63,7 @@ class ProcessService(proc_rpc.Process):
         config = request.process or proc.ProcessConfig()
         size = request.pty.size if request.pty is not None else None
         with as_connect_errors():
-            command = await self.manager.start_command(
+            command = await self.executions.start_command(
                 self.sandbox_id,
                 self.who,
                 StartCommand(

@@ -1,0 +1,263 @@
+"""One gate: every way a tenant can make a sandbox run something passes the same policy.
+
+Commands and terminals (``/v1`` and E2B's process service), a Jupyter client's
+silent executes and user expressions, and held cells over the Jupyter
+channels are decided, held and recorded exactly as a ``/v1`` cell is; the
+same code sent over HTTP and over the channels leaves the same history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from helpers import (
+    Canary,
+    canary_session,
+    e2b_env,
+    execute_request,
+    full_history,
+    run,
+    short_tmpdir,
+    wait_for,
+)
+from tornado.websocket import websocket_connect
+
+pytestmark = pytest.mark.docker
+
+TOKENS = {"strict": "strict-token", "acme": "acme-token", "approver": "approver-token"}
+STRICT = 'mode = "enforce"\n[rules]\nshell = "deny"\nsecrets = "deny"\n'
+HOLDING = 'mode = "enforce"\n[rules]\nshell = "hold"\n'
+SHELL = "import os\nprint(os.system('true'))"
+SLEEP = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"
+
+
+@pytest.fixture(scope="module")
+def gated(start_gateway):
+    """A gateway where tenant strict refuses shells and tenant acme holds them."""
+    data_dir = short_tmpdir()
+    (data_dir / "tokens.toml").write_text(
+        '[[tokens]]\ntenant = "strict"\ntoken = "strict-token"\n\n'
+        '[[tokens]]\ntenant = "acme"\ntoken = "acme-token"\n\n'
+        '[[tokens]]\ntenant = "acme"\ntoken = "approver-token"\napprover = true\n'
+    )
+    policies = data_dir / "policies"
+    policies.mkdir()
+    (policies / "strict.toml").write_text(STRICT)
+    (policies / "acme.toml").write_text(HOLDING)
+    gw = start_gateway(
+        "--tokens-file", str(data_dir / "tokens.toml"), "--approval-timeout", "30",
+        data_dir=data_dir,
+    )  # fmt: skip
+    clients = {
+        name: httpx.Client(base_url=gw.url, timeout=120, headers={"Authorization": f"Bearer {t}"})
+        for name, t in TOKENS.items()
+    }
+    with canary_session(gw) as canary:
+        yield gw, clients, canary
+    for client in clients.values():
+        client.close()
+
+
+def new_session(api: httpx.Client) -> str:
+    r = api.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def channels_url(gw, sid: str, token: str) -> str:
+    return gw.url.replace("http://", "ws://") + f"/api/kernels/{sid}/channels?token={token}"
+
+
+async def exchange(ws, *requests: dict, timeout: float = 90) -> list[dict[str, dict]]:
+    """Send requests; each one's messages by type (``idle`` its idle status), in reply order."""
+    for request in requests:
+        ws.write_message(json.dumps(request))
+    seen: dict[str, dict[str, dict]] = {r["header"]["msg_id"]: {} for r in requests}
+    order: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(order) < len(requests) or not all("idle" in s for s in seen.values()):
+        text = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
+        assert text is not None, "the channels closed"
+        msg = json.loads(text)
+        mine = seen.get(msg.get("parent_header", {}).get("msg_id"))
+        if mine is None:
+            continue
+        kind = msg["msg_type"]
+        if kind == "status" and msg["content"]["execution_state"] == "idle":
+            kind = "idle"
+        if kind == "execute_reply":
+            order.append(msg["parent_header"]["msg_id"])
+        mine[kind] = msg
+    return [seen[msg_id] for msg_id in order]
+
+
+def test_a_policy_that_refuses_shells_refuses_commands_on_every_route(gated, monkeypatch):
+    import e2b
+    from e2b_code_interpreter import Sandbox
+
+    gw, c, canary = gated
+    with Canary(gw, canary):
+        sid = new_session(c["strict"])
+        r = c["strict"].post(f"/v1/sessions/{sid}/commands", json={"command": "id"})
+        assert r.status_code == 403, f"a refused shell ran as a command: {r.status_code} {r.text}"
+        assert "shell" in r.json()["error"]["message"], r.text
+        for name, value in e2b_env(gw, "strict-token").items():
+            monkeypatch.setenv(name, value)
+        sandbox = Sandbox.create()
+        try:
+            with pytest.raises(Exception, match="refused") as refused:
+                sandbox.commands.run("echo ran > ran.txt")
+            print("e2b commands:", refused.value)
+            with pytest.raises(Exception, match="refused"):
+                sandbox.pty.create(size=e2b.PtySize(rows=24, cols=80))
+            with pytest.raises(e2b.NotFoundException):
+                sandbox.files.read("ran.txt")
+            history = full_history(c["strict"], sandbox.sandbox_id)
+        finally:
+            sandbox.kill()
+    commands = [e for e in full_history(c["strict"], sid) if e["status"] == "denied"]
+    assert [e["code"] for e in commands] == ["/bin/sh -c id"], commands
+    assert commands[0]["review"]["kind"] == "command"
+    assert [e["status"] for e in history] == ["denied", "denied"], history
+
+
+def test_silent_executes_and_user_expressions_pass_the_gate(gated):
+    gw, c, canary = gated
+    sid = new_session(c["strict"])
+    url = channels_url(gw, sid, "strict-token")
+    silent = execute_request("import os\nos.system('touch silent-ran')")
+    silent["content"].update(silent=True, store_history=False)
+    expressions = execute_request("import os")
+    expressions["content"]["user_expressions"] = {"x": "os.system('touch expr-ran')"}
+
+    async def scenario() -> tuple[dict, dict, dict]:
+        ws = await websocket_connect(url)
+        try:
+            return (
+                *await exchange(ws, silent),
+                *await exchange(ws, expressions),
+                *await exchange(ws, execute_request("print('still here')")),
+            )
+        finally:
+            ws.close()
+
+    with Canary(gw, canary):
+        refused_silent, refused_expressions, after = asyncio.run(scenario())
+    for refused in (refused_silent, refused_expressions):
+        reply = refused["execute_reply"]["content"]
+        assert reply["status"] == "error" and reply["ename"] == "Denied", reply
+        assert refused["error"]["content"]["ename"] == "Denied"
+    assert after["execute_reply"]["content"]["status"] == "ok", after
+    listing = c["strict"].get(f"/v1/sessions/{sid}/files").json()
+    names = {f["name"] for f in listing.get("files", listing.get("entries", []))}
+    assert not names & {"silent-ran", "expr-ran"}, f"refused code ran: {names}"
+    history = full_history(c["strict"], sid)
+    assert [e["status"] for e in history] == ["denied", "denied", "ok"], history
+    assert history[0]["review"]["kind"] == "silent"
+    assert "expr-ran" in history[1]["code"], "the user expression is not in the record"
+
+
+def _approve_when_held(api: httpx.Client, approver: httpx.Client, sid: str) -> str:
+    """Wait for the session's pending approval and approve it; its id."""
+
+    def pending():
+        found = api.get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
+        return next((a for a in found if a["session_id"] == sid), None)
+
+    approval = wait_for(pending, 30)
+    assert approval, "nothing was held for an approver"
+    r = approver.post(f"/v1/approvals/{approval['id']}/approve", json={})
+    assert r.status_code == 200, r.text
+    return approval["id"]
+
+
+def _interrupt_soon(api: httpx.Client, sid: str, path: str) -> None:
+    def go() -> None:
+        time.sleep(2)
+        api.post(path.format(sid=sid))
+
+    threading.Thread(target=go, daemon=True).start()
+
+
+def test_the_same_code_over_http_and_the_jupyter_channels_leaves_the_same_record(gated):
+    gw, c, canary = gated
+    over_http, over_channels = new_session(c["acme"]), new_session(c["acme"])
+
+    # Over HTTP: a cell, a held cell approved, a cell interrupted.
+    assert run(c["acme"], over_http, "print(6 * 7)")["status"] == "ok"
+    held = c["acme"].post(f"/v1/sessions/{over_http}/execute", json={"code": SHELL})
+    assert held.status_code == 202, held.text
+    _approve_when_held(c["acme"], c["approver"], over_http)
+    wait_for(lambda: len(full_history(c["acme"], over_http)) == 2 and
+             full_history(c["acme"], over_http)[1]["status"] != "running", 30)  # fmt: skip
+    _interrupt_soon(c["acme"], over_http, "/v1/sessions/{sid}/interrupt")
+    assert run(c["acme"], over_http, SLEEP)["status"] == "interrupted"
+
+    # Over the channels: the same three, the held one waiting in the relay.
+    async def scenario() -> list[dict]:
+        ws = await websocket_connect(channels_url(gw, over_channels, "acme-token"))
+        try:
+            [first] = await exchange(ws, execute_request("print(6 * 7)"))
+            approving = asyncio.create_task(
+                asyncio.to_thread(_approve_when_held, c["acme"], c["approver"], over_channels)
+            )
+            [second] = await exchange(ws, execute_request(SHELL))
+            await approving
+            _interrupt_soon(c["acme"], over_channels, "/api/kernels/{sid}/interrupt")
+            [third] = await exchange(ws, execute_request(SLEEP))
+            return [first, second, third]
+        finally:
+            ws.close()
+
+    with Canary(gw, canary):
+        replies = asyncio.run(scenario())
+    assert [r["execute_reply"]["content"]["status"] for r in replies] == ["ok", "ok", "error"]
+
+    def record(sid: str) -> list[tuple]:
+        return [
+            (e["code"], e["status"], (e["review"] or {}).get("approval", {}).get("state"))
+            for e in full_history(c["acme"], sid)
+        ]
+
+    expected = [
+        ("print(6 * 7)", "ok", None),
+        (SHELL, "ok", "approved"),
+        (SLEEP, "interrupted", None),
+    ]
+    assert record(over_http) == expected
+    assert record(over_channels) == expected, "the channels recorded the same code differently"
+
+
+def test_a_cell_held_over_the_channels_and_denied_gets_a_jupyter_error(gated):
+    gw, c, _ = gated
+    sid = new_session(c["acme"])
+
+    def deny() -> None:
+        def pending():
+            found = c["acme"].get("/v1/approvals", params={"state": "pending"}).json()
+            return next((a for a in found["approvals"] if a["session_id"] == sid), None)
+
+        approval = wait_for(pending, 30)
+        c["approver"].post(f"/v1/approvals/{approval['id']}/deny", json={"reason": "no"})
+
+    async def scenario() -> list[dict]:
+        ws = await websocket_connect(channels_url(gw, sid, "acme-token"))
+        try:
+            denying = asyncio.create_task(asyncio.to_thread(deny))
+            # The second is sent while the first waits: it runs after it, never before.
+            replies = await exchange(ws, execute_request(SHELL), execute_request("print('after')"))
+            await denying
+            return replies
+        finally:
+            ws.close()
+
+    denied, after = asyncio.run(scenario())  # in the order they were answered
+    assert denied["execute_reply"]["content"]["ename"] == "Denied", denied
+    assert after["execute_reply"]["content"]["status"] == "ok"
+    statuses = [e["status"] for e in full_history(c["acme"], sid)]
+    assert statuses == ["denied", "ok"], statuses
