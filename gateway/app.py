@@ -18,7 +18,6 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
-from .access.sandbox_tokens import SandboxTokens
 from .access.secrets import SecretVault, load_key
 from .api import (
     approvals,
@@ -211,7 +210,7 @@ class Gateway:
         manager.isolation.egress.set_host_hook(manager.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        credentials = e2b.Credentials(SandboxTokens.in_data_dir(Path(settings.data_dir)))
+        credentials = e2b.Credentials.in_data_dir(Path(settings.data_dir), auth, manager.owner_of)
         app = make_app(
             self.manager,
             auth,

@@ -324,7 +324,7 @@ def test_signed_file_urls_work_by_host(sandbox: Sandbox, gateway: GatewayProcess
     """``download_url`` / ``upload_url`` carry a signature instead of the token header."""
     host = {"Host": f"49983-{sandbox.sandbox_id}.sandbox.example.org"}
     upload = httpx.URL(sandbox.upload_url("signed.txt", use_signature_expiration=60))
-    download = httpx.URL(sandbox.download_url("signed.txt"))
+    download = httpx.URL(sandbox.download_url("signed.txt", use_signature_expiration=60))
     with httpx.Client(base_url=gateway.url, headers=host, timeout=30) as client:
         r = client.post(upload.raw_path.decode(), files={"file": ("signed.txt", b"signed!")})
         assert r.status_code == 200, r.text

@@ -56,9 +56,16 @@ class Principal:
     admin: bool = False
     token_id: str = ""  # a prefix of the token's digest: names it in logs, reveals nothing
     approver: bool = False  # may approve or deny its tenant's held executes
+    acting_for: str = ""  # a sandbox token's: the token id it was handed to
 
     def owns(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant
+
+    @property
+    def answerable(self) -> str:
+        """Whose request this is: a sandbox token's is its holder's, so a held execute asked
+        for through one is never approved by the token it was handed to."""
+        return self.acting_for or self.token_id
 
 
 # Every caller when authentication is switched off: one tenant, all rights.
@@ -143,6 +150,12 @@ class Authenticator:
 
     def quota(self, tenant: str) -> Quota:
         return self._quotas.get(tenant, self._default_quota)
+
+    def holders(self, tenant: str) -> tuple[str, ...]:
+        """The ids of the tokens that may act for ``tenant`` (its own, and admins')."""
+        if self._principals is None:
+            return (ANONYMOUS.token_id,)
+        return tuple(p.token_id for p in self._principals.values() if p.owns(tenant))
 
 
 def token_id(token: str) -> str:

@@ -1,9 +1,11 @@
 """Per-sandbox access tokens: what the E2B edge hands out at create and checks on sandbox traffic.
 
-A token is an HMAC of the sandbox (session) id under a key kept in the data
-directory, so it survives restarts, needs no store, and one sandbox's token
-says nothing of another's. It only proves the holder was given that sandbox:
-the caller acts as the sandbox's tenant, as the API token that created it did.
+A token is ``<holder>.<HMAC of the sandbox id and the holder>`` under a key
+kept in the data directory, so it survives restarts, needs no store, and one
+sandbox's token says nothing of another's. The holder is the id of the API
+token it was handed to (create, connect, get_info): the caller acts as the
+sandbox's tenant with no rights of that token (admin, approver), and what it
+asks for (a held execute) is its holder's.
 """
 
 from __future__ import annotations
@@ -36,8 +38,17 @@ class SandboxTokens:
                     f.write(secrets.token_hex(32) + "\n")
         return cls(bytes.fromhex(path.read_text().strip()))
 
-    def issue(self, sandbox_id: str) -> str:
-        return hmac.new(self._key, sandbox_id.encode(), hashlib.sha256).hexdigest()
+    def issue(self, sandbox_id: str, holder: str) -> str:
+        """The token for ``holder`` (an API token's id) to reach ``sandbox_id``."""
+        return f"{holder}.{self._mac(sandbox_id, holder)}"
 
-    def valid(self, sandbox_id: str, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(self.issue(sandbox_id), token or "")
+    def holder(self, sandbox_id: str, token: str | None) -> str | None:
+        """Whose token ``token`` is, if it was issued for ``sandbox_id``; else None."""
+        holder, _, mac = (token or "").rpartition(".")
+        if holder and hmac.compare_digest(self._mac(sandbox_id, holder).encode(), mac.encode()):
+            return holder
+        return None
+
+    def _mac(self, sandbox_id: str, holder: str) -> str:
+        message = f"{sandbox_id}\0{holder}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()

@@ -49,7 +49,7 @@ access_log = logging.getLogger("tornado.access")
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """Tornado's access log line, with any ``?token=`` value masked.
+    """Tornado's access log line, with any credential in the query masked.
 
     A refused token's line is left to the audit log, which folds them per
     address (``AuditLog.auth_failure``).
@@ -70,12 +70,17 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     )
 
 
+# Query arguments that carry a credential: an API token (WebSockets), a signed file URL's
+# signature (as good as the file it opens), an OAuth-style access token or key.
+CREDENTIAL_ARGUMENTS = {"token", "signature", "access_token", "api_key"}
+
+
 def masked_uri(path: str, query: str) -> str:
-    """``path?query`` with the value of every ``token`` argument masked, however it is encoded."""
+    """``path?query`` with the value of every credential argument masked, however encoded."""
     if not query:
         return path
     pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-    masked = [(k, "***" if k.lower() == "token" else v) for k, v in pairs]
+    masked = [(k, "***" if k.lower() in CREDENTIAL_ARGUMENTS else v) for k, v in pairs]
     return path + "?" + urllib.parse.urlencode(masked)
 
 

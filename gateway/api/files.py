@@ -123,6 +123,10 @@ class StreamedUpload(abc.ABC):
     async def start_upload(self) -> None:
         """Check the request and open ``self.upload`` (or leave it None: nothing to write)."""
 
+    @abc.abstractmethod
+    def check_upload(self, size: int) -> None:
+        """Refuse an upload of ``size`` bytes that the session's file rules forbid (Denied)."""
+
     def answer_refusal(self) -> None:
         if self.refusal is not None:
             raise self.refusal
@@ -136,9 +140,19 @@ class StreamedUpload(abc.ABC):
             self.failure = e
 
     async def finish_upload(self) -> AsyncUpload:
-        """Put the file in place (or discard it, if writing failed); its size and SHA-256."""
+        """Put the file in place (or discard it, if writing failed); its size and SHA-256.
+
+        The file rules see the bytes that arrived, not only the size declared
+        at the start: a chunked body declares none.
+        """
         upload, self.upload = self.upload, None
         assert upload is not None
+        try:
+            if self.failure is None:
+                self.check_upload(upload.size)
+        except GatewayError:
+            await upload.finish(False)
+            raise
         await upload.finish(self.failure is None)
         if self.failure is not None:
             raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
@@ -178,11 +192,12 @@ class FileHandler(StreamedUpload, JSONHandler):
     forwards = False
 
     async def start_upload(self) -> None:
-        session_id = self.path_kwargs["session_id"]
-        workspace = self.manager.files(session_id, self.principal)
-        declared = int(self.request.headers.get("Content-Length", 0) or 0)
-        self.manager.check_file(session_id, self.principal, "upload", declared)
+        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
+        self.check_upload(int(self.request.headers.get("Content-Length", 0) or 0))
         self.upload = await open_upload(self.request, workspace, self.path_kwargs["path"])
+
+    def check_upload(self, size: int) -> None:
+        self.manager.check_file(self.path_kwargs["session_id"], self.principal, "upload", size)
 
     async def put(self, session_id: str, path: str) -> None:
         self.answer_refusal()

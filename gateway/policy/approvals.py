@@ -7,7 +7,8 @@ process that held it, so the next start ends it as ``denied`` with that reason
 (``close_orphans``); the agent sends its execute again.
 
 Only an approver (a token with ``approver = true``, of the same tenant, or an
-admin) may decide, and never on a request its own token made.
+admin) may decide, and never on a request its own token made, directly or
+through a sandbox token it was handed.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class ApprovalDesk:
             id=uuid.uuid4().hex,
             tenant=tenant,
             session_id=session_id,
-            requested_by=who.token_id,
+            requested_by=who.answerable,  # a sandbox token's holder, not the sandbox
             code=code,
             language=language,
             decision=decision.to_json(),
@@ -168,7 +169,7 @@ class ApprovalDesk:
             )
         if not (who.approver or who.admin):
             raise Forbidden("deciding approvals is for approver tokens (approver = true)")
-        if who.token_id == approval.requested_by:
+        if who.answerable == approval.requested_by:
             raise Forbidden(
                 "a token cannot decide on an execute it asked for; use another approver's token"
             )

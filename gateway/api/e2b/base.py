@@ -16,24 +16,23 @@ not (or no longer) there answers sandbox traffic as E2B's proxy does: 502 and
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
-import hmac
 import json
-import time
-import urllib.parse
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import tornado.web
 from tornado import httputil
 
-from ...access.auth import Principal
+from ...access.auth import Authenticator, Principal
+from ...access.file_urls import FileUrls, Grant, signed
 from ...access.sandbox_tokens import SandboxTokens
 from ...errors import BadRequest, GatewayError, NotFound, SessionNotFound, Unauthorized
 from ..base import JSONHandler
 
 ENVD_PORT = 49983  # envd: files, commands, health
+FILES = "/files"  # envd's file route: the only one a signed URL opens
 JUPYTER_PORT = 49999  # the code interpreter: execute, contexts
 
 
@@ -60,20 +59,56 @@ def sandbox_token(headers: httputil.HTTPHeaders) -> str | None:
     return headers.get("X-Access-Token") or headers.get("E2B-Traffic-Access-Token")
 
 
-class Credentials:
-    """Checks E2B credentials; the edge asks it before a body is read, handlers after."""
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """Who may reach which sandbox: a sandbox token's holder, or a signed URL's ``grant``."""
 
-    def __init__(self, tokens: SandboxTokens) -> None:
+    address: Address
+    holder: str  # the id of the API token the sandbox token was handed to
+    grant: Grant | None = None  # a signed file URL: this one operation on this one path
+
+
+class Credentials:
+    """Checks E2B credentials; the edge asks it before a body is read, handlers after.
+
+    ``holders``: the ids of the API tokens that may hold a sandbox's token
+    (those acting for its tenant; none once the sandbox is gone).
+    """
+
+    def __init__(
+        self, tokens: SandboxTokens, urls: FileUrls, holders: Callable[[str], Iterable[str]]
+    ) -> None:
         self.tokens = tokens
+        self.urls = urls
+        self.holders = holders
+
+    @classmethod
+    def in_data_dir(
+        cls, data_dir: Path, auth: Authenticator, owner_of: Callable[[str], Principal | None]
+    ) -> Credentials:
+        """Under the key and the revocations kept in ``data_dir``; a sandbox's token may be
+        held by any token acting for its tenant (``owner_of`` a sandbox: its tenant)."""
+        tokens = SandboxTokens.in_data_dir(data_dir)
+
+        def holders(sandbox_id: str) -> Iterable[str]:
+            owner = owner_of(sandbox_id)
+            return auth.holders(owner.tenant) if owner is not None else ()
+
+        return cls(tokens, FileUrls.in_data_dir(tokens, data_dir), holders)
+
+    async def revoke(self, sandbox_id: str, url: object) -> None:
+        """A signed file URL of the sandbox stops working now."""
+        await self.urls.revoke(sandbox_id, url, self.holders(sandbox_id))
 
     def sandbox(
-        self, headers: httputil.HTTPHeaders, host: str, method: str = "GET", query: str = ""
-    ) -> Address:
+        self, headers: httputil.HTTPHeaders, host: str, method: str, path: str, query: str
+    ) -> Access:
         """The sandbox a request may reach; its token must be that sandbox's (else 401).
 
         A signed file URL (the SDK's ``download_url`` / ``upload_url``) stands
-        in for the token. A wrong token answers alike for a sandbox that
-        exists and one that does not, so a token reveals nothing of others.
+        in for the token on envd's ``/files`` only, for what it was signed for.
+        A wrong token answers alike for a sandbox that exists and one that does
+        not, so a token reveals nothing of others.
         """
         address = address_of(headers, host)
         if address is None:
@@ -81,43 +116,32 @@ class Credentials:
                 "name the sandbox: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, "
                 "or a Host of the form PORT-SANDBOXID.DOMAIN"
             )
-        token = self.tokens.issue(address.sandbox_id)
         presented = sandbox_token(headers)
-        if presented is None and signed(query, method, token):
-            return address
-        if not self.tokens.valid(address.sandbox_id, presented):
+        if presented is None and signed(query):
+            if (address.port, path) != (ENVD_PORT, FILES):
+                raise Unauthorized(
+                    "a signed URL is good only for the file it was signed for, on /files; "
+                    "send the sandbox's access token (X-Access-Token) for anything else"
+                )
+            holders = self.holders(address.sandbox_id)
+            grant = self.urls.grant(address.sandbox_id, method, query, holders)
+            return Access(address, grant.holder, grant)
+        holder = self.tokens.holder(address.sandbox_id, presented)
+        if holder is None:
             raise Unauthorized(
                 "the sandbox access token is missing or not this sandbox's; use the "
                 "envdAccessToken that created (or connected to) the sandbox"
             )
-        return address
+        return Access(address, holder)
 
     def accepts(self, start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
         """Whether a request carries a sandbox's own token (the edge then lets its body in)."""
-        _, _, query = start_line.path.partition("?")
+        path, _, query = start_line.path.partition("?")
         try:
-            self.sandbox(headers, headers.get("Host", ""), start_line.method, query)
+            self.sandbox(headers, headers.get("Host", ""), start_line.method, path, query)
         except GatewayError:
             return False
         return True
-
-
-def signed(query: str, method: str, token: str) -> bool:
-    """Whether ``query`` carries a valid, unexpired v1 file-URL signature for ``method``.
-
-    The SDK signs ``path:operation:user:token[:expiration]`` with SHA-256.
-    """
-    args = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
-    signature, expiration = args.get("signature"), args.get("signature_expiration")
-    if not signature:
-        return False
-    if expiration is not None and not (expiration.isdigit() and int(expiration) > time.time()):
-        return False
-    operation = "write" if method == "POST" else "read"
-    raw = f"{args.get('path', '')}:{operation}:{args.get('username', '')}:{token}"
-    raw += f":{expiration}" if expiration is not None else ""
-    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
-    return hmac.compare_digest(signature, f"v1_{digest}")
 
 
 class E2BHandler(JSONHandler):
@@ -160,27 +184,33 @@ class SandboxHandler(E2BHandler):
 
     port = ENVD_PORT  # the port whose paths this handler serves
     address: Address
+    grant: Grant | None = None  # set when a signed file URL stands in for the token
 
     @property
     def credentials(self) -> Credentials:
         return self.settings["sbx_e2b_credentials"]
 
     def authenticate(self) -> Principal:
+        """The sandbox's tenant, with no rights of the token the sandbox token was handed to
+        (admin, approver); what it asks for is that token's (``acting_for``)."""
+        request = self.request
         try:
-            request = self.request
-            self.address = self.credentials.sandbox(
-                request.headers, request.host, request.method, request.query
+            access = self.credentials.sandbox(
+                request.headers, request.host, request.method, request.path, request.query
             )
         except Unauthorized:
-            self.audit_refusal(sandbox_token(self.request.headers))
+            self.audit_refusal(sandbox_token(request.headers))
             raise
+        self.address, self.grant = access.address, access.grant
         owner = self.manager.owner_of(self.address.sandbox_id)
         if owner is None:
             raise SandboxGone(f"The sandbox {self.address.sandbox_id} was not found")
         if self.address.port != self.port:
-            raise NotFound(f"port {self.address.port} does not serve {self.request.path}")
+            raise NotFound(f"port {self.address.port} does not serve {request.path}")
         self.audit_session = self.sandbox_id
-        self.principal = dataclasses.replace(owner, token_id=f"sandbox:{self.sandbox_id[:8]}")
+        self.principal = Principal(
+            tenant=owner.tenant, token_id=f"sandbox:{self.sandbox_id[:8]}", acting_for=access.holder
+        )
         return self.principal
 
     @property

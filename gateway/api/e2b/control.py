@@ -56,7 +56,7 @@ class ControlHandler(E2BHandler):
 
     def sandbox(self, session: Session) -> dict[str, Any]:
         """The ``Sandbox`` answer of create and connect."""
-        token = self.tokens.issue(session.id)
+        token = self.tokens.issue(session.id, self.principal.token_id)
         return {
             "templateID": session.kernel_name,
             "sandboxID": session.id,
@@ -192,7 +192,12 @@ class SandboxInfoHandler(ControlHandler):
 
     async def get(self, sandbox_id: str) -> None:
         session = self.manager.get(sandbox_id, self.principal)
-        self.send({**listed(session), "envdAccessToken": self.tokens.issue(session.id)})
+        self.send(
+            {
+                **listed(session),
+                "envdAccessToken": self.tokens.issue(session.id, self.principal.token_id),
+            }
+        )
 
     async def delete(self, sandbox_id: str) -> None:
         await self.manager.delete(sandbox_id, self.principal)

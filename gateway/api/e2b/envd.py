@@ -18,13 +18,15 @@ from ...errors import (
     BadRequest,
     Denied,
     FileTooLarge,
+    Forbidden,
     PathForbidden,
     PayloadTooLarge,
     UnsupportedMediaType,
 )
 from ...sandbox.files import AsyncWorkspace
+from ..base import JSONHandler
 from ..files import MAX_BATCH, StreamedUpload, open_upload, stream_file
-from .base import SandboxHandler
+from .base import FILES, Credentials, SandboxHandler
 from .templates import HOME
 
 
@@ -69,9 +71,11 @@ class FilesHandler(StreamedUpload, SandboxHandler):
     def workspace(self) -> AsyncWorkspace:
         return self.manager.files(self.sandbox_id, self.principal)
 
+    def check_upload(self, size: int) -> None:
+        self.manager.check_file(self.sandbox_id, self.principal, "upload", size)
+
     async def start_upload(self) -> None:
-        declared = int(self.request.headers.get("Content-Length", 0) or 0)
-        self.manager.check_file(self.sandbox_id, self.principal, "upload", declared)
+        self.check_upload(int(self.request.headers.get("Content-Length", 0) or 0))
         kind = self.request.headers.get("Content-Type", "")
         if kind.startswith("multipart/form-data"):
             self.batch = bytearray()
@@ -83,7 +87,7 @@ class FilesHandler(StreamedUpload, SandboxHandler):
             )
         if self.request.headers.get("Content-Encoding", "identity") != "identity":
             raise UnsupportedMediaType("compressed uploads are not offered: send it as it is")
-        self.target = workspace_path(self.get_argument("path"))
+        self.target = workspace_path(self.get_query_argument("path"))
         self.upload = await open_upload(self.request, self.workspace(), self.target)
 
     async def data_received(self, chunk: bytes) -> None:
@@ -100,7 +104,9 @@ class FilesHandler(StreamedUpload, SandboxHandler):
 
     async def get(self) -> None:
         self.answer_refusal()
-        source, info = await self.workspace().open_read(workspace_path(self.get_argument("path")))
+        source, info = await self.workspace().open_read(
+            workspace_path(self.get_query_argument("path"))
+        )
         try:  # the session's policy rules these as it rules /v1's
             self.manager.check_file(self.sandbox_id, self.principal, "download", info.st_size)
         except Denied:
@@ -131,7 +137,10 @@ class FilesHandler(StreamedUpload, SandboxHandler):
         parts = [part for batch in files.values() for part in batch]
         if not parts:
             raise BadRequest("send each file as a multipart/form-data part with a filename")
-        named = self.get_argument("path", None)
+        named = self.get_query_argument("path", None)
+        if self.grant is not None and len(parts) != 1:  # its path is the one it was signed for
+            raise Forbidden("a signed upload URL writes one file, the one it was signed for")
+        self.check_upload(sum(len(p.body) for p in parts))
         workspace = self.workspace()
         if sum(len(p.body) for p in parts) > await workspace.free_bytes():
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
@@ -143,4 +152,26 @@ class FilesHandler(StreamedUpload, SandboxHandler):
         return paths
 
 
-routes = [(r"/health", HealthHandler), (r"/files", FilesHandler)]
+class RevokeUrlHandler(JSONHandler):
+    """``POST {"url": ...}`` with an API token: a signed file URL of the sandbox stops working.
+
+    The SDK signs its URLs itself, so a revocation names the URL; it is kept
+    until the URL expires anyway (``access/file_urls.py``).
+    """
+
+    actions = {"POST": "files.revoke_url"}
+
+    async def post(self, session_id: str) -> None:
+        url = self.json_body().get("url")
+        self.manager.get(session_id, self.principal)  # another tenant's: 404
+        credentials: Credentials = self.settings["sbx_e2b_credentials"]
+        await credentials.revoke(session_id, url)
+        self.set_status(204)
+        self.finish()
+
+
+routes = [
+    (r"/health", HealthHandler),
+    (FILES, FilesHandler),
+    (r"/v1/sessions/(?P<session_id>[^/]+)/file-urls/revoke", RevokeUrlHandler),
+]

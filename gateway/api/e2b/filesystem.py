@@ -87,6 +87,7 @@ class FilesystemService(fs_rpc.Filesystem):
 
     async def move(self, request: fs.MoveRequest, ctx: Any, /) -> fs.MoveResponse:
         with as_connect_errors():
+            self.manager.check_file(self.sandbox_id, self.who, "delete")  # the old name goes
             source = workspace_path(request.source)
             entry = await self.workspace.move(source, workspace_path(request.destination))
         return fs.MoveResponse(entry=entry_info(entry))
@@ -101,6 +102,7 @@ class FilesystemService(fs_rpc.Filesystem):
 
     async def remove(self, request: fs.RemoveRequest, ctx: Any, /) -> fs.RemoveResponse:
         with as_connect_errors():
+            self.manager.check_file(self.sandbox_id, self.who, "delete")
             await self.workspace.remove(workspace_path(request.path))
         return fs.RemoveResponse()
 
