@@ -393,16 +393,20 @@ def build_lifecycle(
 
 
 def _warn_unauthenticated(host: str) -> None:
-    """Say loudly that anyone who reaches the port can run code."""
+    """Say loudly that anyone who reaches the port can run code, and what is still refused."""
     where = (
-        "only this machine can reach it"
+        "any program on this machine, of any user, can run code here"
         if host in ("127.0.0.1", "localhost", "::1")
-        else f"ANYONE WHO CAN REACH {host} CAN RUN CODE HERE"
+        else f"ANYONE WHO CAN REACH {host} CAN RUN CODE HERE, as can any program on this machine"
     )
     log.warning(
-        "AUTHENTICATION IS OFF (--auth none): every caller is an admin; %s. "
+        "AUTHENTICATION IS OFF (--auth none): every caller is an admin; %s. Refused: web pages "
+        "the user opens (a state-changing request or WebSocket with another site's Origin), DNS "
+        "names pointed at this machine (a Host other than localhost, an IP address or %s) and "
+        "JSON bodies without Content-Type: application/json. "
         "Use API tokens for anything but a single user on this machine.",
         where,
+        host,
     )
 
 

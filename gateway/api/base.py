@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import urllib.parse
+from collections.abc import Iterable
 from typing import Any
 
 import tornado.iostream
@@ -37,6 +38,7 @@ from ..errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from ..limits import format_size
 from ..relays.agent_stream import RelayOptions
@@ -172,11 +174,8 @@ class GatewayHandlerMixin:
         """Whether a browser page from ``origin`` may call; same-host pages always may."""
         if not origin:
             return True
-        origin = origin.rstrip("/")
         host = self.request.headers.get("Host", "")
-        if origin.split("://", 1)[-1] == host:
-            return True
-        return origin in self.manager.settings.cors_origins
+        return same_site(origin, host, self.manager.settings.cors_origins)
 
     def allowed_methods(self) -> list[str]:
         """The methods this handler implements, for a 405's ``Allow`` header."""
@@ -278,6 +277,12 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         raw = self.request.body
         if not raw:
             return {}
+        if not self.auth.enabled and not _is_json(self.request.headers.get("Content-Type", "")):
+            raise UnsupportedMediaType(
+                "with --auth none a JSON body must be sent as Content-Type: application/json "
+                "(a web page's form cannot send that to another site); with curl: --json, or "
+                "-H 'Content-Type: application/json'"
+            )
         try:
             body = json.loads(raw, parse_constant=_not_json)
         except ValueError as e:  # undecodable, malformed, or NaN / Infinity
@@ -418,6 +423,20 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
 def error_json(code: str, message: str) -> str:
     """The API's error body."""
     return json.dumps({"error": {"code": code, "message": message}})
+
+
+def same_site(origin: str, host: str, cors_origins: Iterable[str]) -> bool:
+    """Whether a page from ``origin`` is the gateway's own (its ``host``) or a listed origin."""
+    origin = origin.rstrip("/")
+    return origin.split("://", 1)[-1] == host or origin in cors_origins
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a Content-Type is JSON's (``application/json`` or ``+json``), parameters aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 def _not_json(constant: str) -> None:

@@ -9,15 +9,25 @@ within ``body_timeout``. A bigger (or chunked) body from them is answered
 401 at once, unread, and the connection closed. Clients that send ``Expect:
 100-continue`` read that answer before sending anything; others may see the
 connection reset while they send.
+
+Without tokens (``--auth none``) every caller is an admin, and a browser is
+a caller: a page of any site may POST a form or open a WebSocket here, and a
+page whose DNS name is rebound to this machine reads the answers as its
+own. So an open gateway answers only a ``Host`` that is an IP address,
+``localhost`` or its own listen host (``LocalOnly``), and refuses a
+state-changing request or WebSocket whose ``Origin`` is another site's; both
+403 from the headers. JSON bodies need a JSON content type (``api/base.py``).
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import logging
 import re
 import sys
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import tornado.web
 from tornado import httputil
@@ -27,7 +37,11 @@ from ..access.auth import Authenticator, presented_token
 from ..config import Settings
 from ..errors import Unauthorized
 from ..limits import format_size
-from .base import error_json
+from .base import error_json, same_site
+
+log = logging.getLogger(__name__)
+
+_SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 
 
 class Edge(httputil.HTTPServerConnectionDelegate):
@@ -52,6 +66,7 @@ class Edge(httputil.HTTPServerConnectionDelegate):
         self.max_body = max_body  # what an authenticated caller may send (a handler may take less)
         self.max_anonymous_body = settings.max_anonymous_body
         self.body_timeout = settings.body_timeout
+        self.local_only = None if auth.enabled else LocalOnly(settings.host, settings.cors_origins)
         _hide_header_values()
 
     def start_request(
@@ -74,6 +89,10 @@ class _Gate(httputil.HTTPMessageDelegate):
         self.inner = inner
         self.refused = False
 
+    @property
+    def remote(self) -> str | None:
+        return getattr(getattr(self.conn, "context", None), "remote_ip", None)
+
     def headers_received(
         self,
         start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
@@ -81,6 +100,11 @@ class _Gate(httputil.HTTPMessageDelegate):
     ) -> Awaitable[None] | None:
         assert isinstance(start_line, httputil.RequestStartLine)
         path, _, query = start_line.path.partition("?")
+        refusal = self.edge.local_only and self.edge.local_only.refusal(start_line.method, headers)
+        if refusal:
+            log.warning("refused %s %s from %s: %s", start_line.method, path, self.remote, refusal)
+            self._answer(403, "Forbidden", error_json("forbidden", refusal))
+            return None
         token = presented_token(headers.get("Authorization"), _query_token(query))
         try:
             self.edge.auth.authenticate(token or headers.get("X-API-Key"))
@@ -98,25 +122,33 @@ class _Gate(httputil.HTTPMessageDelegate):
 
     def _refuse(self, method: str, path: str, token: str | None, error: Unauthorized) -> None:
         """Answer 401 from the headers and close the connection, the body unread."""
-        remote = getattr(getattr(self.conn, "context", None), "remote_ip", None)
-        self.edge.audit.auth_failure(remote, method, path, token)
-        self.refused = True
+        self.edge.audit.auth_failure(self.remote, method, path, token)
         limit = format_size(self.edge.max_anonymous_body)
         body = error_json(
             error.code,
             f"{error.message}; without a valid token a request may carry at most {limit} of body",
-        ).encode()
+        )
+        self._answer(
+            401, "Unauthorized", body, {"WWW-Authenticate": 'Bearer realm="sandbox-gateway"'}
+        )
+
+    def _answer(
+        self, status: int, reason: str, body: str, headers: dict[str, str] | None = None
+    ) -> None:
+        """Answer from the headers and close the connection, the body unread."""
+        self.refused = True
+        data = body.encode()
         self.conn.write_headers(
-            httputil.ResponseStartLine("HTTP/1.1", 401, "Unauthorized"),
+            httputil.ResponseStartLine("HTTP/1.1", status, reason),
             httputil.HTTPHeaders(
                 {
                     "Content-Type": "application/json; charset=UTF-8",
-                    "Content-Length": str(len(body)),
-                    "WWW-Authenticate": 'Bearer realm="sandbox-gateway"',
+                    "Content-Length": str(len(data)),
+                    **(headers or {}),
                     "Connection": "close",
                 }
             ),
-            body,
+            data,
         )
         self.conn.finish()  # before the body is read: Tornado closes the connection once sent
         # Tornado then reads on from the closed stream, which ends quietly; under its size
@@ -133,6 +165,60 @@ class _Gate(httputil.HTTPMessageDelegate):
     def on_connection_close(self) -> None:
         if not self.refused:
             self.inner.on_connection_close()
+
+
+class LocalOnly:
+    """What an open gateway (``--auth none``) answers: this machine's programs, not web pages.
+
+    A DNS name rebound to this machine arrives with its own name as ``Host``: only
+    IP addresses, ``localhost`` (and its subdomains, which browsers resolve to
+    loopback themselves) and the listen host are this machine's names. A page
+    of another site sends its ``Origin``: on a request that changes state, or a
+    WebSocket (which no browser keeps to its own origin), it is refused unless
+    it is the gateway's own (same host and port) or in ``cors_origins``.
+    Programs send no ``Origin``.
+    """
+
+    def __init__(self, host: str, cors_origins: Iterable[str]) -> None:
+        self.host = host.lower().strip("[]")
+        self.cors_origins = tuple(cors_origins)
+
+    def refusal(self, method: str, headers: httputil.HTTPHeaders) -> str | None:
+        """Why the request is refused (403), or None."""
+        host = headers.get("Host", "")
+        if host and not _local_host(host, self.host):
+            return (
+                f"Host {host!r} is not a name of this machine: with --auth none the gateway "
+                f"answers only localhost, an IP address or {self.host!r}, so that a web page "
+                "whose DNS name is pointed here cannot use it; use http://127.0.0.1 or API tokens"
+            )
+        origin = headers.get("Origin")
+        websocket = headers.get("Upgrade", "").lower() == "websocket"
+        if origin is None or (method in _SAFE_METHODS and not websocket):
+            return None
+        if same_site(origin, host, self.cors_origins):
+            return None
+        return (
+            f"Origin {origin!r} is a web page of another site: with --auth none the gateway "
+            "takes no state-changing request or WebSocket from one (list a trusted page's "
+            "origin in cors_origins, or use API tokens)"
+        )
+
+
+@functools.lru_cache(maxsize=256)  # every request asks; a few Host values repeat
+def _local_host(host: str, own: str) -> bool:
+    """Whether a ``Host`` header names this machine: an IP address, localhost or ``own``."""
+    try:
+        name = (urllib.parse.urlsplit(f"//{host}").hostname or "").rstrip(".")
+    except ValueError:
+        return False
+    if name in ("localhost", own) or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _query_token(query: str) -> str | None:
