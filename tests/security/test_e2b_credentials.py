@@ -174,6 +174,16 @@ def test_a_held_execute_through_a_sandbox_token_is_its_holders(
     assert "result" not in ran or ran["result"].error is not None
 
 
+def test_a_sandbox_token_is_no_api_token(gw: GatewayProcess, sandbox: Sandbox) -> None:
+    """It reaches its sandbox's ports only: not /v1 (approvals included), not the control API."""
+    token = sandbox._envd_access_token
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert client.get("/v1/sessions", headers=bearer).status_code == 401
+        assert client.get("/v1/approvals", headers=bearer).status_code == 401
+        assert client.get("/sandboxes", headers={"X-API-Key": token}).status_code == 401
+
+
 def test_no_credential_shows_in_the_log(
     gw: GatewayProcess, sandbox: Sandbox, watched: Canary
 ) -> None:
