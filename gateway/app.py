@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import resource
@@ -56,14 +57,19 @@ from .sandbox.kernelspecs import KernelSpecs
 from .sandbox.npm import NpmCache
 from .sandbox.packages import Cache, PackageCache, PackageGate, PackagePolicy
 from .sessions.cpu import CpuShares
+from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions
 from .sessions.forks import Forks
 from .sessions.lifecycle import SandboxLifecycle
+from .sessions.locations import Locations
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.pool import WarmPool
+from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
+from .sessions.upkeep import Upkeep
+from .sessions.workspaces import Workspaces
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -81,7 +87,7 @@ def make_app(
     observed: GatewayMetrics,
     forwarder: Forwarder,
     e2b_credentials: e2b.Credentials,
-    executions: Executions,
+    domain: Domain,
 ) -> tornado.web.Application:
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
@@ -104,7 +110,12 @@ def make_app(
         default_handler_class=NotFoundHandler,
         log_function=log_request,
         sbx_manager=manager,
-        sbx_executions=executions,
+        sbx_executions=domain.executions,
+        sbx_reports=domain.reports,
+        sbx_workspaces=domain.workspaces,
+        sbx_locations=domain.locations,
+        sbx_kernelspecs=manager.lifecycle.kernelspecs,
+        sbx_images=manager.lifecycle.images,
         sbx_relay_options=RelayOptions(
             settings.reconnect_grace, settings.replay_buffer_events, settings.replay_buffer_size
         ),
@@ -131,6 +142,7 @@ class Gateway:
         self.settings = settings
         self.store = settings.make_store()
         self.manager: SessionManager | None = None
+        self.domain: Domain | None = None
         self.server: tornado.httpserver.HTTPServer | None = None
         self.port: int | None = None
         self.audit: AuditLog | None = None
@@ -175,7 +187,7 @@ class Gateway:
         self.manager = build_manager(
             self.settings, client, self.store, auth.quota, policies, vault, packages
         )
-        self.executions = build_executions(self.settings, self.manager)
+        self.domain = build_domain(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
         lag = self.loop_lag.max_lag
         self.manager.metrics.watch(
@@ -183,7 +195,9 @@ class Gateway:
             "Longest event-loop stall in the last minute.", [], lambda: {(): lag()},
         )  # fmt: skip
         _freeze_what_lives_for_good()
-        await self.manager.start()
+        upkeep = self.domain.upkeep
+        await self.manager.start(upkeep.on_death, upkeep.resync)
+        upkeep.start()
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         reuse = self.settings.reuse_port
         sockets = tornado.netutil.bind_sockets(self.settings.port, first, reuse_port=reuse)
@@ -200,14 +214,15 @@ class Gateway:
             await self.store.announce(self.manager.leases.owner, address)
         for host in others:
             sockets += tornado.netutil.bind_sockets(self.port, host, reuse_port=reuse)
-        self.manager.isolation.egress.protect_port(self.port)
         manager = self.manager
-        manager.isolation.egress.set_redactor(manager.redact)
-        manager.isolation.egress.set_connection_hook(manager.record_connection)
-        manager.isolation.egress.set_denial_hook(
+        egress, hooks = manager.lifecycle.isolation.egress, self.domain.egress
+        egress.protect_port(self.port)
+        egress.set_redactor(hooks.redact)
+        egress.set_connection_hook(hooks.record_connection)
+        egress.set_denial_hook(
             lambda denial: audit_log.egress_denied(denial, manager.owner_of(denial.session_id))
         )
-        manager.isolation.egress.set_host_hook(manager.approve_host)
+        egress.set_host_hook(hooks.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
         credentials = e2b.Credentials.in_data_dir(Path(settings.data_dir), auth, manager.owner_of)
@@ -220,7 +235,7 @@ class Gateway:
             self.manager.metrics,
             self.forwarder,
             credentials,
-            self.executions,
+            self.domain,
         )
         self.server = tornado.httpserver.HTTPServer(
             Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, credentials.accepts),
@@ -235,6 +250,8 @@ class Gateway:
         """Stop accepting requests, keep (or end) the sessions, close the store."""
         if self.server is not None:
             self.server.stop()
+        if self.domain is not None:
+            await self.domain.upkeep.stop()
         if self.manager is not None:
             await self.manager.stop(
                 end_sessions=self.settings.end_sessions_on_stop,
@@ -316,23 +333,45 @@ def build_manager(
     )
 
 
-def build_executions(settings: Settings, manager: SessionManager) -> Executions:
-    """The execute pipeline over the manager's sessions and what it was handed."""
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """What the handlers are handed besides the manager, each with one concern."""
+
+    executions: Executions
+    reports: Reports
+    workspaces: Workspaces
+    locations: Locations
+    egress: EgressHooks
+    upkeep: Upkeep
+
+
+def build_domain(settings: Settings, manager: SessionManager) -> Domain:
+    """The execute pipeline, the read side, files, locations and upkeep over the manager."""
     limits = ExecutionLimits(
         max_code_size=settings.max_code_size,
         max_timeout=settings.max_timeout,
         interrupt_grace=settings.interrupt_grace,
         session_output_bytes=settings.session_output_bytes,
     )
-    return Executions(
-        manager,
-        manager.gate,
-        manager.store,
-        manager.lifecycle,
-        manager.commands,
-        manager.leases,
-        manager.metrics,
-        limits,
+    lifecycle, store, gate = manager.lifecycle, manager.store, manager.gate
+    return Domain(
+        executions=Executions(
+            manager,
+            gate,
+            store,
+            lifecycle,
+            manager.commands,
+            manager.leases,
+            manager.metrics,
+            limits,
+        ),
+        reports=Reports(manager, store, lifecycle.placement, manager.snapshots, manager.clock),
+        workspaces=Workspaces(manager, gate, manager.watchers),
+        locations=Locations(manager.sessions, manager.leases, store),
+        egress=EgressHooks(manager.sessions, gate, store),
+        upkeep=Upkeep(
+            manager, lifecycle, manager.pool, manager.leases, store, settings.cull_interval
+        ),
     )
 
 

@@ -22,7 +22,7 @@ from helpers import short_tmpdir
 from jupyter_client.provisioning import LocalProvisioner
 
 from gateway.access.auth import Principal, Quota
-from gateway.app import build_executions
+from gateway.app import build_domain
 from gateway.config import Settings
 from gateway.errors import StrategyUnavailable
 from gateway.notebooks.compare import diff_outputs
@@ -185,7 +185,8 @@ def build(tmp_path: Path, kernels_dir: Path, clock: Any = time.time, **settings:
 
 async def started(manager: SessionManager, store: Store) -> SessionManager:
     await store.open()
-    await manager.start()
+    upkeep = build_domain(manager.settings, manager).upkeep
+    await manager.start(upkeep.on_death, upkeep.resync)
     return manager
 
 
@@ -201,7 +202,7 @@ def test_manager_runs_a_session_and_tears_its_sandbox_down_once(tmp_path, kernel
         try:
             session = await manager.create(CreateSession(), WHO)
             assert session.state == "idle" and session.image == "sbx/python:local"
-            executions = build_executions(manager.settings, manager)
+            executions = build_domain(manager.settings, manager).executions
             await executions.execute(session.id, WHO, ExecuteCode("x = 41"))
             result = await executions.execute(session.id, WHO, ExecuteCode("x + 1"))
             assert result.status == "ok", result
@@ -224,10 +225,10 @@ def test_the_clock_decides_when_a_session_has_lived_its_ttl(tmp_path, kernels_di
         await started(manager, store)
         try:
             session = await manager.create(CreateSession(ttl=60), WHO)
-            await manager.cull()
+            await build_domain(manager.settings, manager).upkeep.cull()
             assert session.state == "idle"
             now[0] += 61
-            await manager.cull()
+            await build_domain(manager.settings, manager).upkeep.cull()
             assert session.state == "deleted" and session.reason == "ttl expired after 60 s"
             assert placement.removed == [session.id]
         finally:
@@ -253,7 +254,7 @@ def test_a_placement_sharing_no_directory_with_its_kernels_cannot_pause(tmp_path
                     await refused
             assert session.state == "idle", "a refused pause leaves the session running"
             session.last_activity = now[0] - 11
-            await manager.cull()
+            await build_domain(manager.settings, manager).upkeep.cull()
             assert session.state == "deleted", "an idle session that cannot pause ends"
             assert session.reason.startswith("idle for 10 s (the local placement"), session.reason
         finally:
@@ -276,7 +277,7 @@ def test_the_pool_serves_a_create_and_its_sandbox_is_never_reused(tmp_path, kern
             session = await manager.create(CreateSession(env={"MODE": "warm"}), WHO)
             assert session.id == pooled_id and pool.claims[("python3", "hit")] == 1
             code = ExecuteCode("import os; os.environ['MODE']")
-            executions = build_executions(manager.settings, manager)
+            executions = build_domain(manager.settings, manager).executions
             result = await executions.execute(session.id, WHO, code)
             assert result.outputs[0]["data"]["text/plain"] == "'warm'"
             # A client-chosen id never gets a pooled sandbox.

@@ -42,8 +42,13 @@ from ..errors import (
 )
 from ..limits import format_size
 from ..relays.agent_stream import RelayOptions
+from ..sandbox.images import ImageBuilder
+from ..sandbox.kernelspecs import KernelSpecs
 from ..sessions.executions import Executions
+from ..sessions.locations import Locations
 from ..sessions.manager import SessionManager
+from ..sessions.reports import Reports
+from ..sessions.workspaces import Workspaces
 from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
 log = logging.getLogger(__name__)
@@ -109,6 +114,26 @@ class GatewayHandlerMixin:
         return self.settings["sbx_relay_options"]
 
     @property
+    def reports(self) -> Reports:
+        return self.settings["sbx_reports"]
+
+    @property
+    def workspaces(self) -> Workspaces:
+        return self.settings["sbx_workspaces"]
+
+    @property
+    def locations(self) -> Locations:
+        return self.settings["sbx_locations"]
+
+    @property
+    def kernelspecs(self) -> KernelSpecs:
+        return self.settings["sbx_kernelspecs"]
+
+    @property
+    def images(self) -> ImageBuilder:
+        return self.settings["sbx_images"]
+
+    @property
     def forwarder(self) -> Forwarder:
         return self.settings["sbx_forwarder"]
 
@@ -166,7 +191,11 @@ class GatewayHandlerMixin:
     def session_elsewhere(self, kwargs: dict[str, Any]) -> str | None:
         """The session this request names, if another gateway may own it (``locate`` says)."""
         session_id = kwargs.get("session_id") or kwargs.get("kernel_id")
-        if session_id and not passed_on(self.request) and self.manager.may_be_elsewhere(session_id):
+        if (
+            session_id
+            and not passed_on(self.request)
+            and self.locations.may_be_elsewhere(session_id)
+        ):
             return session_id
         return None
 
@@ -247,7 +276,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         """Answer with the reply of the gateway that owns the session, if another one does."""
         timeout = self.manager.settings.max_timeout + 60
         for _ in range(2):  # the owner it was found at may have lost it since: ask once more
-            owner = await self.manager.locate(session_id)
+            owner = await self.locations.locate(session_id)
             if owner is None:
                 return
             # Audited by the owner, where it happens; here only if the owner never answers.
@@ -258,7 +287,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
             finally:
                 if not self._finished:
                     self.principal = principal
-                    self.manager.forget_location(session_id)
+                    self.locations.forget(session_id)
 
     def body_limit(self) -> int:
         return self.manager.settings.max_request_body
@@ -362,11 +391,11 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
                     "(Upgrade: websocket)"
                 )
             session_id = self.session_elsewhere(kwargs)
-            owner = await self.manager.locate(session_id) if session_id else None
+            owner = await self.locations.locate(session_id) if session_id else None
             try:
                 upstream = await connect_upstream(self, owner) if owner else None
             except GatewayError:
-                self.manager.forget_location(session_id or "")
+                self.locations.forget(session_id or "")
                 raise
             if upstream is not None:
                 relay_socket(self, upstream)

@@ -28,7 +28,7 @@ class FilesHandler(JSONHandler):
         return MAX_BATCH
 
     async def get(self, session_id: str) -> None:
-        workspace = self.manager.files(session_id, self.principal)
+        workspace = self.workspaces.files(session_id, self.principal)
         path = self.get_argument("path", "")
         fmt = self.get_argument("format", None)
         if fmt is not None:
@@ -37,13 +37,13 @@ class FilesHandler(JSONHandler):
         self.send({"path": path, **await workspace.list(path)})
 
     async def post(self, session_id: str) -> None:
-        workspace = self.manager.files(session_id, self.principal)
+        workspace = self.workspaces.files(session_id, self.principal)
         directory = self.get_argument("path", "").strip("/")
         files = [f for batch in self.request.files.values() for f in batch]
         if not files:
             raise BadRequest("send the files as multipart/form-data parts with a filename")
         size = sum(len(f.body) for f in files)
-        self.manager.check_file(session_id, self.principal, "upload", size)
+        self.workspaces.check_file(session_id, self.principal, "upload", size)
         if size > await workspace.free_bytes():
             raise FileTooLarge("the files do not fit in the workspace's remaining space")
         saved = []
@@ -63,7 +63,7 @@ async def _send_archive(
     The limit is the smaller of ``max_archive_size`` and the policy's ``max_download``.
     """
     limit = handler.manager.settings.max_archive_size
-    policy_limit = handler.manager.check_file(session_id, handler.principal, "download")
+    policy_limit = handler.workspaces.check_file(session_id, handler.principal, "download")
     source = await workspace.archive(path, fmt, min(limit, policy_limit or limit))
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
@@ -192,12 +192,12 @@ class FileHandler(StreamedUpload, JSONHandler):
     forwards = False
 
     async def start_upload(self) -> None:
-        workspace = self.manager.files(self.path_kwargs["session_id"], self.principal)
+        workspace = self.workspaces.files(self.path_kwargs["session_id"], self.principal)
         self.check_upload(int(self.request.headers.get("Content-Length", 0) or 0))
         self.upload = await open_upload(self.request, workspace, self.path_kwargs["path"])
 
     def check_upload(self, size: int) -> None:
-        self.manager.check_file(self.path_kwargs["session_id"], self.principal, "upload", size)
+        self.workspaces.check_file(self.path_kwargs["session_id"], self.principal, "upload", size)
 
     async def put(self, session_id: str, path: str) -> None:
         self.answer_refusal()
@@ -208,7 +208,7 @@ class FileHandler(StreamedUpload, JSONHandler):
 
     async def get(self, session_id: str, path: str) -> None:
         self.answer_refusal()
-        workspace = self.manager.files(session_id, self.principal)
+        workspace = self.workspaces.files(session_id, self.principal)
         fmt = self.get_argument("format", None)
         self.audit_detail["path"] = path
         if fmt is not None:
@@ -216,7 +216,7 @@ class FileHandler(StreamedUpload, JSONHandler):
             return
         source, info = await workspace.open_read(path)
         try:
-            self.manager.check_file(session_id, self.principal, "download", info.st_size)
+            self.workspaces.check_file(session_id, self.principal, "download", info.st_size)
         except Denied:
             await source.aclose()
             raise
@@ -228,8 +228,8 @@ class FileHandler(StreamedUpload, JSONHandler):
     async def delete(self, session_id: str, path: str) -> None:
         self.answer_refusal()
         self.audit_detail["path"] = path
-        workspace = self.manager.files(session_id, self.principal)
-        self.manager.check_file(session_id, self.principal, "delete")
+        workspace = self.workspaces.files(session_id, self.principal)
+        self.workspaces.check_file(session_id, self.principal, "delete")
         await workspace.remove(path)
         self.set_status(204)
         self.finish()
@@ -264,8 +264,8 @@ class RenameHandler(JSONHandler):
         body = _only(self.json_body(), "from", "to")
         source, destination = _path_field(body, "from"), _path_field(body, "to")
         self.audit_detail.update({"from": source, "to": destination})
-        workspace = self.manager.files(session_id, self.principal)
-        self.manager.check_file(session_id, self.principal, "delete")
+        workspace = self.workspaces.files(session_id, self.principal)
+        self.workspaces.check_file(session_id, self.principal, "delete")
         self.send(await workspace.move(source, destination))
 
 
@@ -277,7 +277,7 @@ class DirectoriesHandler(JSONHandler):
     async def post(self, session_id: str) -> None:
         path = _path_field(_only(self.json_body(), "path"), "path")
         self.audit_detail["path"] = path
-        workspace = self.manager.files(session_id, self.principal)
+        workspace = self.workspaces.files(session_id, self.principal)
         created = await workspace.make_dir(path)
         entry = await workspace.stat(path)
         if entry["type"] != "directory":

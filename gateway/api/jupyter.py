@@ -47,12 +47,12 @@ class ApiHandler(JSONHandler):
 
 class KernelSpecsHandler(JSONHandler):
     async def get(self) -> None:
-        specs = self.manager.kernelspecs
+        specs = self.kernelspecs
         kernelspecs = {name: self._spec(name) for name in specs.names()}
         self.send({"default": specs.default, "kernelspecs": kernelspecs})
 
     def _spec(self, name: str) -> dict[str, Any]:
-        spec = self.manager.kernelspecs.get(name)
+        spec = self.kernelspecs.get(name)
         resources = {
             path.stem: f"/kernelspecs/{name}/{path.name}"
             for path in sorted(Path(spec.resource_dir).iterdir())
@@ -70,7 +70,7 @@ class KernelSpecResourceHandler(JSONHandler):
     """Logos and other files of a kernelspec's directory."""
 
     async def get(self, name: str, filename: str) -> None:
-        directory = Path(self.manager.kernelspecs.get(name).resource_dir)
+        directory = Path(self.kernelspecs.get(name).resource_dir)
         path = directory / filename
         if "/" in filename or filename == "kernel.json" or not path.is_file():
             raise NotFound(f"kernelspec {name!r} has no resource {filename!r}")

@@ -7,8 +7,8 @@ from .base import JSONHandler
 
 class KernelCatalogHandler(JSONHandler):
     async def get(self) -> None:
-        specs = self.manager.kernelspecs
-        kernels = await specs.catalog(self.manager.images)
+        specs = self.kernelspecs
+        kernels = await specs.catalog(self.images)
         self.send({"default": specs.default, "kernels": kernels})
 
 

@@ -17,7 +17,7 @@ from .files import MAX_BATCH
 class NotebookHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
         descriptions = self.get_argument("descriptions", "true").lower() not in ("false", "0")
-        chunks = export_chunks(self.manager, session_id, self.principal, descriptions)
+        chunks = export_chunks(self.manager, self.reports, session_id, self.principal, descriptions)
         async with contextlib.aclosing(chunks):
             head = await anext(chunks)  # a missing session is a 404 before anything is sent
             self.set_header("Content-Type", "application/x-ipynb+json")
@@ -67,7 +67,13 @@ class ReplayHandler(JSONHandler):
             await self._replay_with_progress(nb, image_tolerance, inputs)
             return
         report = await replay_notebook(
-            self.manager, self.executions, nb, self.principal, image_tolerance, inputs
+            self.manager,
+            self.executions,
+            self.workspaces,
+            nb,
+            self.principal,
+            image_tolerance,
+            inputs,
         )
         self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
         self.send(report)
@@ -94,7 +100,14 @@ class ReplayHandler(JSONHandler):
 
         try:
             report = await replay_notebook(
-                self.manager, self.executions, nb, self.principal, image_tolerance, inputs, on_cell
+                self.manager,
+                self.executions,
+                self.workspaces,
+                nb,
+                self.principal,
+                image_tolerance,
+                inputs,
+                on_cell,
             )
         except tornado.iostream.StreamClosedError:
             return  # the client went away; the replay's session has been ended

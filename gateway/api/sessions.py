@@ -135,7 +135,7 @@ class ResumeHandler(JSONHandler):
 
 class HistoryHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        page = await self.manager.history(
+        page = await self.reports.history(
             session_id,
             self.principal,
             after=self.int_argument("after", 0),
@@ -146,7 +146,7 @@ class HistoryHandler(JSONHandler):
 
 class NetworkHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        connections, after = await self.manager.network(
+        connections, after = await self.reports.network(
             session_id,
             self.principal,
             after=self.int_argument("after", 0),
@@ -157,7 +157,7 @@ class NetworkHandler(JSONHandler):
 
 class MetricsHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
-        self.send(await self.manager.usage(session_id, self.principal))
+        self.send(await self.reports.usage(session_id, self.principal))
 
 
 routes = [

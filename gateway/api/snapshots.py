@@ -16,7 +16,7 @@ class SessionSnapshotsHandler(JSONHandler):
     actions = {"POST": "snapshot.create"}
 
     async def get(self, session_id: str) -> None:
-        docs = await self.manager.snapshots_of(session_id, self.principal)
+        docs = await self.reports.snapshots_of(session_id, self.principal)
         self.send({"snapshots": [public(doc) for doc in docs]})
 
     async def post(self, session_id: str) -> None:

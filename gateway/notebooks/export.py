@@ -25,7 +25,9 @@ from ..errors import BadRequest
 from ..execution.recorder import CELL, CUT_BY_RESTART, kind_of
 from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
+from ..sessions.reports import Reports
 from ..sessions.requests import CreateSession, ExecuteCode
+from ..sessions.workspaces import Workspaces
 from ..validation import image_ref
 from .compare import IGNORE_OUTPUT_TAGS, SKIP_TAGS, diff_outputs, float_tolerance
 
@@ -36,7 +38,11 @@ _FAILED = ("error", "timeout", "interrupted", "dead", "denied", CUT_BY_RESTART, 
 
 
 async def export_chunks(
-    manager: SessionManager, session_id: str, who: Principal, descriptions: bool = True
+    manager: SessionManager,
+    reports: Reports,
+    session_id: str,
+    who: Principal,
+    descriptions: bool = True,
 ) -> AsyncIterator[str]:
     """The session as nbformat v4 JSON text, a page of history at a time.
 
@@ -46,13 +52,13 @@ async def export_chunks(
     write, with the cells last.
     """
     session = await manager.record(session_id, who)
-    inputs = await manager.uploads(session_id, who)
+    inputs = await reports.uploads(session_id, who)
     head = json.dumps(_notebook(session, inputs), indent=1)
     yield head.removesuffix("\n}") + ',\n "cells": ['
     after: int | None = 0
     first = True
     while after is not None:
-        page = await manager.history(session_id, who, after=after)
+        page = await reports.history(session_id, who, after=after)
         if page.executions:
             yield await asyncio.to_thread(_cells_json, page.executions, descriptions, first)
             first = False
@@ -172,6 +178,7 @@ def _parse_notebook(body: Any) -> Any:
 async def replay_notebook(
     manager: SessionManager,
     executions: Executions,
+    workspaces: Workspaces,
     nb: Any,
     who: Principal,
     image_tolerance: float | None = None,
@@ -209,8 +216,8 @@ async def replay_notebook(
     cells = []
     try:
         if inputs:
-            manager.check_file(session.id, who, "upload", sum(map(len, inputs.values())))
-            workspace = manager.files(session.id, who)
+            workspaces.check_file(session.id, who, "upload", sum(map(len, inputs.values())))
+            workspace = workspaces.files(session.id, who)
             for path, data in sorted(inputs.items()):
                 await workspace.save(path, data)
         total = sum(cell.cell_type == "code" for cell in executed.cells)

@@ -36,7 +36,7 @@ from .commands import Command, Commands
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
-from .model import Session
+from .model import Session, check_usable
 from .requests import ExecuteCode, StartCommand
 
 log = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ class Executions:
         recorded in the history as a ``command`` with its exit code.
         """
         session = self.sessions.get(session_id, who)
-        self.sessions.check_usable(session)
+        check_usable(session)
         line = shlex.join(request.argv)
         self._check_size(line)
         decision = await self.gate.review_command(session.tenant, session.policy, line)
@@ -280,7 +280,7 @@ class Executions:
             review["approval"] = await self._hold(
                 session, who, line, None, review, decision, on_hold
             )
-        self.sessions.check_usable(session)
+        check_usable(session)
         if session.kernel is None or session.kernel.container_id is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")
         session.touch()
@@ -299,6 +299,15 @@ class Executions:
         limit = seconds(request.timeout, "timeout", session.limits.timeout, self.limits.max_timeout)
         command = await self.start_command(session_id, who, request)
         return await self.commands.run(command, limit, session.limits.output_bytes)
+
+    def command(self, session_id: str, who: Principal, pid: int) -> Command:
+        """A running command of the session, by its pid in the sandbox."""
+        self.sessions.get(session_id, who)
+        return self.commands.get(session_id, pid)
+
+    def running_commands(self, session_id: str, who: Principal) -> list[Command]:
+        self.sessions.get(session_id, who)
+        return self.commands.running(session_id)
 
     async def _record_command(
         self, session: Session, recorder: ExecutionRecorder, command: Command

@@ -7,12 +7,14 @@ A plain model. ``SessionManager`` (``gateway.sessions.manager``) changes its sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from ..access.auth import Principal
+from ..errors import Conflict, KernelDied, SessionEnded
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
@@ -245,3 +247,38 @@ def public_view(record: dict[str, Any]) -> dict[str, Any]:
     view["env"] = sorted(view.get("env", ()))
     view.setdefault("secrets", [])
     return view
+
+
+def check_usable(session: Session) -> None:
+    """Refuse work for a dead, ended or paused session, saying what to do."""
+    if session.state == "dead":
+        raise KernelDied(
+            f"the session's kernel died ({session.reason}); "
+            f"POST /v1/sessions/{session.id}/restart to get a fresh kernel"
+        )
+    if session.state == "deleted":
+        raise SessionEnded(f"session {session.id} has ended ({session.reason})")
+    if session.state == "paused":
+        raise Conflict(
+            f"session {session.id} is paused and runs nothing; POST "
+            f"/v1/sessions/{session.id}/resume (or execute: it resumes first)"
+        )
+
+
+@contextlib.asynccontextmanager
+async def ended_meanwhile(session: Session, doing: str) -> AsyncIterator[None]:
+    """Turn a (re)start cut short by the session's end (its ttl, a delete) into a 409."""
+
+    def ended() -> SessionEnded:
+        return SessionEnded(f"session {session.id} ended while it {doing}: {session.reason}")
+
+    try:
+        yield
+    except BaseException as e:
+        # Ending it cancels its kernel client's waits; this task itself goes on.
+        task = asyncio.current_task()
+        if session.state == "deleted" and not (task and task.cancelling()):
+            raise ended() from e
+        raise
+    if session.state == "deleted":
+        raise ended()

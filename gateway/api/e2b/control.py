@@ -291,7 +291,7 @@ class SnapshotListHandler(ControlHandler):
     async def get(self) -> None:
         sandbox_id = self.get_argument("sandboxID", "")
         if sandbox_id:
-            docs = await self.manager.snapshots_of(sandbox_id, self.principal)
+            docs = await self.reports.snapshots_of(sandbox_id, self.principal)
         else:
             docs = await self.manager.snapshots.of_tenant(self.principal)
         name = self.get_argument("name", "")
@@ -352,7 +352,7 @@ class MetricsHandler(ControlHandler):
 
     async def get(self, sandbox_id: str) -> None:
         session = self.manager.get(sandbox_id, self.principal)
-        usage = await self.manager.usage(sandbox_id, self.principal)
+        usage = await self.reports.usage(sandbox_id, self.principal)
         shares: CpuShares = self.settings["sbx_e2b_cpu"]
         now, share = shares.sample(session, usage["cpu_seconds"] or 0.0)
         limits = session.limits

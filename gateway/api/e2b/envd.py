@@ -69,10 +69,10 @@ class FilesHandler(StreamedUpload, SandboxHandler):
     batch: bytearray | None = None
 
     def workspace(self) -> AsyncWorkspace:
-        return self.manager.files(self.sandbox_id, self.principal)
+        return self.workspaces.files(self.sandbox_id, self.principal)
 
     def check_upload(self, size: int) -> None:
-        self.manager.check_file(self.sandbox_id, self.principal, "upload", size)
+        self.workspaces.check_file(self.sandbox_id, self.principal, "upload", size)
 
     async def start_upload(self) -> None:
         self.check_upload(int(self.request.headers.get("Content-Length", 0) or 0))
@@ -108,7 +108,7 @@ class FilesHandler(StreamedUpload, SandboxHandler):
             workspace_path(self.get_query_argument("path"))
         )
         try:  # the session's policy rules these as it rules /v1's
-            self.manager.check_file(self.sandbox_id, self.principal, "download", info.st_size)
+            self.workspaces.check_file(self.sandbox_id, self.principal, "download", info.st_size)
         except Denied:
             await source.aclose()
             raise

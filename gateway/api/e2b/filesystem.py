@@ -22,8 +22,8 @@ from ...access.auth import Principal
 from ...errors import BadRequest
 from ...sandbox.files import AsyncWorkspace
 from ...sandbox.workspace import parse_iso
-from ...sessions.manager import SessionManager
 from ...sessions.watchers import Event
+from ...sessions.workspaces import Workspaces
 from .connect import as_connect_errors
 from .envd import sdk_path, workspace_path
 
@@ -68,9 +68,9 @@ def keepalive_of(ctx: Any) -> float:
 class FilesystemService(fs_rpc.Filesystem):
     """Stat, list (with depth), make_dir, move, remove and watch, on workspace paths."""
 
-    def __init__(self, manager: SessionManager, sandbox_id: str, who: Principal) -> None:
-        self.manager, self.sandbox_id, self.who = manager, sandbox_id, who
-        self.workspace: AsyncWorkspace = manager.files(sandbox_id, who)
+    def __init__(self, workspaces: Workspaces, sandbox_id: str, who: Principal) -> None:
+        self.workspaces, self.sandbox_id, self.who = workspaces, sandbox_id, who
+        self.workspace: AsyncWorkspace = workspaces.files(sandbox_id, who)
 
     async def stat(self, request: fs.StatRequest, ctx: Any, /) -> fs.StatResponse:
         with as_connect_errors():
@@ -87,7 +87,7 @@ class FilesystemService(fs_rpc.Filesystem):
 
     async def move(self, request: fs.MoveRequest, ctx: Any, /) -> fs.MoveResponse:
         with as_connect_errors():
-            self.manager.check_file(self.sandbox_id, self.who, "delete")  # the old name goes
+            self.workspaces.check_file(self.sandbox_id, self.who, "delete")  # the old name goes
             source = workspace_path(request.source)
             entry = await self.workspace.move(source, workspace_path(request.destination))
         return fs.MoveResponse(entry=entry_info(entry))
@@ -102,7 +102,7 @@ class FilesystemService(fs_rpc.Filesystem):
 
     async def remove(self, request: fs.RemoveRequest, ctx: Any, /) -> fs.RemoveResponse:
         with as_connect_errors():
-            self.manager.check_file(self.sandbox_id, self.who, "delete")
+            self.workspaces.check_file(self.sandbox_id, self.who, "delete")
             await self.workspace.remove(workspace_path(request.path))
         return fs.RemoveResponse()
 
@@ -111,21 +111,23 @@ class FilesystemService(fs_rpc.Filesystem):
     ) -> fs.CreateWatcherResponse:
         with as_connect_errors():
             path = workspace_path(request.path)
-            watcher = await self.manager.watch(self.sandbox_id, self.who, path, request.recursive)
+            watcher = await self.workspaces.watch(
+                self.sandbox_id, self.who, path, request.recursive
+            )
         return fs.CreateWatcherResponse(watcher_id=watcher.id)
 
     async def get_watcher_events(
         self, request: fs.GetWatcherEventsRequest, ctx: Any, /
     ) -> fs.GetWatcherEventsResponse:
         with as_connect_errors():
-            events = self.manager.watcher(self.sandbox_id, self.who, request.watcher_id).take()
+            events = self.workspaces.watcher(self.sandbox_id, self.who, request.watcher_id).take()
         return fs.GetWatcherEventsResponse(events=[fs_event(e) for e in events])
 
     async def remove_watcher(
         self, request: fs.RemoveWatcherRequest, ctx: Any, /
     ) -> fs.RemoveWatcherResponse:
         with as_connect_errors():
-            self.manager.unwatch(self.sandbox_id, self.who, request.watcher_id)
+            self.workspaces.unwatch(self.sandbox_id, self.who, request.watcher_id)
         return fs.RemoveWatcherResponse()
 
     async def watch_dir(
@@ -137,7 +139,9 @@ class FilesystemService(fs_rpc.Filesystem):
         """
         with as_connect_errors():
             path = workspace_path(request.path)
-            watcher = await self.manager.watch(self.sandbox_id, self.who, path, request.recursive)
+            watcher = await self.workspaces.watch(
+                self.sandbox_id, self.who, path, request.recursive
+            )
         response = fs.WatchDirResponse
         try:
             yield response(event=Oneof("start", response.StartEvent()))
@@ -153,4 +157,4 @@ class FilesystemService(fs_rpc.Filesystem):
                 for event in events:
                     yield response(event=Oneof("filesystem", fs_event(event)))
         finally:
-            self.manager.watchers.discard(self.sandbox_id, watcher.id)
+            self.workspaces.forget(self.sandbox_id, watcher.id)

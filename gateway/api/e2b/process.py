@@ -23,7 +23,6 @@ from ...access.auth import Principal
 from ...errors import BadRequest
 from ...sessions.commands import Command
 from ...sessions.executions import Executions
-from ...sessions.manager import SessionManager
 from ...sessions.requests import StartCommand
 from .connect import as_connect_errors
 from .envd import workspace_path
@@ -42,19 +41,15 @@ def _pid(selector: proc.ProcessSelector | None) -> int:
 class ProcessService(proc_rpc.Process):
     """One sandbox's commands, for one request's caller."""
 
-    def __init__(
-        self, manager: SessionManager, executions: Executions, sandbox_id: str, who: Principal
-    ) -> None:
-        self.manager, self.executions = manager, executions
-        self.sandbox_id, self.who = sandbox_id, who
+    def __init__(self, executions: Executions, sandbox_id: str, who: Principal) -> None:
+        self.executions, self.sandbox_id, self.who = executions, sandbox_id, who
 
     def command(self, selector: proc.ProcessSelector | None) -> Command:
-        return self.manager.command(self.sandbox_id, self.who, _pid(selector))
+        return self.executions.command(self.sandbox_id, self.who, _pid(selector))
 
     async def list(self, request: proc.ListRequest, ctx: Any, /) -> proc.ListResponse:
         with as_connect_errors():
-            self.manager.get(self.sandbox_id, self.who)
-            running = self.manager.commands.running(self.sandbox_id)
+            running = self.executions.running_commands(self.sandbox_id, self.who)
         return proc.ListResponse(processes=[_info(c) for c in running])
 
     async def start(

@@ -27,14 +27,12 @@ CONTENT_TYPES = ("application/proto", "application/json", "application/connect+"
 
 
 def _filesystem(handler: RPCHandler) -> Any:
-    service = FilesystemService(handler.manager, handler.sandbox_id, handler.principal)
+    service = FilesystemService(handler.workspaces, handler.sandbox_id, handler.principal)
     return fs_rpc.FilesystemASGIApplication(service, codecs=CODECS, read_max_bytes=MAX_MESSAGE)
 
 
 def _process(handler: RPCHandler) -> Any:
-    service = ProcessService(
-        handler.manager, handler.executions, handler.sandbox_id, handler.principal
-    )
+    service = ProcessService(handler.executions, handler.sandbox_id, handler.principal)
     return proc_rpc.ProcessASGIApplication(service, codecs=CODECS, read_max_bytes=MAX_MESSAGE)
 
 

@@ -1,0 +1,129 @@
+"""What sessions used and did: the read side, for live sessions and ended ones alike.
+
+Usage now (the placement's CPU and memory, the proxy's bytes, the workspace's
+disk), pages of history and of egress connections (from the store), the
+files a session was given (from the audit log, for a replay), its snapshots.
+Nothing here changes a session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..access.auth import Principal
+from ..errors import BadRequest, GatewayError
+from ..sandbox.base import Placement
+from ..sandbox.workspace import iso
+from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
+from .manager import SessionManager
+from .snapshots import Snapshots
+
+# Upload events read back for an export's record of inputs (the newest, past this many).
+MAX_RECORDED_UPLOADS = 10_000
+
+
+class Reports:
+    """Read-side queries over the manager's sessions and the store."""
+
+    def __init__(
+        self,
+        sessions: SessionManager,
+        store: Store,
+        placement: Placement,
+        snapshots: Snapshots,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.placement = placement
+        self.snapshots = snapshots
+        self.clock = clock
+
+    async def usage(self, session_id: str, who: Principal) -> dict[str, Any]:
+        """What a live session uses now: CPU, memory (now and at peak), network, disk.
+
+        CPU and memory are the sandbox's (None while paused or where the placement
+        cannot tell); network is what passed the egress proxy since this gateway
+        started; disk is the workspace's files.
+        """
+        session = self.sessions.get(session_id, who)
+        sandbox: dict[str, Any] = {}
+        if session.state in ("idle", "busy"):
+            sandbox = await self.placement.usage(session.id)
+        disk = None
+        if session.workspace is not None and session.state != "paused":
+            with contextlib.suppress(GatewayError, OSError):
+                disk = await session.workspace.usage()
+        limits = session.limits
+        return {
+            "session_id": session.id,
+            "state": session.state,
+            "at": iso(self.clock()),
+            "cpu_seconds": sandbox.get("cpu_seconds"),
+            "cpus_limit": limits.cpus,
+            "memory_bytes": sandbox.get("memory_bytes"),
+            "memory_peak_bytes": sandbox.get("memory_peak_bytes"),
+            "memory_limit_bytes": limits.memory,
+            "network": {
+                "bytes_sent": session.egress_bytes[0],
+                "bytes_received": session.egress_bytes[1],
+                "connections": session.egress_recorded,
+            },
+            "disk_bytes": disk,
+            "disk_limit_bytes": limits.disk,
+        }
+
+    async def network(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of the session's egress connections after the cursor ``after``."""
+        _check_page(after, limit)
+        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        return await self.store.connections(session_id, after, limit)
+
+    async def history(
+        self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
+    ) -> HistoryPage:
+        """A page of a session's executions after the cursor ``after`` (an execution id)."""
+        _check_page(after, limit)
+        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        return await self.store.history(session_id, after, limit)
+
+    async def uploads(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """Every file uploaded to the session, the last upload of each path, by path.
+
+        What a replay must bring (``path``, ``size``, ``sha256``, ``uploaded_at``),
+        read from the audit log, which records each upload's hash.
+        """
+        await self.sessions.record(session_id, who)
+        filters = {"session_id": session_id, "action": "files.upload", "outcome": "ok"}
+        events = await self.store.audit_events(filters, limit=MAX_RECORDED_UPLOADS)
+        found: dict[str, dict[str, Any]] = {}
+        for event in reversed(events):  # oldest first: a later upload of a path wins
+            detail = event.get("detail") or {}
+            for saved in detail.get("files") or [detail]:  # a multipart batch, or one PUT
+                if "path" in saved and "sha256" in saved:
+                    path = str(saved["path"]).strip("/")
+                    found[path] = {
+                        "path": path,
+                        "size": saved.get("size"),
+                        "sha256": saved["sha256"],
+                        "uploaded_at": event["at"],
+                    }
+        return sorted(found.values(), key=lambda f: f["path"])
+
+    async def snapshots_of(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
+        """A session's snapshots, live or ended, oldest first."""
+        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        return await self.snapshots.of_session(session_id)
+
+
+def _check_page(after: int, limit: int) -> None:
+    """A 400 for a page cursor or size the store would not answer sensibly."""
+    if not 1 <= limit <= HISTORY_PAGE_MAX:
+        raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
+    if after < 0:
+        raise BadRequest("after must be a cursor from a page's 'next', or 0")
