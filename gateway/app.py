@@ -70,6 +70,7 @@ from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .sessions.upkeep import Upkeep
 from .sessions.workspaces import Workspaces
+from .store.datadir import DataDirLock
 from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Gateway:
         self.server: tornado.httpserver.HTTPServer | None = None
         self.port: int | None = None
         self.audit: AuditLog | None = None
+        self.lock: DataDirLock | None = None
         self.loop_lag = LoopLagMonitor(settings.loop_lag_warning)
         self.forwarder = Forwarder(idle=settings.idle_connection_timeout / 2)
         data = Path(settings.data_dir)
@@ -155,6 +157,8 @@ class Gateway:
         ]
 
     async def start(self) -> None:
+        # Before anything reads the directory: a second gateway on it refuses here.
+        self.lock = DataDirLock.take(Path(self.settings.data_dir))
         _raise_file_limit()
         self.loop_lag.start()
         try:
@@ -266,6 +270,8 @@ class Gateway:
         self.loop_lag.stop()
         self.forwarder.close()
         await self.store.close()
+        if self.lock is not None:
+            self.lock.release()
 
     def _package_policy(self, session_id: str) -> PackagePolicy | None:
         """The package policy of a live session's tenant (None: no such session)."""

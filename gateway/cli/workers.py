@@ -2,11 +2,14 @@
 
 Each worker is a whole gateway (``sbx serve`` with ``--reuse-port``) with its
 own data directory, ``<data_dir>/worker-<n>``: its own id, sessions and
-containers. The kernel spreads new connections over the workers
-(SO_REUSEPORT); a request for a session another worker owns is passed on to
-it through the shared database (``api/forward.py``). This process only
-starts the workers, passes SIGINT/SIGTERM on, and starts again a worker that
-died: on the same data directory, it reattaches to its sessions' kernels.
+containers, locked by it (``store/datadir.py``); this process locks
+``<data_dir>`` itself, so a second ``sbx serve`` there refuses at once rather
+than starting workers that refuse again and again. The kernel spreads new
+connections over the workers (SO_REUSEPORT); a request for a session another
+worker owns is passed on to it through the shared database
+(``api/forward.py``). This process only starts the workers, passes
+SIGINT/SIGTERM on, and starts again a worker that died: on the same data
+directory, it reattaches to its sessions' kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 from ..config import Settings
+from ..store.datadir import DataDirLock
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,7 @@ RESTART_DELAY = 0.5  # seconds before a worker that died is started again
 
 def supervise(settings: Settings, argv: list[str]) -> int:
     """Run ``settings.workers`` gateways until SIGINT/SIGTERM; their exit status."""
+    lock = DataDirLock.take(Path(settings.data_dir))  # held until this process ends
     port = settings.port
     holder = None
     if port == 0:  # pick one for all of them; held (not listening) until they have it
@@ -65,4 +70,5 @@ def supervise(settings: Settings, argv: list[str]) -> int:
     codes = [worker.wait() for worker in workers]
     if holder is not None:
         holder.close()
+    lock.release()
     return max(codes, key=abs)
