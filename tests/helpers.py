@@ -275,6 +275,46 @@ def unix_sockets_under(path_part: str) -> list[str]:
         return [line.split()[-1] for line in f if path_part in line]
 
 
+# A sandbox's racing process (``.format(run=, victim=, count=)``, then ``python -c``).
+# inotify wakes it as an entry is made in ``run``: unless a link or a kernel's own k-*
+# socket, it is swapped at once for a symbolic link to ``victim`` (made beforehand, so
+# the swap is one rename), and the number of swaps so far is written to ``count``.
+SWAPPER = r"""
+import ctypes, os, stat, struct
+RUN, VICTIM, COUNT = {run!r}, {victim!r}, {count!r}
+LURE = RUN + "/.lure"
+libc = ctypes.CDLL(None, use_errno=True)
+watch = libc.inotify_init1(0)
+assert libc.inotify_add_watch(watch, RUN.encode(), 0x100 | 0x80) >= 0  # IN_CREATE, IN_MOVED_TO
+os.symlink(VICTIM, LURE)
+swaps = 0
+while True:
+    events, at = os.read(watch, 65536), 0
+    while at < len(events):
+        size = struct.unpack_from("iIII", events, at)[3]
+        name = events[at + 16 : at + 16 + size].rstrip(b"\0").decode()
+        at += 16 + size
+        path = f"{{RUN}}/{{name}}"
+        try:
+            if name.startswith(("k-", ".lure")) or stat.S_ISLNK(os.lstat(path).st_mode):
+                continue
+            os.rename(LURE, path)
+        except FileNotFoundError:
+            continue
+        os.symlink(VICTIM, LURE)
+        swaps += 1
+        with open(COUNT + ".tmp", "w") as f:
+            f.write(str(swaps))
+        os.replace(COUNT + ".tmp", COUNT)
+"""
+
+
+def file_facts(path: Path) -> tuple[int, int, int, bytes]:
+    """A file's mode, owner, group and content: what a race through a link would change."""
+    st = os.lstat(path)
+    return st.st_mode & 0o7777, st.st_uid, st.st_gid, path.read_bytes()
+
+
 CANARY_SECONDS = 2.0  # a liveness bound on a shared machine, not a performance target
 
 

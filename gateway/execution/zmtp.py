@@ -31,9 +31,8 @@ from ..sandbox.guard import (
     LONG,
     MAX_FRAMES,
     MORE,
-    NotASocket,
-    connect_socket_file,
 )
+from ..sandbox.nofollow import NotASocket, connect_socket_file
 
 log = logging.getLogger(__name__)
 

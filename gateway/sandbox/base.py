@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -26,6 +27,7 @@ import requests.exceptions
 from ..errors import ConfigError, NotSupported
 from ..limits import Limits, format_size
 from . import volume
+from .nofollow import DIR_FLAGS, write_file
 from .workspace import Workspace
 
 # Host tmpfs under which sandboxes' secret files live (never on disk), one directory each.
@@ -301,22 +303,26 @@ class Placement(abc.ABC):
 
 
 def write_secret_files(directory: Path, files: dict[str, str], uid: int, gid: int) -> None:
-    """Write secrets one file each, readable by the sandbox user alone (on a tmpfs)."""
-    SECRETS_TMPFS.mkdir(mode=0o711, exist_ok=True)  # others may pass, not list
-    directory.mkdir(mode=0o700, exist_ok=True)
+    """Write secrets one file each, readable by the sandbox user alone (on a tmpfs).
+
+    Through the directory's descriptor, never following a link (``nofollow.write_file``):
+    the directory ends the sandbox user's, where a link could be left for a rewrite.
+    """
+    directory.parent.mkdir(mode=0o711, exist_ok=True)  # others may pass, not list
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
     owned = os.geteuid() == 0  # else the sandbox user can read them only if all can
-    for name, value in files.items():
-        path = directory / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
+    fd = os.open(directory, DIR_FLAGS)
+    try:
+        for name, value in files.items():
+            write_file(
+                fd, name, value.encode(), 0o400 if owned else 0o444, (uid, gid) if owned else None
+            )
         if owned:
-            os.chown(path, uid, gid)
-        else:
-            path.chmod(0o444)
-    if owned:
-        os.chown(directory, uid, gid)
-    directory.chmod(0o500 if owned else 0o555)
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o500 if owned else 0o555)
+    finally:
+        os.close(fd)
 
 
 def exit_reason(exit_code: int) -> str:

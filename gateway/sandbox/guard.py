@@ -20,11 +20,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import stat
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
+
+from .nofollow import connect_socket_file
 
 log = logging.getLogger(__name__)
 
@@ -217,30 +217,6 @@ class _Side(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-class NotASocket(OSError):
-    """Something other than a socket (a symbolic link, say) is where a kernel's should be."""
-
-
-async def connect_socket_file(path: str, factory: Callable[[], asyncio.Protocol]) -> Any:
-    """Connect to the Unix socket at ``path`` itself, never through a symbolic link; the protocol.
-
-    A kernel's socket directory is its sandbox's: a link planted in a socket's
-    place would take the gateway's connection (and what it sends) to any socket
-    the gateway can reach. The path is opened without following a link and the
-    connection made through that very file. OSError if nothing is there.
-    """
-    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            raise NotASocket(f"{path} is not a socket")
-        _, protocol = await asyncio.get_running_loop().create_unix_connection(
-            factory, f"/proc/self/fd/{fd}"
-        )
-        return protocol
-    finally:
-        os.close(fd)
 
 
 class MessageGuard:

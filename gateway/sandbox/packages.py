@@ -37,6 +37,8 @@ from pathlib import Path
 
 import httpx
 
+from .nofollow import bind_socket
+
 log = logging.getLogger(__name__)
 
 INDEX = "root/sbx"  # the cache's mirror index
@@ -356,15 +358,17 @@ class PackageGate:
         self._servers: dict[str, asyncio.Server] = {}
 
     async def open(self, session_id: str, run_dir: Path) -> None:
-        """Serve the session's socket in its run directory (again, after a gateway restart)."""
+        """Serve the session's socket in its run directory (again, after a gateway restart).
+
+        The run directory is the sandbox's: the socket is made ready out of its
+        reach and put in whole (``nofollow.bind_socket``), the sandbox user
+        may connect; only its own sandbox sees the directory.
+        """
         self.close(session_id)
-        path = run_dir / self.cache.socket_name
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        sock = await asyncio.to_thread(bind_socket, run_dir, self.cache.socket_name, 0o777)
         server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(session_id, r, w), path, limit=HEAD_LIMIT
+            lambda r, w: self._serve(session_id, r, w), sock=sock, limit=HEAD_LIMIT
         )
-        path.chmod(0o777)  # the sandbox user connects; only its own sandbox sees the directory
         self._servers[session_id] = server
 
     def close(self, session_id: str) -> None:

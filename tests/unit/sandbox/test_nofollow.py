@@ -1,0 +1,89 @@
+"""The gateway's calls in a sandbox's directories: none follows a link, none is left half done."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+from helpers import file_facts
+
+from gateway.sandbox.nofollow import NotASocket, bind_socket, connect_socket_file, write_file
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A sandbox's directory; its parent is the gateway's."""
+    path = tmp_path / "session" / "run"
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "host-file"
+    path.write_bytes(b"the host's own\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_a_socket_is_bound_with_its_mode_over_a_planted_link(run_dir, victim):
+    before = file_facts(victim)
+    (run_dir / "pkg.sock").symlink_to(victim)
+    with bind_socket(run_dir, "pkg.sock", 0o777) as listener:
+        st = os.lstat(run_dir / "pkg.sock")
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o777
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(run_dir / "pkg.sock"))
+            listener.accept()[0].close()
+    assert file_facts(victim) == before
+    assert os.listdir(run_dir.parent) == ["run"], "the socket's first name was left behind"
+
+
+def test_a_directory_in_the_sockets_place_is_an_error_and_leaves_nothing(run_dir):
+    (run_dir / "pkg.sock").mkdir()
+    with pytest.raises(OSError):
+        bind_socket(run_dir, "pkg.sock", 0o777)
+    assert os.listdir(run_dir.parent) == ["run"]
+    assert (run_dir / "pkg.sock").is_dir()
+
+
+def test_a_sandbox_directory_that_is_a_link_is_refused(tmp_path, run_dir):
+    (tmp_path / "session" / "linked").symlink_to(run_dir)
+    with pytest.raises(OSError):
+        bind_socket(tmp_path / "session" / "linked", "pkg.sock", 0o777)
+    assert not os.listdir(run_dir)
+
+
+def test_a_file_is_made_new_with_its_mode_and_owner_in_place_of_a_link(run_dir, victim):
+    before = file_facts(victim)
+    (run_dir / "TOKEN").symlink_to(victim)
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        write_file(fd, "TOKEN", b"value", 0o440, (1000, 1000))
+    finally:
+        os.close(fd)
+    assert file_facts(run_dir / "TOKEN") == (0o440, 1000, 1000, b"value")
+    assert file_facts(victim) == before
+
+
+def test_a_socket_is_connected_only_where_no_link_stands(run_dir, tmp_path):
+    host = socket.socket(socket.AF_UNIX)
+    host.bind(str(tmp_path / "host.sock"))
+    host.listen(1)
+    (run_dir / "k-1").symlink_to(tmp_path / "host.sock")
+
+    class Connected(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.close()
+
+    async def connect(path: Path) -> asyncio.Protocol:
+        return await connect_socket_file(str(path), Connected)
+
+    with host, pytest.raises(NotASocket):
+        asyncio.run(connect(run_dir / "k-1"))
+    with bind_socket(run_dir, "k-2", 0o700):
+        assert isinstance(asyncio.run(connect(run_dir / "k-2")), Connected)
