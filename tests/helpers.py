@@ -309,6 +309,14 @@ while True:
 """
 
 
+def host_file(directory: Path) -> Path:
+    """A host file of the test's own (mode 0600), for a race to aim a link at."""
+    path = directory / "host-file"
+    path.write_bytes(b"the host's own\n")
+    path.chmod(0o600)
+    return path
+
+
 def file_facts(path: Path) -> tuple[int, int, int, bytes]:
     """A file's mode, owner, group and content: what a race through a link would change."""
     st = os.lstat(path)

@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavailable
 from ..execution.outputs import OutputCap
 from ..execution.recorder import ran_in_kernel
+from ..sandbox.workspace import remove_tree
 from ..store.sqlite import HISTORY_PAGE_MAX, Store
 from .lifecycle import SandboxLifecycle
 from .model import Session
@@ -333,8 +334,20 @@ def _take(source: Path, target: Path) -> None:
         _copy_regular(source, target)  # another filesystem: copied from a no-follow open
         os.unlink(source)
     if not stat.S_ISREG(os.lstat(target).st_mode):
-        os.unlink(target)
+        _remove(target)
         raise StateNotSaved("the kernel left something other than a file as its state")
+
+
+def _remove(path: Path) -> None:
+    """Remove what the kernel left, a tree of its making too, never following a link."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            remove_tree(parent, path.name)
+        else:
+            os.unlink(path.name, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def _copy_regular(source: Path, target: Path) -> None:

@@ -11,11 +11,10 @@ mode, owner and content, while a canary session keeps answering.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
-from helpers import SWAPPER, Canary, file_facts, run, text_of, wait_for
+from helpers import SWAPPER, Canary, file_facts, host_file, run, text_of, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -36,10 +35,7 @@ SWAPS = (
 def test_a_sandbox_swapping_fresh_run_dir_entries_for_links_never_reaches_a_host_file(
     start_gateway, tmp_path
 ):
-    victim = tmp_path / "host-file"
-    victim.write_bytes(b"the host's own\n")
-    victim.chmod(0o600)
-    os.chown(victim, 0, 0)
+    victim = host_file(tmp_path)
     before = file_facts(victim)
     gw = start_gateway("--package-cache", "true", keep_sessions=True)
     sids = [gw.client.post("/v1/sessions", json={}).json()["id"] for _ in range(ATTACKERS + 1)]

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from helpers import file_facts
+from helpers import file_facts, host_file
 
 from gateway.sandbox.nofollow import NotASocket, bind_socket, connect_socket_file, write_file
 
@@ -22,15 +22,8 @@ def run_dir(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    path = tmp_path / "host-file"
-    path.write_bytes(b"the host's own\n")
-    path.chmod(0o600)
-    return path
-
-
-def test_a_socket_is_bound_with_its_mode_over_a_planted_link(run_dir, victim):
+def test_a_socket_is_bound_with_its_mode_over_a_planted_link(run_dir, tmp_path):
+    victim = host_file(tmp_path)
     before = file_facts(victim)
     (run_dir / "pkg.sock").symlink_to(victim)
     with bind_socket(run_dir, "pkg.sock", 0o777) as listener:
@@ -58,7 +51,8 @@ def test_a_sandbox_directory_that_is_a_link_is_refused(tmp_path, run_dir):
     assert not os.listdir(run_dir)
 
 
-def test_a_file_is_made_new_with_its_mode_and_owner_in_place_of_a_link(run_dir, victim):
+def test_a_file_is_made_new_with_its_mode_and_owner_in_place_of_a_link(run_dir, tmp_path):
+    victim = host_file(tmp_path)
     before = file_facts(victim)
     (run_dir / "TOKEN").symlink_to(victim)
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)

@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
-from helpers import SWAPPER, file_facts, wait_for
+from helpers import SWAPPER, file_facts, host_file, wait_for
 
 from gateway.sandbox.base import write_secret_files
 from gateway.sandbox.packages import PackageGate
@@ -24,20 +24,12 @@ from gateway.sandbox.packages import PackageGate
 ROUNDS = 30
 
 
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """A host file of the test's own, which no swap may change."""
-    path = tmp_path / "host-file"
-    path.write_bytes(b"the host's own\n")
-    path.chmod(0o600)
-    return path
-
-
 def swaps(count: Path) -> int:
     return int(count.read_text()) if count.exists() else 0
 
 
-def test_the_package_gate_serving_a_socket_again_never_changes_a_host_file(tmp_path, victim):
+def test_the_package_gate_serving_a_socket_again_never_changes_a_host_file(tmp_path):
+    victim = host_file(tmp_path)
     run_dir = tmp_path / "session" / "run"
     run_dir.mkdir(parents=True)
     count = tmp_path / "swaps"
@@ -66,7 +58,7 @@ def test_the_package_gate_serving_a_socket_again_never_changes_a_host_file(tmp_p
     assert not [p.name for p in run_dir.parent.iterdir() if p.name != "run"], "a socket was left"
 
 
-def test_secret_files_are_never_written_through_a_link_in_the_directorys_place(tmp_path, victim):
+def test_secret_files_are_never_written_through_a_link_in_the_directorys_place(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     secrets = tmp_path / "secrets"
@@ -77,7 +69,8 @@ def test_secret_files_are_never_written_through_a_link_in_the_directorys_place(t
     assert not list(elsewhere.iterdir()), "a secret was written through the link"
 
 
-def test_a_link_left_in_the_secrets_directory_is_replaced_never_followed(tmp_path, victim):
+def test_a_link_left_in_the_secrets_directory_is_replaced_never_followed(tmp_path):
+    victim = host_file(tmp_path)
     directory = tmp_path / "secrets" / "s1"
     before = file_facts(victim)
     write_secret_files(directory, {"TOKEN": "first"}, os.getuid(), os.getgid())
