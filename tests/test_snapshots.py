@@ -56,8 +56,11 @@ def test_forks_hold_the_snapshot_state_and_diverge(api, new_session):
         assert text_of(run(api, sid, "print(rows, open('data.txt').read())")) == (
             "[1, 2, 3, 4] v1\n"
         ), "the original session was touched by its forks"
-        history = api.get(f"/v1/sessions/{first['id']}/history").json()["executions"]
+        page = api.get(f"/v1/sessions/{first['id']}/history").json()
+        history = page["executions"]
         assert [h["code"][:11] for h in history[:2]] == ["import json", "gen = (r fo"], history
+        assert page["forked_from"] == first["forked_from"], "a fork's history names its origin"
+        assert api.get(f"/v1/sessions/{sid}/history").json()["forked_from"] is None
         nb = api.get(f"/v1/sessions/{first['id']}/notebook").json()
         assert nb["metadata"]["sbx"]["forked_from"]["snapshot_id"] == snap["id"], nb["metadata"]
     finally:

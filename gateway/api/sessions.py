@@ -141,7 +141,7 @@ class HistoryHandler(JSONHandler):
             after=self.int_argument("after", 0),
             limit=self.int_argument("limit", HISTORY_PAGE),
         )
-        self.send({"executions": page.executions, "next": page.next})
+        self.send(page._asdict())
 
 
 class NetworkHandler(JSONHandler):

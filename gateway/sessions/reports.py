@@ -11,18 +11,30 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..access.auth import Principal
 from ..errors import BadRequest, GatewayError
 from ..sandbox.base import Placement
 from ..sandbox.workspace import iso
-from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, HistoryPage, Store
+from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, Store
 from .manager import SessionManager
 from .snapshots import Snapshots
 
 # Upload events read back for an export's record of inputs (the newest, past this many).
 MAX_RECORDED_UPLOADS = 10_000
+
+
+class History(NamedTuple):
+    """A page of a session's executions, its next cursor, and where a fork came from.
+
+    ``forked_from``: the parent session and snapshot (None unless a fork), so a
+    reader of the history alone knows its first executions ran elsewhere.
+    """
+
+    executions: list[dict[str, Any]]
+    next: int | None
+    forked_from: dict[str, Any] | None
 
 
 class Reports:
@@ -86,11 +98,12 @@ class Reports:
 
     async def history(
         self, session_id: str, who: Principal, after: int = 0, limit: int = HISTORY_PAGE
-    ) -> HistoryPage:
+    ) -> History:
         """A page of a session's executions after the cursor ``after`` (an execution id)."""
         _check_page(after, limit)
-        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
-        return await self.store.history(session_id, after, limit)
+        record = await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        page = await self.store.history(session_id, after, limit)
+        return History(page.executions, page.next, record.get("forked_from"))
 
     async def uploads(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
         """Every file uploaded to the session, the last upload of each path, by path.
