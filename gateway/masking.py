@@ -74,7 +74,7 @@ def _escapes(text: str) -> set[str]:
 
 
 def _printed_forms(value: str) -> set[str]:
-    """The value as printing shows it: quoted once or twice over, its lines as a terminal ends them."""
+    """The value as printing shows it: quoted once or twice, its lines as a terminal ends them."""
     plain = {value, value.replace("\r\n", "\n").replace("\n", "\r\n")}
     once = plain.union(*map(_escapes, plain))
     forms = once.union(*map(_escapes, once))
