@@ -16,7 +16,7 @@ import urllib.parse
 
 import httpx
 import pytest
-from helpers import GatewayProcess
+from helpers import GatewayProcess, e2b_env
 
 from gateway.client import Client
 
@@ -113,6 +113,21 @@ def test_this_machines_programs_keep_working(open_gateway) -> None:
             assert session.files.rename("a.txt", "b.txt").path.endswith("b.txt")
         finally:
             session.delete()
+
+
+def test_the_stock_e2b_sdk_keeps_working(open_gateway, monkeypatch) -> None:
+    """Its control API, the code interpreter (JSON) and envd (Connect) on an open gateway."""
+    from e2b_code_interpreter import Sandbox
+
+    for name, value in e2b_env(open_gateway, "any-key").items():
+        monkeypatch.setenv(name, value)
+    sandbox = Sandbox.create()
+    try:
+        assert sandbox.run_code("print(6 * 7)").logs.stdout == ["42\n"]
+        sandbox.files.write("a.txt", "x")
+        assert sandbox.commands.run("cat a.txt").stdout == "x"
+    finally:
+        sandbox.kill()
 
 
 def test_the_start_line_says_what_is_and_is_not_protected(open_gateway) -> None:
