@@ -7,7 +7,8 @@ listener through a small queue: a slow one holds the command back (its pipe
 fills) rather than the gateway's memory. With nobody listening, output is
 read and dropped, as E2B's envd does, so a detached command never stalls.
 Output is masked of the session's secrets (a command inherits the sandbox's
-environment) piece by piece, as a kernel's streams are.
+environment) as one text per stream: a secret a read cut in two is masked
+whole (``Masker.pieces``).
 """
 
 from __future__ import annotations
@@ -53,11 +54,7 @@ class Command:
     async def _pump(self) -> None:
         code = -1
         try:
-            while (chunk := await self.process.read()) is not None:
-                if self.masker:
-                    kind, data = chunk
-                    text = data.decode("utf-8", "surrogateescape")
-                    chunk = kind, self.masker.text(text).encode("utf-8", "surrogateescape")
+            async for chunk in self.masker.pieces(self.process.read):
                 for queue in list(self._listeners):
                     await queue.put(chunk)
             code = await self.process.wait()
