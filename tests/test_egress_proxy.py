@@ -93,6 +93,8 @@ def test_connect_tunnels_bytes_both_ways_to_a_listed_address():
 def test_plain_http_is_forwarded_without_the_proxy_credentials():
     async def go():
         async with Harness(["127.0.0.1"]) as h:
+            records = []
+            h.proxy.on_connection = records.append
             url = f"http://127.0.0.1:{h.up_port}/data?x=1"
             head = (
                 f"GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n{h.auth()}Connection: keep-alive\r\n\r\n"
@@ -104,6 +106,13 @@ def test_plain_http_is_forwarded_without_the_proxy_credentials():
             assert sent.startswith("get /data?x=1 http/1.1\r\n"), sent
             assert "proxy-authorization" not in sent and "connection: close" in sent
             assert "keep-alive" not in sent
+            for _ in range(100):
+                if records:
+                    break
+                await asyncio.sleep(0.05)
+            (record,) = records
+            assert record.bytes_up == len(h.received[0]), "the request sent up was not counted"
+            assert record.bytes_down == len(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 
     run(go())
 

@@ -393,15 +393,23 @@ def test_every_connection_is_recorded_per_session_and_execution(
         "127.0.0.1",
     )
     assert allowed["bytes_down"] > len("hello from the host") and allowed["duration_ms"] > 0
+    assert allowed["bytes_up"] > len("GET /hello.txt HTTP/1.1"), "a plain request's head counts"
     assert (denied["host"], denied["decision"], denied["rule"]) == (
         "unlisted.example",
         "denied",
         None,
     )
     assert {allowed["execution_id"], denied["execution_id"]} == {execution["id"]}
-    assert execution["network"]["connections"] == 2 and execution["network"]["refused"] == 1
+    summary = execution["network"]
+    assert summary == {
+        "connections": 2,
+        "refused": 1,
+        "bytes_up": allowed["bytes_up"] + denied["bytes_up"],
+        "bytes_down": allowed["bytes_down"] + denied["bytes_down"],
+        "hosts": [local_index, "unlisted.example:80"],
+    }, "the summary names host and port and counts bytes both ways"
     cell = api.get(f"/v1/sessions/{sid}/notebook").json()["cells"][0]
-    assert cell["metadata"]["sbx"]["network"]["hosts"] == ["127.0.0.1", "unlisted.example"]
+    assert cell["metadata"]["sbx"]["network"] == summary
     assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 1}).json()["next"]
     assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
     assert api.get("/v1/sessions/no-such/network").status_code == 404

@@ -940,7 +940,7 @@ class Store:
             "refused": sum(r["decision"] != "allowed" for r in records),
             "bytes_up": sum(r["bytes_up"] for r in records),
             "bytes_down": sum(r["bytes_down"] for r in records),
-            "hosts": sorted({r["sni"] or r["host"] for r in records}),
+            "hosts": sorted({_reached(r) for r in records}),
         }
 
     async def _prune_forever(self) -> None:
@@ -1191,6 +1191,12 @@ def _execution_values(record: dict[str, Any]) -> tuple:
         record["duration_ms"],
         json.dumps(record.get("files") or []),
     )
+
+
+def _reached(connection: dict[str, Any]) -> str:
+    """``host:port`` a connection went to (its TLS name if it sent one), bare if unparsed."""
+    name = connection["sni"] or connection["host"]
+    return f"{name}:{connection['port']}" if connection.get("port") else name
 
 
 def read_open_sessions(path: Path) -> tuple[str | None, set[str]]:

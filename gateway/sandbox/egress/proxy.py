@@ -288,7 +288,9 @@ class EgressProxy:
             up_reader, up_writer = await self._open(tenant, host, port, record)
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             authority = format_authority(host, None if port == 80 else port)
-            up_writer.write(_origin_head(method, path, version, headers, authority))
+            head = _origin_head(method, path, version, headers, authority)
+            up_writer.write(head)
+            record.bytes_up += len(head)  # what went out, as a tunnel's bytes are counted
         await _splice(reader, writer, up_reader, up_writer, record)
 
     async def _open(
