@@ -36,7 +36,7 @@ from .api import (
     snapshots,
     stream,
 )
-from .api.base import NotFoundHandler, log_request
+from .api.base import ApiOptions, NotFoundHandler, log_request
 from .api.edge import Edge
 from .api.forward import Forwarder
 from .config import Settings
@@ -116,6 +116,18 @@ def make_app(
         sbx_workspaces=domain.workspaces,
         sbx_locations=domain.locations,
         sbx_kernelspecs=manager.lifecycle.kernelspecs,
+        sbx_desk=manager.gate.desk,
+        sbx_book=manager.gate.book,
+        sbx_snapshots=manager.snapshots,
+        sbx_options=ApiOptions(
+            cors_origins=settings.cors_origins,
+            max_timeout=settings.max_timeout,
+            max_request_body=settings.max_request_body,
+            client_write_buffer=settings.client_write_buffer,
+            max_archive_size=settings.max_archive_size,
+            jupyter_ttl_from=settings.jupyter_ttl_from,
+            max_ttl=settings.max_ttl,
+        ),
         sbx_images=manager.lifecycle.images,
         sbx_relay_options=RelayOptions(
             settings.reconnect_grace, settings.replay_buffer_events, settings.replay_buffer_size
@@ -371,7 +383,9 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
             manager.metrics,
             limits,
         ),
-        reports=Reports(manager, store, lifecycle.placement, manager.snapshots, manager.clock),
+        reports=Reports(
+            manager, store, lifecycle.placement, manager.snapshots, manager.pool, manager.clock
+        ),
         workspaces=Workspaces(manager, gate, manager.watchers),
         locations=Locations(manager.sessions, manager.leases, store),
         egress=EgressHooks(manager.sessions, gate, store),

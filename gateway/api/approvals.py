@@ -43,14 +43,14 @@ class ApprovalsPageHandler(JSONHandler):
 
 class ApprovalsHandler(JSONHandler):
     async def get(self) -> None:
-        desk = self.manager.gate.desk
+        desk = self.desk
         found = await desk.list(self.principal, self.get_argument("state", None))
         self.send({"approvals": found})
 
 
 class ApprovalHandler(JSONHandler):
     async def get(self, approval_id: str) -> None:
-        self.send(await self.manager.gate.desk.get(approval_id, self.principal))
+        self.send(await self.desk.get(approval_id, self.principal))
 
 
 class ApproveHandler(JSONHandler):
@@ -59,7 +59,7 @@ class ApproveHandler(JSONHandler):
 
     async def post(self, approval_id: str) -> None:
         reason = self.json_body().get("reason")
-        desk = self.manager.gate.desk
+        desk = self.desk
         approval = await desk.decide(approval_id, self.principal, self.approve, reason)
         self.audit_session = approval.session_id
         self.audit_detail.update(approval_id=approval.id, decision=approval.state)
@@ -75,7 +75,7 @@ class PolicyHandler(JSONHandler):
 
     async def get(self, tenant: str) -> None:
         self.require_admin("reading policies")
-        policy = self.manager.gate.book.policy(tenant)
+        policy = self.book.policy(tenant)
         self.send({"tenant": tenant, "policy": policy.to_json(), "source": policy.source})
 
     async def put(self, tenant: str) -> None:
@@ -91,7 +91,7 @@ class PolicyHandler(JSONHandler):
             text = self.request.body.decode()
         except UnicodeDecodeError:
             raise BadRequest("a policy is UTF-8 text") from None
-        policy = await self.manager.gate.book.replace(tenant, text, fmt)
+        policy = await self.book.replace(tenant, text, fmt)
         self.audit_detail["mode"] = policy.mode
         self.send({"tenant": tenant, "policy": policy.to_json(), "source": policy.source})
 
@@ -101,7 +101,7 @@ class PolicyReloadHandler(JSONHandler):
 
     async def post(self) -> None:
         self.require_admin("reloading policies")
-        tenants = await self.manager.gate.book.reload()
+        tenants = await self.book.reload()
         self.send({"tenants": tenants})
 
 

@@ -18,6 +18,7 @@ Nothing here logs a query string unmasked: ``?token=`` may carry a token.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import urllib.parse
@@ -41,6 +42,8 @@ from ..errors import (
     UnsupportedMediaType,
 )
 from ..limits import format_size
+from ..policy.approvals import ApprovalDesk
+from ..policy.book import PolicyBook
 from ..relays.agent_stream import RelayOptions
 from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
@@ -48,6 +51,7 @@ from ..sessions.executions import Executions
 from ..sessions.locations import Locations
 from ..sessions.manager import SessionManager
 from ..sessions.reports import Reports
+from ..sessions.snapshots import Snapshots
 from ..sessions.workspaces import Workspaces
 from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
@@ -91,6 +95,19 @@ def masked_uri(path: str, query: str) -> str:
     return path + "?" + urllib.parse.urlencode(masked)
 
 
+@dataclasses.dataclass(frozen=True)
+class ApiOptions:
+    """The settings the handlers read (``app`` builds them; handlers never see ``Settings``)."""
+
+    cors_origins: tuple[str, ...]
+    max_timeout: float
+    max_request_body: int
+    client_write_buffer: int
+    max_archive_size: int
+    jupyter_ttl_from: str
+    max_ttl: float
+
+
 class GatewayHandlerMixin:
     """Authentication, CORS and auditing, for plain and WebSocket handlers alike."""
 
@@ -112,6 +129,22 @@ class GatewayHandlerMixin:
     @property
     def relay_options(self) -> RelayOptions:
         return self.settings["sbx_relay_options"]
+
+    @property
+    def options(self) -> ApiOptions:
+        return self.settings["sbx_options"]
+
+    @property
+    def desk(self) -> ApprovalDesk:
+        return self.settings["sbx_desk"]
+
+    @property
+    def book(self) -> PolicyBook:
+        return self.settings["sbx_book"]
+
+    @property
+    def snapshots(self) -> Snapshots:
+        return self.settings["sbx_snapshots"]
 
     @property
     def reports(self) -> Reports:
@@ -204,7 +237,7 @@ class GatewayHandlerMixin:
         if not origin:
             return True
         host = self.request.headers.get("Host", "")
-        return same_site(origin, host, self.manager.settings.cors_origins)
+        return same_site(origin, host, self.options.cors_origins)
 
     def allowed_methods(self) -> list[str]:
         """The methods this handler implements, for a 405's ``Allow`` header."""
@@ -249,7 +282,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         origin = self.request.headers.get("Origin")
-        if origin and origin.rstrip("/") in self.manager.settings.cors_origins:
+        if origin and origin.rstrip("/") in self.options.cors_origins:
             self.set_header("Access-Control-Allow-Origin", origin)
             self.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
             self.set_header(
@@ -274,7 +307,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
 
     async def _pass_on(self, session_id: str) -> None:
         """Answer with the reply of the gateway that owns the session, if another one does."""
-        timeout = self.manager.settings.max_timeout + 60
+        timeout = self.options.max_timeout + 60
         for _ in range(2):  # the owner it was found at may have lost it since: ask once more
             owner = await self.locations.locate(session_id)
             if owner is None:
@@ -290,7 +323,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
                     self.locations.forget(session_id)
 
     def body_limit(self) -> int:
-        return self.manager.settings.max_request_body
+        return self.options.max_request_body
 
     def require_admin(self, what: str) -> None:
         """Refuse a caller whose token is not an admin's (403); ``what`` names what it asked for.
@@ -437,7 +470,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         if connection is None or connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
         stream = connection.stream  # type: ignore[attr-defined]
-        limit = self.manager.settings.client_write_buffer
+        limit = self.options.client_write_buffer
         stream.max_write_buffer_size = limit
         try:
             self.write_message(text)

@@ -13,17 +13,7 @@ class HealthHandler(JSONHandler):
     public = True  # load balancers probe without a token
 
     async def get(self) -> None:
-        manager = self.manager
-        pool = {name: stats["ready"] for name, stats in manager.pool.stats().items()}
-        engine = "down" if manager.lifecycle.placement.unavailable() else "up"
-        self.send(
-            {
-                "status": "ok",
-                "sessions": len(manager.sessions),
-                "pool_ready": pool,
-                "engine": engine,
-            }
-        )
+        self.send({"status": "ok", **self.reports.health()})
 
 
 routes = [(r"/healthz", HealthHandler)]

@@ -31,7 +31,7 @@ class SnapshotHandler(JSONHandler):
     actions = {"DELETE": "snapshot.delete"}
 
     async def get(self, snapshot_id: str) -> None:
-        self.send(public(await self.manager.snapshots.get(snapshot_id, self.principal)))
+        self.send(public(await self.snapshots.get(snapshot_id, self.principal)))
 
     async def delete(self, snapshot_id: str) -> None:
         await delete_snapshot(self, snapshot_id)
@@ -39,10 +39,10 @@ class SnapshotHandler(JSONHandler):
 
 async def delete_snapshot(handler: JSONHandler, snapshot_id: str) -> None:
     """Delete one of the caller's tenant's snapshots, named in the audit log (/v1 and E2B)."""
-    doc = await handler.manager.snapshots.get(snapshot_id, handler.principal)
+    doc = await handler.snapshots.get(snapshot_id, handler.principal)
     handler.audit_session = doc["session_id"]
     handler.audit_detail.update(snapshot_id=doc["id"], name=doc["name"])
-    await handler.manager.snapshots.delete(snapshot_id, handler.principal)
+    await handler.snapshots.delete(snapshot_id, handler.principal)
     handler.set_status(204)
     handler.finish()
 

@@ -245,6 +245,7 @@ class Kernel:
         self.restarting = False  # its old container's death is expected, not news
         self._interrupting = False
         self.interrupts = 0  # interrupts sent so far, by anyone: the rule for executions it cut
+        self.restarts = 0  # a restart ends the cell running in the kernel it replaced
         # An interrupt asked for before the kernel began the cell would be lost
         # (SIGINT to an idle kernel does nothing); it is held until it begins.
         self._awaiting_start = False
@@ -452,6 +453,7 @@ class Kernel:
         never had.
         """
         self.restarting = True
+        self.restarts += 1
         try:
             await self.manager.shutdown_kernel(now=True, restart=True)
             await self.start()
@@ -541,9 +543,12 @@ class Kernel:
         timed_out = restarted = False
         busy_since = float("inf")
         reply = None
+        restarts = self.restarts
         while True:
             if self.died.is_set():
                 return ExecutionResult.collected("dead", collector, started)
+            if self.restarts != restarts:  # restarted by a client: its kernel is gone
+                return _restarted(ExecutionResult.collected("interrupted", collector, started))
             now = time.monotonic()
             if now >= deadline:
                 if timed_out:  # the interrupt did not stop it within the grace period
@@ -618,6 +623,15 @@ class Kernel:
             "kernel_restarted": restarted,
         }
         return result
+
+
+def _restarted(result: ExecutionResult) -> ExecutionResult:
+    result.error = {
+        "ename": "KernelRestarted",
+        "evalue": "the kernel was restarted while this cell ran; its state is lost",
+        "traceback": [],
+    }
+    return result
 
 
 def outcome(reply: Mapping[str, Any], error: dict[str, Any] | None, interrupted: bool) -> str:

@@ -21,7 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..access.auth import Principal
-from ..errors import BadRequest, Conflict, Denied, PayloadTooLarge, StoreUnavailable
+from ..errors import (
+    BadRequest,
+    Conflict,
+    Denied,
+    PayloadTooLarge,
+    SessionBusy,
+    StoreUnavailable,
+)
 from ..execution.kernel import ExecutionResult
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import COMMAND, SILENT, ExecutionRecorder
@@ -107,6 +114,7 @@ class Executions:
         busy (its other work queued) until an approver decides.
         """
         session = self.sessions.get(session_id, who)
+        _check_not_held(session)
         code = request.code
         self._check_size(code)
         limit = seconds(request.timeout, "timeout", session.limits.timeout, self.limits.max_timeout)
@@ -347,7 +355,11 @@ class Executions:
         )
         if on_hold is not None:
             on_hold(approval)
-        await desk.wait(approval, session.kernel.died)
+        session.held_for = approval.id
+        try:
+            await desk.wait(approval, session.kernel.died)
+        finally:
+            session.held_for = None
         if approval.state == "approved":
             return approval.record()
         who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"
@@ -377,6 +389,16 @@ class Executions:
         error = {"ename": "Denied", "evalue": message, "traceback": []}
         await self.finish(session, recorder, ExecutionResult("denied", None, [], error, 0.0))
         return Denied(message)
+
+
+def _check_not_held(session: Session) -> None:
+    """A 409 at once, not a wait of up to the approval timeout, behind a held execute."""
+    if session.held_for is not None:
+        raise SessionBusy(
+            f"session {session.id} waits for an approver to decide approval "
+            f"{session.held_for} (GET /v1/approvals/{session.held_for}); send this once "
+            "it is decided"
+        )
 
 
 def _settle_with(future: asyncio.Future[Any]) -> Callable[[Any], None]:

@@ -101,6 +101,7 @@ class Session:
         self.executions = 0
         self.output_bytes = 0  # kept over its life, against session_output_bytes
         self.running: set[ExecutionRecorder] = set()  # executions in flight, any client
+        self.held_for: str | None = None  # the approval its turn waits on, if any
         self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.egress_bytes = [0, 0]  # sent, received through it since this gateway started
         self.stream: Relay | None = None  # the agent stream, made on first use

@@ -114,9 +114,9 @@ class Pausing:
 
     async def resume(self, session: Session) -> dict[str, Any]:
         """Start a fresh kernel over the session's workspace and give it its state back."""
+        _check_paused(session)  # at once, not after a running cell's turn
         async with session.lock:
-            if session.state != "paused":
-                raise NotPaused(f"session {session.id} is {session.state}, not paused")
+            _check_paused(session)
             return await self.resumed(session)
 
     async def resumed(self, session: Session) -> dict[str, Any]:
@@ -156,6 +156,11 @@ class Pausing:
             return False
         loading = self.state.load_pooled(session, saved, pooled)
         return await self.lifecycle.move_in(session, pooled, STATE_DIR, loading)
+
+
+def _check_paused(session: Session) -> None:
+    if session.state != "paused":
+        raise NotPaused(f"session {session.id} is {session.state}, not paused")
 
 
 def _check_idle(session: Session, executing: bool = False) -> None:

@@ -19,6 +19,7 @@ from ..sandbox.base import Placement
 from ..sandbox.workspace import iso
 from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, Store
 from .manager import SessionManager
+from .pool import WarmPool
 from .snapshots import Snapshots
 
 # Upload events read back for an export's record of inputs (the newest, past this many).
@@ -46,13 +47,23 @@ class Reports:
         store: Store,
         placement: Placement,
         snapshots: Snapshots,
+        pool: WarmPool,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sessions = sessions
         self.store = store
         self.placement = placement
+        self.pool = pool
         self.snapshots = snapshots
         self.clock = clock
+
+    def health(self) -> dict[str, Any]:
+        """The gateway's own state for a load balancer: sessions, warm kernels, engine."""
+        return {
+            "sessions": len(self.sessions.sessions),
+            "pool_ready": {name: stats["ready"] for name, stats in self.pool.stats().items()},
+            "engine": "down" if self.placement.unavailable() else "up",
+        }
 
     async def usage(self, session_id: str, who: Principal) -> dict[str, Any]:
         """What a live session uses now: CPU, memory (now and at peak), network, disk.

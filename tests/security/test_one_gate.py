@@ -261,3 +261,21 @@ def test_a_cell_held_over_the_channels_and_denied_gets_a_jupyter_error(gated):
     assert after["execute_reply"]["content"]["status"] == "ok"
     statuses = [e["status"] for e in full_history(c["acme"], sid)]
     assert statuses == ["denied", "ok"], statuses
+
+
+def test_a_second_execute_while_the_first_is_held_is_answered_at_once(gated):
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    held = c["acme"].post(f"/v1/sessions/{sid}/execute", json={"code": SHELL})
+    assert held.status_code == 202, held.text
+    with Canary(gw, canary):
+        started = time.monotonic()
+        second = c["acme"].post(f"/v1/sessions/{sid}/execute", json={"code": "print(1)"})
+        waited = time.monotonic() - started
+    assert waited < 5, f"the second execute waited {waited:.1f} s for the first's approval"
+    assert second.status_code == 409, second.text
+    error = second.json()["error"]
+    assert held.json()["approval_id"] in error["message"], error
+    r = c["approver"].post(f"/v1/approvals/{held.json()['approval_id']}/deny", json={})
+    assert r.status_code == 200, r.text
+    assert wait_for(lambda: run(c["acme"], sid, "print(2)")["status"] == "ok", 30)

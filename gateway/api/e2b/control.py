@@ -149,7 +149,7 @@ async def from_snapshot(handler: ControlHandler, request: CreateSession) -> Crea
     if request.kernel in TEMPLATES.values():
         return request
     try:
-        doc = await handler.manager.snapshots.get(request.kernel, handler.principal)
+        doc = await handler.snapshots.get(request.kernel, handler.principal)
     except SnapshotNotFound:
         return request  # a kernel's name; an unknown one is refused as on /v1
     return dataclasses.replace(request, kernel="", from_snapshot=doc["id"])
@@ -166,7 +166,7 @@ class SandboxesHandler(ControlHandler):
     actions = {"POST": "session.create"}
 
     async def post(self) -> None:
-        longest = self.manager.settings.max_ttl
+        longest = self.options.max_ttl
         request = await from_snapshot(self, create_request(self.json_body(), longest))
         session = await self.manager.create(request, self.principal)
         self.audit_session = session.id
@@ -293,7 +293,7 @@ class SnapshotListHandler(ControlHandler):
         if sandbox_id:
             docs = await self.reports.snapshots_of(sandbox_id, self.principal)
         else:
-            docs = await self.manager.snapshots.of_tenant(self.principal)
+            docs = await self.snapshots.of_tenant(self.principal)
         name = self.get_argument("name", "")
         found = [d for d in docs if not name or d.get("name") == name]
         self.send([snapshot_info(d) for d in self.page(found)])
