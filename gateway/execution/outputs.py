@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..limits import format_size
-from ..masking import NO_SECRETS, Masker
+from ..masking import NO_SECRETS, Masker, MaskingStream
 
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 _MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-+.]+$")  # what nbformat takes as a MIME key
@@ -87,6 +87,10 @@ class OutputCollector:
         )
         self.listener = listener
         self.mask = mask  # a session's secrets, masked before anyone hears of an output
+        # A stream's text is masked as one: the end of a message that may begin a
+        # secret is held back until that stream's next message, or until another output.
+        self._stream = MaskingStream(mask)
+        self._stream_name = "stdout"
         self.outputs: list[dict[str, Any]] = []
         # Text that continues the last output's stream; joined once, not per chunk
         # (appending chunk by chunk copies a long stream over and over).
@@ -108,7 +112,7 @@ class OutputCollector:
         """Fold one iopub message in; the listener hears of what it changed."""
         kind = msg["header"]["msg_type"]
         if self.mask:
-            msg = {**msg, "content": self.mask.tree(msg["content"])}
+            msg = {**msg, "content": self._masked(kind, msg["content"])}
         content = msg["content"]
         if kind == "clear_output":
             if content.get("wait"):
@@ -141,6 +145,25 @@ class OutputCollector:
             self.error = {k: output[k] for k in ("ename", "evalue", "traceback")}
         elif self._append(output, budget=self.cap) is not None and display_id:
             self._displays.setdefault(display_id, []).append(output)
+
+    def _masked(self, kind: str, content: dict[str, Any]) -> dict[str, Any]:
+        """The content masked; a stream's text as one text with its earlier messages."""
+        name, text = content.get("name"), content.get("text")
+        if kind != "stream" or name not in ("stdout", "stderr") or not isinstance(text, str):
+            self._let_out()
+            return self.mask.tree(content)
+        if name != self._stream_name:
+            self._let_out()
+            self._stream_name = name
+        return {"name": name, "text": self._stream.feed(text)}
+
+    def _let_out(self) -> None:
+        """Keep what a stream held back: another output, or the end, came after it."""
+        if self._stream.held:
+            if self._clear_pending:
+                self._clear()
+            output = {"output_type": "stream", "name": self._stream_name}
+            self._append({**output, "text": self._stream.flush()}, budget=self.cap)
 
     def _count(self, size: int) -> bool:
         """Charge a payload nothing keeps; False, and counted as dropped, past the cap."""
@@ -187,8 +210,7 @@ class OutputCollector:
     def _join_tail(self) -> None:
         if self._tail:
             last = self.outputs[-1]
-            # Masked again whole: a secret may have come split across chunks.
-            last["text"] = self.mask.text(last["text"] + "".join(self._tail))
+            last["text"] += "".join(self._tail)
             self._tail.clear()
 
     def _clear(self) -> None:
@@ -219,6 +241,7 @@ class OutputCollector:
 
     def finish(self) -> list[dict[str, Any]]:
         """Return the final outputs, with the truncation marker when anything was cut."""
+        self._let_out()
         self._join_tail()
         notes = []
         if self.dropped:
