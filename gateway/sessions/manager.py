@@ -574,11 +574,18 @@ class SessionManager:
 
 
 def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSession:
-    """A create request for a fork: the snapshot's kernel and image, or a 409 naming them."""
+    """A create request for a fork: the snapshot's kernel and image, or a 409 naming them.
+
+    Unless it names its own, a fork asks for the secrets its snapshot's session held: its
+    replay runs with them, and its masker masks them.
+    """
     for what, asked in (("kernel", request.kernel), ("image", request.image)):
         if asked and asked != snapshot[what]:
             raise Conflict(
                 f"snapshot {snapshot['id']} holds the state of a {snapshot[what]} {what}; a "
                 f"fork of it cannot run {asked}: leave {what} out"
             )
-    return dataclasses.replace(request, kernel=snapshot["kernel"], image=snapshot["image"])
+    secrets = request.secrets or tuple(snapshot.get("secrets", ()))
+    return dataclasses.replace(
+        request, kernel=snapshot["kernel"], image=snapshot["image"], secrets=secrets
+    )

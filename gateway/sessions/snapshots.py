@@ -5,7 +5,9 @@ A snapshot is a directory ``<data_dir>/snapshots/<id>``: the saved namespace
 to the snapshot) and the workspace as a gzipped tar made by the workspace's
 own archiver (regular files only, never read through a link). Its record is
 in the store. It belongs to the session's tenant, counts toward the tenant's
-quota (count and bytes) and outlives the session.
+quota (count and bytes) and outlives the session. It names the sealed secrets
+the session held (never their values; such a session's state is kept by
+replay, see ``state``), for a fork to ask for them too.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Snapshots:
                 "lost": saved.lost,
                 "kernel": session.kernel_name,
                 "image": session.image,
+                "secrets": list(session.secret_names),
                 "saved": saved.to_json(),
                 "last_execution": await self.store.last_execution(session.id),
             }
@@ -174,7 +177,7 @@ class Snapshots:
 
 def public(doc: dict[str, Any]) -> dict[str, Any]:
     """A snapshot as the API shows it: without what only restoring it needs."""
-    return {k: v for k, v in doc.items() if k not in ("saved", "last_execution")}
+    return {k: v for k, v in doc.items() if k not in ("saved", "last_execution", "secrets")}
 
 
 def _size_of(directory: Path) -> int:

@@ -15,6 +15,12 @@ first (``STRATEGIES``); a session gets the best one its kernel supports:
 - ``replay``: any kernel. The session's recorded cells run again, in order, in
   the fresh kernel over the kept workspace; cells whose outputs differ from
   the recorded ones are reported.
+
+A session holding sealed secrets keeps its state by replay only: a saved
+namespace holds their values, and whatever the kernel made of them, in the
+clear, on disk and in every fork (whose masker would not know them). Its
+history is masked, and a kernel that replays it has a secret only if its
+session asks for it.
 """
 
 from __future__ import annotations
@@ -129,11 +135,13 @@ class KernelState:
         self.grace = grace
 
     def strategies(self, session: Session) -> list[str]:
-        """The strategies a session's kernel supports, best first."""
+        """The strategies a session's kernel supports, best first (replay, if it holds secrets)."""
         placement = self.lifecycle.placement
         if placement.kernel_exchange(session.id) is None:
             return []
         offered = self.lifecycle.kernelspecs.sandbox(session.kernel_name).get("state", [])
+        if session.secret_names:
+            offered = [s for s in offered if s != "namespace"]
         return [s for s in STRATEGIES if s in offered or s == "replay"]
 
     def choose(self, session: Session, requested: str | None) -> str:
@@ -150,6 +158,8 @@ class KernelState:
             return supported[0]
         if requested == "checkpoint":
             raise StrategyUnavailable(CHECKPOINT_UNAVAILABLE)
+        if requested == "namespace" and session.secret_names:
+            raise StrategyUnavailable(_holds_secrets(session, "ask for 'replay', or for none"))
         if requested not in supported:
             raise StrategyUnavailable(
                 f"the {session.kernel_name} kernel cannot keep its state by {requested!r}; it "
@@ -214,6 +224,8 @@ class KernelState:
                 f"session {session.id} is paused with its state kept by {saved.strategy!r}; "
                 f"resume it to take a snapshot by {requested!r}"
             )
+        if saved.strategy == "namespace" and session.secret_names:  # paused before this rule
+            raise StrategyUnavailable(_holds_secrets(session, "resume it, then take the snapshot"))
         if saved.strategy == "namespace":
             kept = self.state_dir(session.id) / STATE_FILE
             try:
@@ -321,6 +333,16 @@ class KernelState:
                     )
             after = page.next
         return differed
+
+
+def _holds_secrets(session: Session, then: str) -> str:
+    """Why a session holding secrets keeps no saved namespace, and what to do instead."""
+    return (
+        f"session {session.id} holds sealed secrets ({', '.join(session.secret_names)}): a "
+        "saved namespace would keep their values, and what was computed from them, in the "
+        "clear on disk and in every fork, so its state is kept by 'replay' (its masked "
+        f"history, run again); {then}"
+    )
 
 
 def _take(source: Path, target: Path) -> None:
