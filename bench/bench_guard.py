@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 from harness import Gateway, median, pct, round_trips, timed, write_section
 
-from gateway.sandbox.guard import MessageGuard
+from gateway.execution.transport.guard import MessageGuard
 
 BULK = "import sys\nchunk = 'x' * 65535 + '\\n'\nfor _ in range(256): sys.stdout.write(chunk)"
 BULK_LIMITS = {"limits": {"output_bytes": "64m"}}

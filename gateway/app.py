@@ -41,7 +41,8 @@ from .api.edge import Edge
 from .api.forward import Forwarder
 from .config import Settings
 from .errors import EngineUnavailable
-from .execution.kernel import limit_kernel_messages, shared_context
+from .execution.transport.guard import MessageGuard
+from .execution.transport.libzmq import limit_kernel_messages, shared_context
 from .notebooks.compare import diff_outputs
 from .observe.loop_lag import LoopLagMonitor
 from .observe.metrics import GatewayMetrics
@@ -439,6 +440,7 @@ def build_lifecycle(
         swarm=settings.swarm_options(),
         context=shared_context(),
         max_message=settings.max_kernel_message if settings.kernel_message_guard else 0,
+        guard=MessageGuard,
     )
     return SandboxLifecycle(
         settings,

@@ -21,8 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
-from gateway.execution import channels, zmtp
-from gateway.execution.channels import KernelChannels, ZmqLink, sent_only_when_connected
+from gateway.execution import channels
+from gateway.execution.channels import KernelChannels
+from gateway.execution.transport import zmtp
+from gateway.execution.transport.libzmq import ZmqLink, sent_only_when_connected
 
 KEY = b"k" * 32
 FLOOD = 900  # under ZeroMQ's high-water mark (1000), which a PUB socket drops past
@@ -42,8 +44,8 @@ class StandIn:
         self.iopub: zmq.asyncio.Socket | None = None  # the gateway's, over libzmq
         if transport == "zmtp":
             self.links = (
-                zmtp.Link(f"{tmp_path}/shell", b"DEALER", 1 << 20),
-                zmtp.Link(f"{tmp_path}/iopub", b"SUB", 1 << 20),
+                zmtp.ZmtpLink(f"{tmp_path}/shell", b"DEALER", 1 << 20),
+                zmtp.ZmtpLink(f"{tmp_path}/iopub", b"SUB", 1 << 20),
             )
             return
         self.shell = shell = sent_only_when_connected(self.ctx, self._connect_shell)
@@ -74,7 +76,7 @@ class StandIn:
     def shell_connected(self) -> bool:
         """Whether the gateway's shell link is connected to the kernel's socket."""
         link = self.links[0]
-        if isinstance(link, zmtp.Link):
+        if isinstance(link, zmtp.ZmtpLink):
             return link.up.is_set()
         return bool(self.shell.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
@@ -189,7 +191,7 @@ async def test_a_flood_of_messages_leaves_the_loop_to_others(kernel, channels):
     other.cancel()
     assert received == FLOOD
     # Read BATCH messages a turn: the other task ran between the batches.
-    assert ZmqLink.BATCH == zmtp.Link.BATCH
+    assert ZmqLink.BATCH == zmtp.ZmtpLink.BATCH
     assert ticks >= FLOOD // ZmqLink.BATCH
 
 

@@ -9,9 +9,10 @@ import zmq.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.execution.kernel import DropWatch
-from gateway.sandbox import guard as guard_module
-from gateway.sandbox.guard import HEADERS_PER_TURN, MAX_FRAMES, FrameCounter, MessageGuard
+from gateway.execution.transport import guard as guard_module
+from gateway.execution.transport.drops import DropWatch
+from gateway.execution.transport.guard import MessageGuard
+from gateway.execution.transport.wire import HEADERS_PER_TURN, MAX_FRAMES, FrameCounter
 
 LIMIT = 1000
 GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x01" + b"NULL" + b"\0" * 16 + b"\0" * 32

@@ -17,7 +17,7 @@ import textwrap
 import zmq
 import zmq.asyncio
 
-from gateway.execution.kernel import DropWatch
+from gateway.execution.transport.drops import DropWatch
 
 # A reader under DropWatch while its publisher restarts again and again with
 # multipart messages in flight: what a kernel restart does to the iopub socket.
@@ -25,7 +25,7 @@ _RESTARTS = textwrap.dedent(
     """
     import asyncio, sys, threading, time
     import zmq, zmq.asyncio
-    from gateway.execution.kernel import DropWatch
+    from gateway.execution.transport.drops import DropWatch
 
     addr = "ipc://" + sys.argv[1]
     restarts = int(sys.argv[2])
@@ -120,7 +120,7 @@ _WATCH_CLOSED_FIRST = textwrap.dedent(
     """
     import asyncio, os
     import zmq, zmq.asyncio
-    from gateway.execution.kernel import DropWatch
+    from gateway.execution.transport.drops import DropWatch
 
     async def pair(ctx):
         server = ctx.socket(zmq.ROUTER)

@@ -65,7 +65,7 @@ class PausingPlacement(LocalPlacement):
         return str(run), run
 
 
-def test_each_command_in_each_state(tmp_path, kernels_dir, monkeypatch):
+def test_each_command_in_each_state(tmp_path, kernels_dir, monkeypatch):  # noqa: F811
     """All rows at once, each in a session (and a tenant) of its own, on one manager."""
     monkeypatch.setattr("test_sessions_units.LocalPlacement", PausingPlacement)
 

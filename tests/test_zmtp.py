@@ -12,8 +12,8 @@ import zmq.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.execution import zmtp
-from gateway.sandbox.guard import MAX_FRAMES
+from gateway.execution.transport import zmtp
+from gateway.execution.transport.wire import MAX_FRAMES
 
 LIMIT = 1000
 
@@ -66,7 +66,7 @@ def with_link(tmp_path, socket_type: bytes, scenario, path: str | None = None, a
     async def go(kernel: Kernel) -> None:
         default = kernel.iopub if socket_type == b"SUB" else kernel.shell
         async with around or contextlib.nullcontext():
-            link = zmtp.Link(path or default, socket_type, LIMIT)
+            link = zmtp.ZmtpLink(path or default, socket_type, LIMIT)
             got: asyncio.Queue = asyncio.Queue()
             link.start(got.put_nowait)
             try:
@@ -78,7 +78,7 @@ def with_link(tmp_path, socket_type: bytes, scenario, path: str | None = None, a
 
 
 def test_a_message_over_the_limit_is_cut_before_it_is_read_and_the_link_goes_on(tmp_path):
-    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, got: asyncio.Queue) -> None:
         await subscribed(kernel, got)
         # Each frame under the limit, the message over it; then a message of many
         # empty frames (no bytes, but each one a read and an object).
@@ -93,7 +93,7 @@ def test_a_message_over_the_limit_is_cut_before_it_is_read_and_the_link_goes_on(
 
 
 def test_requests_sent_before_the_kernel_listens_go_when_it_does(tmp_path):
-    async def scenario(kernel: Kernel, link: zmtp.Link, replies: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, replies: asyncio.Queue) -> None:
         link.send([b"first", b"request"])
         await asyncio.sleep(0.3)  # nothing listens: the link tries again meanwhile
         kernel.router.bind(f"ipc://{tmp_path / 'later'}")
@@ -107,7 +107,7 @@ def test_requests_sent_before_the_kernel_listens_go_when_it_does(tmp_path):
 
 
 def test_a_kernel_that_restarts_is_connected_to_again(tmp_path):
-    async def scenario(kernel: Kernel, link: zmtp.Link, replies: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, replies: asyncio.Queue) -> None:
         for _ in range(2):
             link.send([b"ping"])
             ident, _ = await asyncio.wait_for(kernel.router.recv_multipart(), 5)
@@ -158,7 +158,7 @@ def test_a_sandbox_that_answers_garbage_or_never_finishes_a_message_holds_nothin
         frame = bytes((zmtp.LONG | zmtp.MORE,)) + LIMIT.to_bytes(8, "big") + b"x"
         return zmtp.GREETING + zmtp.ready(b"PUB") + frame
 
-    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, got: asyncio.Queue) -> None:
         await asyncio.wait_for(impostor.again.wait(), 5)
         await asyncio.sleep(0.2)
         assert got.empty()
@@ -175,11 +175,11 @@ def test_a_planted_socket_that_is_not_zmtp_is_tried_ever_less_often_and_logged_o
 ):
     """Tried every 100 ms, each try a connect, a read and a warning: for good, per link."""
 
-    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, got: asyncio.Queue) -> None:
         await asyncio.sleep(1.6)
 
     garbage = Impostor(str(tmp_path / "garbage"), lambda n: b"HTTP/1.1 400 Bad Request\r\n\r\n")
-    with caplog.at_level(logging.WARNING, logger="gateway.execution.zmtp"):
+    with caplog.at_level(logging.WARNING, logger="gateway.execution.transport.zmtp"):
         with_link(tmp_path, b"SUB", scenario, garbage.path, around=garbage)
     # 0.1, 0.2, 0.4, 0.8 s apart: five tries in 1.6 s, not sixteen
     assert 3 <= len(garbage.accepted) <= 6, len(garbage.accepted)
@@ -190,7 +190,7 @@ def test_a_link_never_follows_a_symbolic_link_the_sandbox_put_in_the_kernels_pla
     """The kernel's socket directory is the sandbox's: a link there could send the
     gateway's connection (and each execute's code) to any socket the gateway can reach."""
 
-    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, got: asyncio.Queue) -> None:
         await asyncio.sleep(0.5)
 
     elsewhere = Impostor(str(tmp_path / "elsewhere"), lambda n: zmtp.GREETING)
@@ -230,7 +230,7 @@ class _Transport:
         return len(self.written)  # the peer reads nothing
 
 
-def connected(link: zmtp.Link, peer: bytes) -> tuple[zmtp._Connection, _Transport]:
+def connected(link: zmtp.ZmtpLink, peer: bytes) -> tuple[zmtp._Connection, _Transport]:
     """A connection of ``link`` that has had the greeting and READY of a ``peer`` socket."""
     conn = zmtp._Connection(link)
     transport = _Transport()
@@ -241,7 +241,7 @@ def connected(link: zmtp.Link, peer: bytes) -> tuple[zmtp._Connection, _Transpor
 
 def test_a_ping_flood_from_a_peer_that_reads_nothing_grows_nothing():
     async def go() -> None:
-        conn, transport = connected(zmtp.Link("unused", b"SUB", LIMIT), b"PUB")
+        conn, transport = connected(zmtp.ZmtpLink("unused", b"SUB", LIMIT), b"PUB")
         conn.data_received(zmtp.command(b"PING", b"\x00\x0a" + b"c" * 16) * 100_000)
         assert not transport.aborted
         assert len(transport.written) < 8192, "every PING was answered into an unread buffer"
@@ -260,7 +260,7 @@ def test_the_reader_delivers_the_same_messages_however_the_stream_is_cut(sent, c
     """Every split of the bytes into reads gives the same messages, each once, in order."""
 
     async def go() -> list[list[bytes]]:
-        link = zmtp.Link("unused", b"DEALER", 10_000)
+        link = zmtp.ZmtpLink("unused", b"DEALER", 10_000)
         got: list[list[bytes]] = []
         link._deliver = got.append
         conn = zmtp._Connection(link)
@@ -277,7 +277,7 @@ def test_the_reader_delivers_the_same_messages_however_the_stream_is_cut(sent, c
             for _ in range(10):  # batches the loop would deliver in later turns
                 await asyncio.sleep(0)
         conn.data_received(stream[at:])
-        for _ in range(len(sent) // zmtp.Link.BATCH + 2):
+        for _ in range(len(sent) // zmtp.ZmtpLink.BATCH + 2):
             await asyncio.sleep(0)
         assert not transport.aborted
         assert transport.written.startswith(zmtp.GREETING + zmtp.ready(b"DEALER"))
@@ -291,7 +291,7 @@ def test_a_flood_of_empty_commands_is_read_a_turn_s_worth_at_a_time():
     """Each header is Python work, however few bytes: 128K of them held every session."""
 
     async def go() -> None:
-        conn, transport = connected(zmtp.Link("unused", b"SUB", LIMIT), b"PUB")
+        conn, transport = connected(zmtp.ZmtpLink("unused", b"SUB", LIMIT), b"PUB")
         conn.data_received(zmtp.command(b"") * 100_000)
         assert conn._paused and len(conn._buffer) > 100_000, "the whole read was taken at once"
         for _ in range(100_000 // zmtp.HEADERS_PER_TURN + 1):
@@ -305,7 +305,7 @@ def test_a_request_sent_right_after_a_cut_waits_for_the_next_connection():
     """Until the connection is gone for good, a send wrote into it, and was lost."""
 
     async def go() -> None:
-        link = zmtp.Link("unused", b"DEALER", LIMIT)
+        link = zmtp.ZmtpLink("unused", b"DEALER", LIMIT)
         conn, transport = connected(link, b"ROUTER")
         link._conn = conn
         conn.data_received(zmtp.encode([b"a" * 600, b"b" * 600]))  # over LIMIT: cut
@@ -321,7 +321,7 @@ def test_a_request_sent_right_after_a_cut_waits_for_the_next_connection():
 def test_a_socket_that_never_answers_the_handshake_is_left_and_tried_again(tmp_path, monkeypatch):
     monkeypatch.setattr(zmtp, "HANDSHAKE_TIMEOUT", 0.2)
 
-    async def scenario(kernel: Kernel, link: zmtp.Link, got: asyncio.Queue) -> None:
+    async def scenario(kernel: Kernel, link: zmtp.ZmtpLink, got: asyncio.Queue) -> None:
         try:
             await asyncio.wait_for(silent.again.wait(), 3)
         except TimeoutError:
@@ -333,7 +333,7 @@ def test_a_socket_that_never_answers_the_handshake_is_left_and_tried_again(tmp_p
 
 def test_a_delivery_that_raises_cuts_the_connection_and_reading_goes_on(tmp_path):
     async def scenario(kernel: Kernel) -> None:
-        link = zmtp.Link(kernel.iopub, b"SUB", LIMIT)
+        link = zmtp.ZmtpLink(kernel.iopub, b"SUB", LIMIT)
         got: asyncio.Queue = asyncio.Queue()
         raised = []
 
@@ -347,7 +347,7 @@ def test_a_delivery_that_raises_cuts_the_connection_and_reading_goes_on(tmp_path
         link.start(deliver)
         try:
             await subscribed(kernel, got)
-            for _ in range(zmtp.Link.BATCH + 5):  # the raise comes in a later turn's batch
+            for _ in range(zmtp.ZmtpLink.BATCH + 5):  # the raise comes in a later turn's batch
                 await kernel.pub.send(b"filler")
             await kernel.pub.send(b"raise")
             await asyncio.sleep(0.2)

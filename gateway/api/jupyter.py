@@ -17,7 +17,7 @@ from typing import Any
 from .. import __version__
 from ..errors import BadRequest, NotFound, QuotaExceeded
 from ..relays.agent_stream import ReplayBuffer
-from ..relays.jupyter_channels import KernelChannels
+from ..relays.jupyter_channels import ChannelsRelay
 from ..sessions.kernel_env import kernel_start
 from ..sessions.model import Session
 from .base import JSONHandler, JSONWebSocketHandler
@@ -131,7 +131,7 @@ class ChannelsHandler(JSONWebSocketHandler):
     reconnect grace gets the messages it missed first, as Jupyter Server does.
     """
 
-    relay: KernelChannels
+    relay: ChannelsRelay
     resuming = False
     transport = "jupyter"
 
@@ -142,7 +142,7 @@ class ChannelsHandler(JSONWebSocketHandler):
         if parked is not None:
             self.relay, self.resuming = parked, True
         else:
-            self.relay = KernelChannels(
+            self.relay = ChannelsRelay(
                 self.manager,
                 self.executions,
                 session,

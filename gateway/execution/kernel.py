@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -18,16 +17,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
-from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import KernelStartFailed
 from ..masking import NO_SECRETS, Masker
-from .channels import KernelChannels, Message, Request, ZmqLink, sent_only_when_connected
+from .channels import KernelChannels, Message, Request
 from .outputs import OutputCap, OutputCollector, OutputListener, execution_count
-from .zmtp import Link, Links
+from .transport.drops import DropWatch
+from .transport.libzmq import ZmqLink, sent_only_when_connected, shared_context
+from .transport.zmtp import Links, ZmtpLink
 
 log = logging.getLogger(__name__)
 
@@ -75,138 +74,6 @@ class ExecutionResult:
             "artifacts_truncated": self.artifacts_truncated,
             "files": self.files,
         }
-
-
-@functools.cache
-def shared_context() -> zmq.asyncio.Context:
-    """One ZeroMQ context for every kernel's sockets.
-
-    By default each manager and each client makes its own, with an I/O
-    thread each: two per session. One context needs room for all sockets
-    (libzmq's default is 1023, about 150 sessions' worth), set before its first.
-    """
-    context = zmq.asyncio.Context()
-    context.set(zmq.MAX_SOCKETS, 65536)
-    return context
-
-
-def limit_kernel_messages(max_bytes: int) -> None:
-    """Make every socket the gateway opens to a kernel refuse a frame over ``max_bytes``.
-
-    A default of the shared context, so it holds for the gateway's channels
-    to each kernel and each Jupyter relay's sockets alike. libzmq reads a frame's
-    announced size first and, over the limit, drops the connection without
-    reading the frame; ``DropWatch`` makes it again, and ``Kernel`` says so
-    in the execution's outputs.
-    """
-    shared_context().setsockopt(zmq.MAXMSGSIZE, max_bytes)
-
-
-class DropWatch:
-    """Connects again the kernel sockets libzmq dropped for good, and counts them.
-
-    With ``MAXMSGSIZE`` a frame over the limit is never read: libzmq closes
-    the connection as a protocol error and, unlike after a lost connection,
-    never makes it again, so a kernel could cut the gateway off its own
-    outputs. Whatever the kernel sent until the new connection is up is lost
-    (an idle status too, perhaps).
-
-    A lost connection (a kernel restarting, a swarm agent starting its
-    kernel) is ZeroMQ's to make again, and it says so at once with
-    ``EVENT_CONNECT_RETRIED``; only a drop without one is answered here.
-    ``disconnect`` cuts the connection's pipe with whatever is still unread;
-    a SUB socket reads ahead the first frame of the next message, and a pipe
-    cut under it makes libzmq abort the process (``!_more`` in fq.cpp). So
-    the dead connection is cut only while the socket has nothing to read,
-    and never while ZeroMQ is reconnecting it (which once in a few kernel
-    restarts aborted the gateway).
-
-    libzmq sends each monitor event from its one I/O thread, blocking until
-    the monitor's reader takes it: a reader closed while its socket still
-    has events to tell stops that thread, and with it every kernel socket of
-    the gateway. So a socket's monitoring is switched off before the reader
-    closes (``_unwatch``), and ``close`` does so at once, for the caller
-    closes the sockets right after.
-    """
-
-    # Seconds ZeroMQ has to say it reconnects by itself: its I/O thread says so
-    # right after the drop. Kept short, for what the kernel sends until the new
-    # connection is up is lost; a reconnect by hand that was not needed is harmless.
-    RETRY_WINDOW = 0.1
-
-    def __init__(self, sockets: list[zmq.asyncio.Socket]) -> None:
-        self.drops = 0
-        self._down: set[str] = set()  # endpoints dropped and not connected again yet
-        self._changed = asyncio.Event()
-        self._sockets = sockets
-        self._tasks = [asyncio.create_task(self._watch(sock)) for sock in sockets]
-
-    async def settled(self, timeout: float) -> None:
-        """Wait (up to ``timeout``) until every dropped connection is made again.
-
-        What a kernel publishes while its iopub connection is down is lost; the
-        next execution waits for it rather than lose its outputs.
-        """
-        deadline = time.monotonic() + timeout
-        while self._down and (left := deadline - time.monotonic()) > 0:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-
-    async def _watch(self, sock: zmq.asyncio.Socket) -> None:
-        monitor = sock.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-        )
-        dropped: dict[str, float] = {}  # endpoint -> when it is ours to connect again
-        try:
-            while True:
-                now = time.monotonic()
-                for endpoint in [e for e, due in dropped.items() if due <= now]:
-                    del dropped[endpoint]
-                    await self._connect_again(sock, endpoint)
-                wait = max(0.0, min(dropped.values()) - now) if dropped else None
-                if not await monitor.poll(None if wait is None else wait * 1000):
-                    continue
-                event = parse_monitor_message(await monitor.recv_multipart())
-                endpoint = event["endpoint"].decode()
-                if event["event"] == zmq.EVENT_CONNECT_RETRIED:
-                    dropped.pop(endpoint, None)
-                elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self._down.discard(endpoint)
-                    self._changed.set()
-                else:
-                    self._down.add(endpoint)
-                    dropped.setdefault(endpoint, time.monotonic() + self.RETRY_WINDOW)
-        finally:
-            _unwatch(sock)
-            monitor.close(linger=0)
-
-    async def _connect_again(self, sock: zmq.asyncio.Socket, endpoint: str) -> None:
-        self.drops += 1
-        log.warning("a kernel connection was dropped (%s); connecting again", endpoint)
-        try:
-            # The readers take what the dead connection still holds (no event
-            # says when); no await between the last look and the cut.
-            while sock.get(zmq.EVENTS) & zmq.POLLIN:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-            with contextlib.suppress(zmq.ZMQError):  # cut already
-                sock.disconnect(endpoint)
-            sock.connect(endpoint)
-        except zmq.ZMQError:  # the socket closed meanwhile
-            return
-
-    def close(self) -> None:
-        for sock in self._sockets:
-            _unwatch(sock)
-        for task in self._tasks:
-            task.cancel()
-
-
-def _unwatch(sock: zmq.Socket) -> None:
-    """Stop ``sock``'s monitor: no event is sent to its reader from now on."""
-    if not sock.closed:
-        with contextlib.suppress(zmq.ZMQError):
-            sock.disable_monitor()
 
 
 # iopub messages that say the kernel is running a cell's code now; a kernel
@@ -345,7 +212,7 @@ class Kernel:
         paths = direct(km.shell_port, km.iopub_port) if direct is not None else None
         if paths is not None:
             shell_path, iopub_path, limit = paths
-            links = (Link(shell_path, b"DEALER", limit), Link(iopub_path, b"SUB", limit))
+            links = (ZmtpLink(shell_path, b"DEALER", limit), ZmtpLink(iopub_path, b"SUB", limit))
             self._drops = Links(links)
             return KernelChannels(km.session, *links)
         shell, iopub = sent_only_when_connected(km.context, km.connect_shell), km.connect_iopub()

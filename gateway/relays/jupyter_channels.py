@@ -33,8 +33,9 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from ..access.auth import Principal
 from ..errors import GatewayError
-from ..execution.kernel import DropWatch, ExecutionResult, outcome
+from ..execution.kernel import ExecutionResult, outcome
 from ..execution.outputs import OutputCollector, execution_count
+from ..execution.transport.drops import DropWatch
 from ..sessions.executions import Admitted, Executions
 from ..sessions.manager import Session, SessionManager
 from .agent_stream import ReplayBuffer
@@ -60,7 +61,7 @@ class _Pending:
         self.reply: dict[str, Any] = {}
 
 
-class KernelChannels:
+class ChannelsRelay:
     """One client's connection to one session's kernel."""
 
     def __init__(

@@ -46,6 +46,22 @@ AS_BATCH = "chrt --batch --pid 0 $$ 2>/dev/null"
 # Called on the loop when a sandbox stops: (session id, sandbox id, exit code).
 DeathCallback = Callable[[str, str, int], None]
 
+
+class KernelGuard(Protocol):
+    """A relay in front of one kernel socket that no oversized message gets past.
+
+    The kernel transport's (``execution.transport.guard.MessageGuard``);
+    ``app`` hands the class to the placement that needs one.
+    """
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# Where the gateway connects, the kernel's socket, the largest message: a guard.
+GuardFactory = Callable[[Path, Path, int], KernelGuard]
+
 # What the Docker SDK raises when the engine does not answer, or breaks off: its
 # own errors, and the connection errors of the HTTP library under it.
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)

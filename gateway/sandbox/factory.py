@@ -7,7 +7,7 @@ from pathlib import Path
 import docker
 import zmq.asyncio
 
-from .base import Placement
+from .base import GuardFactory, Placement
 from .docker.placement import DockerPlacement
 from .images import ImageBuilder
 from .swarm.placement import SwarmOptions, SwarmPlacement
@@ -24,12 +24,14 @@ def make_placement(
     swarm: SwarmOptions,
     context: zmq.asyncio.Context,
     max_message: int,
+    guard: GuardFactory | None = None,
 ) -> Placement:
     """The ``docker`` or ``swarm`` placement; ``swarm`` options matter only to the latter.
 
     ``max_message`` bounds a kernel message whole where the placement can
-    (docker: its guards); every socket's libzmq bounds each frame.
+    (docker: a ``guard`` before each kernel socket); every socket's libzmq
+    bounds each frame.
     """
     if name == "swarm":
         return SwarmPlacement(client, images, sessions_dir, swarm, tmp_size, context)
-    return DockerPlacement(client, images, sessions_dir, tmp_size, max_message)
+    return DockerPlacement(client, images, sessions_dir, tmp_size, max_message, guard)

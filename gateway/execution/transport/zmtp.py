@@ -25,14 +25,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar, cast
 
-from ..sandbox.guard import (
-    COMMAND,
-    HEADERS_PER_TURN,
-    LONG,
-    MAX_FRAMES,
-    MORE,
-)
-from ..sandbox.nofollow import NotASocket, connect_socket_file
+from ...sandbox.nofollow import NotASocket, connect_socket_file
+from .wire import COMMAND, HEADERS_PER_TURN, LONG, MAX_FRAMES, MORE
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +114,7 @@ class Backlog(Generic[T]):
         self._bytes = 0
 
 
-class Link:
+class ZmtpLink:
     """A DEALER or a SUB connected to one kernel socket, connected again whenever the
     connection is lost or cut; each whole message goes to ``deliver``.
 
@@ -215,9 +209,9 @@ def _nowhere(frames: list[bytes]) -> None:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection of a ``Link``: the greeting, the handshake, then frames."""
+    """One connection of a ``ZmtpLink``: the greeting, the handshake, then frames."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: ZmtpLink) -> None:
         self.link = link
         self.transport = cast(asyncio.Transport, None)
         self.ready = False
@@ -298,7 +292,7 @@ class _Connection(asyncio.Protocol):
                     return False
                 self._greeted, pos = True, len(GREETING)
             while n - pos >= 2:
-                if delivered >= Link.BATCH or headers >= HEADERS_PER_TURN:
+                if delivered >= ZmtpLink.BATCH or headers >= HEADERS_PER_TURN:
                     return True
                 headers += 1
                 flags = buf[pos]
@@ -369,7 +363,7 @@ def _check_greeting(greeting: bytes | bytearray) -> None:
 class Links:
     """The gateway's links to one kernel: their cuts, and waiting until all are up."""
 
-    def __init__(self, links: Iterable[Link]) -> None:
+    def __init__(self, links: Iterable[ZmtpLink]) -> None:
         self.links = tuple(links)
 
     @property

@@ -23,6 +23,7 @@ from .. import volume
 from ..base import (
     ENGINE_ERRORS,
     DeathCallback,
+    GuardFactory,
     Placement,
     ProvisionerRef,
     SandboxRequest,
@@ -63,10 +64,12 @@ class DockerPlacement(Placement):
         sessions_dir: Path,
         tmp_size: int,
         max_message: int,
+        guard: GuardFactory | None = None,
     ) -> None:
         super().__init__(sessions_dir, tmp_size)
         self.docker = client
         self.max_message = max_message
+        self.guard = guard
         self.images = images
         self._watcher: ContainerWatcher | None = None
         self._image_facts: dict[str, dict[str, Any]] = {}
@@ -101,6 +104,7 @@ class DockerPlacement(Placement):
             workspace=session_dir / "workspace",
             tmp_bytes=self.tmp_bytes(request.limits),
             max_message=self.max_message,
+            guard=self.guard,
             user=request.user,
             isolation=request.isolation,
             secret_files=request.secret_files,

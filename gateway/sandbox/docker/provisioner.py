@@ -7,7 +7,7 @@ run directory, which is bind-mounted into the container, so the gateway
 connects to the same Unix sockets and no port is opened. Inside, the directory
 is at a short fixed path: some kernels (xeus-based ones) read socket names back
 into 32-byte buffers, and the host path is long. The gateway's sockets connect
-to the kernel's through a ``MessageGuard`` each (gateway.sandbox.guard),
+to the kernel's through a guard each (gateway.execution.transport.guard),
 listening in a directory of the gateway's own, so no message over
 ``max_kernel_message`` reaches libzmq whole; the gateway's own shell and
 iopub speak ZMTP to the kernel's sockets themselves, bounded the same way
@@ -42,8 +42,7 @@ from jupyter_core.paths import secure_write
 
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
-from ..base import AS_BATCH, SECRETS_MOUNT, SECRETS_TMPFS, Isolation
-from ..guard import MessageGuard
+from ..base import AS_BATCH, SECRETS_MOUNT, SECRETS_TMPFS, GuardFactory, Isolation, KernelGuard
 
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
@@ -74,6 +73,7 @@ class SandboxSpec:
     workspace: Path  # host directory mounted at /workspace
     tmp_bytes: int
     max_message: int  # largest kernel message the guards let through (0: no guards)
+    guard: GuardFactory | None = None  # the guard put before each kernel socket
     user: str = "1000:1000"
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
@@ -111,7 +111,7 @@ class SandboxSpec:
     def direct_sockets(self, shell_port: int, iopub_port: int) -> tuple[str, str, int] | None:
         """The kernel's own shell and iopub sockets, and the bound on a message, for the
         gateway's channels: they speak ZMTP themselves and bound messages as the guards
-        do (gateway.execution.zmtp). None with the guards off: libzmq's sockets then."""
+        do (gateway.execution.transport.zmtp). None with the guards off: libzmq's sockets then."""
         if not self.max_message:
             return None
         shell, iopub = (str(self.run_dir / f"k-{port}") for port in (shell_port, iopub_port))
@@ -232,7 +232,7 @@ class DockerProvisioner(SandboxProvisioner):
 
     _client: docker.DockerClient | None = None
     _spec: SandboxSpec | None = None
-    _guards: tuple[MessageGuard, ...] = ()
+    _guards: tuple[KernelGuard, ...] = ()
 
     def use_sandbox(self, spec: SandboxSpec) -> None:
         """Bind to a session's sandbox: on every launch, and when reattaching."""
@@ -256,11 +256,11 @@ class DockerProvisioner(SandboxProvisioner):
         await self._unguard()
         spec, km = self._spec, self.parent
         assert spec is not None
-        if not spec.max_message:
+        if not spec.max_message or spec.guard is None:
             return
         spec.guard_dir.mkdir(mode=0o700, exist_ok=True)
         guards = tuple(
-            MessageGuard(spec.guard_dir / f"k-{port}", spec.run_dir / f"k-{port}", spec.max_message)
+            spec.guard(spec.guard_dir / f"k-{port}", spec.run_dir / f"k-{port}", spec.max_message)
             for port in km.ports
         )
         for guard in guards:
