@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import tornado.iostream
@@ -66,7 +67,18 @@ class ReplayHandler(JSONHandler):
         if self.get_argument("progress", "false") == "true":
             await self._replay_with_progress(nb, image_tolerance, inputs)
             return
-        report = await replay_notebook(
+        report = await self._replay(nb, image_tolerance, inputs)
+        self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
+        self.send(report)
+
+    async def _replay(
+        self,
+        nb: Any,
+        image_tolerance: float | None,
+        inputs: dict[str, bytes],
+        on_cell: Callable[[dict[str, Any], int, int], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        return await replay_notebook(
             self.manager,
             self.executions,
             self.workspaces,
@@ -74,9 +86,8 @@ class ReplayHandler(JSONHandler):
             self.principal,
             image_tolerance,
             inputs,
+            on_cell,
         )
-        self.audit_session = report["notebook"]["metadata"]["sbx"]["replayed_in"]
-        self.send(report)
 
     async def _replay_with_progress(
         self, nb: Any, image_tolerance: float | None, inputs: dict[str, bytes]
@@ -99,16 +110,7 @@ class ReplayHandler(JSONHandler):
             await self.flush()
 
         try:
-            report = await replay_notebook(
-                self.manager,
-                self.executions,
-                self.workspaces,
-                nb,
-                self.principal,
-                image_tolerance,
-                inputs,
-                on_cell,
-            )
+            report = await self._replay(nb, image_tolerance, inputs, on_cell)
         except tornado.iostream.StreamClosedError:
             return  # the client went away; the replay's session has been ended
         except GatewayError as e:

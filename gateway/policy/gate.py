@@ -40,24 +40,19 @@ class Gate:
         code: str,
         given: tuple[Finding, ...] = (),
     ) -> Decision:
-        """What the policy in force says about ``code``, with the scan's findings and ``given``."""
-        patterns = self.book.policy(tenant).tighten(session_policy).patterns
-        if len(code) > OFFLOAD_BYTES or self.scanner.matches(language, patterns):
-            return await asyncio.to_thread(
-                self.judge, tenant, session_policy, language, code, given
-            )
-        return self.judge(tenant, session_policy, language, code, given)
+        """What the policy in force says about ``code``, with the scan's findings and ``given``.
 
-    def judge(
-        self,
-        tenant: str,
-        session_policy: Policy | None,
-        language: str,
-        code: str,
-        given: tuple[Finding, ...] = (),
-    ) -> Decision:
-        """``review`` on the caller's thread."""
+        Scanned on the loop (tens of microseconds), or on a thread for a large
+        cell or one that patterns are matched against.
+        """
         policy = self.book.policy(tenant).tighten(session_policy)
+        if len(code) > OFFLOAD_BYTES or self.scanner.matches(language, policy.patterns):
+            return await asyncio.to_thread(self._judge, tenant, policy, language, code, given)
+        return self._judge(tenant, policy, language, code, given)
+
+    def _judge(
+        self, tenant: str, policy: Policy, language: str, code: str, given: tuple[Finding, ...]
+    ) -> Decision:
         if not policy.scans:
             return policy.decide(())
         try:
