@@ -260,3 +260,40 @@ def test_a_command_beside_the_kernel_shows_only_the_mask(tenants):
         assert_hidden("a command's output", r.text)
     finally:
         alpha.delete(f"/v1/sessions/{sid}")
+
+
+PEM = (
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n"
+    "MzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\n"
+    "-----END PRIVATE KEY-----\n"
+)
+
+
+def test_printed_forms_and_output_cut_between_reads_show_only_the_mask(tenants):
+    """A PEM key through repr and JSON, a value a command writes in two pieces."""
+    _, c = tenants
+    alpha = c["alpha"]
+    alpha.put("/v1/secrets/WAREHOUSE_KEY", json={"value": VALUE})
+    alpha.put("/v1/secrets/PEM_KEY", json={"value": PEM})
+    created = alpha.post("/v1/sessions", json={"secrets": ["WAREHOUSE_KEY", "PEM_KEY"]})
+    sid = created.json()["id"]
+    body_lines = PEM.splitlines()[1:3]
+    try:
+        reply = run(
+            alpha, sid,
+            "import os, json\nk = os.environ['PEM_KEY']\n"
+            "print(repr(k)); print(json.dumps({'k': k})); print(k.splitlines()[1]); k",
+        )  # fmt: skip
+        for line in body_lines:
+            assert line not in str(reply), f"a line of the PEM key shows: {reply}"
+        assert text_of(reply).count("***PEM_KEY***") == 3, reply
+        command = (
+            "printf '%.5s' \"$WAREHOUSE_KEY\"; sleep 0.01; "
+            "printf '%s\\n' \"${WAREHOUSE_KEY#?????}\""
+        )
+        r = alpha.post(f"/v1/sessions/{sid}/commands", json={"command": command})
+        assert r.status_code == 200, r.text
+        assert r.json()["stdout"] == MASK + "\n", r.json()
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")
