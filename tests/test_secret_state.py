@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import run, text_of
+from helpers import Canary, canary_session, run, text_of
 
 pytestmark = pytest.mark.docker
 
@@ -77,3 +77,16 @@ def test_namespace_state_is_refused_with_a_reason_and_a_pause_keeps_no_value(hol
     resumed = api.post(f"/v1/sessions/{sid}/resume", json={})
     assert resumed.status_code == 200, resumed.text
     assert text_of(run(api, sid, SHOW)) == f'{MASK} {{"k": "{MASK}"}}\n'
+
+
+def test_output_made_to_keep_the_masker_holding_back_stalls_nobody(holding):
+    """Megabytes of the secret's first characters, from a command and a cell, beside a canary."""
+    gw, sid = holding
+    api = gw.client
+    flood = "head -c 20000000 /dev/zero | tr '\\0' w; printf 'h-7Qx9'"
+    with canary_session(gw) as canary, Canary(gw, canary, max_rss_growth=128 * 2**20) as watch:
+        r = api.post(f"/v1/sessions/{sid}/commands", json={"command": flood, "timeout": 120})
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text[:500]
+        cell = "import sys\nfor _ in range(200):\n    sys.stdout.write('wh-7Qx9' * 9000)"
+        assert run(api, sid, cell)["status"] == "ok"
+    print(watch)
