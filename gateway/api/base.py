@@ -131,7 +131,7 @@ class GatewayHandlerMixin:
         return self.settings["sbx_relay_options"]
 
     @property
-    def options(self) -> ApiOptions:
+    def api_options(self) -> ApiOptions:
         return self.settings["sbx_options"]
 
     @property
@@ -237,7 +237,7 @@ class GatewayHandlerMixin:
         if not origin:
             return True
         host = self.request.headers.get("Host", "")
-        return same_site(origin, host, self.options.cors_origins)
+        return same_site(origin, host, self.api_options.cors_origins)
 
     def allowed_methods(self) -> list[str]:
         """The methods this handler implements, for a 405's ``Allow`` header."""
@@ -282,7 +282,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         origin = self.request.headers.get("Origin")
-        if origin and origin.rstrip("/") in self.options.cors_origins:
+        if origin and origin.rstrip("/") in self.api_options.cors_origins:
             self.set_header("Access-Control-Allow-Origin", origin)
             self.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
             self.set_header(
@@ -307,7 +307,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
 
     async def _pass_on(self, session_id: str) -> None:
         """Answer with the reply of the gateway that owns the session, if another one does."""
-        timeout = self.options.max_timeout + 60
+        timeout = self.api_options.max_timeout + 60
         for _ in range(2):  # the owner it was found at may have lost it since: ask once more
             owner = await self.locations.locate(session_id)
             if owner is None:
@@ -323,7 +323,7 @@ class JSONHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
                     self.locations.forget(session_id)
 
     def body_limit(self) -> int:
-        return self.options.max_request_body
+        return self.api_options.max_request_body
 
     def require_admin(self, what: str) -> None:
         """Refuse a caller whose token is not an admin's (403); ``what`` names what it asked for.
@@ -470,7 +470,7 @@ class JSONWebSocketHandler(GatewayHandlerMixin, tornado.websocket.WebSocketHandl
         if connection is None or connection.is_closing():
             return  # the client has gone; what it misses waits in a replay buffer, if any
         stream = connection.stream  # type: ignore[attr-defined]
-        limit = self.options.client_write_buffer
+        limit = self.api_options.client_write_buffer
         stream.max_write_buffer_size = limit
         try:
             self.write_message(text)

@@ -62,7 +62,7 @@ async def _send_archive(
 
     The limit is the smaller of ``max_archive_size`` and the policy's ``max_download``.
     """
-    limit = handler.options.max_archive_size
+    limit = handler.api_options.max_archive_size
     policy_limit = handler.workspaces.check_file(session_id, handler.principal, "download")
     source = await workspace.archive(path, fmt, min(limit, policy_limit or limit))
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"

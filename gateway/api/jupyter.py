@@ -87,7 +87,7 @@ class KernelsHandler(JSONHandler):
         self.send([kernel_model(s) for s in self.manager.list(self.principal)])
 
     async def post(self) -> None:
-        start = kernel_start(self.json_body(), self.options.jupyter_ttl_from)
+        start = kernel_start(self.json_body(), self.api_options.jupyter_ttl_from)
         try:
             session = await self.manager.create(start.request, self.principal)
         except (BadRequest, QuotaExceeded) as e:  # name the KERNEL_* variable it came from

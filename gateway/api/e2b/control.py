@@ -166,7 +166,7 @@ class SandboxesHandler(ControlHandler):
     actions = {"POST": "session.create"}
 
     async def post(self) -> None:
-        longest = self.options.max_ttl
+        longest = self.api_options.max_ttl
         request = await from_snapshot(self, create_request(self.json_body(), longest))
         session = await self.manager.create(request, self.principal)
         self.audit_session = session.id
