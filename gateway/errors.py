@@ -34,6 +34,7 @@ codes themselves. The tree::
     │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
     │   └── QuotaExceeded                 quota_exceeded (a tenant's quota)
+    ├── TooManyWatchers               429 too_many_watchers (a session's or a tenant's watches)
     ├── NotSupported                  501 not_supported (a feature this gateway does not offer yet)
     └── Unavailable                   503
         ├── EngineUnavailable             engine_unavailable
@@ -228,6 +229,13 @@ class QuotaExceeded(TooManySessions):
     """A tenant holds as many sessions, or as much memory, as its quota allows."""
 
     code = "quota_exceeded"
+
+
+class TooManyWatchers(GatewayError):
+    """A session, or its tenant, watches as many directories as it may; stop a watch first."""
+
+    status = 429
+    code = "too_many_watchers"
 
 
 class NotSupported(GatewayError):

@@ -23,7 +23,7 @@ NOT_DOCUMENTED = {
 
 
 # Codes only the E2B edge answers with, in E2B's error shape (docs/e2b.md).
-E2B_ONLY = {"unsupported_media_type", "sandbox_not_found"}
+E2B_ONLY = {"unsupported_media_type", "sandbox_not_found", "too_many_watchers"}
 
 
 def _template(regex: str) -> str:

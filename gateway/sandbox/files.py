@@ -35,9 +35,15 @@ _archives = ThreadPoolExecutor(ARCHIVE_THREADS, thread_name_prefix="sbx-archive"
 _discarding: set[asyncio.Task] = set()
 
 
-async def _blocking(call: Callable[..., T], *args: Any) -> T:
-    """Run a workspace call in a worker thread: the one way this module blocks."""
-    return await asyncio.to_thread(call, *args)
+async def _blocking(call: Callable[..., T], *args: Any, executor: Executor | None = None) -> T:
+    """Run a workspace call in a worker thread: the one way this module blocks.
+
+    On ``executor``'s threads if given (archives', watchers'), else on the
+    default executor's, which request-path file calls and engine calls share.
+    """
+    if executor is None:
+        return await asyncio.to_thread(call, *args)
+    return await asyncio.get_running_loop().run_in_executor(executor, call, *args)
 
 
 class AsyncWorkspace:
@@ -55,9 +61,12 @@ class AsyncWorkspace:
     async def stat(self, path: str) -> dict[str, Any]:
         return await _blocking(self.sync.stat, path)
 
-    async def walk(self, parts: list[str], bounds: Bounds, recurse: bool = True) -> Walk:
-        """Every entry under ``parts`` with its stat, within ``bounds`` (``Workspace.walk``)."""
-        return await _blocking(self.sync.walk, parts, bounds, recurse)
+    async def walk(
+        self, parts: list[str], bounds: Bounds, recurse: bool = True, on: Executor | None = None
+    ) -> Walk:
+        """Every entry under ``parts`` with its stat, within ``bounds`` (``Workspace.walk``);
+        background walks (a watcher's) run ``on`` threads of their own."""
+        return await _blocking(self.sync.walk, parts, bounds, recurse, executor=on)
 
     async def make_dir(self, path: str) -> bool:
         return await _blocking(self.sync.make_dir, path)
@@ -85,10 +94,9 @@ class AsyncWorkspace:
         ``max_size`` bounds the files' apparent sizes (a sparse file counts
         whole), so no archive costs more than that much reading and compressing.
         """
-        loop = asyncio.get_running_loop()
-        archive = await loop.run_in_executor(_archives, self.sync.archive, path, fmt)
+        archive = await _blocking(self.sync.archive, path, fmt, executor=_archives)
         if archive.size > max_size:
-            await loop.run_in_executor(_archives, archive.close)
+            await _blocking(archive.close, executor=_archives)
             where = f"directory {path!r}" if path.strip("/") else "the workspace"
             raise FileTooLarge(
                 f"{where} holds {format_size(archive.size)} in {archive.files} files (a sparse "

@@ -10,10 +10,18 @@ hold no inotify tools) and its cost is bounded by construction: one walk of
 at most ``MAX_ENTRIES`` entries (and ``WALK_SECONDS``) per watcher per
 interval, the interval growing with the walk's cost so that a watcher takes
 at most a tenth of a worker thread (10,000 entries: about 0.15 s a walk);
-at most ``MAX_WATCHERS`` watchers per session; at most ``MAX_EVENTS``
-events held for a watcher's client. Past either bound the watcher stops and
+at most ``MAX_WATCHERS`` watchers per session and ``MAX_TENANT_WATCHERS``
+per tenant (429 past either); at most ``MAX_EVENTS`` events held for a
+watcher's client. Past the walk's or the events' bound the watcher stops and
 says it overflowed, so a sandbox making files faster than a client reads
 them, or more files than a walk sees, grows nothing.
+
+Walks are background work, so they never run on the default executor, whose
+threads every tenant's file calls and engine calls wait on: every watcher's
+walks (its first one too) run on ``WATCH_THREADS`` threads of their own, and
+one tenant's watchers take turns, ``TENANT_WALKS`` walks at a time, so a
+tenant with many watchers over large trees slows only its own watchers
+(their pause grows with the wait) and leaves the other tenants' a thread.
 
 Events are envd's: ``create`` (a new path), ``write`` (a file's size or
 mtime changed), ``chmod``, ``remove``, and ``rename`` (a path gone whose
@@ -32,6 +40,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from ..errors import (
@@ -39,8 +48,8 @@ from ..errors import (
     Conflict,
     FileNotFound,
     GatewayError,
-    LimitExceeded,
     SessionNotFound,
+    TooManyWatchers,
 )
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.workspace import Bounds, Walk, clean_path
@@ -49,9 +58,14 @@ from .tasks import TaskSet
 INTERVAL = 0.5  # seconds between two walks of a watched directory, at least
 SHARE = 10  # ... and at least this many times as long as the last walk took
 MAX_WATCHERS = 4  # at once, per session
+MAX_TENANT_WATCHERS = 16  # at once, per tenant (each holds up to MAX_ENTRIES entries' stats)
+WATCH_THREADS = 2  # every watcher's walks, all tenants': none on the default executor
+TENANT_WALKS = 1  # one tenant's walks at once: another tenant always finds a thread
 MAX_ENTRIES = 10_000  # a watched directory (recursive: its whole tree) seen per walk
 WALK_SECONDS = 1.0
 MAX_EVENTS = 1_000  # events waiting for a watcher's client
+
+_walks = ThreadPoolExecutor(WATCH_THREADS, thread_name_prefix="sbx-watch")
 
 
 class WatchOverflow(Conflict):
@@ -78,11 +92,23 @@ def _seen(info: os.stat_result) -> _Seen:
 
 
 class Watcher:
-    """One watched directory: a polling task and the events its client has not taken yet."""
+    """One watched directory: a polling task and the events its client has not taken yet.
 
-    def __init__(self, workspace: AsyncWorkspace, path: str, recursive: bool) -> None:
+    ``turn`` is its tenant's: held for each walk, so the tenant's watchers walk in turn.
+    """
+
+    def __init__(
+        self,
+        workspace: AsyncWorkspace,
+        path: str,
+        recursive: bool,
+        tenant: str,
+        turn: asyncio.Semaphore,
+    ) -> None:
         self.id = str(uuid.uuid4())
         self.workspace = workspace
+        self.tenant = tenant
+        self.turn = turn
         self.parts = clean_path(path, allow_root=True)
         self.recursive = recursive
         self.events: deque[Event] = deque()
@@ -101,7 +127,8 @@ class Watcher:
     async def _walk(self) -> dict[str, _Seen]:
         bounds = Bounds(depth=64 if self.recursive else 1, entries=MAX_ENTRIES,
                         seconds=WALK_SECONDS)  # fmt: skip
-        walk: Walk = await self.workspace.walk(self.parts, bounds, self.recursive)
+        async with self.turn:
+            walk: Walk = await self.workspace.walk(self.parts, bounds, self.recursive, _walks)
         if walk.truncated and not walk.truncated.startswith("deeper"):
             raise WatchOverflow(
                 f"the watch overflowed: the watched directory holds {walk.truncated}; "
@@ -186,21 +213,30 @@ def _diff(before: dict[str, _Seen], after: dict[str, _Seen]) -> list[Event]:
 
 
 class Watchers:
-    """Every session's watchers, by session and watcher id; at most ``MAX_WATCHERS`` each."""
+    """Every session's watchers, by session and watcher id; at most ``MAX_WATCHERS`` a
+    session and ``MAX_TENANT_WATCHERS`` a tenant; each tenant's walks take turns."""
 
     def __init__(self, tasks: TaskSet) -> None:
         self.tasks = tasks
         self._by_session: dict[str, dict[str, Watcher]] = {}
+        self._turns: dict[str, asyncio.Semaphore] = {}  # per tenant (tenants are configured)
 
     async def start(
-        self, session_id: str, workspace: AsyncWorkspace, path: str, recursive: bool
+        self, session_id: str, tenant: str, workspace: AsyncWorkspace, path: str, recursive: bool
     ) -> Watcher:
         live = self._by_session.setdefault(session_id, {})
         if len(live) >= MAX_WATCHERS:
-            raise LimitExceeded(
+            raise TooManyWatchers(
                 f"{MAX_WATCHERS} watchers already watch this sandbox's files; stop one first"
             )
-        watcher = Watcher(workspace, path, recursive)
+        held = sum(w.tenant == tenant for each in self._by_session.values() for w in each.values())
+        if held >= MAX_TENANT_WATCHERS:
+            raise TooManyWatchers(
+                f"your sandboxes hold {MAX_TENANT_WATCHERS} watchers, as many as a tenant may; "
+                "stop one first"
+            )
+        turn = self._turns.setdefault(tenant, asyncio.Semaphore(TENANT_WALKS))
+        watcher = Watcher(workspace, path, recursive, tenant, turn)
         live[watcher.id] = watcher  # held while its first walk runs, so the bound holds
         try:
             await watcher.baseline()

@@ -37,7 +37,8 @@ class Workspaces:
     async def watch(self, session_id: str, who: Principal, path: str, recursive: bool) -> Watcher:
         """Watch a directory of the session's workspace (paused or not) for changes."""
         workspace = self.files(session_id, who)
-        return await self.watchers.start(session_id, workspace, path, recursive)
+        tenant = self.sessions.get(session_id, who).tenant
+        return await self.watchers.start(session_id, tenant, workspace, path, recursive)
 
     def watcher(self, session_id: str, who: Principal, watcher_id: str) -> Watcher:
         self.sessions.get(session_id, who)

@@ -29,6 +29,7 @@ from ...errors import (
     PathForbidden,
     PayloadTooLarge,
     SessionNotFound,
+    TooManyWatchers,
     Unauthorized,
 )
 
@@ -42,6 +43,7 @@ CODES: list[tuple[type[GatewayError], Code]] = [
     (PathForbidden, Code.PERMISSION_DENIED),
     (Unauthorized, Code.UNAUTHENTICATED),
     (PayloadTooLarge, Code.RESOURCE_EXHAUSTED),
+    (TooManyWatchers, Code.RESOURCE_EXHAUSTED),  # the SDK's RateLimitException
     (NotSupported, Code.UNIMPLEMENTED),
     (Conflict, Code.FAILED_PRECONDITION),
     (BadRequest, Code.INVALID_ARGUMENT),
