@@ -128,7 +128,17 @@ class Watcher:
         bounds = Bounds(depth=64 if self.recursive else 1, entries=MAX_ENTRIES,
                         seconds=WALK_SECONDS)  # fmt: skip
         async with self.turn:
-            walk: Walk = await self.workspace.walk(self.parts, bounds, self.recursive, _walks)
+            walking = asyncio.ensure_future(
+                self.workspace.walk(self.parts, bounds, self.recursive, _walks)
+            )
+            try:
+                walk: Walk = await asyncio.shield(walking)
+            except asyncio.CancelledError:
+                # Stopped: its thread walks on, so the turn stays taken until it is done.
+                await asyncio.wait([walking])
+                if not walking.cancelled():
+                    walking.exception()  # retrieved, so not logged: nobody awaits it now
+                raise
         if walk.truncated and not walk.truncated.startswith("deeper"):
             raise WatchOverflow(
                 f"the watch overflowed: the watched directory holds {walk.truncated}; "

@@ -143,3 +143,23 @@ def test_watchers_are_bounded_per_session_and_per_tenant() -> None:
             watchers.end(sid)
 
     asyncio.run(main())
+
+
+def test_a_watcher_stopped_mid_walk_keeps_its_tenants_turn_until_the_walk_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stopping a watcher cannot end its walk's thread: the next of its tenant's walks waits
+    for that thread, so stopping and starting again never puts two walks on the threads."""
+    monkeypatch.setattr(module, "INTERVAL", 0.01)
+
+    async def main() -> None:
+        log = Log()
+        watchers = Watchers(TaskSet())
+        for _ in range(3):
+            watcher = await watchers.start("s", "mallory", space("mallory", log, 0.3), "", True)
+            await asyncio.sleep(0.1)  # its first poll is walking
+            watchers.stop("s", watcher.id)
+        await asyncio.sleep(0.4)
+        assert log.most["mallory"] == module.TENANT_WALKS
+
+    asyncio.run(main())
