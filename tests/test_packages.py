@@ -72,6 +72,41 @@ def test_a_package_the_tenants_policy_denies_is_a_pip_error_saying_so(cached):
     assert refused and refused[0]["tenant"] == "beta" and refused[0]["outcome"] == "denied"
 
 
+def test_a_plain_pip_install_by_each_route_imports_in_the_running_kernel(cached):
+    """What agent frameworks run for every import they are allowed: no --target, no --user.
+
+    The image's own environment is read-only; each route installs where the kernel,
+    already running, then imports from.
+    """
+    _, c = cached
+    api = c["alpha"]
+    sid = api.post("/v1/sessions", json={}).json()["id"]
+    try:
+        checks = "import importlib\nfor name in {names}:\n    print(name, end=' ')\n"
+        checks += "    try:\n        importlib.import_module(name); print('imported')\n"
+        checks += "    except ImportError as e:\n        print(e)\n"
+        out = text_of(run(api, sid, checks.format(names=["tabulate"])))
+        assert "imported" not in out, f"the image already has the package: {out}"
+        installed = run(api, sid, "%pip install six", timeout=240)
+        assert "Successfully installed six" in text_of(installed), text_of(installed)
+        installed = run(api, sid, "!pip install tabulate", timeout=240)
+        assert "Successfully installed tabulate" in text_of(installed), text_of(installed)
+        command = api.post(
+            f"/v1/sessions/{sid}/commands",
+            json={"command": "pip install termcolor", "timeout": 240},
+            timeout=300,
+        ).json()
+        assert command["exit_code"] == 0, command
+        out = text_of(run(api, sid, checks.format(names=["six", "tabulate", "termcolor"])))
+        assert out.splitlines() == [
+            "six imported",
+            "tabulate imported",
+            "termcolor imported",
+        ], out
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_session_without_a_network_reaches_nothing_but_the_cache(cached):
     _, c = cached
     sid = c["alpha"].post("/v1/sessions", json={}).json()["id"]
