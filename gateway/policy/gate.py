@@ -17,7 +17,7 @@ from ..errors import Denied
 from .approvals import ApprovalDesk
 from .book import PolicyBook
 from .model import Decision, Policy
-from .scan import Finding, ScanFailed, Scanner
+from .scan import RULES, Finding, ScanFailed, Scanner
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +39,36 @@ class Gate:
         language: str,
         code: str,
         given: tuple[Finding, ...] = (),
+        apart: tuple[str, ...] = (),
     ) -> Decision:
         """What the policy in force says about ``code``, with the scan's findings and ``given``.
 
-        Scanned on the loop (tens of microseconds), or on a thread for a large
-        cell or one that patterns are matched against.
+        ``apart`` are texts the kernel runs each on its own (a cell's user
+        expressions): each is scanned alone, since joined to the cell one could
+        open a string that hides the next. Scanned on the loop (tens of
+        microseconds), or on a thread for a large cell, several texts, or
+        code that patterns are matched against.
         """
         policy = self.book.policy(tenant).tighten(session_policy)
-        if len(code) > OFFLOAD_BYTES or self.scanner.matches(language, policy.patterns):
-            return await asyncio.to_thread(self._judge, tenant, policy, language, code, given)
-        return self._judge(tenant, policy, language, code, given)
+        texts = (code, *apart)
+        if apart or len(code) > OFFLOAD_BYTES or self.scanner.matches(language, policy.patterns):
+            return await asyncio.to_thread(self._judge, tenant, policy, language, texts, given)
+        return self._judge(tenant, policy, language, texts, given)
 
     def _judge(
-        self, tenant: str, policy: Policy, language: str, code: str, given: tuple[Finding, ...]
+        self,
+        tenant: str,
+        policy: Policy,
+        language: str,
+        texts: tuple[str, ...],
+        given: tuple[Finding, ...],
     ) -> Decision:
         if not policy.scans:
             return policy.decide(())
         try:
-            findings = self.scanner.scan(code, language, policy.patterns)
+            findings = [
+                f for text in texts for f in self.scanner.scan(text, language, policy.patterns)
+            ]
         except ScanFailed as e:
             log.error(
                 "the scanner failed on a %s cell of tenant %s (%s); %s",
@@ -67,6 +79,23 @@ class Gate:
             )
             return policy.failed_scan(str(e))
         return policy.decide([*given, *findings])
+
+    def review_debugger(self, tenant: str, session_policy: Policy | None) -> Decision:
+        """A kernel debugger's request: refused under a policy that holds or refuses anything.
+
+        The debugger evaluates what it is sent (its console, watches,
+        breakpoint conditions and log messages, values to set) in the kernel,
+        as code no scan reads and no approver can hold.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        gated = [rule for rule in RULES if policy.action(rule) != "allow"]
+        if not (policy.enforcing and gated):
+            return policy.decide(())
+        reason = (
+            "the kernel's debugger evaluates expressions that pass no scan, so it is off "
+            f"under a policy that holds or refuses {', '.join(gated)}; run code as cells"
+        )
+        return Decision("deny", "deny", policy.mode, (reason,))
 
     async def review_command(
         self, tenant: str, session_policy: Policy | None, line: str

@@ -7,7 +7,10 @@ Executions a Jupyter client runs pass the session's execute pipeline
 (``Executions.admit``: the policy's gate and holds, silent executes and user
 expressions too) and are recorded like any other, outputs stored as they
 arrive. A held execute waits in the relay, the client's later shell requests
-queued behind it; a refused one gets Jupyter's own error reply. When a
+queued behind it (bounded: past the bound they are refused); a refused one
+gets Jupyter's own error reply. Executes go on the shell channel only, and the
+kernel's debugger, which evaluates code no scan reads, only where the policy
+gates nothing. When a
 client's WebSocket drops, its relay is parked under the client's session id
 and keeps buffering (bounded) for the reconnect grace; a reconnect with the
 same session id gets the missed messages first, as with Jupyter Server.
@@ -32,10 +35,11 @@ from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..access.auth import Principal
-from ..errors import GatewayError
+from ..errors import GatewayError, SessionBusy
 from ..execution.kernel import ExecutionResult, outcome
 from ..execution.outputs import OutputCollector, execution_count
 from ..execution.transport.drops import DropWatch
+from ..limits import format_size
 from ..sessions.executions import Admitted, Executions
 from ..sessions.manager import Session, SessionManager
 from .agent_stream import ReplayBuffer
@@ -46,6 +50,9 @@ log = logging.getLogger(__name__)
 _OBJECTS = ("header", "parent_header", "metadata", "content")
 
 CHANNELS = ("shell", "control", "stdin", "iopub")
+# A client's shell requests waiting behind an execute (held for an approver, say).
+QUEUE_MESSAGES = 1000
+QUEUE_BYTES = 32 * 2**20
 Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 
 
@@ -89,7 +96,8 @@ class ChannelsRelay:
         self.connected = False
         self.parked_as: str | None = None
         self.buffer = buffer
-        self.queued: collections.deque[dict[str, Any]] = collections.deque()  # shell, in order
+        self.queued: collections.deque[tuple[dict[str, Any], int]] = collections.deque()  # shell
+        self.queued_bytes = 0  # the queued requests' size as JSON
         self._admitting: asyncio.Task | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self.dropped = 0  # kernel messages not relayed: unverified or the wrong shape
@@ -181,7 +189,10 @@ class ChannelsRelay:
         """Sign and forward one client message to its channel.
 
         Executes go through the pipeline first; shell requests after one wait
-        their turn behind it, so a held cell is not overtaken.
+        their turn behind it (a bounded queue), so a held cell is not
+        overtaken. An execute is taken on the shell channel only (a kernel
+        runs one sent on control too); a debugger request only if the policy
+        allows the debugger.
         """
         channel = msg.pop("channel", None) or "shell"
         if channel not in self.streams or channel == "iopub":
@@ -191,20 +202,48 @@ class ChannelsRelay:
         msg.pop("buffers", None)
         self.session.touch()
         kind = msg["header"].get("msg_type")
+        if kind == "execute_request" and channel != "shell":
+            raise ValueError(f"an execute_request goes on the shell channel, not {channel}")
+        if kind == "debug_request" and self._refuse_debugger(msg):
+            return
         if channel == "shell" and (self.queued or kind == "execute_request"):
-            self.queued.append(msg)
-            if self._admitting is None:
-                self._admitting = self.manager.spawn(self._admit_queued())
+            self._queue(msg)
             return
         if channel == "control" and kind == "interrupt_request" and self.session.kernel:
             self.session.kernel.interrupts += 1
         self.signer.send(self.streams[channel], msg)
 
+    def _queue(self, msg: dict[str, Any]) -> None:
+        """Queue a shell request behind the execute being admitted, within the queue's bounds."""
+        size = len(json.dumps(msg))
+        if self.queued and (
+            len(self.queued) >= QUEUE_MESSAGES or self.queued_bytes + size > QUEUE_BYTES
+        ):
+            held = self.session.held_for
+            waiting = f"held for approval {held}" if held else "the gate is judging"
+            refusal = SessionBusy(
+                f"{len(self.queued)} requests ({format_size(self.queued_bytes)}) of this "
+                f"connection are queued behind an execute {waiting} (at most "
+                f"{QUEUE_MESSAGES}, {format_size(QUEUE_BYTES)}); send this once they are answered"
+            )
+            if msg["header"].get("msg_type") != "execute_request":
+                raise ValueError(refusal.message)
+            self._refuse(msg, refusal)
+            return
+        self.queued.append((msg, size))
+        self.queued_bytes += size
+        if self._admitting is None:
+            self._admitting = self.manager.spawn(self._admit_queued())
+
+    def _dequeue(self) -> None:
+        _, size = self.queued.popleft()
+        self.queued_bytes -= size
+
     async def _admit_queued(self) -> None:
         """Send the queued shell requests in order, each execute once the gate admits it."""
         try:
             while self.queued and self.streams:
-                msg = self.queued[0]
+                msg, _ = self.queued[0]
                 if msg["header"].get("msg_type") == "execute_request":
                     if not isinstance(msg["content"], dict):
                         msg["content"] = {}
@@ -213,7 +252,7 @@ class ChannelsRelay:
                             self.session, self.who, msg["content"]
                         )
                     except GatewayError as e:  # refused, held and denied, or too large
-                        self.queued.popleft()
+                        self._dequeue()
                         self._refuse(msg, e)
                         continue
                     if not self.streams:  # closed while it was held
@@ -221,24 +260,40 @@ class ChannelsRelay:
                         break
                     msg_id = str(msg["header"].get("msg_id", ""))
                     self.pending[msg_id] = _Pending(admitted, self.session)
-                self.queued.popleft()
+                self._dequeue()
                 self.signer.send(self.streams["shell"], msg)
         except Exception:
             log.exception("session %s: a client's request could not be relayed", self.session.id)
         finally:
             self._admitting = None
 
+    def _refuse_debugger(self, request: dict[str, Any]) -> bool:
+        """Answer a debugger request the policy refuses as a failed one (True), as DAP does."""
+        reason = self.executions.debugger_refusal(self.session)
+        if reason is None:
+            return False
+        dap = request["content"] if isinstance(request["content"], dict) else {}
+        reply = {
+            "type": "response",
+            "request_seq": dap.get("seq", 0),
+            "success": False,
+            "command": dap.get("command", ""),
+            "message": reason,
+        }
+        self._answer(request, [("control", "debug_reply", reply)])
+        return True
+
     def _refuse(self, request: dict[str, Any], error: GatewayError) -> None:
         """Answer a refused execute as a kernel answers a failed one: error, then idle."""
         content = {"ename": type(error).__name__, "evalue": error.message, "traceback": []}
+        reply = {"status": "error", "execution_count": None, **content}
+        self._answer(request, [("iopub", "error", content), ("shell", "execute_reply", reply)])
+
+    def _answer(self, request: dict[str, Any], replies: list[tuple[str, str, Any]]) -> None:
+        """Answer a request in the kernel's place: busy, the replies, idle."""
         parent = request["header"]
-        replies = [
-            ("iopub", "status", {"execution_state": "busy"}),
-            ("iopub", "error", content),
-            ("shell", "execute_reply", {"status": "error", "execution_count": None, **content}),
-            ("iopub", "status", {"execution_state": "idle"}),
-        ]
-        for channel, kind, body in replies:
+        busy, idle = {"execution_state": "busy"}, {"execution_state": "idle"}
+        for channel, kind, body in [("iopub", "status", busy), *replies, ("iopub", "status", idle)]:
             msg = self.signer.msg(kind, body, parent=parent)
             msg["channel"] = channel
             self._relay(json.dumps(msg, default=json_default))

@@ -48,6 +48,8 @@ from .requests import ExecuteCode, StartCommand
 
 log = logging.getLogger(__name__)
 
+MAX_EXPRESSIONS = 100  # user expressions in one execute; each is scanned on its own
+
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionLimits:
@@ -239,27 +241,46 @@ class Executions:
         """Pass a Jupyter client's execute_request through the gate before it is relayed.
 
         Every part of it that runs is judged: the cell, and each user
-        expression (evaluated by the kernel too). A silent execute is judged
+        expression (the kernel evaluates each on its own, so each is scanned
+        alone). A silent execute is judged
         and recorded as well, as ``silent`` (the notebook export leaves it out).
         Refused, Denied is raised once its refusal is recorded; held, this waits
         for an approver (the relay queues the client's later requests).
         """
         code = str(content.get("code", ""))
         expressions = content.get("user_expressions") or {}
-        if isinstance(expressions, Mapping) and expressions:
-            code = "\n".join([code, *(str(e) for e in expressions.values())])
-        self._check_size(code)
-        decision = await self.gate.review(session.tenant, session.policy, session.language, code)
+        apart = (
+            tuple(str(e) for e in expressions.values()) if isinstance(expressions, Mapping) else ()
+        )
+        if len(apart) > MAX_EXPRESSIONS:
+            raise BadRequest(
+                f"{len(apart)} user expressions in one execute; at most {MAX_EXPRESSIONS} "
+                "(evaluate more in the cell itself)"
+            )
+        recorded = "\n".join([code, *apart])
+        self._check_size(recorded)
+        decision = await self.gate.review(
+            session.tenant, session.policy, session.language, code, apart=apart
+        )
         review: dict[str, Any] = {"decision": decision.to_json()}
         if content.get("silent"):
             review["kind"] = SILENT
         if decision.action == "deny":
-            raise await self._refuse(session, code, None, review, decision)
+            raise await self._refuse(session, recorded, None, review, decision)
         if decision.action == "hold":
-            review["approval"] = await self._hold(session, who, code, None, review, decision)
+            review["approval"] = await self._hold(session, who, recorded, None, review, decision)
         assert session.kernel is not None
-        recorder = self.begin(session, code, review=review, running=False)
+        recorder = self.begin(session, recorded, review=review, running=False)
         return Admitted(recorder, self.output_cap(session), session.kernel.interrupts)
+
+    def debugger_refusal(self, session: Session) -> str | None:
+        """Why the session's policy refuses a debugger request, or None if it allows it.
+
+        What a debugger evaluates is code no scan reads, so it is refused
+        rather than judged (``Gate.review_debugger``).
+        """
+        decision = self.gate.review_debugger(session.tenant, session.policy)
+        return "; ".join(decision.reasons) if decision.action == "deny" else None
 
     # -- commands -----------------------------------------------------------------------
 

@@ -12,12 +12,16 @@ import asyncio
 import json
 import threading
 import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 from helpers import (
     Canary,
     canary_session,
+    closed,
     e2b_env,
     execute_request,
     full_history,
@@ -28,6 +32,7 @@ from helpers import (
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
+T = TypeVar("T")
 
 TOKENS = {"strict": "strict-token", "acme": "acme-token", "approver": "approver-token"}
 STRICT = 'mode = "enforce"\n[rules]\nshell = "deny"\nsecrets = "deny"\n'
@@ -96,6 +101,11 @@ async def exchange(ws, *requests: dict, timeout: float = 90) -> list[dict[str, d
     return [seen[msg_id] for msg_id in order]
 
 
+def _workspace_names(api: httpx.Client, sid: str) -> set[str]:
+    listing = api.get(f"/v1/sessions/{sid}/files").json()
+    return {f["name"] for f in listing.get("files", listing.get("entries", []))}
+
+
 def test_a_policy_that_refuses_shells_refuses_commands_on_every_route(gated, monkeypatch):
     import e2b
     from e2b_code_interpreter import Sandbox
@@ -153,8 +163,7 @@ def test_silent_executes_and_user_expressions_pass_the_gate(gated):
         assert reply["status"] == "error" and reply["ename"] == "Denied", reply
         assert refused["error"]["content"]["ename"] == "Denied"
     assert after["execute_reply"]["content"]["status"] == "ok", after
-    listing = c["strict"].get(f"/v1/sessions/{sid}/files").json()
-    names = {f["name"] for f in listing.get("files", listing.get("entries", []))}
+    names = _workspace_names(c["strict"], sid)
     assert not names & {"silent-ran", "expr-ran"}, f"refused code ran: {names}"
     history = full_history(c["strict"], sid)
     assert [e["status"] for e in history] == ["denied", "denied", "ok"], history
@@ -279,3 +288,157 @@ def test_a_second_execute_while_the_first_is_held_is_answered_at_once(gated):
     r = c["approver"].post(f"/v1/approvals/{held.json()['approval_id']}/deny", json={})
     assert r.status_code == 200, r.text
     assert wait_for(lambda: run(c["acme"], sid, "print(2)")["status"] == "ok", 30)
+
+
+async def over_channels(url: str, talk: Callable[[Any], Awaitable[T]]) -> T:
+    """``talk`` on a channels WebSocket of its own, closed after."""
+    ws = await websocket_connect(url)
+    try:
+        return await talk(ws)
+    finally:
+        await closed(ws)
+
+
+def test_an_execute_sent_on_the_control_channel_passes_the_gate(gated):
+    """ipykernel runs an execute_request on the control channel as on shell."""
+    gw, c, canary = gated
+    sid = new_session(c["strict"])
+    url = channels_url(gw, sid, "strict-token")
+    on_control = execute_request("import os\nos.system('touch control-ran')")
+    on_control["channel"] = "control"
+
+    async def talk(ws) -> list[str]:
+        ws.write_message(json.dumps(on_control))
+        answers = []  # what came back for it, until a refusal or its reply
+        while True:
+            msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+            if msg.get("channel") == "error":
+                answers.append(msg["error"])
+                break
+            if msg.get("parent_header", {}).get("msg_id") == on_control["header"]["msg_id"]:
+                answers.append(msg["msg_type"])
+                if msg["msg_type"] == "execute_reply":
+                    break
+        [after] = await exchange(ws, execute_request("print('still here')"))
+        assert after["execute_reply"]["content"]["status"] == "ok", after
+        return answers
+
+    with Canary(gw, canary):
+        answers = asyncio.run(over_channels(url, talk))
+    assert "control-ran" not in _workspace_names(c["strict"], sid), "a refused shell ran"
+    assert "shell channel" in answers[-1], answers
+
+
+def test_user_expressions_are_judged_each_on_its_own(gated):
+    """Joined into one text, expressions of unclosed quotes hid a shell call between them."""
+    gw, c, canary = gated
+    sid = new_session(c["strict"])
+    hidden = execute_request("import os")
+    hidden["content"]["user_expressions"] = {
+        "a": "'''",
+        "b": "os.system('touch hidden-ran')",
+        "c": "'''",
+    }
+
+    url = channels_url(gw, sid, "strict-token")
+    with Canary(gw, canary):
+        [reply] = asyncio.run(over_channels(url, lambda ws: exchange(ws, hidden)))
+    assert "hidden-ran" not in _workspace_names(c["strict"], sid), "a hidden shell call ran"
+    assert reply["execute_reply"]["content"]["ename"] == "Denied", reply
+
+
+def test_requests_queued_behind_a_held_cell_are_bounded(gated):
+    """A client flooding the relay while its cell is held gets refusals, not a growing queue."""
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    filler = "x" * 2**20  # 1 MiB of code a request
+    sent = 300
+
+    async def flood(ws) -> tuple[int, str]:
+        ws.write_message(json.dumps(execute_request(SHELL)))
+        await asyncio.sleep(2)  # held by now
+        for _ in range(sent):
+            await ws.write_message(json.dumps(execute_request(f"# {filler}")))
+        refused, first = 0, ""
+        while True:
+            try:
+                text = await asyncio.wait_for(ws.read_message(), 3)
+            except TimeoutError:
+                return refused, first
+            assert text is not None, "the channels closed"
+            msg = json.loads(text)
+            reply = msg.get("msg_type") == "execute_reply"
+            error = msg.get("error") or (msg["content"].get("evalue") if reply else None)
+            refused += bool(error)
+            first = first or error
+
+    url = channels_url(gw, sid, "acme-token")
+    with Canary(gw, canary, max_rss_growth=200 * 2**20) as watch:
+        refused, first = asyncio.run(over_channels(url, flood))
+    print(f"{refused} of {sent} refused; first: {first}; {watch}")
+    assert refused > 0, "every request was queued behind the held cell"
+    assert "held" in first, first
+
+
+def debug_request(seq: int, command: str, arguments: dict) -> dict:
+    """A DAP request over the control channel, as JupyterLab's debugger sends one."""
+    request = execute_request("")
+    request["header"].update(msg_type="debug_request", msg_id=uuid.uuid4().hex)
+    request["channel"] = "control"
+    request["content"] = {"seq": seq, "type": "request", "command": command, "arguments": arguments}
+    return request
+
+
+async def debug_session(ws, code: str, marker: str) -> list[dict]:
+    """Breakpoint conditions and the console evaluate code: each answer of the debugger."""
+
+    async def ask(request: dict) -> dict:
+        ws.write_message(json.dumps(request))
+        while True:
+            msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if parent == request["header"]["msg_id"] and msg["msg_type"] == "debug_reply":
+                return msg["content"]
+
+    shell = f"__import__('os').system('touch {marker}')"
+    answers = [
+        await ask(debug_request(1, "initialize", {"adapterID": "python", "linesStartAt1": True})),
+        await ask(debug_request(2, "attach", {})),
+        await ask(debug_request(3, "dumpCell", {"code": code})),
+    ]
+    path = (answers[-1].get("body") or {}).get("sourcePath", "/tmp/cell.py")
+    breakpoint = {"line": 2, "condition": f"{shell} == 12345"}
+    answers.append(
+        await ask(
+            debug_request(
+                4, "setBreakpoints", {"source": {"path": path}, "breakpoints": [breakpoint]}
+            )
+        )
+    )
+    answers.append(await ask(debug_request(5, "configurationDone", {})))
+    [ran] = await exchange(ws, execute_request(code))
+    assert ran["execute_reply"]["content"]["status"] == "ok", ran
+    answers.append(
+        await ask(debug_request(6, "evaluate", {"expression": shell, "context": "repl"}))
+    )
+    return answers
+
+
+def test_the_kernel_debugger_is_off_under_a_policy_that_gates_code(gated):
+    """The debugger evaluated a breakpoint's condition and its console's input, unscanned."""
+    gw, c, canary = gated
+    sid = new_session(c["strict"])
+    code = "y = 1\ny = 2\n"
+
+    def scenario(url: str, marker: str) -> list[dict]:
+        return asyncio.run(over_channels(url, lambda ws: debug_session(ws, code, marker)))
+
+    with Canary(gw, canary):
+        refused = scenario(channels_url(gw, sid, "strict-token"), "debug-ran")
+    assert "debug-ran" not in _workspace_names(c["strict"], sid), "the debugger ran a shell"
+    assert not any(a["success"] for a in refused), refused
+    assert "debugger" in refused[0]["message"], refused[0]
+    # A policy that only reports keeps the debugger.
+    open_sid = new_session(gw.client)
+    allowed = scenario(channels_url(gw, open_sid, gw.token), "allowed-ran")
+    assert all(a["success"] for a in allowed), allowed
