@@ -15,8 +15,8 @@ import logging
 import time
 from typing import Any
 
-from ..sandbox.workspace import iso, parse_iso
 from ..store.sqlite import Store
+from ..timestamps import iso, parse_iso
 from .kernel import ExecutionResult
 from .outputs import OutputListener, replay_outputs
 
