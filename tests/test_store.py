@@ -9,9 +9,12 @@ import threading
 import psycopg
 import pytest
 
-from gateway.store import sqlite as store_module
+from gateway.store import retention, writer
+from gateway.store.base import Retention
+from gateway.store.migrations import pending
 from gateway.store.postgres import PostgresStore
-from gateway.store.sqlite import MIGRATIONS, Retention, Store
+from gateway.store.sqlite import TERMS, WalCheckpoints
+from gateway.store.sqlite import SQLiteStore as Store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -71,7 +74,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
 def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
 
     db = sqlite3.connect(tmp_path / "db.sqlite3")
-    db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
+    db.executescript(next(pending(0, TERMS))[1])  # what the first release created, unversioned
     db.execute("INSERT INTO sessions VALUES ('old', 'deleted', 't0', 't1', '{}')")
     db.commit()
     db.close()
@@ -90,7 +93,7 @@ def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
 
 
 def test_store_prunes_history_past_its_retention_in_batches(make_store, monkeypatch):
-    monkeypatch.setattr(store_module, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 3)
     old, new = "2020-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
     done = {"status": "ok", "execution_count": 1, "outputs": [], "error": None,
             "ended_at": new, "duration_ms": 1.0}  # fmt: skip
@@ -155,7 +158,7 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_sto
         await store.open()
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         first = store.save_session(doc)
-        broken = store._submit(store._exec, "INSERT INTO no_such_table VALUES (1)")
+        broken = store.db.submit(store.db.rows, "INSERT INTO no_such_table VALUES (1)")
         second = store.save_session({**doc, "id": "t"})
         await first
         with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
@@ -179,8 +182,8 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         await store.save_session(doc)
         statements = []
-        cursor = store._cursor
-        store._cursor = lambda sql, params=(): statements.append(sql) or cursor(sql, params)
+        cursor = store.db.cursor
+        store.db.cursor = lambda sql, params=(): statements.append(sql) or cursor(sql, params)
         started = {"code": "1 + 1", "description": "add", "started_at": "t1",
                    "review": {"decision": {"action": "allow"}}}  # fmt: skip
         quick, _ = store.start_execution("s", started)
@@ -196,7 +199,7 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
         await store.add_output(slow, out)
         await store.finish_execution(slow, {**record, "execution_count": 2})
         history = (await store.history("s")).executions
-        leftover = await store._run(store._exec, "SELECT count(*) FROM running_outputs")
+        leftover = await store.db.run(store.db.rows, "SELECT count(*) FROM running_outputs")
         await store.close()
         return quick_statements, statements, history, leftover[0][0]
 
@@ -224,7 +227,7 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     here). With them it holds about the batches between two, at times a few
     times that: a write that starts while a read is open does not start it over.
     """
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10)
+    monkeypatch.setattr(writer, "CHECKPOINT_EVERY", 10)
     path = tmp_path / "db.sqlite3"
 
     async def scenario():
@@ -234,7 +237,7 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
             doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
             await store.save_session(doc, {"kernel_id": f"k{i}", "pad": "x" * 2000})
             for _ in range(500):  # a checkpoint under way ends (how soon is the disk's)
-                if not store._checkpointing:
+                if not store.db.writer.checkpointing:
                     break
                 await asyncio.sleep(0.01)
         wal = (tmp_path / "db.sqlite3-wal").stat().st_size
@@ -253,17 +256,17 @@ def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path,
     It ran on the store's one thread, in line: every write queued behind it
     (tens of milliseconds under load, each execute of every session waiting).
     """
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 3)
+    monkeypatch.setattr(writer, "CHECKPOINT_EVERY", 3)
     copying = threading.Event()
     let_go = threading.Event()
-    checkpoint = Store._checkpoint
+    checkpoint = WalCheckpoints.copy
 
     def slow_checkpoint(self):
         copying.set()
         let_go.wait(10)
         return checkpoint(self)
 
-    monkeypatch.setattr(Store, "_checkpoint", slow_checkpoint)
+    monkeypatch.setattr(WalCheckpoints, "copy", slow_checkpoint)
 
     async def scenario():
         store = Store(tmp_path / "db.sqlite3")
@@ -304,7 +307,7 @@ def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):
         await store.open()
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         await store.save_session(doc)
-        ran_on = await store._submit(threading.get_ident, quick=True)
+        ran_on = await store.db.submit(threading.get_ident, quick=True)
         await store.close()
         return ran_on
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..sandbox.egress.proxy import EgressDenial
 from ..sandbox.packages import Install
-from ..store.sqlite import Store
+from ..store.base import Store
 from ..timestamps import iso
 from .auth import Principal, token_id
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge
 from ..limits import format_size
-from ..store.sqlite import Store
+from ..store.base import Store
 from ..timestamps import iso
 from .auth import Principal
 

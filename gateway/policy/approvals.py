@@ -24,7 +24,7 @@ from typing import Any
 
 from ..access.auth import Principal
 from ..errors import AlreadyDecided, ApprovalNotFound, BadRequest, Forbidden, SessionEnded
-from ..store.sqlite import Store
+from ..store.base import Store
 from ..timestamps import iso
 from .model import Decision
 
