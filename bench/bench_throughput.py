@@ -45,7 +45,7 @@ import docker
 from harness import Gateway, median, pct, write_section
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from gateway.store.sqlite import Store
+from gateway.store.sqlite import SQLiteStore as Store
 
 CODE = "1 + 1"
 CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct/docker")  # cgroup v1, the cgroupfs driver

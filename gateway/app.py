@@ -71,8 +71,8 @@ from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .sessions.upkeep import Upkeep
 from .sessions.workspaces import Workspaces
+from .store.base import Store
 from .store.datadir import DataDirLock
-from .store.sqlite import Store
 
 log = logging.getLogger(__name__)
 

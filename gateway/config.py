@@ -29,7 +29,8 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.isolation.runtimes import RUNTIMES
 from .sandbox.swarm.placement import SwarmOptions
-from .store.sqlite import Retention, Store
+from .store.base import Retention, Store
+from .store.sqlite import SQLiteStore
 
 # kernels/ and images/ ship inside the package, so an installed wheel finds them too.
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -769,7 +770,7 @@ class Settings:
             from .store.postgres import PostgresStore  # psycopg only where it is used
 
             return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
-        return Store(Path(self.data_dir) / "gateway.sqlite3", self.retention())
+        return SQLiteStore(Path(self.data_dir) / "gateway.sqlite3", self.retention())
 
     def advertised(self, port: int, network_address: str = "") -> str:
         """This gateway's base URL for its peers, once it listens on ``port``.

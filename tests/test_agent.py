@@ -33,7 +33,7 @@ from gateway.sandbox.files import AsyncWorkspace
 from gateway.sandbox.inside import agent as agent_module
 from gateway.sandbox.swarm.agent_client import AgentClient, _error
 from gateway.sandbox.swarm.workspace import RemoteWorkspace
-from gateway.store.sqlite import Store
+from gateway.store.sqlite import SQLiteStore as Store
 
 # The first bytes a ZeroMQ peer sends (ZMTP 3 signature and version); a ZeroMQ socket
 # answers them with its own.

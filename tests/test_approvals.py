@@ -30,7 +30,7 @@ from test_isolation import FETCH, local_index  # noqa: F401 (a fixture)
 from test_stream import Stream
 
 from gateway.client import AsyncClient, Client, Denied
-from gateway.sandbox.workspace import parse_iso
+from gateway.timestamps import parse_iso
 
 pytestmark = pytest.mark.docker
 

@@ -14,7 +14,7 @@ from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
 from gateway.policy.model import Policy, default_policy, session_policy
 from gateway.policy.scan import Scanner
-from gateway.store.sqlite import Store
+from gateway.store.sqlite import SQLiteStore as Store
 
 SCANNER = Scanner()
 

@@ -41,7 +41,7 @@ from gateway.sessions.pool import WarmPool
 from gateway.sessions.requests import CreateSession, ExecuteCode, PauseSession, TakeSnapshot
 from gateway.sessions.snapshots import Snapshots
 from gateway.sessions.state import KernelState
-from gateway.store.sqlite import Store
+from gateway.store.sqlite import SQLiteStore as Store
 
 WHO = Principal(tenant="default", token_id="test")
 

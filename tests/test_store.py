@@ -9,9 +9,12 @@ import threading
 import psycopg
 import pytest
 
-from gateway.store import sqlite as store_module
+from gateway.store import retention, writer
+from gateway.store.base import Retention
+from gateway.store.migrations import pending
 from gateway.store.postgres import PostgresStore
-from gateway.store.sqlite import MIGRATIONS, Retention, Store
+from gateway.store.sqlite import TERMS, WalCheckpoints
+from gateway.store.sqlite import SQLiteStore as Store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -71,7 +74,7 @@ def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
 def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
 
     db = sqlite3.connect(tmp_path / "db.sqlite3")
-    db.executescript(MIGRATIONS[0])  # what the first release created, unversioned
+    db.executescript(next(pending(0, TERMS))[1])  # what the first release created, unversioned
     db.execute("INSERT INTO sessions VALUES ('old', 'deleted', 't0', 't1', '{}')")
     db.commit()
     db.close()
@@ -90,7 +93,7 @@ def test_sqlite_store_migrates_a_database_made_before_schema_versions(tmp_path):
 
 
 def test_store_prunes_history_past_its_retention_in_batches(make_store, monkeypatch):
-    monkeypatch.setattr(store_module, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 3)
     old, new = "2020-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
     done = {"status": "ok", "execution_count": 1, "outputs": [], "error": None,
             "ended_at": new, "duration_ms": 1.0}  # fmt: skip
@@ -155,7 +158,7 @@ def test_store_batches_keep_order_and_a_failing_call_undoes_only_itself(make_sto
         await store.open()
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         first = store.save_session(doc)
-        broken = store._submit(store._exec, "INSERT INTO no_such_table VALUES (1)")
+        broken = store.db.submit(store.db.rows, "INSERT INTO no_such_table VALUES (1)")
         second = store.save_session({**doc, "id": "t"})
         await first
         with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
@@ -179,8 +182,8 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         await store.save_session(doc)
         statements = []
-        cursor = store._cursor
-        store._cursor = lambda sql, params=(): statements.append(sql) or cursor(sql, params)
+        cursor = store.db.cursor
+        store.db.cursor = lambda sql, params=(): statements.append(sql) or cursor(sql, params)
         started = {"code": "1 + 1", "description": "add", "started_at": "t1",
                    "review": {"decision": {"action": "allow"}}}  # fmt: skip
         quick, _ = store.start_execution("s", started)
@@ -196,7 +199,7 @@ def test_an_execution_that_ends_before_its_running_row_is_written_is_written_onc
         await store.add_output(slow, out)
         await store.finish_execution(slow, {**record, "execution_count": 2})
         history = (await store.history("s")).executions
-        leftover = await store._run(store._exec, "SELECT count(*) FROM running_outputs")
+        leftover = await store.db.run(store.db.rows, "SELECT count(*) FROM running_outputs")
         await store.close()
         return quick_statements, statements, history, leftover[0][0]
 
@@ -224,7 +227,7 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
     here). With them it holds about the batches between two, at times a few
     times that: a write that starts while a read is open does not start it over.
     """
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10)
+    monkeypatch.setattr(writer, "CHECKPOINT_EVERY", 10)
     path = tmp_path / "db.sqlite3"
 
     async def scenario():
@@ -234,7 +237,7 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
             doc = {"id": f"s{i}", "state": "idle", "created_at": "t", "ended_at": None}
             await store.save_session(doc, {"kernel_id": f"k{i}", "pad": "x" * 2000})
             for _ in range(500):  # a checkpoint under way ends (how soon is the disk's)
-                if not store._checkpointing:
+                if not store.db.writer.checkpointing:
                     break
                 await asyncio.sleep(0.01)
         wal = (tmp_path / "db.sqlite3-wal").stat().st_size
@@ -253,17 +256,17 @@ def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path,
     It ran on the store's one thread, in line: every write queued behind it
     (tens of milliseconds under load, each execute of every session waiting).
     """
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 3)
+    monkeypatch.setattr(writer, "CHECKPOINT_EVERY", 3)
     copying = threading.Event()
     let_go = threading.Event()
-    checkpoint = Store._checkpoint
+    checkpoint = WalCheckpoints.copy
 
     def slow_checkpoint(self):
         copying.set()
         let_go.wait(10)
         return checkpoint(self)
 
-    monkeypatch.setattr(Store, "_checkpoint", slow_checkpoint)
+    monkeypatch.setattr(WalCheckpoints, "copy", slow_checkpoint)
 
     async def scenario():
         store = Store(tmp_path / "db.sqlite3")
@@ -304,7 +307,7 @@ def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):
         await store.open()
         doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
         await store.save_session(doc)
-        ran_on = await store._submit(threading.get_ident, quick=True)
+        ran_on = await store.db.submit(threading.get_ident, quick=True)
         await store.close()
         return ran_on
 
@@ -464,3 +467,186 @@ def test_an_outcome_that_cannot_be_stored_fails_its_finish_even_when_written_in_
 
     outcome = asyncio.run(scenario())
     assert isinstance(outcome, Exception), "an execution was lost and its finish said ok"
+
+
+# What store/postgres.py ran, in its own list, until the dialects shared one
+# (copied as it was): its first entry is SQLite's schema at its ninth.
+OLD_POSTGRES_MIGRATIONS = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    INSERT INTO counters VALUES ('execution_id', 0);
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        seq BIGSERIAL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        ended_at TEXT,
+        doc TEXT NOT NULL,
+        runtime TEXT
+    );
+    CREATE INDEX sessions_open ON sessions (ended_at);
+    CREATE TABLE executions (
+        id BIGINT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (id),
+        execution_count INTEGER,
+        status TEXT NOT NULL,
+        code TEXT NOT NULL,
+        description TEXT,
+        outputs TEXT NOT NULL,
+        truncated BOOLEAN NOT NULL DEFAULT false,
+        error TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT NOT NULL,
+        duration_ms DOUBLE PRECISION NOT NULL,
+        files TEXT,
+        review TEXT
+    );
+    CREATE INDEX executions_by_session ON executions (session_id, id);
+    CREATE INDEX executions_running ON executions (status) WHERE status = 'running';
+    CREATE INDEX executions_by_start ON executions (started_at);
+    CREATE TABLE running_outputs (
+        id BIGSERIAL PRIMARY KEY,
+        execution_id BIGINT NOT NULL REFERENCES executions (id) ON DELETE CASCADE,
+        output TEXT
+    );
+    CREATE INDEX running_outputs_by_execution ON running_outputs (execution_id, id);
+    CREATE TABLE audit (
+        id BIGSERIAL PRIMARY KEY,
+        at TEXT NOT NULL,
+        tenant TEXT,
+        token_id TEXT,
+        action TEXT NOT NULL,
+        session_id TEXT,
+        outcome TEXT NOT NULL,
+        status INTEGER,
+        remote TEXT,
+        detail TEXT
+    );
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE INDEX audit_by_session ON audit (session_id, id);
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed BYTEA NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    CREATE TABLE connections (
+        id BIGSERIAL PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id BIGINT,
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals (state, created_at);
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        seq BIGSERIAL,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        size_bytes BIGINT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+    CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
+    """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at DOUBLE PRECISION NOT NULL
+    );
+    """,
+]
+
+
+def make_old_postgres(url: str, version: int) -> None:
+    """A database as the old PostgreSQL store left it at ``version`` of its own list."""
+    with psycopg.connect(url, autocommit=True) as db, db.transaction():
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (%s)", (version,))
+        for script in OLD_POSTGRES_MIGRATIONS[:version]:
+            db.execute(script)
+        db.execute("UPDATE counters SET value = 4096 WHERE name = 'execution_id'")
+        db.execute(
+            "INSERT INTO sessions (id, state, created_at, doc) VALUES ('old', 'idle', 't0', %s)",
+            ('{"id": "old"}',),
+        )
+        db.execute(
+            "INSERT INTO executions (id, session_id, execution_count, status, code, outputs,"
+            " started_at, ended_at, duration_ms) VALUES"
+            " (7, 'old', 1, 'ok', '1 + 1', '[]', 't1', 't2', 1.5)"
+        )
+
+
+def postgres_schema(url: str) -> tuple:
+    """The schema's version, and every column, index and constraint as the server keeps them."""
+    with psycopg.connect(url) as db:
+        return (
+            db.execute("SELECT version FROM schema_version").fetchall(),
+            db.execute(
+                "SELECT table_name, ordinal_position, column_name, data_type, is_nullable,"
+                " column_default FROM information_schema.columns WHERE table_schema = 'public'"
+                " ORDER BY 1, 2"
+            ).fetchall(),
+            db.execute(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes"
+                " WHERE schemaname = 'public' ORDER BY 1, 2"
+            ).fetchall(),
+            db.execute(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)"
+                " FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2"
+            ).fetchall(),
+        )
+
+
+@pytest.mark.parametrize("version", range(1, len(OLD_POSTGRES_MIGRATIONS) + 1))
+def test_a_postgres_database_the_old_store_made_upgrades_and_reads(postgres, tmp_path, version):
+    """Its own list's versions count on in the one list: 3 (its newest) is the one list's 11."""
+    old, fresh = postgres.database(), postgres.database()
+    make_old_postgres(old, version)
+    before = postgres_schema(old)
+
+    async def scenario(url: str, data_dir: str) -> tuple:
+        store = PostgresStore(url, tmp_path / data_dir)
+        await store.open()
+        if data_dir == "fresh":  # only its schema counts
+            return await store.close()
+        sessions = [doc["id"] for doc, _ in await store.open_sessions("g")]
+        history = [(e["id"], e["code"]) for e in (await store.history("old")).executions]
+        execution_id, written = store.start_execution("old", {"code": "2", "started_at": "t3"})
+        await written
+        await store.close()
+        return sessions, history, execution_id
+
+    sessions, history, execution_id = asyncio.run(scenario(old, "old"))
+    assert (sessions, history) == (["old"], [(7, "1 + 1")])
+    assert execution_id > 4096, "execution ids go on from the counter the old store drew from"
+    asyncio.run(scenario(fresh, "fresh"))
+    assert postgres_schema(old) == postgres_schema(fresh)
+    if version == len(OLD_POSTGRES_MIGRATIONS):
+        assert postgres_schema(old)[1:] == before[1:], "a database at its newest was migrated"

@@ -25,8 +25,8 @@ from typing import Any
 
 from ..sandbox.egress.proxy import EgressDenial
 from ..sandbox.packages import Install
-from ..sandbox.workspace import iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..timestamps import iso
 from .auth import Principal, token_id
 
 log = logging.getLogger("gateway.audit")

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge
 from ..limits import format_size
-from ..sandbox.workspace import iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..timestamps import iso
 from .auth import Principal
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import BadRequest
-from ..store.sqlite import AUDIT_FILTERS
+from ..store.base import AUDIT_FILTERS
 from .base import JSONHandler
 
 MAX_EVENTS = 1000

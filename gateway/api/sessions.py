@@ -12,7 +12,7 @@ from ..sessions.requests import (
     StartCommand,
     UpdateSession,
 )
-from ..store.sqlite import HISTORY_PAGE
+from ..store.base import HISTORY_PAGE
 from .base import JSONHandler
 
 _ID = r"(?P<session_id>[^/]+)"

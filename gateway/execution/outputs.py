@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -379,18 +378,3 @@ def _as_text(mime: str, value: Any) -> Any:
     if isinstance(value, list) and all(isinstance(line, str) for line in value):
         return value
     return json.dumps(value, default=str)
-
-
-def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
-    """Rebuild the outputs of an execution cut short from what was recorded as it ran.
-
-    ``recorded`` holds each output as it was released (already capped), and
-    ``None`` where the kernel cleared the outputs.
-    """
-    collector = OutputCollector(cap_bytes=sys.maxsize)
-    for output in recorded:
-        if output is None:
-            collector._clear()
-        else:
-            collector._store(dict(output), output_size(output))
-    return collector.finish()

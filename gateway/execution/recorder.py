@@ -15,10 +15,11 @@ import logging
 import time
 from typing import Any
 
-from ..sandbox.workspace import iso, parse_iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..store.executions import replay_outputs
+from ..timestamps import iso, parse_iso
 from .kernel import ExecutionResult
-from .outputs import OutputListener, replay_outputs
+from .outputs import OutputListener
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from ..access.auth import Principal
 from ..errors import AlreadyDecided, ApprovalNotFound, BadRequest, Forbidden, SessionEnded
-from ..sandbox.workspace import iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..timestamps import iso
 from .model import Decision
 
 log = logging.getLogger(__name__)

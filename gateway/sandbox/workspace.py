@@ -15,8 +15,9 @@ and time, which says when it stopped early; removal is iterative and bounded
 in time, so no tree shape can hold the gateway up (issue 18).
 
 Over 500 lines on purpose: the Swarm agent runs this very file inside each
-sandbox (``inside/agent.py``), shipped alone beside ``errors.py``, so the path
-rules, the walker and the archive writer stay in one standard-library module.
+sandbox (``inside/agent.py``), shipped alone beside ``errors.py`` and
+``timestamps.py``, so the path rules, the walker and the archive writer stay
+in one standard-library module.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import zipfile
 import zlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import IO, Any
 
 from ..errors import BadRequest, Conflict, FileNotFound, GatewayError, NotAFile, PathForbidden
+from ..timestamps import iso
 
 CHUNK = 256 * 1024
 UPLOAD_PREFIX = ".sbx-upload-"
@@ -99,18 +100,6 @@ def clean_path(path: str, allow_root: bool = False) -> list[str]:
     if not parts and not allow_root:
         raise BadRequest("a file path is required")
     return parts
-
-
-def iso(ts: float | None) -> str | None:
-    """Render an epoch time as the API's UTC ISO 8601 form."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> float:
-    """The epoch time of an ``iso()`` string."""
-    return datetime.fromisoformat(text).timestamp()
 
 
 @dataclass

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 from ..policy.gate import Gate
 from ..sandbox.egress import EgressConnection
-from ..sandbox.workspace import iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..timestamps import iso
 from .model import Session
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..store.sqlite import Store
+from ..store.base import Store
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import OwnerUnavailable
-from ..store.sqlite import Store
+from ..store.base import Store
 from .leases import Leases
 
 LOCATIONS_KEPT = 10_000  # other gateways' sessions whose owner is remembered, at most

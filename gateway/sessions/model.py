@@ -22,7 +22,7 @@ from ..masking import NO_SECRETS, Masker
 from ..policy.model import Policy, session_policy
 from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
-from ..sandbox.workspace import iso, parse_iso
+from ..timestamps import iso, parse_iso
 
 
 class Relay(Protocol):

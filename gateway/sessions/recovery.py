@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from ..errors import GatewayError
 from ..execution.recorder import close_cut_executions
 from ..sandbox.base import SandboxState
-from ..store.sqlite import Store
+from ..store.base import Store
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session

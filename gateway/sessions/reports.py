@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 from ..access.auth import Principal
 from ..errors import BadRequest, GatewayError
 from ..sandbox.base import Placement
-from ..sandbox.workspace import iso
-from ..store.sqlite import HISTORY_PAGE, HISTORY_PAGE_MAX, Store
+from ..store.base import HISTORY_PAGE, HISTORY_PAGE_MAX, Store
+from ..timestamps import iso
 from .manager import SessionManager
 from .pool import WarmPool
 from .snapshots import Snapshots

@@ -25,8 +25,8 @@ from typing import Any
 from ..access.auth import Principal, Quota
 from ..errors import QuotaExceeded, SnapshotNotFound, StateNotRestored, StateNotSaved
 from ..limits import format_size
-from ..sandbox.workspace import iso
-from ..store.sqlite import Store
+from ..store.base import Store
+from ..timestamps import iso
 from .model import Session
 from .state import STATE_FILE, KernelState, SavedState
 

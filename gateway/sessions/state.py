@@ -42,7 +42,7 @@ from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavai
 from ..execution.outputs import OutputCap
 from ..execution.recorder import ran_in_kernel
 from ..sandbox.workspace import remove_tree
-from ..store.sqlite import HISTORY_PAGE_MAX, Store
+from ..store.base import HISTORY_PAGE_MAX, Store
 from .lifecycle import SandboxLifecycle
 from .model import Session
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 from ..sandbox.base import ENGINE_ERRORS
-from ..store.sqlite import Store
+from ..store.base import Store
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .manager import SessionManager

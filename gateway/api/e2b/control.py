@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 from ...access.sandbox_tokens import SandboxTokens
 from ...errors import BadRequest, Conflict, NotSupported, SnapshotNotFound
-from ...sandbox.workspace import iso
 from ...sessions.cpu import CpuShares
 from ...sessions.forks import Forks
 from ...sessions.model import Session
@@ -31,6 +30,7 @@ from ...sessions.requests import (
     UpdateSession,
     seconds_of,
 )
+from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
 from .base import E2BHandler

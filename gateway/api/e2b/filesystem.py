@@ -21,9 +21,9 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from ...access.auth import Principal
 from ...errors import BadRequest
 from ...sandbox.files import AsyncWorkspace
-from ...sandbox.workspace import parse_iso
 from ...sessions.watchers import Event
 from ...sessions.workspaces import Workspaces
+from ...timestamps import parse_iso
 from .connect import as_connect_errors
 from .envd import sdk_path, workspace_path
 

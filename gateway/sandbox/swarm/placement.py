@@ -60,6 +60,7 @@ AGENT_FILES = {
     "gateway/__init__.py": None,
     "gateway/sandbox/__init__.py": None,
     "gateway/errors.py": _PACKAGE / "errors.py",
+    "gateway/timestamps.py": _PACKAGE / "timestamps.py",
     "gateway/sandbox/workspace.py": _PACKAGE / "sandbox" / "workspace.py",
 }
 _ENDED = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")

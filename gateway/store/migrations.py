@@ -1,0 +1,154 @@
+"""The schema, one migration per change, run by both dialects.
+
+Each entry moves the schema one version up; never edit a shipped entry,
+append a new one. Where the two databases spell a column differently, the
+entry names it (``{bigint}``, ``{serial}``, ...) and each dialect's ``TERMS``
+says how: SQLite's render every entry to the text it always ran, PostgreSQL's
+to the schema its own list used to make (an insertion-order ``seq`` column
+where SQLite has its ``rowid``, the counter execution ids are drawn from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+MIGRATIONS = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);{counters}
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,{seq}
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        ended_at TEXT,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX sessions_open ON sessions (ended_at);
+    CREATE TABLE executions (
+        id {bigint} PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (id),
+        execution_count INTEGER,
+        status TEXT NOT NULL,
+        code TEXT NOT NULL,
+        description TEXT,
+        outputs TEXT NOT NULL,
+        truncated {flag} NOT NULL DEFAULT {false},
+        error TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT NOT NULL,
+        duration_ms {real} NOT NULL
+    );
+    CREATE INDEX executions_by_session ON executions (session_id, id);
+    """,
+    # What a restarted gateway needs to reattach to a live kernel, and the
+    # outputs of executions still running, so a crash loses none of them.
+    """
+    ALTER TABLE sessions ADD COLUMN runtime TEXT;
+    CREATE TABLE running_outputs (
+        id {serial} PRIMARY KEY,
+        execution_id {bigint} NOT NULL REFERENCES executions (id) ON DELETE CASCADE,
+        output TEXT
+    );
+    CREATE INDEX running_outputs_by_execution ON running_outputs (execution_id, id);
+    CREATE INDEX executions_running ON executions (status) WHERE status = 'running';
+    """,
+    # Who did what, when, to which session, and how it went.
+    """
+    CREATE TABLE audit (
+        id {serial} PRIMARY KEY,
+        at TEXT NOT NULL,
+        tenant TEXT,
+        token_id TEXT,
+        action TEXT NOT NULL,
+        session_id TEXT,
+        outcome TEXT NOT NULL,
+        status INTEGER,
+        remote TEXT,
+        detail TEXT
+    );
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE INDEX audit_by_session ON audit (session_id, id);
+    """,
+    # Retention finds executions past their age without reading the table.
+    """
+    CREATE INDEX executions_by_start ON executions (started_at);
+    """,
+    # Tenants' sealed secrets: only ciphertext (access.secrets holds the key).
+    """
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed {blob} NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    """,
+    # What each execution did to the workspace: created, modified, deleted files.
+    """
+    ALTER TABLE executions ADD COLUMN files TEXT;
+    """,
+    # Every connection a session made through the egress proxy, allowed or denied.
+    """
+    CREATE TABLE connections (
+        id {serial} PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id {bigint},
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    """,
+    # What the policy made of each execution (findings, decision), and approvals.
+    """
+    ALTER TABLE executions ADD COLUMN review TEXT;
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals (state, created_at);
+    """,
+    # Snapshots of sessions' kernel state and workspace; they outlive their sessions.
+    """
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,{seq}
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        size_bytes {bigint} NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+    CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
+    """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at {real} NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at {real} NOT NULL
+    );
+    """,
+]
+
+LATEST = len(MIGRATIONS)
+
+
+def pending(version: int, terms: Mapping[str, str]) -> Iterator[tuple[int, str]]:
+    """The migrations past ``version``, each as (the version it makes, its SQL in a dialect)."""
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        yield number, script.format_map(terms)
