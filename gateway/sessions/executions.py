@@ -37,7 +37,7 @@ from ..observe.metrics import GatewayMetrics
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
-from ..store.sqlite import Store
+from ..store.base import Store
 from ..validation import seconds
 from .commands import Command, Commands
 from .leases import Leases

@@ -47,7 +47,7 @@ from ..errors import (
 from ..observe.metrics import GatewayMetrics
 from ..policy.gate import Gate
 from ..sandbox.base import DeathCallback
-from ..store.sqlite import Store
+from ..store.base import Store
 from ..validation import seconds
 from .admission import Admission
 from .commands import Commands

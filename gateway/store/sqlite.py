@@ -15,14 +15,10 @@ import sqlite3
 import uuid
 from pathlib import Path
 
-from .base import Retention, Store
+from .base import Retention
 from .database import Database, Dialect
 from .facade import StoreFacade
 from .migrations import pending
-
-# sessions/manager.py and sessions/executions.py (the lead's files) still import the
-# Store protocol from here; it moves to ``store.base`` with their next change.
-__all__ = ["SQLiteStore", "Store"]
 
 CHECKPOINT_TRIES = 3  # copies beside the writes before the rest is copied in line
 

@@ -442,3 +442,26 @@ def test_the_kernel_debugger_is_off_under_a_policy_that_gates_code(gated):
     open_sid = new_session(gw.client)
     allowed = scenario(channels_url(gw, open_sid, gw.token), "allowed-ran")
     assert all(a["success"] for a in allowed), allowed
+
+
+def test_an_approver_sees_the_environment_a_held_command_runs_with(gated):
+    """BASH_ENV made an approved ``bash -c true`` run a script the approver never saw."""
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    script = c["acme"].put(f"/v1/sessions/{sid}/files/x.sh", content=b"touch env-ran\n")
+    assert script.status_code == 201, script.text
+    env = {"BASH_ENV": "/workspace/x.sh"}
+    body = {"command": "bash -c true", "env": env}
+    ran: list[httpx.Response] = []
+    command = threading.Thread(
+        target=lambda: ran.append(c["acme"].post(f"/v1/sessions/{sid}/commands", json=body))
+    )
+    with Canary(gw, canary):
+        command.start()
+        approval = _approve_when_held(c["acme"], c["approver"], sid)
+        command.join(60)
+    held = c["approver"].get(f"/v1/approvals/{approval}").json()
+    assert ran and ran[0].status_code == 200, ran
+    assert "BASH_ENV=/workspace/x.sh" in held["code"], f"the approver was shown {held['code']!r}"
+    [record] = [e for e in full_history(c["acme"], sid) if e["review"].get("kind") == "command"]
+    assert "BASH_ENV=/workspace/x.sh" in record["code"], record
