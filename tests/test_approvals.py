@@ -115,7 +115,7 @@ def test_denied_code_never_runs_and_says_why(desk, acme_session):
     assert execution["review"]["decision"]["findings"][0]["line"] == 1
 
 
-def test_a_held_execute_runs_after_approval_and_its_session_queues_meanwhile(desk, acme_session):
+def test_a_held_execute_runs_after_approval_and_another_meanwhile_is_a_409(desk, acme_session):
     _, c = desk
     agent, approver = c["agent"], c["approver"]
     reply = held(agent, acme_session, SHELL)
@@ -123,9 +123,9 @@ def test_a_held_execute_runs_after_approval_and_its_session_queues_meanwhile(des
     assert any("shell" in reason for reason in reply["reasons"])
     session = agent.get(f"/v1/sessions/{acme_session}").json()
     assert session["state"] == "busy", "a session with a pending execute looked idle"
-    thread, box = execute_in_background(agent, acme_session, "print('after')")
-    time.sleep(0.5)
-    assert "reply" not in box, "later work ran before the held execute was decided"
+    meanwhile = agent.post(f"/v1/sessions/{acme_session}/execute", json={"code": "print(1)"})
+    assert meanwhile.status_code == 409, "later work waited for, or ran before, the decision"
+    assert reply["approval_id"] in meanwhile.json()["error"]["message"]
 
     pending = approver.get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
     (request,) = [a for a in pending if a["id"] == reply["approval_id"]]
@@ -140,8 +140,8 @@ def test_a_held_execute_runs_after_approval_and_its_session_queues_meanwhile(des
 
     r = approver.post(f"/v1/approvals/{reply['approval_id']}/approve", json={"reason": "ok"})
     assert r.status_code == 200 and r.json()["state"] == "approved", r.text
-    thread.join(60)
-    assert box["reply"]["status"] == "ok"
+    assert wait_for(lambda: full_history(agent, acme_session)[-1]["status"] == "ok", 60)
+    assert run(agent, acme_session, "print('after')")["status"] == "ok"
     first, second = full_history(agent, acme_session)
     assert first["status"] == "ok" and "0" in first["outputs"][0]["text"]
     approval = first["review"]["approval"]

@@ -116,7 +116,6 @@ class Executions:
         busy (its other work queued) until an approver decides.
         """
         session = self.sessions.get(session_id, who)
-        _check_not_held(session)
         code = request.code
         self._check_size(code)
         limit = seconds(request.timeout, "timeout", session.limits.timeout, self.limits.max_timeout)
@@ -126,6 +125,7 @@ class Executions:
         review: dict[str, Any] = {"decision": decision.to_json()}
         if decision.action == "deny":
             raise await self._refuse(session, code, request.description, review, decision)
+        _check_not_held(session)
         async with self.sessions.turn(session) as turn:
             assert session.kernel is not None and session.workspace is not None
             if decision.action == "hold":
