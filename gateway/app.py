@@ -73,6 +73,7 @@ from .sessions.upkeep import Upkeep
 from .sessions.workspaces import Workspaces
 from .store.base import Store
 from .store.datadir import DataDirLock
+from .wiring import isolation_options, make_store, swarm_options
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = settings.make_store()
+        self.store = make_store(settings)
         self.manager: SessionManager | None = None
         self.domain: Domain | None = None
         self.server: tornado.httpserver.HTTPServer | None = None
@@ -437,7 +438,7 @@ def build_lifecycle(
         images,
         sessions_dir=Path(settings.data_dir) / "sessions",
         tmp_size=settings.tmp_size,
-        swarm=settings.swarm_options(),
+        swarm=swarm_options(settings),
         context=shared_context(),
         max_message=settings.max_kernel_message if settings.kernel_message_guard else 0,
         guard=MessageGuard,
@@ -446,7 +447,7 @@ def build_lifecycle(
         settings,
         KernelSpecs(Path(settings.kernels_dir)),
         images,
-        IsolationManager(settings.isolation_options(), client),
+        IsolationManager(isolation_options(settings), client),
         placement,
         vault,
         packages,

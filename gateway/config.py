@@ -22,15 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadRequest, ConfigError, LimitExceeded
+from .hosts import IPNetwork, Rule, parse_ranges
 from .limits import Limits, parse_size
-from .sandbox.egress import EgressOptions
-from .sandbox.egress.policy import IPNetwork, Rule, parse_ranges
-from .sandbox.isolation import seccomp
-from .sandbox.isolation.manager import IsolationOptions
-from .sandbox.isolation.runtimes import RUNTIMES
-from .sandbox.swarm.placement import SwarmOptions
-from .store.base import Retention, Store
-from .store.sqlite import SQLiteStore
 
 # kernels/ and images/ ship inside the package, so an installed wheel finds them too.
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -50,12 +43,21 @@ class Kind:
     metavar: str | None = None
 
 
+# The runtimes a session may ask for (sandbox/isolation/runtimes.py maps each onto the
+# engine's; a unit test holds the two lists equal, as sandbox/ never reads config).
+RUNTIMES = ("runc", "gvisor")
+
+
 @dataclasses.dataclass(frozen=True)
 class SeccompProfile:
-    """The ``seccomp_profile`` setting: as the user named it, and the JSON the engine gets."""
+    """The ``seccomp_profile`` setting: as the user named it, and an operator's own JSON.
+
+    ``gateway`` (the gateway's own profile, which the sandbox layer builds) and
+    ``docker-default`` carry no JSON here.
+    """
 
     source: str
-    json: str | None = dataclasses.field(repr=False)  # None: the engine's default
+    json: str | None = dataclasses.field(repr=False)  # a profile file's text
 
     @classmethod
     def load(cls, value: Any) -> SeccompProfile:
@@ -63,9 +65,7 @@ class SeccompProfile:
         if isinstance(value, cls):
             return value
         source = str(value)
-        if source == "gateway":
-            return cls(source, seccomp.profile_json())
-        if source == "docker-default":
+        if source in ("gateway", "docker-default"):
             return cls(source, None)
         text = Path(source).read_text()
         profile = json.loads(text)
@@ -740,22 +740,6 @@ class Settings:
         if self.swarm_poll_interval <= 0:
             raise ConfigError("swarm_poll_interval must be positive")
 
-    def isolation_options(self) -> IsolationOptions:
-        """The isolation layer's settings, as values (sandbox code never reads Settings)."""
-        return IsolationOptions(
-            runtimes=self.runtimes,
-            default_runtime=self.default_runtime,
-            seccomp=self.seccomp_profile.json,
-            egress=EgressOptions(
-                policies=self.network_policies,
-                network=self.egress_network,
-                proxy_ports=self.egress_proxy_ports,
-                allow_ranges=self.egress_allow_ranges,
-                always_allow=self.egress_always_allow,
-                state_dir=Path(self.data_dir) / "egress",
-            ),
-        )
-
     def secrets_key_path(self) -> Path:
         """Where the secrets key lives."""
         return Path(self.secrets_key_file or Path(self.data_dir) / "secrets.key")
@@ -763,14 +747,6 @@ class Settings:
     def policies_path(self) -> Path:
         """Where tenants' execute policies are read from (and written by the API)."""
         return Path(self.policies_dir or Path(self.data_dir) / "policies")
-
-    def make_store(self) -> Store:
-        """The store these settings name: SQLite in the data dir, or a shared PostgreSQL."""
-        if self.database_url:
-            from .store.postgres import PostgresStore  # psycopg only where it is used
-
-            return PostgresStore(self.database_url, Path(self.data_dir), self.retention())
-        return SQLiteStore(Path(self.data_dir) / "gateway.sqlite3", self.retention())
 
     def advertised(self, port: int, network_address: str = "") -> str:
         """This gateway's base URL for its peers, once it listens on ``port``.
@@ -781,23 +757,6 @@ class Settings:
             return self.advertise_url.rstrip("/")
         host = network_address or ("127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host)
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-    def retention(self) -> Retention:
-        """How much history the store keeps, as values."""
-        return Retention(
-            max_age=self.history_max_age,
-            max_executions=self.history_max_executions,
-            interval=self.history_prune_interval,
-        )
-
-    def swarm_options(self) -> SwarmOptions:
-        """The swarm placement's settings, as values."""
-        return SwarmOptions(
-            network=self.swarm_network,
-            registry=self.registry,
-            constraints=self.swarm_constraints,
-            poll_interval=self.swarm_poll_interval,
-        )
 
     @classmethod
     def add_arguments(

@@ -25,6 +25,7 @@ from gateway.config import Settings
 from gateway.errors import RuntimeUnavailable
 from gateway.sandbox.isolation import runtimes
 from gateway.sandbox.isolation.runtimes import EngineRuntimes, Runtimes
+from gateway.wiring import isolation_options
 
 pytestmark = pytest.mark.docker
 
@@ -188,7 +189,7 @@ def test_an_operator_seccomp_profile_refuses_ptrace_under_runc(start_gateway, tm
 
 def test_an_allowed_runtime_the_engine_lacks_is_a_clear_error(engine, monkeypatch, tmp_path):
     monkeypatch.setitem(runtimes.RUNTIMES, "gvisor", EngineRuntimes("sbx-absent", "sbx-absent"))
-    options = Settings.from_mapping({"data_dir": str(tmp_path)}).isolation_options()
+    options = isolation_options(Settings.from_mapping({"data_dir": str(tmp_path)}))
     catalog = Runtimes(options.runtimes, options.default_runtime, engine)
     with pytest.raises(RuntimeUnavailable, match="scripts/setup-gvisor") as caught:
         asyncio.run(catalog.engine_name("gvisor", networked=False))

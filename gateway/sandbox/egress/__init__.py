@@ -22,8 +22,9 @@ from pathlib import Path
 import docker
 
 from ...errors import EgressUnavailable, NotAllowed
+from ...hosts import IPNetwork, Rule
 from .network import EgressNetwork
-from .policy import AddressGuard, IPNetwork, NetworkPolicy, Rule
+from .policy import AddressGuard, NetworkPolicy
 from .proxy import (
     ConnectionHook,
     DenialHook,

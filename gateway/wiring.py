@@ -1,0 +1,62 @@
+"""From ``Settings`` to each collaborator's own group of values.
+
+The rooms below never read ``Settings``: each is handed the few values it
+needs (``IsolationOptions``, ``SwarmOptions``, a store's ``Retention``, ...),
+built here once from the flags and ``SBX_*`` variables ``config`` parsed.
+``app`` (the composition root) calls these; so may a test that wants a
+collaborator built as the gateway builds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import Settings
+from .sandbox.egress import EgressOptions
+from .sandbox.isolation import seccomp
+from .sandbox.isolation.manager import IsolationOptions
+from .sandbox.swarm.placement import SwarmOptions
+from .store.base import Retention, Store
+from .store.sqlite import SQLiteStore
+
+
+def isolation_options(settings: Settings) -> IsolationOptions:
+    """The isolation layer's settings: runtimes, the seccomp profile, egress."""
+    profile = settings.seccomp_profile
+    return IsolationOptions(
+        runtimes=settings.runtimes,
+        default_runtime=settings.default_runtime,
+        seccomp=seccomp.profile_json() if profile.source == "gateway" else profile.json,
+        egress=EgressOptions(
+            policies=settings.network_policies,
+            network=settings.egress_network,
+            proxy_ports=settings.egress_proxy_ports,
+            allow_ranges=settings.egress_allow_ranges,
+            always_allow=settings.egress_always_allow,
+            state_dir=Path(settings.data_dir) / "egress",
+        ),
+    )
+
+
+def make_store(settings: Settings) -> Store:
+    """The store the settings name: SQLite in the data dir, or a shared PostgreSQL."""
+    retention = Retention(
+        max_age=settings.history_max_age,
+        max_executions=settings.history_max_executions,
+        interval=settings.history_prune_interval,
+    )
+    if settings.database_url:
+        from .store.postgres import PostgresStore  # psycopg only where it is used
+
+        return PostgresStore(settings.database_url, Path(settings.data_dir), retention)
+    return SQLiteStore(Path(settings.data_dir) / "gateway.sqlite3", retention)
+
+
+def swarm_options(settings: Settings) -> SwarmOptions:
+    """The swarm placement's settings."""
+    return SwarmOptions(
+        network=settings.swarm_network,
+        registry=settings.registry,
+        constraints=settings.swarm_constraints,
+        poll_interval=settings.swarm_poll_interval,
+    )
