@@ -1,4 +1,5 @@
-"""The store's behaviour, on both backends: embedded SQLite and a real PostgreSQL server."""
+"""The store's behaviour on embedded SQLite; tests/test_store_postgres.py runs the tests
+that take ``make_store`` again on a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ import psycopg
 import pytest
 
 from gateway.store import sqlite as store_module
-from gateway.store.postgres import PostgresStore
 from gateway.store.sqlite import MIGRATIONS, Retention, Store
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request, tmp_path):
-    """Build a store (again, on the same data) for the backend under test."""
-    if request.param == "sqlite":
-        return lambda retention=None: Store(tmp_path / "db.sqlite3", retention)
-    url = request.getfixturevalue("postgres").database()
-    return lambda retention=None: PostgresStore(url, tmp_path, retention)
+@pytest.fixture
+def make_store(tmp_path):
+    """Build a store (again, on the same data)."""
+    return lambda retention=None: Store(tmp_path / "db.sqlite3", retention)
 
 
 def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
@@ -292,85 +289,6 @@ def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path,
     assert kept == saved
 
 
-def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):
-    """Only SQLite's small writes run on the loop; a server's every statement is a round trip.
-
-    Run on the loop, a write to a PostgreSQL server that stopped answering
-    held every session of the gateway (and its failure reached no caller).
-    """
-
-    async def scenario():
-        store = PostgresStore(postgres.database(), tmp_path)
-        await store.open()
-        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
-        await store.save_session(doc)
-        ran_on = await store._submit(threading.get_ident, quick=True)
-        await store.close()
-        return ran_on
-
-    assert asyncio.run(scenario()) != threading.get_ident()
-
-
-def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execution_id(
-    postgres, tmp_path
-):
-    url = postgres.database()
-
-    async def scenario():
-        stores = [PostgresStore(url, tmp_path / name) for name in ("a", "b")]
-        await asyncio.gather(*(store.open() for store in stores))  # both migrate at once
-        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
-        await stores[0].save_session(doc)
-        ids = []
-        for _ in range(3):
-            for store in stores:
-                execution_id, written = store.start_execution("s", {"code": "1", "started_at": "t"})
-                await written
-                ids.append(execution_id)
-        gateway_ids = {await store.gateway_id() for store in stores}
-        for store in stores:
-            await store.close()
-        return ids, gateway_ids
-
-    ids, gateway_ids = asyncio.run(scenario())
-    assert len(set(ids)) == len(ids), f"two gateways handed out the same execution id: {ids}"
-    assert len(gateway_ids) == 2, "gateways sharing a database must keep ids of their own"
-
-
-def test_concurrent_claims_of_a_session_leave_exactly_one_owner(postgres, tmp_path):
-    """Gateways racing for the same sessions, each on its own connection: never a split."""
-    url = postgres.database()
-    claimers = 8
-
-    async def scenario():
-        stores = [PostgresStore(url, tmp_path / f"g{n}") for n in range(claimers)]
-        await asyncio.gather(*(store.open() for store in stores))
-        winners = []
-        for round_ in range(20):
-            sid = f"s{round_}"
-            won = await asyncio.gather(
-                *(store.claim_lease(sid, f"g{n}", 30.0) for n, store in enumerate(stores))
-            )
-            winners.append([f"g{n}" for n, ok in enumerate(won) if ok])
-        # An expired lease goes to exactly one of the gateways that want it.
-        await stores[0].claim_lease("short", "g0", 0.05)
-        await asyncio.sleep(0.1)
-        won = await asyncio.gather(
-            *(store.claim_lease("short", f"g{n}", 30.0) for n, store in enumerate(stores[1:], 1))
-        )
-        renewed = await stores[0].renew_leases("g0", 30.0)
-        for store in stores:
-            await store.close()
-        return winners, sum(won), renewed
-
-    winners, took_expired, renewed = asyncio.run(scenario())
-    assert all(len(w) == 1 for w in winners), f"a session had more than one owner: {winners}"
-    assert took_expired == 1, f"{took_expired} gateways took over one expired lease"
-    assert "short" not in renewed and len(renewed) == sum(w == ["g0"] for w in winners), (
-        "a gateway renewed a lease another gateway had taken over"
-    )
-
-
 def test_a_lease_is_held_renewed_and_released_by_its_owner_only(make_store):
     async def scenario():
         store = make_store()
@@ -429,22 +347,6 @@ def test_a_dead_gateways_open_sessions_are_orphans_for_the_others_to_adopt(make_
         "only an open session whose lease ran out is another gateway's to adopt"
     )
     assert elsewhere == ({"lapsed"}, {"live"})
-
-
-def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, tmp_path):
-    from gateway.cli.gc import DataDir
-
-    async def start() -> None:
-        store = PostgresStore(postgres.database(), tmp_path)
-        await store.open()
-        await store.gateway_id()
-        await store.close()
-
-    asyncio.run(start())
-    data_dir = DataDir.read(tmp_path, busy=set())
-    assert data_dir.why_orphan("s1") is None, (
-        "sbx gc would remove the sandboxes of a gateway on PostgreSQL: it has no SQLite file"
-    )
 
 
 def test_an_outcome_that_cannot_be_stored_fails_its_finish_even_when_written_in_one_row(make_store):
