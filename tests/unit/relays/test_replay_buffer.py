@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.config import Settings
-from gateway.relays.agent_stream import ReplayBuffer
+from gateway.relays.agent_stream import RelayOptions, ReplayBuffer
 
 
-def test_replay_buffer_drops_the_oldest_past_either_bound(tmp_path):
-    buffer = ReplayBuffer(
-        Settings(data_dir=str(tmp_path), replay_buffer_events=3, replay_buffer_size="10")
-    )
+def test_replay_buffer_drops_the_oldest_past_either_bound():
+    buffer = ReplayBuffer(RelayOptions(reconnect_grace=1, replay_events=3, replay_bytes=10))
     for text in ("a", "b", "c", "d"):
         buffer.append(text)
     assert list(buffer.texts) == ["b", "c", "d"] and buffer.dropped == 1
