@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from test_cli import SBX, cli_session, sbx, sdk  # noqa: F401 (fixtures)
-
 from gateway.cli.main import build_parser
 
 # Commands that never print a result: the server, and the MCP server (its stdout is the protocol).

@@ -4,7 +4,6 @@ results that show themselves in Jupyter."""
 from __future__ import annotations
 
 import pytest
-from test_client import _seconds_between, client, sdk_session, token  # noqa: F401 (fixtures)
 
 from gateway.client import Execution, Result
 from gateway.client.base import session_request
