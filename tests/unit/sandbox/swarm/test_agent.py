@@ -177,8 +177,8 @@ def _exercise(ws: RemoteWorkspace) -> None:
 
 
 class _OneSession:
-    """What the files handlers ask of the session manager: settings, one session's files, and
-    its (absent) file policy."""
+    """What the files handlers ask of the session manager (settings, its store answering) and
+    of its Workspaces (one session's files, and its absent file policy)."""
 
     def __init__(self, workspace: RemoteWorkspace) -> None:
         self.settings = Settings()
@@ -200,9 +200,11 @@ async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Pa
     await client.call("status")  # connected, as a session's agent is once its kernel started
     store = Store(tmp_path / "gateway.sqlite3")
     await store.open()
+    one = _OneSession(RemoteWorkspace(str(workspace), agent=lambda: client))
     app = tornado.web.Application(
         files.routes,
-        sbx_manager=_OneSession(RemoteWorkspace(str(workspace), agent=lambda: client)),
+        sbx_manager=one,
+        sbx_workspaces=one,
         sbx_auth=Authenticator(None, {}, Quota(max_sessions=1, max_memory=2**30, max_disk=2**30)),
         sbx_audit=AuditLog(store),
     )
