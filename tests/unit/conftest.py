@@ -1,8 +1,8 @@
 """The unit tier: tests that need no Docker engine, no gateway process and no PostgreSQL.
 
 ``scripts/test --unit`` runs only what is under this directory. Each test sits in
-the room of ``gateway/`` it tests (``unit/policy/`` for ``gateway/policy/``; tests
-of a top-level module such as ``gateway/config.py`` directly here). A test that asks
+the room of ``gateway/`` it tests (``unit/policy/`` for ``gateway/policy/``,
+``unit/config/`` for the top-level module ``gateway/config.py``). A test that asks
 for an integration fixture of ``tests/conftest.py`` or is marked ``docker`` fails
 collection: it belongs beside the integration tests in ``tests/``. Test file names
 stay unique across ``tests/`` (pytest imports them by their base name).
