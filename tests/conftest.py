@@ -2,21 +2,36 @@
 
 One gateway serves most tests (starting kernels is what costs time); tests
 that need other server settings start their own with ``start_gateway``.
+Importing this file needs no engine (the unit tier under ``unit/`` loads it
+too): the engine is reached only when a test asks for ``engine``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
 import httpx
 import pytest
-from helpers import GatewayProcess, PostgresServer, e2b_env, remove_leftovers, short_tmpdir
+from helpers import (
+    GatewayProcess,
+    PostgresServer,
+    canary_session,
+    e2b_env,
+    remove_leftovers,
+    short_tmpdir,
+    tenant_gateway,
+)
+
+if TYPE_CHECKING:
+    import docker
 
 
 @pytest.fixture(scope="session")
 def engine() -> docker.DockerClient:
+    import docker
+
     try:
         client = docker.from_env()
         client.ping()
@@ -141,3 +156,24 @@ def e2b_sandbox(gateway: GatewayProcess) -> Iterator:
         sandbox = Sandbox.create()
         yield sandbox
         sandbox.kill()
+
+
+@pytest.fixture(scope="module")
+def tenants(request, start_gateway) -> Iterator[tuple[GatewayProcess, dict[str, httpx.Client]]]:
+    """A gateway with a token for each tenant of the module's ``TOKENS`` (tenant -> token),
+    and a client each. The module may add ``TENANTS`` (more of the tokens file, e.g. a
+    ``[tenants.beta]`` table) and ``TENANT_FLAGS`` (more ``sbx serve`` flags)."""
+    module = request.module
+    flags = getattr(module, "TENANT_FLAGS", ())
+    with tenant_gateway(
+        start_gateway, module.TOKENS, *flags, tenants=getattr(module, "TENANTS", "")
+    ) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def canary(gw: GatewayProcess) -> Iterator[str]:
+    """A session on the module's gateway ``gw`` where ``alive = 42`` ran, for ``Canary``
+    (or a test) to ask while something else strains that gateway; deleted after."""
+    with canary_session(gw) as sid:
+        yield sid

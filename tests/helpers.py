@@ -543,14 +543,3 @@ def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
         "E2B_SANDBOX_URL": gw.url,
         "E2B_DOMAIN": "sandbox.invalid",
     }
-
-
-def two_tenants(start_gateway, extra: str = ""):
-    """A gateway with tenants acme and rival (E2B keys ``acme-e2b-key``/``rival-e2b-key``)."""
-    data_dir = short_tmpdir()
-    tokens = data_dir / "tokens.toml"
-    tokens.write_text(
-        '[[tokens]]\ntenant = "acme"\ntoken = "acme-e2b-key"\n\n'
-        '[[tokens]]\ntenant = "rival"\ntoken = "rival-e2b-key"\n\n' + extra
-    )
-    return start_gateway("--tokens-file", str(tokens), data_dir=data_dir)

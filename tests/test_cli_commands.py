@@ -14,31 +14,7 @@ from datetime import UTC, datetime
 import pytest
 from test_cli import SBX, cli_session, sbx, sdk  # noqa: F401 (fixtures)
 
-from gateway.cli.main import build_parser
-
 pytestmark = pytest.mark.docker
-
-# Commands that never print a result: the server, and the MCP server (its stdout is the protocol).
-SILENT = {"serve", "mcp"}
-
-
-def subcommands(parser, path=()):
-    """(command path, its parser) for every leaf command of ``sbx``."""
-    for action in parser._actions:
-        if action.__class__.__name__ == "_SubParsersAction":
-            for name, sub in action.choices.items():
-                yield from subcommands(sub, (*path, name))
-            return
-    yield path, parser
-
-
-def test_every_command_that_prints_takes_json():
-    missing = [
-        " ".join(path)
-        for path, parser in subcommands(build_parser())
-        if path[0] not in SILENT and "--json" not in parser._option_string_actions
-    ]
-    assert not missing, f"no --json on: {missing}"
 
 
 def as_json(*args: str, gateway, cwd=None, stdin=None, code: int = 0):

@@ -45,13 +45,6 @@ def gw(start_gateway) -> GatewayProcess:
     return start_gateway(env={"SBX_MAX_ARCHIVE_SIZE": CAP})
 
 
-@pytest.fixture(scope="module")
-def canary(gw) -> str:
-    sid = gw.client.post("/v1/sessions", json={}).json()["id"]
-    run(gw.client, sid, "alive = 42")
-    return sid
-
-
 @pytest.fixture
 def sparse_tree(gw):
     """A session whose ``big/`` holds one sparse file (size given) and 2000 small files."""

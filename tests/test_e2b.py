@@ -27,7 +27,7 @@ from e2b import (
 )
 from e2b import TimeoutException as E2BTimeout
 from e2b_code_interpreter import AsyncSandbox, Sandbox
-from helpers import GatewayProcess, e2b_env, two_tenants
+from helpers import GatewayProcess, e2b_env
 
 pytestmark = pytest.mark.docker
 
@@ -272,13 +272,12 @@ def test_sandboxes_are_addressed_by_host_too(sandbox: Sandbox, gateway: GatewayP
         assert client.post("/execute", json={"code": "1"}, headers=envd).status_code == 404
 
 
-@pytest.fixture(scope="module")
-def tenants(start_gateway):
-    return two_tenants(start_gateway, "[tenants.rival]\nmax_sessions = 1\n")
+TOKENS = {"acme": "acme-e2b-key", "rival": "rival-e2b-key"}  # the E2B API keys
+TENANTS = "[tenants.rival]\nmax_sessions = 1\n"
 
 
 def test_another_tenants_sandbox_does_not_exist(tenants, monkeypatch) -> None:
-    for name, value in e2b_env(tenants, "acme-e2b-key").items():
+    for name, value in e2b_env(tenants[0], "acme-e2b-key").items():
         monkeypatch.setenv(name, value)
     mine = Sandbox.create(metadata={"who": "acme"})
     try:
@@ -310,7 +309,7 @@ def test_sbx_e2b_env_is_the_whole_setup(gateway: GatewayProcess) -> None:
 
 
 def test_a_tenants_quota_holds(tenants, monkeypatch) -> None:
-    for name, value in e2b_env(tenants, "rival-e2b-key").items():
+    for name, value in e2b_env(tenants[0], "rival-e2b-key").items():
         monkeypatch.setenv(name, value)
     first = Sandbox.create()
     try:

@@ -14,7 +14,7 @@ import time
 import pytest
 from e2b import NotFoundException, SandboxException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
-from helpers import GatewayProcess, e2b_env, two_tenants
+from helpers import GatewayProcess, e2b_env
 
 pytestmark = pytest.mark.docker
 
@@ -101,13 +101,11 @@ def test_async_snapshots_and_fork() -> None:
     asyncio.run(main())
 
 
-@pytest.fixture(scope="module")
-def tenants(start_gateway):
-    return two_tenants(start_gateway)
+TOKENS = {"acme": "acme-e2b-key", "rival": "rival-e2b-key"}  # the E2B API keys
 
 
 def test_another_tenants_snapshots_do_not_exist(tenants, monkeypatch) -> None:
-    for name, value in e2b_env(tenants, "acme-e2b-key").items():
+    for name, value in e2b_env(tenants[0], "acme-e2b-key").items():
         monkeypatch.setenv(name, value)
     mine = Sandbox.create()
     try:

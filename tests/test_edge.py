@@ -13,11 +13,10 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from helpers import Canary, GatewayProcess, canary_session, memory_kib, wait_for
+from helpers import Canary, GatewayProcess, memory_kib, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -26,17 +25,11 @@ SENTINEL = "edge-sentinel-3e9b1c7d"  # a token-shaped secret that must never rea
 
 
 @pytest.fixture(scope="module")
-def edge(start_gateway) -> GatewayProcess:
+def gw(start_gateway) -> GatewayProcess:
     # Environment settings, as an operator would set them (a gateway that lacks one ignores it).
     return start_gateway(
         env={"SBX_IDLE_CONNECTION_TIMEOUT": "2", "SBX_BODY_TIMEOUT": "2"},
     )
-
-
-@pytest.fixture(scope="module")
-def canary(edge) -> Iterator[str]:
-    with canary_session(edge) as sid:
-        yield sid
 
 
 def connect(gw: GatewayProcess) -> socket.socket:
@@ -81,18 +74,18 @@ def blind_upload(gw: GatewayProcess, size: int, token: str | None, box: dict) ->
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token"])
-def test_anonymous_bodies_are_refused_without_being_buffered(edge, canary, token):
-    before = memory_kib(edge.pid)
+def test_anonymous_bodies_are_refused_without_being_buffered(gw, canary, token):
+    before = memory_kib(gw.pid)
     boxes: list[dict] = [{} for _ in range(4)]
     senders = [
-        threading.Thread(target=blind_upload, args=(edge, 60 * MiB, token, box)) for box in boxes
+        threading.Thread(target=blind_upload, args=(gw, 60 * MiB, token, box)) for box in boxes
     ]
-    with Canary(edge, canary):
+    with Canary(gw, canary):
         for sender in senders:
             sender.start()
         for sender in senders:
             sender.join(120)
-    after = memory_kib(edge.pid)
+    after = memory_kib(gw.pid)
     grown = (after["VmHWM"] - before["VmRSS"]) // 1024
     print(f"gateway RSS {before['VmRSS'] // 1024} MiB before, peak {after['VmHWM'] // 1024} MiB")
     assert grown < 32, (
@@ -111,8 +104,8 @@ def test_anonymous_bodies_are_refused_without_being_buffered(edge, canary, token
             assert b'"unauthorized"' in answer and b"token" in answer, answer[:300]
 
 
-def test_an_anonymous_client_that_waits_for_100_continue_gets_its_401_at_once(edge):
-    sock = connect(edge)
+def test_an_anonymous_client_that_waits_for_100_continue_gets_its_401_at_once(gw):
+    sock = connect(gw)
     with sock:
         sock.sendall(post_headers("/v1/sessions", 60 * MiB, extra="Expect: 100-continue\r\n"))
         answer = read_answer(sock, timeout=5)
@@ -122,14 +115,14 @@ def test_an_anonymous_client_that_waits_for_100_continue_gets_its_401_at_once(ed
     assert b"www-authenticate: bearer" in answer.lower() and b'"unauthorized"' in answer, answer
 
 
-def test_a_small_anonymous_body_still_gets_a_json_401(edge):
-    r = httpx.post(edge.url + "/v1/sessions", json={"kernel": "python3"})
+def test_a_small_anonymous_body_still_gets_a_json_401(gw):
+    r = httpx.post(gw.url + "/v1/sessions", json={"kernel": "python3"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
 
 
-def test_an_authenticated_oversized_body_is_answered_not_reset(edge):
+def test_an_authenticated_oversized_body_is_answered_not_reset(gw):
     # The answer after the whole body: a client that sends it all still reads the 413.
-    r = edge.client.post("/v1/sessions/x/execute", content=b" " * (17 * MiB))
+    r = gw.client.post("/v1/sessions/x/execute", content=b" " * (17 * MiB))
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", r.text
 
 
@@ -146,9 +139,9 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         return False
 
 
-def test_slow_headers_and_stalled_bodies_are_cut_off(edge):
-    slow_headers = connect(edge)
-    stalled_body = connect(edge)
+def test_slow_headers_and_stalled_bodies_are_cut_off(gw):
+    slow_headers = connect(gw)
+    stalled_body = connect(gw)
     with slow_headers, stalled_body:
         slow_headers.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: 1")
         stalled_body.sendall(post_headers("/v1/sessions", 1000, extra="") + b"{")
@@ -179,30 +172,30 @@ def test_authentication_failures_are_folded_per_address_and_minute(start_gateway
     assert '"count": 39' in rows[1][0], rows
 
 
-def test_a_token_never_reaches_the_log(edge):
-    before = len(edge.log)
+def test_a_token_never_reaches_the_log(gw):
+    before = len(gw.log)
     # A valid token in a query whose key is percent-encoded authenticates...
-    r = httpx.get(edge.url + "/v1/sessions?%74oken=" + edge.token)
+    r = httpx.get(gw.url + "/v1/sessions?%74oken=" + gw.token)
     assert r.status_code == 200, r.text
     # ...bytes that are not UTF-8 make Tornado refuse the argument, with its value...
-    r = httpx.get(edge.url + "/v1/sessions?token=%FF" + SENTINEL)
+    r = httpx.get(gw.url + "/v1/sessions?token=%FF" + SENTINEL)
     assert r.status_code == 400, r.text
     r = httpx.get(
-        edge.url + "/v1/sessions/nope/stream?token=%FF" + SENTINEL,
+        gw.url + "/v1/sessions/nope/stream?token=%FF" + SENTINEL,
         headers={"Connection": "Upgrade", "Upgrade": "websocket"},
     )
     assert r.status_code == 400, r.text
-    r = httpx.get(edge.url + "/v1/sessions?token=" + SENTINEL)
+    r = httpx.get(gw.url + "/v1/sessions?token=" + SENTINEL)
     assert r.status_code == 401, r.text
     # ...and a header Tornado cannot parse is quoted in its "Malformed HTTP message" line.
-    sock = connect(edge)
+    sock = connect(gw)
     with sock:
         header = f"Authorization: Bearer {SENTINEL}\x01"
         sock.sendall(f"GET /v1/sessions HTTP/1.1\r\nHost: g\r\n{header}\r\n\r\n".encode())
         read_answer(sock, timeout=5)
-    wait_for(lambda: len(edge.log) > before + 3, timeout=5)
+    wait_for(lambda: len(gw.log) > before + 3, timeout=5)
     time.sleep(0.5)
-    logged = "".join(edge.log[before:])
-    assert edge.token not in logged and SENTINEL not in logged, (
+    logged = "".join(gw.log[before:])
+    assert gw.token not in logged and SENTINEL not in logged, (
         "a token reached the gateway's log:\n" + logged
     )

@@ -8,13 +8,11 @@ session's, and a canary session on the same gateway keeps answering.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from helpers import (
     Canary,
     GatewayProcess,
-    canary_session,
     memory_kib,
     reset_peak_memory,
     run,
@@ -34,25 +32,19 @@ BIG_OUTPUT = (
 
 
 @pytest.fixture(scope="module")
-def big(start_gateway) -> GatewayProcess:
+def gw(start_gateway) -> GatewayProcess:
     return start_gateway()
 
 
 @pytest.fixture(scope="module")
-def canary(big) -> Iterator[str]:
-    with canary_session(big) as sid:
-        yield sid
-
-
-@pytest.fixture(scope="module")
-def heavy(big) -> str:
+def heavy(gw) -> str:
     """An ended session with BIG_EXECUTIONS executions of ~1 MiB of image each."""
-    r = big.client.post("/v1/sessions", json={"limits": {"output_bytes": "2m"}})
+    r = gw.client.post("/v1/sessions", json={"limits": {"output_bytes": "2m"}})
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
     for _ in range(BIG_EXECUTIONS):
-        assert run(big.client, sid, BIG_OUTPUT)["status"] == "ok"
-    big.client.delete(f"/v1/sessions/{sid}")
+        assert run(gw.client, sid, BIG_OUTPUT)["status"] == "ok"
+    gw.client.delete(f"/v1/sessions/{sid}")
     return sid
 
 
@@ -62,12 +54,12 @@ def grown_mib(gw: GatewayProcess, before: dict[str, int]) -> int:
     return (after["VmHWM"] - before["VmRSS"]) // 1024
 
 
-def test_reading_a_big_history_costs_a_page_not_the_session(big, canary, heavy):
-    reset_peak_memory(big.pid)
-    before = memory_kib(big.pid)
-    with Canary(big, canary):
-        r = big.client.get(f"/v1/sessions/{heavy}/history")
-        grown = grown_mib(big, before)
+def test_reading_a_big_history_costs_a_page_not_the_session(gw, canary, heavy):
+    reset_peak_memory(gw.pid)
+    before = memory_kib(gw.pid)
+    with Canary(gw, canary):
+        r = gw.client.get(f"/v1/sessions/{heavy}/history")
+        grown = grown_mib(gw, before)
     assert r.status_code == 200, r.text
     assert grown < GROWTH_MIB, (
         f"one history request of a {BIG_EXECUTIONS}-execution session made the gateway grow "
@@ -75,16 +67,16 @@ def test_reading_a_big_history_costs_a_page_not_the_session(big, canary, heavy):
     )
 
 
-def test_exporting_a_big_session_streams_it(big, canary, heavy, tmp_path):
-    reset_peak_memory(big.pid)
-    before = memory_kib(big.pid)
+def test_exporting_a_big_session_streams_it(gw, canary, heavy, tmp_path):
+    reset_peak_memory(gw.pid)
+    before = memory_kib(gw.pid)
     path = tmp_path / "big.ipynb"
-    with Canary(big, canary), path.open("wb") as out:
-        with big.client.stream("GET", f"/v1/sessions/{heavy}/notebook") as r:
+    with Canary(gw, canary), path.open("wb") as out:
+        with gw.client.stream("GET", f"/v1/sessions/{heavy}/notebook") as r:
             assert r.status_code == 200, r.read()
             for chunk in r.iter_bytes():
                 out.write(chunk)
-        grown = grown_mib(big, before)
+        grown = grown_mib(gw, before)
     assert grown < GROWTH_MIB, (
         f"exporting a {BIG_EXECUTIONS}-execution session made the gateway grow by {grown} MiB: "
         "it built the whole notebook in memory"
@@ -93,10 +85,10 @@ def test_exporting_a_big_session_streams_it(big, canary, heavy, tmp_path):
     assert [c["execution_count"] for c in nb["cells"]] == list(range(1, BIG_EXECUTIONS + 1))
 
 
-def test_history_pages_follow_next_to_the_end(big, heavy):
+def test_history_pages_follow_next_to_the_end(gw, heavy):
     seen, after, pages = [], 0, 0
     while after is not None:
-        r = big.client.get(f"/v1/sessions/{heavy}/history", params={"after": after, "limit": 50})
+        r = gw.client.get(f"/v1/sessions/{heavy}/history", params={"after": after, "limit": 50})
         assert r.status_code == 200, r.text
         body = r.json()
         assert 1 <= len(body["executions"]) <= 50
@@ -142,8 +134,8 @@ def test_retention_keeps_the_newest_executions_per_session(start_gateway):
     assert run(gw.client, sid, "print(6)")["execution_count"] == 7, "the kernel kept its count"
 
 
-def test_a_replayed_notebook_is_bounded_by_the_body_limit(big):
+def test_a_replayed_notebook_is_bounded_by_the_body_limit(gw):
     huge = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [],
                        "padding": "x" * (17 * MiB)})  # fmt: skip
-    r = big.client.post("/v1/notebooks/replay", content=huge)
+    r = gw.client.post("/v1/notebooks/replay", content=huge)
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", r.text

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import tenant_gateway
 from test_mcp import SBX, MCPHTTPProcess
 
 pytestmark = pytest.mark.docker
@@ -21,13 +20,13 @@ TOKENS = {"acme": "acme-mcp-token-0123456789", "beta": "beta-mcp-token-012345678
 
 
 @pytest.fixture(scope="module")
-def shared(start_gateway):
-    with tenant_gateway(start_gateway, TOKENS) as (gw, clients):
-        server = MCPHTTPProcess(gw.url)
-        try:
-            yield server, clients
-        finally:
-            server.stop()
+def shared(tenants):
+    gw, clients = tenants
+    server = MCPHTTPProcess(gw.url)
+    try:
+        yield server, clients
+    finally:
+        server.stop()
 
 
 def _texts(result) -> list[str]:

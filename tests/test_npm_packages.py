@@ -13,10 +13,7 @@ import shutil
 
 import httpx
 import pytest
-from helpers import run, tenant_gateway, text_of
-
-from gateway.sandbox.npm import project_of
-from gateway.sandbox.packages import PackagePolicy
+from helpers import run, text_of
 
 pytestmark = [
     pytest.mark.docker,
@@ -25,6 +22,8 @@ pytestmark = [
 
 TOKENS = {"alpha": "alpha-npm-token-51c7", "beta": "beta-npm-token-a08e"}
 PACKAGE = "is-number"  # one small package with no dependencies
+TENANT_FLAGS = ("--npm-cache", "true")
+TENANTS = f'[tenants.beta]\npackage_deny = ["{PACKAGE}"]\n'
 
 INSTALL = (
     "var done = require('child_process').spawnSync('npm', ['install', '--no-save', "
@@ -32,13 +31,6 @@ INSTALL = (
     "console.log(done.status);\n"
     "console.log((done.stdout + done.stderr).slice(-3000));"
 )
-
-
-@pytest.fixture(scope="module")
-def cached(start_gateway):
-    deny = f'[tenants.beta]\npackage_deny = ["{PACKAGE}"]\n'
-    with tenant_gateway(start_gateway, TOKENS, "--npm-cache", "true", tenants=deny) as found:
-        yield found
 
 
 def install(client: httpx.Client, package: str = PACKAGE, then: str = "") -> tuple[int, str]:
@@ -53,8 +45,8 @@ def install(client: httpx.Client, package: str = PACKAGE, then: str = "") -> tup
     return int(code), log
 
 
-def test_a_network_none_session_npm_installs_from_the_cache_and_a_second_install_hits_it(cached):
-    gw, c = cached
+def test_a_network_none_session_npm_installs_from_the_cache_and_a_second_install_hits_it(tenants):
+    gw, c = tenants
     code, log = install(c["alpha"], then=f"console.log('works', require('{PACKAGE}')(5))")
     assert code == 0, f"npm install through the npm cache failed: {log}"
     assert "works true" in log, log
@@ -71,8 +63,8 @@ def test_a_network_none_session_npm_installs_from_the_cache_and_a_second_install
     assert {e["tenant"] for e in tarballs} == {"alpha"}
 
 
-def test_a_package_the_tenants_policy_denies_is_an_npm_error_saying_so(cached):
-    gw, c = cached
+def test_a_package_the_tenants_policy_denies_is_an_npm_error_saying_so(tenants):
+    gw, c = tenants
     code, log = install(c["beta"])
     assert code != 0, log
     assert "E403" in log and f"package policy refused {PACKAGE}: {PACKAGE} is on the deny list" in (
@@ -83,8 +75,8 @@ def test_a_package_the_tenants_policy_denies_is_an_npm_error_saying_so(cached):
     assert refused[0]["detail"]["installer"] == "npm"
 
 
-def test_a_javascript_session_without_a_network_reaches_nothing_but_the_cache(cached):
-    _, c = cached
+def test_a_javascript_session_without_a_network_reaches_nothing_but_the_cache(tenants):
+    _, c = tenants
     sid = c["alpha"].post("/v1/sessions", json={"kernel": "javascript"}).json()["id"]
     try:
         probe = (
@@ -101,38 +93,3 @@ def test_a_javascript_session_without_a_network_reaches_nothing_but_the_cache(ca
         assert reply["execution_count"] == 1, "the relay's silent start took a count"
     finally:
         c["alpha"].delete(f"/v1/sessions/{sid}")
-
-
-@pytest.mark.parametrize(
-    ("allow", "deny", "name", "version", "refused"),
-    [
-        ((), (), "is-number", "7.0.0", None),
-        ((), ("is-number",), "is-number", "7.0.0", "is-number is on the deny list"),
-        ((), ("is-number@7.0.0",), "is-number", "7.0.0", "is-number@7.0.0 is on the deny list"),
-        ((), ("is-number@7.0.0",), "is-number", "6.0.0", None),
-        ((), ("lodash-merge",), "lodash.merge", "4.6.2", None),  # npm does not fold . and -
-        (("@types/node",), (), "@types/node", "22.0.0", None),
-        (
-            ("@types/node@22",),
-            (),
-            "@types/node",
-            "21.0.0",
-            "@types/node 21.0.0 is not an allowed version",
-        ),
-        (("left-pad",), (), "is-number", "7.0.0", "is-number is not on the allow list"),
-    ],
-)
-def test_npm_policies_by_name_and_version(allow, deny, name, version, refused):
-    assert PackagePolicy(allow, deny).refusal(name, version, npm=True) == refused
-
-
-def test_registry_urls_name_their_package_and_version():
-    assert project_of("/is-number") == ("is-number", None, None)
-    assert project_of("/is-number/-/is-number-7.0.0.tgz") == (
-        "is-number", "7.0.0", "is-number-7.0.0.tgz",
-    )  # fmt: skip
-    assert project_of("/@types/node/-/node-22.0.0-rc.1.tgz") == (
-        "@types/node", "22.0.0-rc.1", "node-22.0.0-rc.1.tgz",
-    )  # fmt: skip
-    assert project_of("/@types/node") == ("@types/node", None, None)
-    assert project_of("/-/ping") == (None, None, None)

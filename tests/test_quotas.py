@@ -41,13 +41,6 @@ def gw(request, start_gateway) -> GatewayProcess:
     return quota_gateway(start_gateway, *flags)
 
 
-@pytest.fixture(scope="module")
-def canary(gw) -> str:
-    sid = gw.client.post("/v1/sessions", json={}).json()["id"]
-    run(gw.client, sid, "alive = 42")
-    return sid
-
-
 def client(gw: GatewayProcess, tenant: str) -> httpx.Client:
     headers = {"Authorization": f"Bearer {TOKENS[tenant]}"}
     return httpx.Client(base_url=gw.url, headers=headers, timeout=120)

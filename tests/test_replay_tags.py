@@ -6,32 +6,6 @@ from __future__ import annotations
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from gateway.notebooks.compare import diff_outputs, float_tolerance
-
-
-def stdout(text: str) -> list[dict]:
-    return [{"output_type": "stream", "name": "stdout", "text": text}]
-
-
-def test_floats_compare_within_the_tolerance_and_nothing_else_does():
-    assert diff_outputs(stdout("x = 0.3\n"), stdout("x = 0.30000000000000004\n"), None)
-    assert not diff_outputs(
-        stdout("x = 0.3, n=2\n"), stdout("x = 0.30000000000000004, n=2\n"), None, 1e-9
-    )
-    assert diff_outputs(stdout("x = 0.3\n"), stdout("x = 0.31\n"), None, 1e-9)
-    assert diff_outputs(stdout("x = 0.3 a\n"), stdout("x = 0.3 b\n"), None, 0.5), "text matters"
-    result = {"output_type": "execute_result", "data": {"text/plain": "array([1.0000001, 2.])"},
-              "metadata": {}, "execution_count": 1}  # fmt: skip
-    close = {**result, "data": {"text/plain": "array([1.0000002, 2.])"}}
-    assert not diff_outputs([result], [close], None, 1e-6)
-
-
-def test_the_tolerance_is_read_from_a_cell_tag():
-    assert float_tolerance(["sbx-float-tolerance=1e-6"]) == 1e-6
-    assert float_tolerance(["nbval-ignore-output"]) is None
-    with pytest.raises(ValueError, match="sbx-float-tolerance"):
-        float_tolerance(["sbx-float-tolerance=lots"])
-
 
 @pytest.mark.docker
 def test_a_replay_honours_skip_ignore_output_and_tolerance_tags(api):

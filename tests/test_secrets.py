@@ -15,12 +15,13 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from helpers import full_history, run, run_over_channels, tenant_gateway, text_of
+from helpers import full_history, run, run_over_channels, text_of
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
 
 TOKENS = {"alpha": "alpha-secret-token-81d2", "beta": "beta-secret-token-5c0e"}
+TENANT_FLAGS = ("--max-secret-size", "1k")
 VALUE = "wh-7Qx9/z+Lk2=pass&word"  # characters every encoding treats differently
 MASK = "***WAREHOUSE_KEY***"
 
@@ -34,12 +35,6 @@ def forms(value: str) -> list[str]:
         urllib.parse.quote(value, safe=""),
         raw.hex(),
     ]
-
-
-@pytest.fixture(scope="module")
-def tenants(start_gateway):
-    with tenant_gateway(start_gateway, TOKENS, "--max-secret-size", "1k") as found:
-        yield found
 
 
 def assert_hidden(where: str, text: str) -> None:

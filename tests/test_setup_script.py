@@ -66,7 +66,20 @@ def test_a_host_that_has_everything_needs_no_change(tmp_path):
 def test_bad_options_say_what_is_accepted():
     result = setup("--yes-please")
     assert result.returncode == 2
-    assert "unknown option '--yes-please': --no-host-changes, --dry-run or --help" in result.stderr
+    assert (
+        "unknown option '--yes-please': --no-host-changes, --dry-run, --venv-only or --help"
+        in result.stderr
+    )
     result = setup("--dry-run", SBX_NO_HOST_CHANGES="maybe")
     assert result.returncode == 2 and "SBX_NO_HOST_CHANGES must be 1" in result.stderr
     assert "--no-host-changes" in setup("--help").stdout
+
+
+def test_venv_only_sets_up_the_venv_and_looks_at_nothing_on_the_host():
+    """What scripts/test --unit runs: no host checks, no engine, no images."""
+    result = setup("--venv-only", "--dry-run", DOCKER_HOST="unix:///nonexistent.sock")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "setup: --venv-only --dry-run: would set up the venv in .venv "
+        "(pip install -e '.[test,packages]')\n"
+    )

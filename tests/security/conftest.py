@@ -52,13 +52,9 @@ def hostile_gateway(start_gateway) -> GatewayProcess:
 
 
 @pytest.fixture(scope="session")
-def canary(hostile_gateway) -> Iterator[str]:
-    r = hostile_gateway.client.post("/v1/sessions", json={"metadata": {"role": "canary"}})
-    assert r.status_code == 201, r.text
-    sid = r.json()["id"]
-    run(hostile_gateway.client, sid, "alive = 42")
-    yield sid
-    hostile_gateway.client.delete(f"/v1/sessions/{sid}")
+def gw(hostile_gateway) -> GatewayProcess:
+    """Where the shared ``canary`` fixture keeps its session: the attacks' gateway."""
+    return hostile_gateway
 
 
 class Attack:

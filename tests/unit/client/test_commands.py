@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from fake_gateway import Handler, answering, async_client, sync_client
 
 from gateway.api.base import error_json
 from gateway.client import (
-    AsyncClient,
-    Client,
     CommandResult,
     GatewayUnreachable,
     NotSupported,
-    Retry,
 )
 from gateway.sandbox.swarm.placement import SwarmPlacement
 
-Handler = Callable[[httpx.Request], httpx.Response]
-URL = "http://gateway.test"
 RAN = {
     "pid": 41, "exit_code": 3, "stdout": "hi\n", "stderr": "oops\n",
     "truncated": False, "timed_out": False, "duration_ms": 12.5,
@@ -38,32 +33,6 @@ def swarm_refusal() -> Exception:
     except NotSupported as refused:
         return refused
     raise AssertionError("the Swarm placement ran a command")
-
-
-def answering(status: int, body: dict | str, seen: list[httpx.Request]) -> Handler:
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        if isinstance(body, str):
-            return httpx.Response(status, text=body, headers={"Content-Type": "application/json"})
-        return httpx.Response(status, json=body)
-
-    return handle
-
-
-def sync_client(handler: Handler) -> Client:
-    client = Client(URL, "token", retry=Retry(retries=2, backoff=0))
-    client._http = httpx.Client(
-        base_url=URL, headers=client.headers, transport=httpx.MockTransport(handler)
-    )
-    return client
-
-
-def async_client(handler: Handler) -> AsyncClient:
-    client = AsyncClient(URL, "token", retry=Retry(retries=2, backoff=0))
-    client._http = httpx.AsyncClient(
-        base_url=URL, headers=client.headers, transport=httpx.MockTransport(handler)
-    )
-    return client
 
 
 def run_sync(handler: Handler, *args, **kwargs) -> CommandResult:

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cli.main import build_parser
 from gateway.config import ConfigError, Settings
+from gateway.errors import LimitExceeded
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = dataclasses.fields(Settings)
@@ -284,3 +285,16 @@ def test_advertise_network_needs_placement_swarm_and_no_advertise_url():
         Settings.from_mapping(
             {**swarm, "advertise_network": "sbx-front", "advertise_url": "http://a:1"}
         )
+
+
+def test_settings_layers_env_over_file_and_flags_over_env(tmp_path):
+    config = tmp_path / "sbx.toml"
+    config.write_text('port = 9000\nmax-sessions = 5\ndefault_memory = "256m"\n')
+    env = {"SBX_CONFIG": str(config), "SBX_MAX_SESSIONS": "7"}
+    settings = Settings.load(None, env)
+    assert settings.port == 9000 and settings.max_sessions == 7
+    assert settings.default_limits.memory == 256 * 2**20
+    with pytest.raises(ConfigError, match="max_sessions"):
+        Settings.load(None, {"SBX_MAX_SESSIONS": "many"})
+    with pytest.raises(LimitExceeded):
+        Settings.load(None, {"SBX_DEFAULT_MEMORY": "64g"})

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import os
+import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 from gateway.errors import Conflict
 from gateway.sandbox import volume
 from gateway.sandbox.files import AsyncWorkspace
-from gateway.sandbox.workspace import Bounds, Workspace, remove_tree
+from gateway.sandbox.workspace import SMALL_WORKSPACE, Bounds, Workspace, remove_tree
 
 
 def chain(top: Path, depth: int) -> None:
@@ -174,3 +178,104 @@ def test_copy_tree_refuses_a_tree_too_deep_to_copy(tmp_path):
     target.mkdir()
     with pytest.raises(ValueError, match="deeper than"):
         volume.copy_tree(source, target)
+
+
+def test_archiving_a_subdirectory_leaves_the_workspace_count_alone(tmp_path):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "one.txt").write_text("1")
+    for n in range(SMALL_WORKSPACE * 2):
+        (tmp_path / f"f{n}.txt").write_text("x")
+    workspace = Workspace(str(tmp_path), os.getuid(), os.getgid())
+    workspace.baseline()
+    walked = workspace.walked
+    assert walked > SMALL_WORKSPACE and not workspace.small
+    workspace.archive("small", "tar").close()
+    assert workspace.walked == walked and not workspace.small, (
+        "downloading a small directory made a big workspace pass for small: the next execute "
+        "would walk it on the event loop, stalling every session"
+    )
+
+
+class _Watched(Workspace):
+    """A real workspace that notes the threads its directories are opened on."""
+
+    threads: set[int]
+
+    def _open_dir(self, parts: list[str], create: bool = False) -> int:
+        self.threads.add(threading.get_ident())
+        return super()._open_dir(parts, create)
+
+
+def test_the_async_workspace_does_its_file_work_off_the_event_loop(tmp_path):
+    sync = _Watched(str(tmp_path), os.getuid(), os.getgid())
+    sync.threads = set()
+    workspace = AsyncWorkspace(sync)
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        await workspace.baseline()
+        assert (await workspace.save("d/a.txt", b"hello")).size == 5
+        upload = await workspace.open_write("d/b.bin")
+        await upload.write(b"x" * 1000)
+        await upload.finish(True)
+        await upload.finish(True)  # a second finish must not close a descriptor again
+        listing = [e["path"] for e in (await workspace.list("d"))["entries"]]
+        async with (await workspace.open_read("d/a.txt"))[0] as reader:
+            text = await reader.read()
+        async with await workspace.archive("d", "tar", 2**20) as reader:
+            archive = b"".join([chunk async for chunk in _chunks(reader)])
+        await workspace.remove("d/b.bin")
+        assert await workspace.free_bytes() > 0
+        return loop_thread, listing, text, archive
+
+    loop_thread, listing, text, archive = asyncio.run(scenario())
+    assert (listing, text) == (["d/a.txt", "d/b.bin"], b"hello")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert sorted(tar.getnames()) == ["a.txt", "b.bin"]
+    assert loop_thread not in sync.threads, "a workspace call blocked the event loop"
+
+
+async def _chunks(reader):
+    while chunk := await reader.read():
+        yield chunk
+
+
+def test_artifacts_of_a_small_workspace_are_found_on_the_loop(tmp_path):
+    """Quick enough to skip the worker thread, which would slow every execute."""
+    sync = _Watched(str(tmp_path), os.getuid(), os.getgid())
+    sync.threads = set()
+    workspace = AsyncWorkspace(sync)
+
+    async def scenario():
+        await workspace.baseline()
+        (tmp_path / "plot.png").write_bytes(b"png")
+        first, _ = await workspace.changes()  # the baseline walked in a thread: not known small
+        sync.threads.clear()
+        await workspace.baseline()  # the last changes() still hold: no walk at all
+        (tmp_path / "plot.png").write_bytes(b"png2")
+        return first, (await workspace.changes())[0], threading.get_ident()
+
+    first, second, loop_thread = asyncio.run(scenario())
+    assert [(a["path"], a["change"], a["mime_type"]) for a in first] == [
+        ("plot.png", "created", "image/png")
+    ]
+    assert [(a["path"], a["change"], a["size"]) for a in second] == [("plot.png", "modified", 4)]
+    assert loop_thread in sync.threads, "the small workspace was not walked on the loop"
+    # Hashing what changed reads files: that alone goes to a worker thread.
+    assert second[0]["sha256"] == hashlib.sha256(b"png2").hexdigest()
+
+
+def test_an_upload_discarded_mid_write_leaves_nothing(tmp_path):
+    """As when a client hangs up while a chunk is still being written in a thread."""
+    workspace = AsyncWorkspace(Workspace(str(tmp_path), os.getuid(), os.getgid()))
+
+    async def scenario():
+        upload = await workspace.open_write("big.bin")
+        writing = asyncio.ensure_future(upload.write(os.urandom(8 * 2**20)))
+        await asyncio.sleep(0)
+        upload.discard()  # from a synchronous callback: must neither block nor race the write
+        await writing
+        await upload.finish(False)  # waits for the discard; then does nothing
+        return await workspace.list("")
+
+    assert asyncio.run(scenario())["entries"] == [] and os.listdir(tmp_path) == []

@@ -14,7 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from test_sessions_units import (
+from test_manager import (
     LocalKernelProvisioner,
     LocalPlacement,
     LocalSpec,
@@ -67,7 +67,7 @@ class PausingPlacement(LocalPlacement):
 
 def test_each_command_in_each_state(tmp_path, kernels_dir, monkeypatch):  # noqa: F811
     """All rows at once, each in a session (and a tenant) of its own, on one manager."""
-    monkeypatch.setattr("test_sessions_units.LocalPlacement", PausingPlacement)
+    monkeypatch.setattr("test_manager.LocalPlacement", PausingPlacement)
 
     async def scenario() -> list[str]:
         manager, placement, store = build(tmp_path, kernels_dir)

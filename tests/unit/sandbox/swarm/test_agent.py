@@ -8,6 +8,7 @@ and the agent's answers never turn into anything but the gateway's errors.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ import zmq.asyncio
 from gateway.access.audit import AuditLog
 from gateway.access.auth import Authenticator, Quota
 from gateway.api import files
+from gateway.api.base import ApiOptions
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, FileNotFound, PathForbidden, SandboxUnavailable
 from gateway.sandbox.files import AsyncWorkspace
@@ -177,11 +179,10 @@ def _exercise(ws: RemoteWorkspace) -> None:
 
 
 class _OneSession:
-    """What the files handlers ask of the session manager: settings, one session's files, and
-    its (absent) file policy."""
+    """What the files handlers ask of the session manager (its store answering) and of its
+    Workspaces (one session's files, and its absent file policy)."""
 
     def __init__(self, workspace: RemoteWorkspace) -> None:
-        self.settings = Settings()
         self.workspace = AsyncWorkspace(workspace)  # as Sandboxes.equip makes it
 
     def files(self, session_id: str, who: object) -> AsyncWorkspace:
@@ -200,9 +201,14 @@ async def _serve_files(tmp_path: Path, url: str, connection: dict, workspace: Pa
     await client.call("status")  # connected, as a session's agent is once its kernel started
     store = Store(tmp_path / "gateway.sqlite3")
     await store.open()
+    one = _OneSession(RemoteWorkspace(str(workspace), agent=lambda: client))
     app = tornado.web.Application(
         files.routes,
-        sbx_manager=_OneSession(RemoteWorkspace(str(workspace), agent=lambda: client)),
+        sbx_manager=one,
+        sbx_workspaces=one,
+        sbx_options=ApiOptions(
+            **{f.name: getattr(Settings(), f.name) for f in dataclasses.fields(ApiOptions)}
+        ),
         sbx_auth=Authenticator(None, {}, Quota(max_sessions=1, max_memory=2**30, max_disk=2**30)),
         sbx_audit=AuditLog(store),
     )

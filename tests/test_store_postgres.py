@@ -1,0 +1,307 @@
+"""The store on a real PostgreSQL server: what only a shared database does, and the unit
+tier's store tests (those taking ``make_store``) again, on this backend."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import psycopg
+import pytest
+from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL)
+    test_a_dead_gateways_open_sessions_are_orphans_for_the_others_to_adopt,
+    test_a_lease_is_held_renewed_and_released_by_its_owner_only,
+    test_an_execution_that_ends_before_its_running_row_is_written_is_written_once,
+    test_an_outcome_that_cannot_be_stored_fails_its_finish_even_when_written_in_one_row,
+    test_store_batches_keep_order_and_a_failing_call_undoes_only_itself,
+    test_store_prunes_egress_connections_past_the_history_age,
+    test_store_prunes_history_past_its_retention_in_batches,
+    test_store_records_executions_as_they_run_and_closes_cut_ones,
+)
+
+from gateway.store.postgres import PostgresStore
+
+
+@pytest.fixture
+def make_store(postgres, tmp_path):
+    """Build a store (again, on the same data) in a database of its own."""
+    url = postgres.database()
+    return lambda retention=None: PostgresStore(url, tmp_path, retention)
+
+
+def test_a_database_server_is_never_waited_for_on_the_loop(postgres, tmp_path):
+    """Only SQLite's small writes run on the loop; a server's every statement is a round trip.
+
+    Run on the loop, a write to a PostgreSQL server that stopped answering
+    held every session of the gateway (and its failure reached no caller).
+    """
+
+    async def scenario():
+        store = PostgresStore(postgres.database(), tmp_path)
+        await store.open()
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        await store.save_session(doc)
+        ran_on = await store.db.submit(threading.get_ident, quick=True)
+        await store.close()
+        return ran_on
+
+    assert asyncio.run(scenario()) != threading.get_ident()
+
+
+def test_gateways_sharing_a_postgres_store_migrate_once_and_never_share_an_execution_id(
+    postgres, tmp_path
+):
+    url = postgres.database()
+
+    async def scenario():
+        stores = [PostgresStore(url, tmp_path / name) for name in ("a", "b")]
+        await asyncio.gather(*(store.open() for store in stores))  # both migrate at once
+        doc = {"id": "s", "state": "idle", "created_at": "t", "ended_at": None}
+        await stores[0].save_session(doc)
+        ids = []
+        for _ in range(3):
+            for store in stores:
+                execution_id, written = store.start_execution("s", {"code": "1", "started_at": "t"})
+                await written
+                ids.append(execution_id)
+        gateway_ids = {await store.gateway_id() for store in stores}
+        for store in stores:
+            await store.close()
+        return ids, gateway_ids
+
+    ids, gateway_ids = asyncio.run(scenario())
+    assert len(set(ids)) == len(ids), f"two gateways handed out the same execution id: {ids}"
+    assert len(gateway_ids) == 2, "gateways sharing a database must keep ids of their own"
+
+
+def test_concurrent_claims_of_a_session_leave_exactly_one_owner(postgres, tmp_path):
+    """Gateways racing for the same sessions, each on its own connection: never a split."""
+    url = postgres.database()
+    claimers = 8
+
+    async def scenario():
+        stores = [PostgresStore(url, tmp_path / f"g{n}") for n in range(claimers)]
+        await asyncio.gather(*(store.open() for store in stores))
+        winners = []
+        for round_ in range(20):
+            sid = f"s{round_}"
+            won = await asyncio.gather(
+                *(store.claim_lease(sid, f"g{n}", 30.0) for n, store in enumerate(stores))
+            )
+            winners.append([f"g{n}" for n, ok in enumerate(won) if ok])
+        # An expired lease goes to exactly one of the gateways that want it.
+        await stores[0].claim_lease("short", "g0", 0.05)
+        await asyncio.sleep(0.1)
+        won = await asyncio.gather(
+            *(store.claim_lease("short", f"g{n}", 30.0) for n, store in enumerate(stores[1:], 1))
+        )
+        renewed = await stores[0].renew_leases("g0", 30.0)
+        for store in stores:
+            await store.close()
+        return winners, sum(won), renewed
+
+    winners, took_expired, renewed = asyncio.run(scenario())
+    assert all(len(w) == 1 for w in winners), f"a session had more than one owner: {winners}"
+    assert took_expired == 1, f"{took_expired} gateways took over one expired lease"
+    assert "short" not in renewed and len(renewed) == sum(w == ["g0"] for w in winners), (
+        "a gateway renewed a lease another gateway had taken over"
+    )
+
+
+def test_gc_leaves_alone_a_data_dir_whose_store_is_a_shared_database(postgres, tmp_path):
+    from gateway.cli.gc import DataDir
+
+    async def start() -> None:
+        store = PostgresStore(postgres.database(), tmp_path)
+        await store.open()
+        await store.gateway_id()
+        await store.close()
+
+    asyncio.run(start())
+    data_dir = DataDir.read(tmp_path, busy=set())
+    assert data_dir.why_orphan("s1") is None, (
+        "sbx gc would remove the sandboxes of a gateway on PostgreSQL: it has no SQLite file"
+    )
+
+
+# What store/postgres.py ran, in its own list, until the dialects shared one
+# (copied as it was): its first entry is SQLite's schema at its ninth.
+OLD_POSTGRES_MIGRATIONS = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    INSERT INTO counters VALUES ('execution_id', 0);
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        seq BIGSERIAL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        ended_at TEXT,
+        doc TEXT NOT NULL,
+        runtime TEXT
+    );
+    CREATE INDEX sessions_open ON sessions (ended_at);
+    CREATE TABLE executions (
+        id BIGINT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (id),
+        execution_count INTEGER,
+        status TEXT NOT NULL,
+        code TEXT NOT NULL,
+        description TEXT,
+        outputs TEXT NOT NULL,
+        truncated BOOLEAN NOT NULL DEFAULT false,
+        error TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT NOT NULL,
+        duration_ms DOUBLE PRECISION NOT NULL,
+        files TEXT,
+        review TEXT
+    );
+    CREATE INDEX executions_by_session ON executions (session_id, id);
+    CREATE INDEX executions_running ON executions (status) WHERE status = 'running';
+    CREATE INDEX executions_by_start ON executions (started_at);
+    CREATE TABLE running_outputs (
+        id BIGSERIAL PRIMARY KEY,
+        execution_id BIGINT NOT NULL REFERENCES executions (id) ON DELETE CASCADE,
+        output TEXT
+    );
+    CREATE INDEX running_outputs_by_execution ON running_outputs (execution_id, id);
+    CREATE TABLE audit (
+        id BIGSERIAL PRIMARY KEY,
+        at TEXT NOT NULL,
+        tenant TEXT,
+        token_id TEXT,
+        action TEXT NOT NULL,
+        session_id TEXT,
+        outcome TEXT NOT NULL,
+        status INTEGER,
+        remote TEXT,
+        detail TEXT
+    );
+    CREATE INDEX audit_by_time ON audit (at);
+    CREATE INDEX audit_by_session ON audit (session_id, id);
+    CREATE TABLE secrets (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sealed BYTEA NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    CREATE TABLE connections (
+        id BIGSERIAL PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        execution_id BIGINT,
+        at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX connections_by_session ON connections (session_id, id);
+    CREATE INDEX connections_by_execution ON connections (execution_id);
+    CREATE INDEX connections_by_time ON connections (at);
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals (state, created_at);
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        seq BIGSERIAL,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        size_bytes BIGINT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+    CREATE INDEX snapshots_by_session ON snapshots (session_id, created_at);
+    """,
+    # Which gateway owns each open session, until when (seconds, the database's clock).
+    """
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner);
+    """,
+    # Where each gateway sharing the store answers: requests for its sessions go there.
+    """
+    CREATE TABLE gateways (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        seen_at DOUBLE PRECISION NOT NULL
+    );
+    """,
+]
+
+
+def make_old_postgres(url: str, version: int) -> None:
+    """A database as the old PostgreSQL store left it at ``version`` of its own list."""
+    with psycopg.connect(url, autocommit=True) as db, db.transaction():
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (%s)", (version,))
+        for script in OLD_POSTGRES_MIGRATIONS[:version]:
+            db.execute(script)
+        db.execute("UPDATE counters SET value = 4096 WHERE name = 'execution_id'")
+        db.execute(
+            "INSERT INTO sessions (id, state, created_at, doc) VALUES ('old', 'idle', 't0', %s)",
+            ('{"id": "old"}',),
+        )
+        db.execute(
+            "INSERT INTO executions (id, session_id, execution_count, status, code, outputs,"
+            " started_at, ended_at, duration_ms) VALUES"
+            " (7, 'old', 1, 'ok', '1 + 1', '[]', 't1', 't2', 1.5)"
+        )
+
+
+def postgres_schema(url: str) -> tuple:
+    """The schema's version, and every column, index and constraint as the server keeps them."""
+    with psycopg.connect(url) as db:
+        return (
+            db.execute("SELECT version FROM schema_version").fetchall(),
+            db.execute(
+                "SELECT table_name, ordinal_position, column_name, data_type, is_nullable,"
+                " column_default FROM information_schema.columns WHERE table_schema = 'public'"
+                " ORDER BY 1, 2"
+            ).fetchall(),
+            db.execute(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes"
+                " WHERE schemaname = 'public' ORDER BY 1, 2"
+            ).fetchall(),
+            db.execute(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)"
+                " FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2"
+            ).fetchall(),
+        )
+
+
+@pytest.mark.parametrize("version", range(1, len(OLD_POSTGRES_MIGRATIONS) + 1))
+def test_a_postgres_database_the_old_store_made_upgrades_and_reads(postgres, tmp_path, version):
+    """Its own list's versions count on in the one list: 3 (its newest) is the one list's 11."""
+    old, fresh = postgres.database(), postgres.database()
+    make_old_postgres(old, version)
+    before = postgres_schema(old)
+
+    async def scenario(url: str, data_dir: str) -> tuple:
+        store = PostgresStore(url, tmp_path / data_dir)
+        await store.open()
+        if data_dir == "fresh":  # only its schema counts
+            return await store.close()
+        sessions = [doc["id"] for doc, _ in await store.open_sessions("g")]
+        history = [(e["id"], e["code"]) for e in (await store.history("old")).executions]
+        execution_id, written = store.start_execution("old", {"code": "2", "started_at": "t3"})
+        await written
+        await store.close()
+        return sessions, history, execution_id
+
+    sessions, history, execution_id = asyncio.run(scenario(old, "old"))
+    assert (sessions, history) == (["old"], [(7, "1 + 1")])
+    assert execution_id > 4096, "execution ids go on from the counter the old store drew from"
+    asyncio.run(scenario(fresh, "fresh"))
+    assert postgres_schema(old) == postgres_schema(fresh)
+    if version == len(OLD_POSTGRES_MIGRATIONS):
+        assert postgres_schema(old)[1:] == before[1:], "a database at its newest was migrated"
