@@ -122,6 +122,9 @@ class Executions:
         if request.env and session.language_info.get("name") != "python":
             raise BadRequest("environment variables for one run are offered for Python kernels")
         decision = await self.gate.review(session.tenant, session.policy, session.language, code)
+        if request.env and decision.action == "hold":  # the approver sees all that runs
+            note = session.masker.text(f"it runs with the environment {_assignments(request.env)}")
+            decision = dataclasses.replace(decision, reasons=(*decision.reasons, note))
         review: dict[str, Any] = {"decision": decision.to_json()}
         if decision.action == "deny":
             raise await self._refuse(session, code, request.description, review, decision)
@@ -294,12 +297,15 @@ class Executions:
         """Start a command (or a terminal) beside the session's kernel, busy or not.
 
         A command is a shell: the policy's ``shell`` rule decides it, and its
-        patterns for shells are matched against the command line. It is
-        recorded in the history as a ``command`` with its exit code.
+        patterns for shells are matched against the command line (its
+        environment written before it, as ``env A=1 cmd``). It is recorded in
+        the history as a ``command`` with its exit code.
         """
         session = self.sessions.get(session_id, who)
         check_usable(session)
         line = shlex.join(request.argv)
+        if request.env:  # what it runs with is judged, held and recorded with it
+            line = f"env {_assignments(request.env)} {line}"
         self._check_size(line)
         decision = await self.gate.review_command(session.tenant, session.policy, line)
         review: dict[str, Any] = {"decision": decision.to_json(), "kind": COMMAND}
@@ -410,6 +416,11 @@ class Executions:
         error = {"ename": "Denied", "evalue": message, "traceback": []}
         await self.finish(session, recorder, ExecutionResult("denied", None, [], error, 0.0))
         return Denied(message)
+
+
+def _assignments(env: Mapping[str, str]) -> str:
+    """Environment variables as a shell writes them: ``A=1 B='two words'``."""
+    return shlex.join(f"{name}={value}" for name, value in env.items())
 
 
 def _check_not_held(session: Session) -> None:

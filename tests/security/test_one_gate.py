@@ -465,3 +465,11 @@ def test_an_approver_sees_the_environment_a_held_command_runs_with(gated):
     assert "BASH_ENV=/workspace/x.sh" in held["code"], f"the approver was shown {held['code']!r}"
     [record] = [e for e in full_history(c["acme"], sid) if e["review"].get("kind") == "command"]
     assert "BASH_ENV=/workspace/x.sh" in record["code"], record
+    assert "env-ran" in _workspace_names(c["acme"], sid), "what was approved did not run"
+    # A cell's environment for one run, the same way: its approver is told of it.
+    cell = "import subprocess\nsubprocess.run(['bash', '-c', 'true'])"
+    r = c["acme"].post(f"/v1/sessions/{sid}/execute", json={"code": cell, "env": env})
+    assert r.status_code == 202, r.text
+    held = c["approver"].get(f"/v1/approvals/{r.json()['approval_id']}").json()
+    c["approver"].post(f"/v1/approvals/{held['id']}/deny", json={})
+    assert any("BASH_ENV=/workspace/x.sh" in reason for reason in held["reasons"]), held
