@@ -40,6 +40,8 @@ from .api.base import ApiOptions, NotFoundHandler, log_request
 from .api.edge import Edge
 from .api.forward import Forwarder
 from .config import Settings
+from .egress.npm import NpmCache
+from .egress.packages import Cache, PackageCache, PackageGate, PackagePolicy
 from .errors import EngineUnavailable
 from .execution.transport.guard import MessageGuard
 from .execution.transport.libzmq import limit_kernel_messages, shared_context
@@ -55,8 +57,6 @@ from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
-from .sandbox.npm import NpmCache
-from .sandbox.packages import Cache, PackageCache, PackageGate, PackagePolicy
 from .sessions.cpu import CpuShares
 from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import Settings
-from .sandbox.egress import EgressOptions
+from .egress import EgressOptions
 from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.swarm.placement import SwarmOptions

@@ -117,7 +117,7 @@ def test_a_session_without_a_network_reaches_nothing_but_the_cache(tenants):
 def test_a_root_password_that_starts_with_a_dash_still_starts_the_cache(tmp_path):
     """The password is token_urlsafe, so one start in 64 drew a leading '-': devpi-init
     took it for an option and the gateway did not start (seen in CI)."""
-    from gateway.sandbox.packages import PackageCache
+    from gateway.egress.packages import PackageCache
 
     async def scenario() -> None:
         cache = PackageCache(tmp_path / "cache", start_timeout=120)

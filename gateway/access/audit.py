@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Any
 
-from ..sandbox.egress.proxy import EgressDenial
-from ..sandbox.packages import Install
+from ..egress.packages import Install
+from ..egress.proxy import EgressDenial
 from ..store.base import Store
 from ..timestamps import iso
 from .auth import Principal, token_id

@@ -9,7 +9,7 @@ from typing import Any
 import tornado.web
 
 from ..errors import BadRequest, Conflict, Denied, FileTooLarge, GatewayError
-from ..sandbox.files import AsyncReader, AsyncUpload, AsyncWorkspace
+from ..workspace.files import AsyncReader, AsyncUpload, AsyncWorkspace
 from .base import JSONHandler
 
 _SESSION = r"/v1/sessions/(?P<session_id>[^/]+)/files"

@@ -26,9 +26,9 @@ import requests.exceptions
 
 from ..errors import ConfigError, NotSupported
 from ..limits import Limits, format_size
+from ..nofollow import DIR_FLAGS, write_file
+from ..workspace.rules import Workspace
 from . import volume
-from .nofollow import DIR_FLAGS, write_file
-from .workspace import Workspace
 
 # Host tmpfs under which sandboxes' secret files live (never on disk), one directory each.
 SECRETS_TMPFS = Path("/dev/shm/sbx-secrets")

@@ -17,7 +17,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from .workspace import remove_tree
+from ..workspace.rules import remove_tree
 
 COPY_DEPTH = 64  # deeper workspaces are not copied into a pooled sandbox: they resume cold
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -8,8 +8,8 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
+from ..egress import EgressConnection
 from ..policy.gate import Gate
-from ..sandbox.egress import EgressConnection
 from ..store.base import Store
 from ..timestamps import iso
 from .model import Session

@@ -22,15 +22,15 @@ from typing import Any
 
 from ..access.secrets import SecretVault
 from ..config import Settings
+from ..egress.packages import PackageGate
 from ..errors import BadRequest, EngineUnavailable, NotAllowed
 from ..execution.kernel import Kernel
 from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxRequest
-from ..sandbox.files import AsyncWorkspace
 from ..sandbox.images import ImageBuilder
 from ..sandbox.isolation.manager import IsolationManager
 from ..sandbox.kernelspecs import KernelSpecs
-from ..sandbox.packages import PackageGate
 from ..validation import seconds
+from ..workspace.files import AsyncWorkspace
 from .model import Session
 from .requests import CreateSession
 

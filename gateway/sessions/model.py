@@ -20,9 +20,9 @@ from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
 from ..masking import NO_SECRETS, Masker
 from ..policy.model import Policy, session_policy
-from ..sandbox.files import AsyncWorkspace
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..timestamps import iso, parse_iso
+from ..workspace.files import AsyncWorkspace
 
 
 class Relay(Protocol):

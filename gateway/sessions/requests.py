@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..access.secrets import secret_names
+from ..egress import NetworkPolicy
 from ..errors import BadRequest
 from ..limits import Limits
 from ..policy.model import Policy, session_policy
-from ..sandbox.egress import NetworkPolicy
 from ..sandbox.isolation.runtimes import RUNTIMES
-from ..sandbox.workspace import clean_path
 from ..validation import env_vars, image_ref, metadata_dict
+from ..workspace.rules import clean_path
 
 
 def _body(value: Any) -> Mapping[str, Any]:

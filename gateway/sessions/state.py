@@ -41,8 +41,8 @@ from typing import Any
 from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavailable
 from ..execution.outputs import OutputCap
 from ..execution.recorder import ran_in_kernel
-from ..sandbox.workspace import remove_tree
 from ..store.base import HISTORY_PAGE_MAX, Store
+from ..workspace.rules import remove_tree
 from .lifecycle import SandboxLifecycle
 from .model import Session
 

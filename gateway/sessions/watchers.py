@@ -51,8 +51,8 @@ from ..errors import (
     SessionNotFound,
     TooManyWatchers,
 )
-from ..sandbox.files import AsyncWorkspace
-from ..sandbox.workspace import Bounds, Walk, clean_path
+from ..workspace.files import AsyncWorkspace
+from ..workspace.rules import Bounds, Walk, clean_path
 from .tasks import TaskSet
 
 INTERVAL = 0.5  # seconds between two walks of a watched directory, at least

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..access.auth import Principal
 from ..errors import Conflict
 from ..policy.gate import Gate
-from ..sandbox.files import AsyncWorkspace
+from ..workspace.files import AsyncWorkspace
 from .manager import SessionManager
 from .watchers import Watcher, Watchers
 

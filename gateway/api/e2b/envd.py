@@ -23,7 +23,7 @@ from ...errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from ...sandbox.files import AsyncWorkspace
+from ...workspace.files import AsyncWorkspace
 from ..base import JSONHandler
 from ..files import MAX_BATCH, StreamedUpload, open_upload, stream_file
 from .base import FILES, Credentials, SandboxHandler

@@ -20,10 +20,10 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from ...access.auth import Principal
 from ...errors import BadRequest
-from ...sandbox.files import AsyncWorkspace
 from ...sessions.watchers import Event
 from ...sessions.workspaces import Workspaces
 from ...timestamps import parse_iso
+from ...workspace.files import AsyncWorkspace
 from .connect import as_connect_errors
 from .envd import sdk_path, workspace_path
 

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import cast
 
-from ...sandbox.nofollow import connect_socket_file
+from ...nofollow import connect_socket_file
 from .wire import HEADERS_PER_TURN, FrameCounter
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar, cast
 
-from ...sandbox.nofollow import NotASocket, connect_socket_file
+from ...nofollow import NotASocket, connect_socket_file
 from .wire import COMMAND, HEADERS_PER_TURN, LONG, MAX_FRAMES, MORE
 
 log = logging.getLogger(__name__)

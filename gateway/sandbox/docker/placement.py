@@ -19,6 +19,7 @@ import docker
 import docker.errors
 
 from ...limits import Limits
+from ...workspace.rules import Workspace
 from .. import volume
 from ..base import (
     ENGINE_ERRORS,
@@ -33,7 +34,6 @@ from ..base import (
     write_secret_files,
 )
 from ..images import ImageBuilder
-from ..workspace import Workspace
 from .events import ContainerWatcher
 from .exec import DockerProcess
 from .provisioner import (

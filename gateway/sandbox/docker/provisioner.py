@@ -1,7 +1,7 @@
 """Run a kernel in a locked-down Docker container (jupyter_client provisioner).
 
 The container has no network (with an egress allowlist, only the gateway's
-egress network: see gateway.sandbox.egress), and runs under runc or gVisor
+egress network: see gateway.egress), and runs under runc or gVisor
 (gateway.sandbox.isolation.runtimes). The kernel binds ZeroMQ ``ipc`` sockets in the session's
 run directory, which is bind-mounted into the container, so the gateway
 connects to the same Unix sockets and no port is opened. Inside, the directory

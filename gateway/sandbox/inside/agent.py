@@ -16,7 +16,7 @@ the secret gives; a restarted gateway has a new one) and resets any other.
 The kernel's death does not end the container: a dead session's files stay
 readable, and a restart is a new kernel process in the same container.
 Only the standard library, pyzmq (every ipykernel image has it) and
-``gateway.sandbox.workspace`` (with the ``errors`` and ``timestamps`` modules
+``gateway.workspace.rules`` (with the ``errors`` and ``timestamps`` modules
 it imports), shipped beside this file as Swarm configs.
 
 Run as ``python agent.py SECRET_FILE`` (the session's Swarm secret, JSON).
@@ -43,7 +43,7 @@ import zmq
 import zmq.asyncio
 
 from gateway.errors import GatewayError
-from gateway.sandbox.workspace import CHUNK, Workspace
+from gateway.workspace.rules import CHUNK, Workspace
 
 WORKSPACE = "/workspace"
 RESOLVE_EVERY = 1.0  # seconds between lookups of the gateway's addresses

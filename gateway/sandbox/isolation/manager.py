@@ -12,8 +12,8 @@ from typing import Any
 
 import docker
 
+from ...egress import Egress, EgressOptions, NetworkPolicy
 from ..base import Isolation
-from ..egress import Egress, EgressOptions, NetworkPolicy
 from .runtimes import RUNTIMES, Runtimes
 
 __all__ = [

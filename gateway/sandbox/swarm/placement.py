@@ -58,10 +58,10 @@ _PACKAGE = Path(__file__).resolve().parent.parent.parent
 AGENT_FILES = {
     "agent.py": _PACKAGE / "sandbox" / "inside" / "agent.py",
     "gateway/__init__.py": None,
-    "gateway/sandbox/__init__.py": None,
+    "gateway/workspace/__init__.py": None,
     "gateway/errors.py": _PACKAGE / "errors.py",
     "gateway/timestamps.py": _PACKAGE / "timestamps.py",
-    "gateway/sandbox/workspace.py": _PACKAGE / "sandbox" / "workspace.py",
+    "gateway/workspace/rules.py": _PACKAGE / "workspace" / "rules.py",
 }
 _ENDED = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
 _NODE_LOST = ("down", "unknown", "disconnected")

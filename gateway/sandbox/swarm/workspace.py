@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..workspace import CHUNK, WALK, Archive, Bounds, Walk, Workspace, clean_path
+from ...workspace.rules import CHUNK, WALK, Archive, Bounds, Walk, Workspace, clean_path
 from .agent_client import AgentClient
 
 

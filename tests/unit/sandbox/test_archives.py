@@ -14,8 +14,8 @@ import pytest
 from helpers import deleted_files_held
 
 from gateway.errors import FileTooLarge
-from gateway.sandbox.files import AsyncWorkspace
-from gateway.sandbox.workspace import Workspace
+from gateway.workspace.files import AsyncWorkspace
+from gateway.workspace.rules import Workspace
 
 GiB = 2**30
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import file_facts, host_file
 
-from gateway.sandbox.nofollow import NotASocket, bind_socket, connect_socket_file, write_file
+from gateway.nofollow import NotASocket, bind_socket, connect_socket_file, write_file
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sandbox.npm import project_of
-from gateway.sandbox.packages import PackagePolicy
+from gateway.egress.npm import project_of
+from gateway.egress.packages import PackagePolicy
 
 
 @pytest.mark.parametrize(

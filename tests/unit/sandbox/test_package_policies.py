@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sandbox.packages import PackagePolicy, project_of
+from gateway.egress.packages import PackagePolicy, project_of
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import SWAPPER, file_facts, host_file, wait_for
 
+from gateway.egress.packages import PackageGate
 from gateway.sandbox.base import write_secret_files
-from gateway.sandbox.packages import PackageGate
 
 ROUNDS = 30
 

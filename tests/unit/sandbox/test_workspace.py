@@ -15,8 +15,8 @@ import pytest
 
 from gateway.errors import Conflict
 from gateway.sandbox import volume
-from gateway.sandbox.files import AsyncWorkspace
-from gateway.sandbox.workspace import SMALL_WORKSPACE, Bounds, Workspace, remove_tree
+from gateway.workspace.files import AsyncWorkspace
+from gateway.workspace.rules import SMALL_WORKSPACE, Bounds, Workspace, remove_tree
 
 
 def chain(top: Path, depth: int) -> None:

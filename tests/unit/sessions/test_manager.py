@@ -24,6 +24,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from gateway.access.auth import Principal, Quota
 from gateway.app import build_domain
 from gateway.config import Settings
+from gateway.egress import EgressOptions
 from gateway.errors import StrategyUnavailable
 from gateway.notebooks.compare import diff_outputs
 from gateway.policy.approvals import ApprovalDesk
@@ -31,10 +32,8 @@ from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
 from gateway.policy.scan import Scanner
 from gateway.sandbox.base import Placement, SandboxRequest, SandboxState
-from gateway.sandbox.egress import EgressOptions
 from gateway.sandbox.isolation.manager import IsolationManager, IsolationOptions
 from gateway.sandbox.kernelspecs import KernelSpecs
-from gateway.sandbox.workspace import Workspace
 from gateway.sessions.lifecycle import SandboxLifecycle
 from gateway.sessions.manager import SessionManager
 from gateway.sessions.pool import WarmPool
@@ -42,6 +41,7 @@ from gateway.sessions.requests import CreateSession, ExecuteCode, PauseSession, 
 from gateway.sessions.snapshots import Snapshots
 from gateway.sessions.state import KernelState
 from gateway.store.sqlite import SQLiteStore as Store
+from gateway.workspace.rules import Workspace
 
 WHO = Principal(tenant="default", token_id="test")
 

@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gateway.errors import TooManyWatchers
-from gateway.sandbox.files import AsyncWorkspace
-from gateway.sandbox.workspace import Walk
 from gateway.sessions import watchers as module
 from gateway.sessions.tasks import TaskSet
 from gateway.sessions.watchers import MAX_TENANT_WATCHERS, MAX_WATCHERS, Watchers
+from gateway.workspace.files import AsyncWorkspace
+from gateway.workspace.rules import Walk
 
 
 class SlowTree:

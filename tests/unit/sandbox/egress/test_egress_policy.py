@@ -7,8 +7,8 @@ import ipaddress
 import pytest
 
 from gateway.config import ConfigError, Settings
+from gateway.egress.policy import AddressGuard, NetworkPolicy, Rule
 from gateway.errors import BadRequest
-from gateway.sandbox.egress.policy import AddressGuard, NetworkPolicy, Rule
 
 ip = ipaddress.ip_address
 

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from gateway.sandbox.egress.policy import AddressGuard, NetworkPolicy
-from gateway.sandbox.egress.proxy import EgressDenial, EgressProxy
-from gateway.sandbox.egress.sni import server_name
+from gateway.egress.policy import AddressGuard, NetworkPolicy
+from gateway.egress.proxy import EgressDenial, EgressProxy
+from gateway.egress.sni import server_name
 
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
 
@@ -391,7 +391,7 @@ def test_a_sessions_secret_in_a_denied_host_is_masked_in_logs_and_reports(caplog
             assert denial.target == "***s1***.exfil.invalid:443"
             assert secret not in denial.reason
 
-    with caplog.at_level("DEBUG", logger="gateway.sandbox.egress"):
+    with caplog.at_level("DEBUG", logger="gateway.egress"):
         run(go())
     assert "***s1***" in caplog.text and secret not in caplog.text
 

@@ -31,11 +31,11 @@ from gateway.api import files
 from gateway.api.base import ApiOptions
 from gateway.config import ConfigError, Settings
 from gateway.errors import BadRequest, FileNotFound, PathForbidden, SandboxUnavailable
-from gateway.sandbox.files import AsyncWorkspace
 from gateway.sandbox.inside import agent as agent_module
 from gateway.sandbox.swarm.agent_client import AgentClient, _error
 from gateway.sandbox.swarm.workspace import RemoteWorkspace
 from gateway.store.sqlite import SQLiteStore as Store
+from gateway.workspace.files import AsyncWorkspace
 
 # The first bytes a ZeroMQ peer sends (ZMTP 3 signature and version); a ZeroMQ socket
 # answers them with its own.

@@ -20,7 +20,7 @@ import subprocess
 import docker
 import docker.errors
 
-from ...errors import EgressUnavailable
+from ..errors import EgressUnavailable
 
 LABEL = "sbx.egress"
 _OPTIONS = {

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import docker
 
-from ...errors import EgressUnavailable, NotAllowed
-from ...hosts import IPNetwork, Rule
+from ..errors import EgressUnavailable, NotAllowed
+from ..hosts import IPNetwork, Rule
 from .network import EgressNetwork
 from .policy import AddressGuard, NetworkPolicy
 from .proxy import (

@@ -20,7 +20,7 @@ from typing import IO, Any, TypeVar
 
 from ..errors import FileTooLarge
 from ..limits import format_size
-from .workspace import CHUNK, INLINE, Archive, Bounds, Upload, Walk, Workspace
+from .rules import CHUNK, INLINE, Archive, Bounds, Upload, Walk, Workspace
 
 log = logging.getLogger(__name__)
 

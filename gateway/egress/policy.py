@@ -24,8 +24,8 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
-from ...errors import BadRequest
-from ...hosts import (
+from ..errors import BadRequest
+from ..hosts import (
     IPAddress,
     IPNetwork,
     Rule,

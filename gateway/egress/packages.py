@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from .nofollow import bind_socket
+from ..nofollow import bind_socket
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
-from ...hosts import Host, IPAddress, format_authority, parse_authority
+from ..hosts import Host, IPAddress, format_authority, parse_authority
 from .policy import AddressGuard, NetworkPolicy
 from .sni import server_name
 
