@@ -140,6 +140,7 @@ class ChannelsHandler(JSONWebSocketHandler):
         self.client_session = self.get_argument("session_id", None)
         parked = session.parked.get(self.client_session or "")
         if parked is not None:
+            parked.check_resumer(self.principal)
             self.relay, self.resuming = parked, True
         else:
             self.relay = ChannelsRelay(

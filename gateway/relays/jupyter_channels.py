@@ -35,7 +35,7 @@ from jupyter_client.jsonutil import json_default
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..access.auth import Principal
-from ..errors import GatewayError, SessionBusy
+from ..errors import Conflict, GatewayError, SessionBusy
 from ..execution.kernel import ExecutionResult, outcome
 from ..execution.outputs import OutputCollector, execution_count
 from ..execution.transport.drops import DropWatch
@@ -140,6 +140,19 @@ class ChannelsRelay:
         self.parked_as = client_session
         self.session.parked[client_session] = self
         self._expiry = asyncio.get_running_loop().call_later(self.reconnect_grace, self.close)
+
+    def check_resumer(self, who: Principal) -> None:
+        """Only the token that parked a connection takes it back (Conflict otherwise).
+
+        What a resumed connection sends is its first token's (its held cells
+        that token's to have approved), and a client's session id is no
+        secret from its tenant: iopub shows it to every connection.
+        """
+        if who != self.who:
+            raise Conflict(
+                f"the Jupyter client session {self.parked_as} is another token's; "
+                "connect with a session_id of your own"
+            )
 
     def resume(self, deliver: Deliver) -> None:
         """A parked client came back: replay what it missed, then relay live."""

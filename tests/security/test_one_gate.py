@@ -29,6 +29,7 @@ from helpers import (
     short_tmpdir,
     wait_for,
 )
+from tornado.httpclient import HTTPClientError
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
@@ -473,3 +474,48 @@ def test_an_approver_sees_the_environment_a_held_command_runs_with(gated):
     held = c["approver"].get(f"/v1/approvals/{r.json()['approval_id']}").json()
     c["approver"].post(f"/v1/approvals/{held['id']}/deny", json={})
     assert any("BASH_ENV=/workspace/x.sh" in reason for reason in held["reasons"]), held
+
+
+def test_a_parked_relay_is_resumed_only_by_the_token_that_parked_it(gated):
+    """Another token resuming it sent code as the first token's: its approver approved its own.
+
+    A client's session id is no secret from its tenant: every connection to
+    the kernel sees it in the parent headers on iopub.
+    """
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    client_session = uuid.uuid4().hex
+    held = execute_request("import os\nos.system('touch parked-ran')")
+
+    async def park() -> None:
+        url = channels_url(gw, sid, "acme-token") + f"&session_id={client_session}"
+        [ran] = await over_channels(url, lambda ws: exchange(ws, execute_request("print(1)")))
+        assert ran["execute_reply"]["content"]["status"] == "ok", ran
+
+    async def resume_and_approve(ws) -> tuple[dict, int]:
+        ws.write_message(json.dumps(held))
+        approval = await asyncio.to_thread(
+            wait_for, lambda: c["acme"].get(f"/v1/approvals/{pending(sid)}").json(), 30
+        )
+        decided = await asyncio.to_thread(
+            c["approver"].post, f"/v1/approvals/{approval['id']}/approve", json={}
+        )
+        return approval, decided.status_code
+
+    def pending(sid: str) -> str:
+        found = c["acme"].get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
+        return next((a["id"] for a in found if a["session_id"] == sid), "none")
+
+    with Canary(gw, canary):
+        asyncio.run(park())
+        url = channels_url(gw, sid, "approver-token") + f"&session_id={client_session}"
+        try:
+            approval, status = asyncio.run(over_channels(url, resume_and_approve))
+        except HTTPClientError as e:  # refused at the upgrade
+            approval, status = json.loads(e.response.body)["error"], e.code
+    time.sleep(2)  # an approved cell would have run by now
+    assert "parked-ran" not in _workspace_names(c["acme"], sid), (
+        "its approver approved its own code"
+    )
+    assert status in (403, 409), f"the approver approved the code it sent: {status}, {approval}"
+    print("refused:", status, approval)
