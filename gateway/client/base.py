@@ -3,6 +3,9 @@
 A method of the API is written once here as a ``Call`` (the request, whether
 it is idempotent, and how to read the answer); ``Client`` and ``AsyncClient``
 only send calls, so the sync and async halves cannot drift apart.
+
+Over 600 lines on purpose: each of the API's calls is written here once, for
+both halves; split by topic, a half would import calls from several places.
 """
 
 from __future__ import annotations
