@@ -93,6 +93,7 @@ class Executions:
         self.leases = leases
         self.metrics = metrics
         self.limits = limits
+        self._holds: dict[str, list[str]] = {}  # a session's pending approvals, oldest first
 
     # -- cells --------------------------------------------------------------------------
 
@@ -382,11 +383,16 @@ class Executions:
         )
         if on_hold is not None:
             on_hold(approval)
+        holds = self._holds.setdefault(session.id, [])
+        holds.append(approval.id)
         session.held_for = approval.id
         try:
             await desk.wait(approval, session.kernel.died)
-        finally:
-            session.held_for = None
+        finally:  # another of its executes (a Jupyter client's, a command) may still be held
+            holds.remove(approval.id)
+            session.held_for = holds[-1] if holds else None
+            if not holds:
+                del self._holds[session.id]
         if approval.state == "approved":
             return approval.record()
         who_denied = "the gateway" if approval.decided_by == "gateway" else "an approver"

@@ -519,3 +519,37 @@ def test_a_parked_relay_is_resumed_only_by_the_token_that_parked_it(gated):
     )
     assert status in (403, 409), f"the approver approved the code it sent: {status}, {approval}"
     print("refused:", status, approval)
+
+
+def test_a_session_with_a_cell_still_held_answers_409_whichever_hold_ended_first(gated):
+    """A channels cell held and denied beside a held /v1 cell cleared the session's hold."""
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    first = c["acme"].post(f"/v1/sessions/{sid}/execute", json={"code": SHELL})
+    assert first.status_code == 202, first.text
+
+    def pending() -> list[str]:
+        found = c["acme"].get("/v1/approvals", params={"state": "pending"}).json()["approvals"]
+        return [a["id"] for a in found if a["session_id"] == sid]
+
+    async def hold_and_deny(ws) -> dict:
+        ws.write_message(json.dumps(execute_request(SHELL)))
+        assert await asyncio.to_thread(wait_for, lambda: len(pending()) == 2, 30)
+        [second] = [a for a in pending() if a != first.json()["approval_id"]]
+        c["approver"].post(f"/v1/approvals/{second}/deny", json={})
+        while True:  # its refusal
+            msg = json.loads(await asyncio.wait_for(ws.read_message(), 30))
+            if msg["msg_type"] == "execute_reply":
+                return msg["content"]
+
+    with Canary(gw, canary):
+        denied = asyncio.run(over_channels(channels_url(gw, sid, "acme-token"), hold_and_deny))
+        assert denied["ename"] == "Denied", denied
+        try:
+            third = c["acme"].post(
+                f"/v1/sessions/{sid}/execute", json={"code": "print(1)"}, timeout=5
+            )
+        finally:
+            c["approver"].post(f"/v1/approvals/{first.json()['approval_id']}/deny", json={})
+    assert third.status_code == 409, third.text
+    assert first.json()["approval_id"] in third.json()["error"]["message"], third.text
