@@ -334,9 +334,21 @@ class ChannelsRelay:
         msg.pop("buffers", None)
         if self.session.masker:
             msg["content"] = self.session.masker.tree(msg["content"])
+        if msg["msg_type"] == "kernel_info_reply":
+            self._hide_refused_debugger(msg["content"])
         msg["channel"] = channel
         self._observe(channel, msg)
         self._relay(json.dumps(msg, default=json_default))
+
+    def _hide_refused_debugger(self, info: dict[str, Any]) -> None:
+        """A kernel_info_reply offers no debugger the policy refuses, so clients show none."""
+        if self.executions.debugger_refusal(self.session) is None:
+            return
+        if "debugger" in info:  # before protocol 5.5
+            info["debugger"] = False
+        features = info.get("supported_features")
+        if isinstance(features, list):
+            info["supported_features"] = [f for f in features if f != "debugger"]
 
     def _relay(self, text: str) -> None:
         if self.connected:

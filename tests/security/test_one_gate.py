@@ -393,16 +393,22 @@ def debug_request(seq: int, command: str, arguments: dict) -> dict:
 async def debug_session(ws, code: str, marker: str) -> list[dict]:
     """Breakpoint conditions and the console evaluate code: each answer of the debugger."""
 
-    async def ask(request: dict) -> dict:
+    async def ask(request: dict, reply: str = "debug_reply") -> dict:
         ws.write_message(json.dumps(request))
         while True:
             msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
             parent = msg.get("parent_header", {}).get("msg_id")
-            if parent == request["header"]["msg_id"] and msg["msg_type"] == "debug_reply":
+            if parent == request["header"]["msg_id"] and msg["msg_type"] == reply:
                 return msg["content"]
 
     shell = f"__import__('os').system('touch {marker}')"
+    info = debug_request(0, "", {})
+    info.update(channel="shell", content={})
+    info["header"]["msg_type"] = "kernel_info_request"
+    kernel = await ask(info, "kernel_info_reply")
+    offered = "debugger" in kernel.get("supported_features", ()) or kernel.get("debugger", False)
     answers = [
+        {"success": offered, "what": "kernel_info_reply offers a debugger"},
         await ask(debug_request(1, "initialize", {"adapterID": "python", "linesStartAt1": True})),
         await ask(debug_request(2, "attach", {})),
         await ask(debug_request(3, "dumpCell", {"code": code})),
@@ -438,7 +444,7 @@ def test_the_kernel_debugger_is_off_under_a_policy_that_gates_code(gated):
         refused = scenario(channels_url(gw, sid, "strict-token"), "debug-ran")
     assert "debug-ran" not in _workspace_names(c["strict"], sid), "the debugger ran a shell"
     assert not any(a["success"] for a in refused), refused
-    assert "debugger" in refused[0]["message"], refused[0]
+    assert "debugger" in refused[1]["message"], refused[1]
     # A policy that only reports keeps the debugger.
     open_sid = new_session(gw.client)
     allowed = scenario(channels_url(gw, open_sid, gw.token), "allowed-ran")
