@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from .packages import Cache, _free_port
+from .package_requests import Refused, encode
+from .packages import Cache, Target, _free_port
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ NPM_ENV = {
     "npm_config_registry": f"http://127.0.0.1:{RELAY_PORT}/",
     "npm_config_fetch_timeout": "120000",  # the cache's first fetch waits for upstream
     "npm_config_audit": "false",  # a POST: the gate passes GET and HEAD only
+    "npm_config_maxsockets": "4",  # the gate takes 8 connections a session at once
     "npm_config_fund": "false",
     "npm_config_update_notifier": "false",
 }
@@ -151,9 +153,18 @@ class NpmCache(Cache):
         name, _, filename = project_of(url_path)
         return bool(name and filename) and (self.storage / name / filename).is_file()
 
-    @staticmethod
-    def project_of(path: str) -> tuple[str | None, str | None, str | None]:
-        return project_of(path)
+    def target(self, segments: tuple[str, ...]) -> Target:
+        """A packument (scoped: ``@scope%2fname``, as npm asks), a tarball, or a ping."""
+        path = "/" + "/".join(segments)
+        if segments == ("-", "ping"):
+            return Target(path, path)
+        name, version, filename = project_of(path)
+        if name is None:
+            raise Refused(404, "npm reads a package's /<name> and /<name>/-/<name>-<version>.tgz")
+        if filename is not None and version is None:
+            raise Refused(403, f"{filename} is not a tarball of {name}")
+        sent = encode(segments, "/" if filename else "%2f")
+        return Target(path, sent, name, version, filename)
 
     async def start(self) -> None:
         """Install verdaccio if needed, write its config (uplink: npm's registry), start it."""

@@ -13,7 +13,9 @@ session's tenant's allow and deny lists (names, or ``name==version``), refuses
 a package file with a 403 whose reason pip prints (project pages pass, so
 pip names the version it was refused), forwards the rest to the cache, and
 reports every package file served (name, version, size, SHA-256, whether the
-cache had it) as an ``Install``.
+cache had it) as an ``Install``. It reads each request strictly
+(``package_requests``) and bounds each session's connections, so one sandbox
+cannot tie up the cache every session shares.
 """
 
 from __future__ import annotations
@@ -31,20 +33,22 @@ import secrets
 import socket
 import sys
 import time
-import urllib.parse
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from ..nofollow import bind_socket
+from .package_requests import MAX_HEAD, Refused, Request, encode, parse
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 INDEX = "root/sbx"  # the cache's mirror index
 RELAY_PORT = 3141  # where pip finds the index on a sandbox's own loopback
 SOCKET_NAME = "pkg.sock"  # in the session's run directory
-HEAD_LIMIT = 64 * 1024
 CHUNK = 64 * 1024
 
 # Set in the kernel's environment: pip asks the relay, and nothing else.
@@ -181,6 +185,17 @@ class Install:
 InstallHook = Callable[[Install], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where an accepted request goes in the cache, and the package file it names, if any."""
+
+    path: str  # decoded: what the policy and ``Cache.has`` read
+    sent: str  # the same path as the cache is sent it
+    name: str | None = None
+    version: str | None = None
+    filename: str | None = None  # a package file: decided by the policy, reported
+
+
 class Cache(abc.ABC):
     """A caching package server run beside the gateway, on a loopback port of its own.
 
@@ -220,8 +235,8 @@ class Cache(abc.ABC):
         """Whether the cache holds the package file ``url_path`` names (no upstream fetch)."""
 
     @abc.abstractmethod
-    def project_of(self, path: str) -> tuple[str | None, str | None, str | None]:
-        """The project, version and file a request path names (None where it names none)."""
+    def target(self, segments: tuple[str, ...]) -> Target:
+        """What a decoded path asks for; ``Refused`` unless its installer asks such paths."""
 
     async def _launch(self, *argv: str, env: dict[str, str] | None = None) -> None:
         """Run the server (``argv`` listens on ``self.port``), its output in its log."""
@@ -276,9 +291,15 @@ class PackageCache(Cache):
     def has(self, url_path: str) -> bool:
         return self.file_path(url_path).exists()
 
-    @staticmethod
-    def project_of(path: str) -> tuple[str | None, str | None, str | None]:
-        return project_of(path)
+    def target(self, segments: tuple[str, ...]) -> Target:
+        """Project pages and files of the mirror index only (devpi's others are not pip's)."""
+        path = "/" + "/".join(segments)
+        name, version, filename = project_of(path)
+        if tuple(segments[:2]) != tuple(INDEX.split("/")) or not (name or filename):
+            raise Refused(404, f"pip reads /{INDEX}/+simple/<project>/ and the files it links")
+        if name is None:
+            raise Refused(403, f"{filename} names no package version pip installs")
+        return Target(path, encode(segments), name, version, filename)
 
     async def start(self) -> None:
         """Start devpi-server (made on first use) and point its mirror at pip's index."""
@@ -342,20 +363,31 @@ def _free_port() -> int:
 
 
 class PackageGate:
-    """The sessions' Unix sockets in front of the cache: policy, forwarding, records."""
+    """The sessions' Unix sockets in front of the cache: policy, forwarding, records.
+
+    Each connection carries one request; a session holds at most
+    ``max_connections`` at once (429 past that), each head must arrive within
+    ``head_timeout`` (408), and an answer that moves no byte for
+    ``idle_timeout`` is cut off.
+    """
 
     def __init__(
         self,
         cache: Cache,
         policy_of: Callable[[str], PackagePolicy | None],
-        head_timeout: float = 30.0,
+        head_timeout: float = 10.0,
+        idle_timeout: float = 180.0,  # pip and npm wait 120 s for a cache's first fetch
+        max_connections: int = 8,
     ) -> None:
         """``policy_of(session_id)``: its tenant's policy, None for no live session."""
         self.cache = cache
         self.policy_of = policy_of
         self.head_timeout = head_timeout
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.on_install: InstallHook | None = None
         self._servers: dict[str, asyncio.Server] = {}
+        self._open: Counter[str] = Counter()  # connections per session, across reopenings
 
     async def open(self, session_id: str, run_dir: Path) -> None:
         """Serve the session's socket in its run directory (again, after a gateway restart).
@@ -367,7 +399,7 @@ class PackageGate:
         self.close(session_id)
         sock = await asyncio.to_thread(bind_socket, run_dir, self.cache.socket_name, 0o777)
         server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(session_id, r, w), sock=sock, limit=HEAD_LIMIT
+            lambda r, w: self._serve(session_id, r, w), sock=sock, limit=MAX_HEAD
         )
         self._servers[session_id] = server
 
@@ -383,14 +415,17 @@ class PackageGate:
     async def _serve(
         self, session_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        if self._open[session_id] >= self.max_connections:
+            bound = self.max_connections
+            reason = f"too many connections to the package cache from this session ({bound})"
+            await _refuse(writer, f"{reason}; retry once some end", 429)
+            writer.close()
+            return
+        self._open[session_id] += 1
         try:
-            async with asyncio.timeout(self.head_timeout):
-                head = await reader.readuntil(b"\r\n\r\n")
-            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            method, quoted, _ = [*request_line.split(" "), "", ""][:3]
-            path = urllib.parse.unquote(quoted.split("?", 1)[0])  # pip sends + as %2B
+            request, target = await self._read(reader)
             policy = self.policy_of(session_id)
-            name, version, filename = self.cache.project_of(path)
+            name, version, filename = target.name, target.version, target.filename
             # Decided on the file, not the project page: pip shows a download's
             # refusal as an error with its reason, a page's only with --verbose;
             # npm prints the 403's reason either way, with the version it chose.
@@ -400,45 +435,58 @@ class PackageGate:
                 else (policy.refusal(name, version, self.cache.npm) if name and filename else None)
             )
             if refused is not None:
-                await _refuse(writer, f"package policy refused {name or path}: {refused}")
+                shown = name or target.path
+                await _refuse(writer, f"package policy refused {shown}: {refused}")
                 installer = self.cache.installer
-                self._report(Install(session_id, name or path, version, filename, refused,
+                self._report(Install(session_id, shown, version, filename, refused,
                                      installer=installer))  # fmt: skip
                 return
-            cached = filename is not None and await asyncio.to_thread(self.cache.has, path)
-            size, digest = await self._forward(head, method, reader, writer)
+            cached = filename is not None and await asyncio.to_thread(self.cache.has, target.path)
+            size, digest = await self._forward(request.head(target.sent), writer)
             if filename is not None and name:
                 facts = (size, digest, cached, self.cache.installer)
                 self._report(Install(session_id, name, version, filename, None, *facts))
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            await _refuse(writer, "incomplete or oversized request", 400)
+        except Refused as e:
+            log.debug("package gate of %s refused a request: %s", session_id, e.reason)
+            await _refuse(writer, e.reason, e.status)
         except (ConnectionError, OSError):
-            pass
+            pass  # the client or the cache went away, or moved nothing for idle_timeout
         finally:
+            self._open[session_id] -= 1
+            if not self._open[session_id]:
+                del self._open[session_id]
             writer.close()
 
-    async def _forward(
-        self, head: bytes, method: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[int, str]:
-        """Send the request to the cache (one per connection) and its answer back.
+    async def _read(self, reader: asyncio.StreamReader) -> tuple[Request, Target]:
+        """The request's head, parsed, and its target decided; or ``Refused``."""
+        try:
+            async with asyncio.timeout(self.head_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            raise Refused(
+                408, f"the request head did not arrive within {self.head_timeout:g} s"
+            ) from None
+        except asyncio.LimitOverrunError:
+            raise Refused(431, f"request head over {MAX_HEAD} bytes") from None
+        except asyncio.IncompleteReadError:
+            raise ConnectionError("the client left before its request ended") from None
+        request = parse(head)
+        return request, self.cache.target(request.segments)
+
+    async def _forward(self, head: bytes, writer: asyncio.StreamWriter) -> tuple[int, str]:
+        """Send the request to the cache and its answer back, each step within idle_timeout.
 
         Returns the response body's size and SHA-256.
         """
-        if method not in ("GET", "HEAD"):
-            raise ConnectionError("only GET and HEAD reach the package cache")
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.cache.port)
-        lines = [
-            line
-            for line in head.decode("latin-1").split("\r\n")
-            if line and not line.lower().startswith(("connection:", "keep-alive:"))
-        ]
-        up_writer.write(("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1"))
+        opening = asyncio.open_connection("127.0.0.1", self.cache.port)
+        up_reader, up_writer = await self._idle_bound(opening)
+        up_writer.write(head)
         digest, size, body = hashlib.sha256(), 0, False
         try:
             buffered = b""
-            while data := await up_reader.read(CHUNK):
+            while data := await self._idle_bound(up_reader.read(CHUNK)):
                 writer.write(data)
-                await writer.drain()
+                await self._idle_bound(writer.drain())
                 if body:
                     digest.update(data)
                     size += len(data)
@@ -453,6 +501,10 @@ class PackageGate:
         finally:
             up_writer.close()
         return size, digest.hexdigest()
+
+    async def _idle_bound(self, step: Awaitable[_T]) -> _T:
+        async with asyncio.timeout(self.idle_timeout):
+            return await step
 
     def _report(self, install: Install) -> None:
         if self.on_install is not None:
@@ -481,10 +533,11 @@ async def _refuse(writer: asyncio.StreamWriter, reason: str, status: int = 403) 
     """Answer with ``reason`` as the status line's phrase: pip and npm print it."""
     phrase = reason.replace("\r", " ").replace("\n", " ")[:300]
     body = f"sbx: {phrase}\n".encode()
+    extra = {405: "Allow: GET, HEAD\r\n", 429: "Retry-After: 1\r\n"}.get(status, "")
     with contextlib.suppress(ConnectionError, OSError):
         writer.write(
             f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            f"{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
             + body
         )
         await writer.drain()
