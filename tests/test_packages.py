@@ -9,10 +9,11 @@ the audit log with its version and hash.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
-from helpers import run, text_of
+from helpers import Canary, canary_session, run, text_of
 
 pytestmark = pytest.mark.docker
 
@@ -112,6 +113,73 @@ def test_a_session_without_a_network_reaches_nothing_but_the_cache(tenants):
         assert text_of(run(c["alpha"], sid, code)).startswith("refused")
     finally:
         c["alpha"].delete(f"/v1/sessions/{sid}")
+
+
+# Run in a session whose tenant denies six: its own code talks to the gate's socket.
+HOSTILE = r"""
+import json, re, socket, urllib.parse
+def ask(raw):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect('/run/sbx/pkg.sock')
+    answer = b''
+    try:
+        s.sendall(raw)
+        while data := s.recv(65536):
+            answer += data
+    except OSError:
+        pass
+    s.close()
+    return int(answer.split(b' ', 2)[1]) if answer.startswith(b'HTTP/') else 0, answer
+def get(target, method='GET', extra=''):
+    return f'{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:3141\r\n{extra}\r\n'.encode()
+page = '/root/sbx/+simple/six/'
+status, answer = ask(get(page))
+href = re.search(rb'href="([^"#]*six-[^"#]*\.whl)', answer).group(1).decode()
+wheel = urllib.parse.urlsplit(urllib.parse.urljoin('http://x' + page, href)).path
+seen = {'page': status}
+for name, raw in {
+    'plain': get(wheel),
+    'absolute-form': get('http://127.0.0.1:3141' + wheel),
+    'double slash': get(wheel.replace('/root/sbx/', '/root//sbx/')),
+    'dot segments': get(wheel.replace('/+f/', '/+f/../+f/')),
+    'encoded dots': get(wheel.replace('/+f/', '/+f%2F..%2F+f/')),
+    'other index': get(wheel.replace('/root/sbx/', '/root/pypi/')),
+    'api': get('/+api'),
+    'post': get(page, 'POST', 'Content-Length: 2\r\n') + b'{}',
+    'body': get(page, extra='Content-Length: 5\r\n') + b'hello',
+}.items():
+    seen[name] = ask(raw)[0]
+held = [socket.socket(socket.AF_UNIX) for _ in range(40)]
+for s in held:
+    s.connect('/run/sbx/pkg.sock')
+seen['past 8 connections'] = ask(get(page))[0]
+for s in held:
+    s.close()
+import time; time.sleep(0.5)
+seen['after'] = ask(get(page))[0]
+print(json.dumps(seen))
+"""
+
+
+def test_hostile_requests_on_the_package_socket_reach_nothing_and_others_install(tenants):
+    """A sandbox's own code on its package socket: what a deny list refuses stays refused
+    however the target is written, only pip's requests pass, one session's connections are
+    bounded; a canary session answers throughout and another tenant still installs."""
+    gw, c = tenants
+    sid = c["beta"].post("/v1/sessions", json={}).json()["id"]
+    try:
+        with canary_session(gw) as canary, Canary(gw, canary, max_rss_growth=64 * 2**20):
+            seen = json.loads(text_of(run(c["beta"], sid, HOSTILE, timeout=240)))
+    finally:
+        c["beta"].delete(f"/v1/sessions/{sid}")
+    assert seen == {
+        "page": 200, "plain": 403, "absolute-form": 400, "double slash": 400,
+        "dot segments": 400, "encoded dots": 400, "other index": 404, "api": 404, "post": 405,
+        "body": 413, "past 8 connections": 429, "after": 200,
+    }, seen  # fmt: skip
+    code, log = install(c["alpha"])
+    assert code == 0, f"another tenant's install failed after the attack: {log}"
 
 
 def test_a_root_password_that_starts_with_a_dash_still_starts_the_cache(tmp_path):
