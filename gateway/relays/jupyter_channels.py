@@ -53,6 +53,9 @@ CHANNELS = ("shell", "control", "stdin", "iopub")
 # A client's shell requests waiting behind an execute (held for an approver, say).
 QUEUE_MESSAGES = 1000
 QUEUE_BYTES = 32 * 2**20
+# A client's requests the kernel has not read yet, per channel, that libzmq may hold.
+KERNEL_BACKLOG = 16
+MESSAGE_SLACK = 64 * 1024  # one message's headers and fields beyond its code
 Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 
 
@@ -99,6 +102,7 @@ class ChannelsRelay:
         self.queued: collections.deque[tuple[dict[str, Any], int]] = collections.deque()  # shell
         self.queued_bytes = 0  # the queued requests' size as JSON
         self._admitting: asyncio.Task | None = None
+        self._flushed = asyncio.Event()  # a stream handed a waiting message to libzmq
         self._expiry: asyncio.TimerHandle | None = None
         self.dropped = 0  # kernel messages not relayed: unverified or the wrong shape
 
@@ -116,8 +120,11 @@ class ChannelsRelay:
             # A ZMQStream, not an awaited recv: with a recv pending on an asyncio
             # socket, a send on it can swallow the edge-triggered wake-up and
             # the reply then sits unread (seen here as lost execute_replies).
+            if channel != "iopub":  # a kernel that reads nothing holds at most this much here
+                sock.sndhwm = KERNEL_BACKLOG
             stream = ZMQStream(zmq.Socket.shadow(sock.underlying))
             stream.on_recv(functools.partial(self._on_recv, channel))
+            stream.on_send(lambda *_: self._flushed.set())
             self.sockets[channel] = sock
             self.streams[channel] = stream
         self.drops = DropWatch(list(self.sockets.values()))  # an oversized message cuts one
@@ -190,11 +197,13 @@ class ChannelsRelay:
             self.drops.close()
         for stream in self.streams.values():
             stream.on_recv(None)
+            stream.on_send(None)
             stream.close(linger=0)
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.streams.clear()
         self.sockets.clear()
+        self._flushed.set()  # what waits for a stream sees it gone
         if self.connected:
             self._disconnect_client()
 
@@ -217,23 +226,37 @@ class ChannelsRelay:
         kind = msg["header"].get("msg_type")
         if kind == "execute_request" and channel != "shell":
             raise ValueError(f"an execute_request goes on the shell channel, not {channel}")
+        size = len(json.dumps(msg))
+        limit = self.executions.limits.max_code_size + MESSAGE_SLACK
+        if size > limit:
+            raise ValueError(
+                f"a message of {format_size(size)} is over the limit of {format_size(limit)} "
+                "for one Jupyter message; put large data in a file and read it"
+            )
         if kind == "debug_request" and self._refuse_debugger(msg):
             return
-        if channel == "shell" and (self.queued or kind == "execute_request"):
-            self._queue(msg)
+        stream = self.streams[channel]
+        if channel == "shell" and (self.queued or kind == "execute_request" or stream.sending()):
+            self._queue(msg, size)
             return
+        if stream.sending():
+            raise ValueError(
+                f"the kernel is not reading its {channel} channel ({KERNEL_BACKLOG} requests "
+                "of this connection wait for it); send this once it answers"
+            )
         if channel == "control" and kind == "interrupt_request" and self.session.kernel:
             self.session.kernel.interrupts += 1
-        self.signer.send(self.streams[channel], msg)
+        self.signer.send(stream, msg)
 
-    def _queue(self, msg: dict[str, Any]) -> None:
+    def _queue(self, msg: dict[str, Any], size: int) -> None:
         """Queue a shell request behind the execute being admitted, within the queue's bounds."""
-        size = len(json.dumps(msg))
         if self.queued and (
             len(self.queued) >= QUEUE_MESSAGES or self.queued_bytes + size > QUEUE_BYTES
         ):
             held = self.session.held_for
-            waiting = f"held for approval {held}" if held else "the gate is judging"
+            waiting = (
+                f"held for approval {held}" if held else "being judged, or a kernel not reading"
+            )
             refusal = SessionBusy(
                 f"{len(self.queued)} requests ({format_size(self.queued_bytes)}) of this "
                 f"connection are queued behind an execute {waiting} (at most "
@@ -256,6 +279,11 @@ class ChannelsRelay:
         """Send the queued shell requests in order, each execute once the gate admits it."""
         try:
             while self.queued and self.streams:
+                while self.streams and self.streams["shell"].sending():  # the kernel reads none
+                    self._flushed.clear()
+                    await self._flushed.wait()
+                if not self.streams:
+                    break
                 msg, _ = self.queued[0]
                 if msg["header"].get("msg_type") == "execute_request":
                     if not isinstance(msg["content"], dict):

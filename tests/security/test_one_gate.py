@@ -559,3 +559,38 @@ def test_a_session_with_a_cell_still_held_answers_409_whichever_hold_ended_first
             c["approver"].post(f"/v1/approvals/{first.json()['approval_id']}/deny", json={})
     assert third.status_code == 409, third.text
     assert first.json()["approval_id"] in third.json()["error"]["message"], third.text
+
+
+def test_requests_to_a_kernel_that_reads_none_are_bounded(gated):
+    """A stopped kernel reads nothing: what a client sent it waited in the gateway, unbounded."""
+    gw, c, canary = gated
+    sid = new_session(c["acme"])
+    filler = "x" * 2**20  # 1 MiB a request
+    sent = 400
+
+    async def flood(ws) -> tuple[int, str]:
+        stop = "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)"
+        ws.write_message(json.dumps(execute_request(stop)))
+        await asyncio.sleep(3)  # stopped by now
+        for i in range(sent):
+            request = execute_request("")
+            request["header"]["msg_type"] = "kernel_info_request"
+            request.update(channel="control" if i % 2 else "shell", content={"pad": filler})
+            await ws.write_message(json.dumps(request))
+        refused, first = 0, ""
+        while True:
+            try:
+                text = await asyncio.wait_for(ws.read_message(), 3)
+            except TimeoutError:
+                return refused, first
+            assert text is not None, "the channels closed"
+            error = json.loads(text).get("error")
+            refused += bool(error)
+            first = first or error
+
+    url = channels_url(gw, sid, "acme-token")
+    with Canary(gw, canary, max_rss_growth=150 * 2**20) as watch:
+        refused, first = asyncio.run(over_channels(url, flood))
+    print(f"{refused} of {sent} refused; first: {first}; {watch}")
+    assert refused > 0, "every request waited in the gateway"
+    assert "not reading" in first, first
