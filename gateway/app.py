@@ -73,7 +73,7 @@ from .sessions.upkeep import Upkeep
 from .sessions.workspaces import Workspaces
 from .store.base import Store
 from .store.datadir import DataDirLock
-from .wiring import isolation_options, make_store, swarm_options
+from .wiring import isolation_options, make_store, session_options, swarm_options
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +349,16 @@ def build_manager(
     observed = GatewayMetrics()
     watch_sessions(observed, sessions, pool)
     return SessionManager(
-        settings, lifecycle, store, pool, quota, sessions, state, kept, gate=gate, metrics=observed
+        session_options(settings),
+        lifecycle,
+        store,
+        pool,
+        quota,
+        sessions,
+        state,
+        kept,
+        gate=gate,
+        metrics=observed,
     )
 
 
@@ -444,7 +453,7 @@ def build_lifecycle(
         guard=MessageGuard,
     )
     return SandboxLifecycle(
-        settings,
+        session_options(settings),
         KernelSpecs(Path(settings.kernels_dir)),
         images,
         IsolationManager(isolation_options(settings), client),

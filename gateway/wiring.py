@@ -16,6 +16,7 @@ from .egress import EgressOptions
 from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.swarm.placement import SwarmOptions
+from .sessions.options import SessionOptions
 from .store.base import Retention, Store
 from .store.sqlite import SQLiteStore
 
@@ -35,6 +36,23 @@ def isolation_options(settings: Settings) -> IsolationOptions:
             always_allow=settings.egress_always_allow,
             state_dir=Path(settings.data_dir) / "egress",
         ),
+    )
+
+
+def session_options(settings: Settings) -> SessionOptions:
+    """The session layer's defaults, maximums and timings."""
+    return SessionOptions(
+        data_dir=settings.data_dir,
+        max_sessions=settings.max_sessions,
+        default_limits=settings.default_limits,
+        max_limits=settings.max_limits,
+        default_ttl=settings.default_ttl,
+        max_ttl=settings.max_ttl,
+        default_idle_timeout=settings.default_idle_timeout,
+        max_idle_timeout=settings.max_idle_timeout,
+        idle_action=settings.idle_action,
+        kernel_start_timeout=settings.kernel_start_timeout,
+        lease_ttl=settings.lease_ttl,
     )
 
 

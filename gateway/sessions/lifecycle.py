@@ -21,7 +21,6 @@ from collections.abc import Awaitable
 from typing import Any
 
 from ..access.secrets import SecretVault
-from ..config import Settings
 from ..egress.packages import PackageGate
 from ..errors import BadRequest, EngineUnavailable, NotAllowed
 from ..execution.kernel import Kernel
@@ -32,6 +31,7 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..validation import seconds
 from ..workspace.files import AsyncWorkspace
 from .model import Session
+from .options import SessionOptions
 from .requests import CreateSession
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class SandboxLifecycle:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SessionOptions,
         kernelspecs: KernelSpecs,
         images: ImageBuilder,
         isolation: IsolationManager,

@@ -17,7 +17,7 @@ their files, ``workspaces``; where another gateway holds one, ``locations``.
 
 ``SessionManager`` is handed its collaborators: the ``SandboxLifecycle``
 (how sandboxes are made, adopted and removed), the ``Store``, the
-``WarmPool``, a clock and the settings. The composition root
+``WarmPool``, a clock and its ``SessionOptions``. The composition root
 (``gateway.app``) builds them; a unit test can build them with a fake
 placement.
 """
@@ -34,7 +34,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from ..access.auth import Principal, Quota
-from ..config import Settings
 from ..errors import (
     BadRequest,
     ConfigError,
@@ -54,6 +53,7 @@ from .commands import Commands
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, check_usable, ended_meanwhile, public_view
+from .options import SessionOptions
 from .pausing import Pausing
 from .pool import WarmPool
 from .recovery import recover
@@ -88,7 +88,7 @@ class SessionManager:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SessionOptions,
         lifecycle: SandboxLifecycle,
         store: Store,
         pool: WarmPool,
