@@ -49,7 +49,8 @@ def _digest(*parts: bytes) -> str:
 
 
 def _files(directory: Path) -> Iterator[Path]:
-    return (p for p in sorted(directory.rglob("*")) if p.is_file())
+    """An image's files, without the bytecode an installer compiles beside them."""
+    return (p for p in sorted(directory.rglob("*")) if p.is_file() and "__pycache__" not in p.parts)
 
 
 def host_debian_mirror() -> str:
@@ -105,9 +106,7 @@ class ImageBuilder:
             for line in listed.read_text().split():
                 target = root / line
                 found = [target] if target.is_file() else _files(target)
-                files += [
-                    (p, str(p.relative_to(root))) for p in found if "__pycache__" not in p.parts
-                ]
+                files += [(p, str(p.relative_to(root))) for p in found]
         return files
 
     def push(self, name: str, registry: str) -> str:
