@@ -348,6 +348,26 @@ def test_user_expressions_are_judged_each_on_its_own(gated):
     assert reply["execute_reply"]["content"]["ename"] == "Denied", reply
 
 
+async def refusals(ws, replies_too: bool = False) -> tuple[int, str]:
+    """Refusals the gateway sends until it falls silent for 3 s: how many, and the first.
+
+    ``replies_too``: an execute_reply's error counts as one as well.
+    """
+    refused, first = 0, ""
+    while True:
+        try:
+            text = await asyncio.wait_for(ws.read_message(), 3)
+        except TimeoutError:
+            return refused, first
+        assert text is not None, "the channels closed"
+        msg = json.loads(text)
+        error = msg.get("error")
+        if replies_too and msg.get("msg_type") == "execute_reply":
+            error = error or msg["content"].get("evalue")
+        refused += bool(error)
+        first = first or error
+
+
 def test_requests_queued_behind_a_held_cell_are_bounded(gated):
     """A client flooding the relay while its cell is held gets refusals, not a growing queue."""
     gw, c, canary = gated
@@ -360,18 +380,7 @@ def test_requests_queued_behind_a_held_cell_are_bounded(gated):
         await asyncio.sleep(2)  # held by now
         for _ in range(sent):
             await ws.write_message(json.dumps(execute_request(f"# {filler}")))
-        refused, first = 0, ""
-        while True:
-            try:
-                text = await asyncio.wait_for(ws.read_message(), 3)
-            except TimeoutError:
-                return refused, first
-            assert text is not None, "the channels closed"
-            msg = json.loads(text)
-            reply = msg.get("msg_type") == "execute_reply"
-            error = msg.get("error") or (msg["content"].get("evalue") if reply else None)
-            refused += bool(error)
-            first = first or error
+        return await refusals(ws, replies_too=True)
 
     url = channels_url(gw, sid, "acme-token")
     with Canary(gw, canary, max_rss_growth=200 * 2**20) as watch:
@@ -577,16 +586,7 @@ def test_requests_to_a_kernel_that_reads_none_are_bounded(gated):
             request["header"]["msg_type"] = "kernel_info_request"
             request.update(channel="control" if i % 2 else "shell", content={"pad": filler})
             await ws.write_message(json.dumps(request))
-        refused, first = 0, ""
-        while True:
-            try:
-                text = await asyncio.wait_for(ws.read_message(), 3)
-            except TimeoutError:
-                return refused, first
-            assert text is not None, "the channels closed"
-            error = json.loads(text).get("error")
-            refused += bool(error)
-            first = first or error
+        return await refusals(ws)
 
     url = channels_url(gw, sid, "acme-token")
     with Canary(gw, canary, max_rss_growth=150 * 2**20) as watch:
