@@ -14,6 +14,7 @@ import encodings.idna
 import ipaddress
 import re
 import unicodedata
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import BadRequest
@@ -149,20 +150,29 @@ def _ipv6(text: str) -> IPAddress:
     return address.ipv4_mapped or address
 
 
+PUBLIC = "public"  # the rule for every host, name or address (the guard still applies)
+MAX_RULES = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """One allowlist entry: a name, a ``*.`` wildcard, or a network; any port if None."""
+    """One list entry: a name, a ``*.`` wildcard, a network, or ``public``; any port if None."""
 
     text: str
     name: str | None = None
     network: IPNetwork | None = None
     port: int | None = None
+    public: bool = False
 
     @classmethod
-    def parse(cls, raw: Any) -> Rule:
+    def parse(cls, raw: Any, field: str = "network.allow") -> Rule:
         if not isinstance(raw, str) or not raw.strip():
-            raise BadRequest("network.allow entries must be host names, IPs or CIDRs as strings")
+            raise BadRequest(f"{field} entries must be host names, IPs or CIDRs as strings")
         text = raw.strip()
+        if text == PUBLIC:
+            if field != "network.allow":
+                raise BadRequest(f"{field} entry 'public': only an allow list can name every host")
+            return cls(text, public=True)
         try:
             if "/" in text:
                 network = ipaddress.ip_network(text, strict=False)
@@ -177,13 +187,16 @@ class Rule:
                 )
         except ValueError as e:
             raise BadRequest(
-                f"network.allow entry {raw!r} is not a host name, '*.domain', IP address or "
-                f"CIDR (optionally with ':port'): {e}"
+                f"{field} entry {raw!r} is not a host name, '*.domain', IP address or "
+                f"CIDR (optionally with ':port'){' or public' if field == 'network.allow' else ''}"
+                f": {e}"
             ) from None
         name = f"*.{host}" if wildcard else host
         return cls(format_authority(name, port), name=name, port=port)
 
     def matches_name(self, host: str, port: int) -> bool:
+        if self.public:
+            return True
         if self.name is None or (self.port is not None and self.port != port):
             return False
         if self.name.startswith("*."):
@@ -191,9 +204,124 @@ class Rule:
         return host == self.name
 
     def matches_address(self, address: IPAddress, port: int) -> bool:
+        if self.public:
+            return True
         if self.network is None or (self.port is not None and self.port != port):
             return False
         return address in self.network
+
+    def within(self, outer: Rule) -> bool:
+        """Whether every host and port this rule matches, ``outer`` matches too."""
+        if outer.public:
+            return True
+        if self.public or (outer.port is not None and outer.port != self.port):
+            return False
+        if self.network is not None and outer.network is not None:
+            return self.network.version == outer.network.version and self.network.subnet_of(
+                outer.network  # type: ignore[arg-type]
+            )
+        if self.name is None or outer.name is None:
+            return False
+        if outer.name.startswith("*."):
+            return self.name.removeprefix("*").endswith(outer.name[1:])
+        return self.name == outer.name
+
+
+def _rules(value: Any, field: str) -> tuple[Rule, ...]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{field} must be a list of host names, IPs or CIDRs")
+    if len(value) > MAX_RULES:
+        raise BadRequest(f"{field} has {len(value)} entries; at most {MAX_RULES}")
+    return tuple(Rule.parse(entry, field) for entry in value)
+
+
+def _first(rules: tuple[Rule, ...], host: Host, port: int) -> Rule | None:
+    by_name = isinstance(host, str)
+    for rule in rules:
+        if by_name and rule.matches_name(host, port):  # type: ignore[arg-type]
+            return rule
+        if not by_name and rule.matches_address(host, port):  # type: ignore[arg-type]
+            return rule
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicy:
+    """A session's network: ``rules is None`` means no network at all.
+
+    Otherwise ``rules`` is the allow list and ``deny`` its exceptions: a host
+    is reached when an allow entry matches it and no deny entry does (a
+    name's addresses, once the proxy resolves them, are checked against the
+    denied ranges too). ``granted`` are the operator's entries every allowlist
+    gets (``egress_always_allow``), which no deny entry of a session removes.
+    """
+
+    rules: tuple[Rule, ...] | None = None
+    deny: tuple[Rule, ...] = ()
+    granted: tuple[Rule, ...] = ()
+
+    @property
+    def is_none(self) -> bool:
+        return self.rules is None
+
+    @classmethod
+    def parse(cls, value: Any) -> NetworkPolicy:
+        """Read ``"none"`` or ``{"allow": [...], "deny": [...]}`` (a create's or a change's)."""
+        if value is None or value == "none":
+            return cls()
+        if not isinstance(value, dict) or "allow" not in value or set(value) - {"allow", "deny"}:
+            raise BadRequest(
+                'network must be "none" or {"allow": ["host.example", "*.example.org", '
+                '"10.0.0.0/8", "public", ...], "deny": [...]} (deny optional)'
+            )
+        return cls(
+            _rules(value["allow"], "network.allow"), _rules(value.get("deny", []), "network.deny")
+        )
+
+    def extended(self, rules: Iterable[Rule]) -> NetworkPolicy:
+        """This allowlist plus the operator's ``rules`` (``egress_always_allow``)."""
+        assert self.rules is not None
+        return dataclasses.replace(self, granted=(*self.granted, *rules))
+
+    def to_json(self) -> str | dict[str, list[str]]:
+        if self.rules is None:
+            return "none"
+        shown = {"allow": [r.text for r in self.rules]}
+        if self.deny:
+            shown["deny"] = [r.text for r in self.deny]
+        return shown
+
+    def permits(self, host: str | IPAddress, port: int) -> bool:
+        """Whether ``host:port`` may be reached; a string goes through ``parse_host`` first."""
+        return self.rule_for(host, port) is not None
+
+    def rule_for(self, host: str | IPAddress, port: int) -> Rule | None:
+        """The entry that lets ``host:port`` through, or None."""
+        if isinstance(host, str):
+            host = parse_host(host)
+        granted = _first(self.granted, host, port)
+        if granted is not None:
+            return granted
+        if _first(self.deny, host, port) is not None:
+            return None
+        return _first(self.rules or (), host, port)
+
+    def denied_address(self, address: IPAddress, port: int) -> str | None:
+        """The deny entry that covers an address a name resolved to, or None."""
+        rule = next((r for r in self.deny if r.network and r.matches_address(address, port)), None)
+        return rule.text if rule else None
+
+    def outside(self, ceiling: NetworkPolicy) -> list[str]:
+        """The allow entries no entry of ``ceiling``'s allow list covers."""
+        bounds = ceiling.rules or ()
+        return [r.text for r in self.rules or () if not any(r.within(b) for b in bounds)]
+
+    def bounded(self, ceiling: NetworkPolicy) -> NetworkPolicy:
+        """This policy with ``ceiling``'s deny entries added (its allow list checked first)."""
+        if self.rules is None:
+            return self
+        deny = (*self.deny, *(r for r in ceiling.deny if r not in self.deny))
+        return dataclasses.replace(self, deny=deny)
 
 
 def parse_ranges(text: str, what: str) -> list[IPNetwork]:

@@ -1,12 +1,14 @@
 """What a session may reach: its network policy, and the ranges nobody may reach.
 
-A policy is ``none`` (no network at all) or an allowlist of rules. A rule is
-a host name (``files.example.org``), a wildcard for its subdomains
-(``*.example.org``), an IP address or a CIDR, each optionally with a port
-(``example.org:443``, ``[2001:db8::1]:443``). Names match names only and
-addresses match IP literals only: the proxy never resolves a name that is not
-on the list, so DNS cannot be used to smuggle data out, and a CIDR cannot be
-reached through some other name that happens to point into it.
+A policy (``hosts.NetworkPolicy``, a pure value) is ``none`` (no network at
+all) or an allow list with deny exceptions. A rule is a host name
+(``files.example.org``), a wildcard for its subdomains (``*.example.org``),
+an IP address or a CIDR, each optionally with a port (``example.org:443``,
+``[2001:db8::1]:443``), or ``public`` (every host). Names match names only
+and addresses match IP literals only: the proxy never resolves a name that
+no entry allows, so DNS cannot be used to smuggle data out, and a CIDR cannot
+be reached through some other name that happens to point into it (``public``
+opts out of both; deny ranges then apply to the addresses a name resolves to).
 
 Whatever the list says, ``AddressGuard`` refuses every address that is not
 globally routable (private, loopback, link-local such as cloud metadata,
@@ -18,76 +20,15 @@ to, and the proxy connects to exactly the address it checked.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import socket
-from collections.abc import Iterable
-from typing import Any
 
-from ..errors import BadRequest
-from ..hosts import (
-    IPAddress,
-    IPNetwork,
-    Rule,
-    parse_host,
-)
+from ..hosts import IPAddress, IPNetwork, NetworkPolicy, Rule
 
-MAX_RULES = 64
+__all__ = ["AddressGuard", "NetworkPolicy", "Rule", "is_host_address"]
+
 # a connection to them can end at any IPv4 address, so they are never global.
 _TUNNELS = [ipaddress.ip_network(n) for n in ("2002::/16", "2001::/32", "64:ff9b::/96")]
-
-
-@dataclasses.dataclass(frozen=True)
-class NetworkPolicy:
-    """A session's network: ``rules is None`` means no network at all."""
-
-    rules: tuple[Rule, ...] | None = None
-
-    @property
-    def is_none(self) -> bool:
-        return self.rules is None
-
-    @classmethod
-    def parse(cls, value: Any) -> NetworkPolicy:
-        """Read the create request's ``network``: ``"none"`` or ``{"allow": [...]}``."""
-        if value is None or value == "none":
-            return cls()
-        if not isinstance(value, dict) or set(value) != {"allow"}:
-            raise BadRequest(
-                'network must be "none" or {"allow": ["host.example", "10.0.0.0/8", ...]}'
-            )
-        entries = value["allow"]
-        if not isinstance(entries, list):
-            raise BadRequest("network.allow must be a list of host names, IPs or CIDRs")
-        if len(entries) > MAX_RULES:
-            raise BadRequest(f"network.allow has {len(entries)} entries; at most {MAX_RULES}")
-        return cls(tuple(Rule.parse(e) for e in entries))
-
-    def extended(self, rules: Iterable[Rule]) -> NetworkPolicy:
-        """This allowlist plus ``rules`` (the operator's ``egress_always_allow``)."""
-        assert self.rules is not None
-        return NetworkPolicy((*self.rules, *rules))
-
-    def to_json(self) -> str | dict[str, list[str]]:
-        if self.rules is None:
-            return "none"
-        return {"allow": [r.text for r in self.rules]}
-
-    def permits(self, host: str | IPAddress, port: int) -> bool:
-        """Whether ``host:port`` is on the list; a string goes through ``parse_host`` first."""
-        return self.rule_for(host, port) is not None
-
-    def rule_for(self, host: str | IPAddress, port: int) -> Rule | None:
-        """The first rule that lets ``host:port`` through, or None."""
-        if isinstance(host, str):
-            host = parse_host(host)
-        by_name = isinstance(host, str)
-        for rule in self.rules or ():
-            if by_name and rule.matches_name(host, port):  # type: ignore[arg-type]
-                return rule
-            if not by_name and rule.matches_address(host, port):  # type: ignore[arg-type]
-                return rule
-        return None
 
 
 class AddressGuard:

@@ -100,10 +100,22 @@ class _Refused(Exception):
 
 
 @dataclasses.dataclass
+class _Upstream:
+    """Where an open connection leads: what a change of rules is checked against."""
+
+    host: Host
+    port: int
+    address: IPAddress
+    writer: asyncio.StreamWriter
+    record: EgressConnection
+
+
+@dataclasses.dataclass
 class _Tenant:
     session_id: str
     policy: NetworkPolicy
-    tasks: set[asyncio.Task] = dataclasses.field(default_factory=set)  # its open connections
+    # its open connections, each with its upstream once connected
+    tasks: dict[asyncio.Task, _Upstream | None] = dataclasses.field(default_factory=dict)
     window: float = 0.0  # start of the current one-second reporting window
     reported: int = 0
     suppressed: int = 0
@@ -179,6 +191,20 @@ class EgressProxy:
         self._tenants[session_id] = _Tenant(session_id, policy)
         return self.token_for(session_id)
 
+    def update(self, session_id: str, policy: NetworkPolicy) -> None:
+        """Put ``policy`` in force for a session's next connection, now.
+
+        Open connections the new policy refuses are cut; those it still
+        permits go on (a KeyError for a session the proxy does not serve).
+        """
+        tenant = self._tenants[session_id]
+        tenant.policy = policy
+        for upstream in filter(None, tenant.tasks.values()):
+            refusal = _refusal(policy, upstream.host, upstream.port, upstream.address)
+            if refusal is not None:
+                upstream.record.reason = f"cut when the rules changed: {refusal}"
+                upstream.writer.close()  # both directions end; the handler cleans up
+
     def release(self, session_id: str) -> None:
         """Forget a session and cut its open connections (called when it ends)."""
         tenant = self._tenants.pop(session_id, None)
@@ -210,7 +236,7 @@ class EgressProxy:
                 raise _Refused(400, "incomplete or oversized request head") from None
             method, target, version, headers = _parse_head(head)
             tenant = self._authenticate(headers)
-            tenant.tasks.add(task)
+            tenant.tasks[task] = None
             record = EgressConnection(tenant.session_id, method, _printable(target), time.time())
             await self._relay(tenant, reader, writer, record, target, version, headers)
         except _Refused as refused:
@@ -227,7 +253,7 @@ class EgressProxy:
             pass  # the client or the upstream went away
         finally:
             if tenant is not None:
-                tenant.tasks.discard(task)
+                tenant.tasks.pop(task, None)
             if record is not None:
                 record.duration_ms = (time.monotonic() - started) * 1000
                 self._recorded(record)
@@ -308,17 +334,28 @@ class EgressProxy:
             raise _Refused(403, f"the first connection to {target} was not approved", denied=True)
         refusals, failure = [], None
         for address in await self._addresses(host, port):
-            refusal = self.guard.refusal(address, port)
+            refusal = self.guard.refusal(address, port) or _refusal(
+                tenant.policy, host, port, address
+            )
             if refusal is not None:
                 refusals.append(refusal)
                 continue
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     opened = await asyncio.open_connection(str(address), port, limit=CHUNK)
-                record.decision = "allowed"
-                return opened
             except (OSError, TimeoutError) as e:
                 failure = e
+                continue
+            # The rules may have changed while it connected: the ones in force now decide.
+            refusal = _refusal(tenant.policy, host, port, address)
+            if refusal is not None:
+                opened[1].close()
+                raise _Refused(403, f"{target} refused: {refusal}", denied=True)
+            task = asyncio.current_task()
+            assert task is not None
+            tenant.tasks[task] = _Upstream(host, port, address, opened[1], record)
+            record.decision = "allowed"
+            return opened
         if failure is not None:
             raise _Refused(502, f"cannot connect to {target}: {str(failure) or 'timed out'}")
         raise _Refused(403, f"{target} refused: " + "; ".join(refusals), denied=True)
@@ -396,6 +433,14 @@ class EgressProxy:
                 self.on_denied(denial)
             except Exception:
                 log.exception("the egress denial hook failed")
+
+
+def _refusal(policy: NetworkPolicy, host: Host, port: int, address: IPAddress) -> str | None:
+    """Why ``policy`` refuses ``host:port`` at ``address`` (a name's resolved one), or None."""
+    if policy.rule_for(host, port) is None:
+        return f"{format_authority(host, port)} is not on this session's allowlist"
+    denied = policy.denied_address(address, port)
+    return f"{address} is in the denied range {denied}" if denied else None
 
 
 def _printable(text: str) -> str:

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gateway.egress.policy import NetworkPolicy, Rule, parse_host
+from gateway.egress.policy import NetworkPolicy, Rule
 from gateway.errors import BadRequest
+from gateway.hosts import parse_host
 
 ip_network = ipaddress.ip_network
 POLICY = NetworkPolicy.parse({"allow": ["*.allowed.example", "allowed.example", "203.0.113.0/24"]})

@@ -56,7 +56,7 @@ def test_ipv6_rules_with_and_without_ports():
         {"allow": ["-bad.example"]},
         {"allow": ["example.org:99999"]},
         {"allow": [42]},
-        {"allow": ["a.example"], "deny": []},
+        {"allow": ["a.example"], "block": []},
         {"allow": [f"h{i}.example" for i in range(65)]},
     ],
 )
