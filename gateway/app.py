@@ -65,6 +65,7 @@ from .sessions.lifecycle import SandboxLifecycle
 from .sessions.locations import Locations
 from .sessions.manager import SessionManager
 from .sessions.model import Session
+from .sessions.networks import NetworkRules
 from .sessions.pool import WarmPool
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
@@ -116,6 +117,7 @@ def make_app(
         sbx_executions=domain.executions,
         sbx_reports=domain.reports,
         sbx_workspaces=domain.workspaces,
+        sbx_networks=domain.networks,
         sbx_locations=domain.locations,
         sbx_kernelspecs=manager.lifecycle.kernelspecs,
         sbx_desk=manager.gate.desk,
@@ -372,6 +374,7 @@ class Domain:
     locations: Locations
     egress: EgressHooks
     upkeep: Upkeep
+    networks: NetworkRules
 
 
 def build_domain(settings: Settings, manager: SessionManager) -> Domain:
@@ -403,6 +406,7 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         upkeep=Upkeep(
             manager, lifecycle, manager.pool, manager.leases, store, settings.cull_interval
         ),
+        networks=NetworkRules(manager, gate, lifecycle.isolation.egress),
     )
 
 

@@ -414,3 +414,63 @@ def test_every_connection_is_recorded_per_session_and_execution(
     assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 1}).json()["next"]
     assert api.get(f"/v1/sessions/{sid}/network", params={"limit": 0}).status_code == 400
     assert api.get("/v1/sessions/no-such/network").status_code == 404
+
+
+# -- rules changed on a live session -----------------------------------------------------
+
+HOLD = """
+import base64, os, socket, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+held = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
+creds = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+held.sendall(f"CONNECT {TARGET} HTTP/1.1\\r\\nProxy-Authorization: Basic {creds}\\r\\n\\r\\n".encode())
+print(held.recv(100).split(b"\\r\\n")[0].decode())
+"""
+
+
+def test_rules_changed_on_a_live_session_hold_for_the_next_connection(
+    egress_gateway, egress_session, local_index
+):
+    api = egress_gateway.client
+    sid = egress_session(["127.0.0.1"])
+    hello = FETCH + f"print(fetch('http://{local_index}/hello.txt'))"
+    assert text_of(run(api, sid, hello)) == "hello from the host\n"
+    opened = text_of(run(api, sid, HOLD.replace("{TARGET}", local_index)))
+    assert opened == "HTTP/1.1 200 Connection established\n"
+
+    r = api.patch(f"/v1/sessions/{sid}/network", json={"allow": ["allowed.example"]})
+    assert r.status_code == 200 and r.json()["network"] == {"allow": ["allowed.example"]}, r.text
+    # in force when the PATCH answers: the next connection is refused, the open one was cut
+    refused = text_of(run(api, sid, hello))
+    assert refused.startswith("HTTP 403") and "not on this session's allowlist" in refused
+    assert text_of(run(api, sid, "held.settimeout(5); print(held.recv(10))")) == "b''\n"
+    assert api.get(f"/v1/sessions/{sid}").json()["network"] == {"allow": ["allowed.example"]}
+    audit = egress_gateway.tail(200)
+    assert (
+        '"action": "session.network"' in audit
+        and '"after": {"allow": ["allowed.example"]}' in audit
+    )
+
+    r = api.patch(f"/v1/sessions/{sid}/network", json={"allow": ["public"], "deny": ["10.0.0.0/8"]})
+    assert r.status_code == 200, r.text
+    assert text_of(run(api, sid, hello)) == "hello from the host\n"
+
+
+def test_bad_network_changes_get_clear_errors(egress_gateway, egress_session, new_session):
+    api = egress_gateway.client
+    sid = egress_session([])
+    for body, status, says in [
+        ({"allow": "x.example"}, 400, "network.allow must be a list"),
+        ({"allow": ["bad host"]}, 400, "network.allow entry 'bad host'"),
+        ({}, 400, 'network must be "none" or'),
+    ]:
+        r = api.patch(f"/v1/sessions/{sid}/network", json=body)
+        assert r.status_code == status and says in r.json()["error"]["message"], r.text
+    r = api.patch("/v1/sessions/no-such-session/network", json={"allow": []})
+    assert r.status_code == 404, r.text
+    none = api.post("/v1/sessions", json={}).json()["id"]
+    try:
+        r = api.patch(f"/v1/sessions/{none}/network", json={"allow": ["a.example"]})
+        assert r.status_code == 409 and "created with network" in r.text, r.text
+    finally:
+        api.delete(f"/v1/sessions/{none}")

@@ -50,6 +50,7 @@ from ..sandbox.kernelspecs import KernelSpecs
 from ..sessions.executions import Executions
 from ..sessions.locations import Locations
 from ..sessions.manager import SessionManager
+from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
 from ..sessions.workspaces import Workspaces
@@ -125,6 +126,10 @@ class GatewayHandlerMixin:
     @property
     def executions(self) -> Executions:
         return self.settings["sbx_executions"]
+
+    @property
+    def networks(self) -> NetworkRules:
+        return self.settings["sbx_networks"]
 
     @property
     def relay_options(self) -> RelayOptions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..access.audit import code_facts
 from ..errors import Denied
 from ..execution.kernel import ExecutionResult
+from ..hosts import NetworkPolicy
 from ..sessions.requests import (
     CreateSession,
     ExecuteCode,
@@ -145,6 +146,16 @@ class HistoryHandler(JSONHandler):
 
 
 class NetworkHandler(JSONHandler):
+    """GET: the connections a session made; PATCH: its rules, changed while it runs."""
+
+    actions = {"PATCH": "session.network"}
+
+    async def patch(self, session_id: str) -> None:
+        network = NetworkPolicy.parse(self.json_body())
+        session, before = await self.networks.change(session_id, self.principal, network)
+        self.audit_detail.update(before=before.to_json(), after=session.network.to_json())
+        self.send(session.to_json())
+
     async def get(self, session_id: str) -> None:
         connections, after = await self.reports.network(
             session_id,

@@ -13,6 +13,7 @@ serves it at the same URL with the same credentials.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -130,6 +131,13 @@ class Egress:
         env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
         env |= {"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1"}
         return SandboxNetwork(self.network.name, env, self.state_dir / "resolv.conf")
+
+    def update(self, session_id: str, policy: NetworkPolicy) -> None:
+        """Put a session's new rules in force for its next connection (the operator's
+        ``always_allow`` entries stay added); a session not served now gets them when it is."""
+        if self.proxy is not None:
+            with contextlib.suppress(KeyError):
+                self.proxy.update(session_id, policy.extended(self.always_allow))
 
     def release(self, session_id: str) -> None:
         """Revoke a session's proxy access and cut its connections."""

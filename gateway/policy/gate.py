@@ -13,7 +13,8 @@ import asyncio
 import logging
 
 from ..access.auth import Principal
-from ..errors import Denied
+from ..errors import Denied, NotAllowed
+from ..hosts import NetworkPolicy
 from .approvals import ApprovalDesk
 from .book import PolicyBook
 from .model import Decision, Policy
@@ -96,6 +97,23 @@ class Gate:
             f"under a policy that holds or refuses {', '.join(gated)}; run code as cells"
         )
         return Decision("deny", "deny", policy.mode, (reason,))
+
+    def bound_network(
+        self, tenant: str, session_policy: Policy | None, network: NetworkPolicy
+    ) -> NetworkPolicy:
+        """``network`` as a session may have it: within every ceiling of the policy in force
+        (403 naming the entries outside), with the ceilings' deny entries added."""
+        policy = self.book.policy(tenant).tighten(session_policy)
+        for ceiling in policy.network:
+            outside = network.outside(ceiling)
+            if outside:
+                allowed = ", ".join(r.text for r in ceiling.rules or ()) or "nothing"
+                raise NotAllowed(
+                    f"network entries {', '.join(map(repr, outside))} are outside what the "
+                    f"policy of tenant {tenant!r} allows ({allowed}); ask for hosts within it"
+                )
+            network = network.bounded(ceiling)
+        return network
 
     async def review_command(
         self, tenant: str, session_policy: Policy | None, line: str

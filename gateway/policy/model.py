@@ -18,6 +18,9 @@ Written as TOML or YAML::
     max_upload = "100m"     # larger uploads are refused; omitted: no limit beyond the disk's
     max_download = "1g"     # larger downloads (and directory archives) are refused
     delete = "deny"         # allow | deny
+    [network]               # the most a session's network rules may allow (create and changes)
+    allow = ["*.example.org", "203.0.113.0/24"]
+    deny = ["secret.example.org"]   # added to every session's deny list
 
 A malformed policy is refused with the line at fault. A session may send a
 policy of its own at create; it can only tighten its tenant's (``tighten``).
@@ -35,13 +38,14 @@ from typing import Any
 import yaml
 
 from ..errors import GatewayError, PolicyInvalid
+from ..hosts import NetworkPolicy
 from ..limits import format_size, parse_size
 from .scan import MAX_PATTERNS, RULES, Finding, Pattern
 
 DEFAULT_FILE = Path(__file__).with_name("default.toml")
 ACTIONS = ("allow", "hold", "deny")  # weakest first
 MODES = ("off", "report", "enforce")  # weakest first; off: not even scanned
-_KEYS = {"mode", "rules", "patterns", "files"}
+_KEYS = {"mode", "rules", "patterns", "files", "network"}
 _FILE_KEYS = {"max_upload", "max_download", "delete"}
 _PATTERN_KEYS = {"rule", "regex", "message", "kernels"}
 
@@ -104,6 +108,8 @@ class Policy:
     patterns: tuple[Pattern, ...] = ()
     source: str = ""  # the text it was read from, given back by the API as it was written
     files: FileRules = dataclasses.field(default_factory=FileRules)
+    # Ceilings on sessions' network rules: each must cover them (a tightened policy has more).
+    network: tuple[NetworkPolicy, ...] = ()
 
     def action(self, rule: str) -> str:
         return self.rules.get(rule, "allow")
@@ -142,7 +148,8 @@ class Policy:
         }
         mode = max(self.mode, other.mode, key=MODES.index)
         files = self.files.tighten(other.files)
-        return Policy(mode, rules, self.patterns + other.patterns, self.source, files)
+        patterns, network = self.patterns + other.patterns, self.network + other.network
+        return Policy(mode, rules, patterns, self.source, files, network)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,6 +165,7 @@ class Policy:
                 for p in self.patterns
             ],
             "files": self.files.to_json(),
+            **({"network": [c.to_json() for c in self.network]} if self.network else {}),
         }
 
     # -- reading ----------------------------------------------------------------------
@@ -221,7 +229,9 @@ class Policy:
                 f"a policy has at most {MAX_PATTERNS} patterns, not {len(patterns)}",
             )
         files = _file_rules(data.get("files", {}))
-        return cls(mode, dict(rules), tuple(_pattern(p) for p in patterns), files=files)
+        network = () if "network" not in data else (_network(data["network"]),)
+        patterns = tuple(_pattern(p) for p in patterns)
+        return cls(mode, dict(rules), patterns, files=files, network=network)
 
 
 def session_policy(data: Any) -> Policy | None:
@@ -240,6 +250,18 @@ class _Fault(Exception):
     def __init__(self, key: str, value: Any, message: str) -> None:
         super().__init__(message)
         self.key, self.value, self.message = key, value, message
+
+
+def _network(entry: Any) -> NetworkPolicy:
+    if not isinstance(entry, Mapping) or "allow" not in entry:
+        raise _Fault("network", None, "network is a table of allow (and deny) lists")
+    try:
+        return NetworkPolicy.parse(dict(entry))
+    except GatewayError as e:
+        bad = next(
+            (k for k in ("deny", "allow") if k in entry and repr(entry[k]) in e.message), "allow"
+        )
+        raise _Fault(bad, None, e.message) from None
 
 
 def _file_rules(entry: Any) -> FileRules:

@@ -288,6 +288,7 @@ class SessionManager:
             snapshot = await self.snapshots.get(request.from_snapshot, who)
             request = _fork_request(request, snapshot)
         session = self.lifecycle.new_session(request, who.tenant)
+        session.network = self.gate.bound_network(who.tenant, session.policy, session.network)
         await self.lifecycle.unseal(session)
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
