@@ -7,31 +7,32 @@ import json
 from typing import Any
 
 from .base import AUDIT_FILTERS
-from .database import Repository
+from .chain import Chain
+from .database import Database, Repository
 
 
 class Audit(Repository):
     """The ``audit`` table."""
 
+    def __init__(self, db: Database, chain: Chain) -> None:
+        super().__init__(db)
+        self.chain = chain
+
     def add_audit(self, event: dict[str, Any]) -> asyncio.Future:
-        """Append one audit event; returns the write's future (callers need not wait)."""
+        """Append one audit event, chained; returns the write's future (callers need not wait)."""
+        values = (
+            event["at"],
+            event.get("tenant"),
+            event.get("token_id"),
+            event["action"],
+            event.get("session_id"),
+            event["outcome"],
+            event.get("status"),
+            event.get("remote"),
+            json.dumps(event["detail"]) if event.get("detail") else None,
+        )
         return self.db.submit(
-            self.db.rows,
-            "INSERT INTO audit (at, tenant, token_id, action, session_id, outcome, status,"
-            " remote, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                event["at"],
-                event.get("tenant"),
-                event.get("token_id"),
-                event["action"],
-                event.get("session_id"),
-                event["outcome"],
-                event.get("status"),
-                event.get("remote"),
-                json.dumps(event["detail"]) if event.get("detail") else None,
-            ),
-            lazy=True,
-            quick=True,
+            self.chain.insert, "audit", values, values[4], values[1] or "", lazy=True, quick=True
         )
 
     async def audit_events(

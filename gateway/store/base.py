@@ -107,6 +107,12 @@ class Store(Protocol):
         limit: int = 100,
     ) -> list[dict[str, Any]]: ...
 
+    # the records' hash chains (chain.py)
+    async def verify_chains(
+        self, tenant: str | None = None, session_id: str | None = None
+    ) -> dict[str, Any]: ...
+    async def chain_head(self, session_id: str) -> dict[str, Any]: ...
+
     # tenants' sealed secrets
     async def put_secret(
         self, tenant: str, name: str, sealed: bytes, at: str, overwrite: bool

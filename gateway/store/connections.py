@@ -7,22 +7,24 @@ import json
 from typing import Any
 
 from .base import HISTORY_PAGE
-from .database import Repository
+from .chain import Chain
+from .database import Database, Repository
 
 
 class Connections(Repository):
     """The ``connections`` table."""
 
+    def __init__(self, db: Database, chain: Chain) -> None:
+        super().__init__(db)
+        self.chain = chain
+
     def add_connection(
         self, session_id: str, execution_id: int | None, record: dict[str, Any]
     ) -> asyncio.Future:
-        """Append one egress connection of a session (and the execution it ran in)."""
+        """Append one egress connection of a session (and the execution it ran in), chained."""
+        values = (session_id, execution_id, record["at"], json.dumps(record))
         return self.db.submit(
-            self.db.rows,
-            "INSERT INTO connections (session_id, execution_id, at, record) VALUES (?, ?, ?, ?)",
-            (session_id, execution_id, record["at"], json.dumps(record)),
-            lazy=True,
-            quick=True,
+            self.chain.insert, "connection", values, session_id, lazy=True, quick=True
         )
 
     async def connections(

@@ -37,6 +37,22 @@ class Ids(Protocol):
         """On the store's thread, before pruning: an id pruned is never handed out again."""
 
 
+class Sealer(Protocol):
+    """Work a transaction does last, over what its calls queued (the hash chain, ``chain.py``)."""
+
+    def begin(self) -> None:
+        """A transaction starts: what a rolled back one queued is gone."""
+
+    def mark(self) -> int:
+        """A call starts in a savepoint: where its queued work begins."""
+
+    def undo(self, mark: int) -> None:
+        """The call was rolled back to its savepoint: drop what it queued."""
+
+    def seal(self) -> None:
+        """Before the commit: do the queued work, in the transaction."""
+
+
 class Dialect(abc.ABC):
     """What one kind of database does its own way."""
 
@@ -85,6 +101,7 @@ class Database:
         self._db: Any = None
         self._opened: list[Callable[[], None]] = []
         self.ids = dialect.ids(self)
+        self.sealer: Sealer | None = None  # the facade's chain
         self.writer = Writer(
             self.run_batch, self.is_open, dialect.loop_writes, dialect.checkpoints(self)
         )
@@ -166,9 +183,13 @@ class Database:
                 except Exception as e:
                     outcomes.append((False, e))
             return outcomes
+        sealer = self.sealer
+        assert sealer is not None, "the facade gives its database a sealer"
         db.execute("BEGIN")
+        sealer.begin()
         try:  # the usual case, nothing fails: no savepoints (they cost as much as the writes)
             outcomes = [(True, fn(*args)) for fn, args in calls]
+            sealer.seal()
         except Exception:
             db.execute("ROLLBACK")
         else:
@@ -177,17 +198,23 @@ class Database:
         # Again from the start, each call in a savepoint: a failing one undoes only itself.
         outcomes = []
         db.execute("BEGIN")
+        sealer.begin()
         try:
             for fn, args in calls:
                 db.execute("SAVEPOINT call")
+                mark = sealer.mark()
                 try:
                     outcomes.append((True, fn(*args)))
                 except Exception as e:
                     db.execute("ROLLBACK TO call")
+                    sealer.undo(mark)
                     outcomes.append((False, e))
                 db.execute("RELEASE call")
-        finally:
-            db.execute("COMMIT")
+            sealer.seal()
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
         return outcomes
 
 

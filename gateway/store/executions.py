@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import HISTORY_PAGE, HistoryPage
+from .chain import TABLES, Chain
 from .connections import Connections
 from .database import Database
 
@@ -25,6 +26,8 @@ _EXECUTION_COLUMNS = (
     "execution_count", "status", "outputs", "truncated", "error", "ended_at", "duration_ms",
     "files",
 )  # fmt: skip
+
+_CHAINED = ", ".join(TABLES["execution"][1])  # the columns an execution's digest covers
 
 _INSERT_FINISHED = (
     "INSERT INTO executions (id, session_id, code, description, started_at, review, "
@@ -38,10 +41,13 @@ _INSERT_FINISHED = (
 class Executions:
     """The ``executions`` and ``running_outputs`` tables."""
 
-    def __init__(self, db: Database, connections: Connections, grew: Callable[[str], None]) -> None:
+    def __init__(
+        self, db: Database, connections: Connections, chain: Chain, grew: Callable[[str], None]
+    ) -> None:
         """``grew``: told of each session an execution was added to (retention prunes it)."""
         self.db = db
         self.connections = connections
+        self.chain = chain
         self.grew = grew
         self._unwritten: dict[int, _Unwritten] = {}  # running rows still in the queue
         db.writer.on_flush(self._unwritten.clear)
@@ -100,7 +106,7 @@ class Executions:
         )
 
     def finish_execution(self, execution_id: int, record: dict[str, Any]) -> asyncio.Future:
-        """Replace a running execution's row with its final outcome; returns the write.
+        """Replace a running execution's row with its final outcome, chained; returns the write.
 
         When the running row is still queued (a quick execute: all of it in one
         batch), the outcome is inserted in its place and its queued outputs are
@@ -117,6 +123,7 @@ class Executions:
                 failed.clear()  # a batch that failed elsewhere is run again
                 try:
                     self.db.cursor(_INSERT_FINISHED, values)
+                    self.chain.append("execution", execution_id, values[1:], values[1])
                 except Exception as e:
                     failed.append(e)
                     raise
@@ -138,6 +145,7 @@ class Executions:
                 (*_execution_values(record), execution_id),
             )
             self.db.cursor("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
+            self._chain(execution_id, execution_id + 1)
 
         return self.db.submit(update, quick=True)
 
@@ -224,13 +232,26 @@ class Executions:
         rows = await self.db.select(f"SELECT count(*) FROM executions {where}", (source, up_to))
         first = await self.db.ids.reserve(rows[0][0])
         columns = ", ".join(("code", "description", *_EXECUTION_COLUMNS, "started_at"))
-        await self.db.select(
-            f"INSERT INTO executions (id, session_id, {columns})"
-            f" SELECT ? + row_number() OVER (ORDER BY id) - 1, ?, {columns}"
-            f" FROM executions {where} ORDER BY id",
-            (first, target, source, up_to),
-        )
+
+        def copy() -> None:
+            self.db.cursor(
+                f"INSERT INTO executions (id, session_id, {columns})"
+                f" SELECT ? + row_number() OVER (ORDER BY id) - 1, ?, {columns}"
+                f" FROM executions {where} ORDER BY id",
+                (first, target, source, up_to),
+            )
+            self._chain(first, first + rows[0][0])
+
+        await self.db.run(copy)
         return rows[0][0]
+
+    def _chain(self, first: int, end: int) -> None:
+        """On the store's thread: chain the final executions with ids in [first, end) as stored."""
+        for row in self.db.rows(
+            f"SELECT id, {_CHAINED} FROM executions WHERE id >= ? AND id < ? ORDER BY id",
+            (first, end),
+        ):
+            self.chain.append("execution", row[0], tuple(row)[1:], row[1])
 
 
 def replay_outputs(recorded: list[dict[str, Any] | None]) -> list[dict[str, Any]]:

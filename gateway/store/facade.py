@@ -11,6 +11,7 @@ from __future__ import annotations
 from .approvals import Approvals
 from .audit import Audit
 from .base import Retention
+from .chain import Chain
 from .connections import Connections
 from .database import Database, Dialect
 from .executions import Executions
@@ -33,6 +34,7 @@ METHODS = {
         "last_execution", "copy_history",
     ),
     "audit": ("add_audit", "audit_events"),
+    "chain": ("verify_chains", "chain_head"),
     "secrets": ("put_secret", "delete_secret", "secret_dates", "sealed_secrets"),
     "snapshots": (
         "add_snapshot", "get_snapshot", "snapshots_of", "snapshots_of_tenant", "snapshot_usage",
@@ -51,13 +53,15 @@ class StoreFacade:
         self.SHARED = dialect.shared
         self.retention = retention or Retention()
         self.pruner = Pruner(self.db, self.retention)
-        connections = Connections(self.db)
+        chain = Chain(self.db, self.retention)
+        connections = Connections(self.db, chain)
         self.parts = {
             "sessions": Sessions(self.db),
             "leases": Leases(self.db),
             "connections": connections,
-            "executions": Executions(self.db, connections, grew=self.pruner.grew),
-            "audit": Audit(self.db),
+            "executions": Executions(self.db, connections, chain, grew=self.pruner.grew),
+            "audit": Audit(self.db, chain),
+            "chain": chain,
             "secrets": Secrets(self.db),
             "snapshots": Snapshots(self.db),
             "approvals": Approvals(self.db),

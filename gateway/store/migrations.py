@@ -143,6 +143,35 @@ MIGRATIONS = [
         seen_at {real} NOT NULL
     );
     """,
+    # Records chained by hash (chain.py): an entry for each audit event, egress
+    # connection and finished execution, in its tenant's chain and its session's,
+    # and each chain's head. Rows from before are an unchained prefix: their ids
+    # up to the 'unchained:' rows.
+    """
+    CREATE TABLE chain (
+        id {serial} PRIMARY KEY,
+        kind TEXT NOT NULL,
+        record_id {bigint} NOT NULL,
+        tenant TEXT NOT NULL,
+        session_id TEXT,
+        at TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        tenant_seq {bigint} NOT NULL,
+        tenant_hash TEXT NOT NULL,
+        session_seq {bigint},
+        session_hash TEXT
+    );
+    CREATE UNIQUE INDEX chain_by_tenant ON chain (tenant, tenant_seq);
+    CREATE UNIQUE INDEX chain_by_session ON chain (session_id, session_seq);
+    CREATE INDEX chain_by_record ON chain (kind, record_id);
+    CREATE TABLE chain_heads (name TEXT PRIMARY KEY, count {bigint} NOT NULL, hash TEXT NOT NULL);
+    INSERT INTO chain_heads SELECT 'unchained:audit', coalesce(max(id), 0), ''
+        FROM audit;
+    INSERT INTO chain_heads SELECT 'unchained:connections', coalesce(max(id), 0), ''
+        FROM connections;
+    INSERT INTO chain_heads SELECT 'unchained:executions', coalesce(max(id), 0), ''
+        FROM executions;
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -79,9 +79,10 @@ class Pruner:
                     " WHERE started_at < ? AND status != 'running' ORDER BY started_at LIMIT ?)",
                     (cutoff, budget),
                 ).rowcount
-                budget -= cursor(
+                budget -= cursor(  # never the newest: SQLite would hand its id out again
                     "DELETE FROM connections WHERE id IN (SELECT id FROM connections"
-                    " WHERE at < ? ORDER BY at LIMIT ?)",
+                    " WHERE at < ? AND id < (SELECT max(id) FROM connections) ORDER BY at"
+                    " LIMIT ?)",
                     (cutoff, max(budget, 0)),
                 ).rowcount
                 budget -= cursor(

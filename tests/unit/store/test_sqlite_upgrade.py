@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store.migrations import LATEST
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.migrations import LATEST, pending
+from gateway.store.sqlite import TERMS, SQLiteStore
 
 OLD_MIGRATIONS = [
     """
@@ -177,9 +177,14 @@ def schema(path: Path) -> tuple[int, list[tuple[str, str, str]]]:
 
 
 def test_the_one_list_makes_the_schema_the_old_list_made(tmp_path):
-    asyncio.run(opened(tmp_path / "new.sqlite3"))
+    """The one list's first entries are the old list (later ones are the one list's own)."""
+    db = sqlite3.connect(tmp_path / "new.sqlite3", isolation_level=None)
+    for number, script in pending(0, TERMS):
+        if number <= len(OLD_MIGRATIONS):
+            db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+    db.close()
     make_old(tmp_path / "old.sqlite3", len(OLD_MIGRATIONS))
-    assert LATEST == len(OLD_MIGRATIONS)
+    assert LATEST >= len(OLD_MIGRATIONS)
     assert schema(tmp_path / "new.sqlite3") == schema(tmp_path / "old.sqlite3")
 
 
@@ -194,8 +199,8 @@ def test_a_database_the_old_store_made_upgrades_and_reads(tmp_path, version):
     assert next_id == 8, "execution ids go on from the newest in the file"
     asyncio.run(opened(tmp_path / "fresh.sqlite3"))
     assert schema(path) == schema(tmp_path / "fresh.sqlite3")
-    if version == len(OLD_MIGRATIONS):
-        assert schema(path) == before, "a database at the newest version was migrated again"
+    if version == len(OLD_MIGRATIONS):  # only the one list's own entries run
+        assert set(before[1]) <= set(schema(path)[1]), "the old list's newest was migrated again"
 
 
 async def opened(path: Path) -> tuple[list, list, int]:
