@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import run, text_of
+from helpers import e2b_env, run, text_of
 
 from gateway.config import Settings
 from gateway.errors import RuntimeUnavailable
@@ -423,7 +423,8 @@ import base64, os, socket, urllib.parse
 proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
 held = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
 creds = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
-held.sendall(f"CONNECT {TARGET} HTTP/1.1\\r\\nProxy-Authorization: Basic {creds}\\r\\n\\r\\n".encode())
+auth = f"Proxy-Authorization: Basic {creds}\\r\\n"
+held.sendall(f"CONNECT {TARGET} HTTP/1.1\\r\\n{auth}\\r\\n".encode())
 print(held.recv(100).split(b"\\r\\n")[0].decode())
 """
 
@@ -474,3 +475,25 @@ def test_bad_network_changes_get_clear_errors(egress_gateway, egress_session, ne
         assert r.status_code == 409 and "created with network" in r.text, r.text
     finally:
         api.delete(f"/v1/sessions/{none}")
+
+
+def test_the_stock_e2b_sdk_chooses_and_changes_a_sandboxs_network(
+    egress_gateway, local_index, monkeypatch
+):
+    from e2b import ALL_TRAFFIC, Sandbox
+
+    for name, value in e2b_env(egress_gateway, egress_gateway.token).items():
+        monkeypatch.setenv(name, value)
+    sandbox = Sandbox.create(network={"allow_out": ["127.0.0.1"], "deny_out": [ALL_TRAFFIC]})
+    try:
+        view = egress_gateway.client.get(f"/v1/sessions/{sandbox.sandbox_id}").json()
+        assert view["network"] == {"allow": ["127.0.0.1"]}
+        sandbox.files.write("fetch.py", FETCH + f"print(fetch('http://{local_index}/hello.txt'))")
+        fetch = "/opt/venv/bin/python fetch.py"
+        assert sandbox.commands.run(fetch).stdout == "hello from the host\n"
+        sandbox.update_network({"deny_out": [ALL_TRAFFIC]})
+        assert sandbox.commands.run(fetch).stdout.startswith("HTTP 403")
+        sandbox.update_network({"allow_out": ["127.0.0.1"], "deny_out": [ALL_TRAFFIC]})
+        assert sandbox.commands.run(fetch).stdout == "hello from the host\n"
+    finally:
+        sandbox.kill()

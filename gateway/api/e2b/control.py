@@ -34,6 +34,7 @@ from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
 from .base import E2BHandler
+from .network import internet_access, network_of
 from .templates import ENVD_VERSION, TEMPLATES, kernel_for_template
 
 _ID = r"(?P<sandbox_id>[^/]+)"
@@ -44,7 +45,6 @@ T = TypeVar("T")
 
 # Calls the SDK makes that this gateway does not offer yet, and why.
 NOT_YET = {
-    "network": "changing a running sandbox's network is not supported; choose it at create",
     "logs": "sandbox logs are not offered; the gateway's audit log records what was run",
 }
 
@@ -134,6 +134,7 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
     if body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("volume mounts and MCP servers in a sandbox are not supported")
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
+    network = network_of(body.get("network"), internet_access(body))
     return CreateSession(
         kernel=kernel_for_template(template),
         ttl=longest if auto_pause else timeout,
@@ -141,6 +142,7 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
         idle_action="pause" if auto_pause else None,  # None: the server's choice
         env=env_vars(body.get("envVars")),
         metadata=metadata_dict(body.get("metadata")),
+        **({"network": network} if network is not None else {}),
     )
 
 
@@ -374,8 +376,26 @@ class MetricsHandler(ControlHandler):
         )
 
 
+class NetworkHandler(ControlHandler):
+    """``PUT /sandboxes/{id}/network``: E2B's ``update_network``, replacing the lists whole."""
+
+    actions = {"PUT": "session.network"}
+
+    async def put(self, sandbox_id: str) -> None:
+        body = self.json_body()
+        internet = internet_access(body)
+        lists = {k: v for k, v in body.items() if k != "allow_internet_access"}
+        policy = network_of(lists, internet)
+        assert policy is not None  # lists are given, so a policy is asked for
+        session, before = await self.networks.change(sandbox_id, self.principal, policy)
+        self.audit_session = session.id
+        self.audit_detail.update(before=before.to_json(), after=session.network.to_json())
+        self.set_status(204)
+        self.finish()
+
+
 class NotYetHandler(ControlHandler):
-    """Network changes and logs: 501 with the reason."""
+    """Logs: 501 with the reason."""
 
     def initialize(self, feature: str) -> None:
         self.feature = feature
@@ -403,9 +423,7 @@ routes = [
     (rf"/sandboxes/{_ID}/fork", ForkHandler),
     (r"/snapshots", SnapshotListHandler),
     (r"/templates/(?P<snapshot_id>[^/]+)", SnapshotDeleteHandler),
-    *(
-        (rf"/sandboxes/{_ID}/{feature}", NotYetHandler, {"feature": feature})
-        for feature in ("network", "logs")
-    ),
+    (rf"/sandboxes/{_ID}/network", NetworkHandler),
+    (rf"/sandboxes/{_ID}/logs", NotYetHandler, {"feature": "logs"}),
     (rf"/v2/sandboxes/{_ID}/logs", NotYetHandler, {"feature": "logs"}),
 ]
