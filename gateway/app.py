@@ -19,6 +19,7 @@ import tornado.web
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
+from .access.preview_links import PreviewLinks
 from .access.secrets import SecretVault, load_key
 from .api import (
     approvals,
@@ -31,6 +32,7 @@ from .api import (
     metrics,
     notebooks,
     openapi,
+    previews,
     secrets,
     sessions,
     snapshots,
@@ -57,6 +59,7 @@ from .sandbox.factory import make_placement
 from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
+from .sandbox.preview import PreviewCaps
 from .sessions.cpu import CpuShares
 from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions
@@ -67,6 +70,7 @@ from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.networks import NetworkRules
 from .sessions.pool import WarmPool
+from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
@@ -96,6 +100,7 @@ def make_app(
     """Build the application from each handler module's route list."""
     return tornado.web.Application(
         [
+            *previews.host_routes,  # a PORT-ID.DOMAIN Host is a preview, whatever its path
             *sessions.routes,
             *snapshots.routes,
             *stream.routes,
@@ -110,6 +115,7 @@ def make_app(
             *metrics.routes,
             *jupyter.routes,
             *e2b.routes,
+            *previews.routes,
         ],
         default_handler_class=NotFoundHandler,
         log_function=log_request,
@@ -145,6 +151,8 @@ def make_app(
         sbx_e2b_tokens=e2b_credentials.tokens,
         sbx_e2b_forks=Forks(manager, settings.max_ttl),
         sbx_e2b_cpu=CpuShares(),
+        sbx_previews=domain.previews,
+        sbx_preview_links=PreviewLinks(e2b_credentials.tokens),
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
         # Past the code limit, so an oversized cell gets a clear refusal, not a dropped socket.
@@ -280,6 +288,8 @@ class Gateway:
         if self.manager is not None:
             for gate in self.manager.lifecycle.packages.values():
                 gate.stop()
+        if self.domain is not None:
+            self.domain.previews.stop()
         await asyncio.gather(*(cache.stop() for cache in self.package_caches))
         if self.audit is not None:
             self.audit.close()
@@ -375,6 +385,7 @@ class Domain:
     egress: EgressHooks
     upkeep: Upkeep
     networks: NetworkRules
+    previews: Previews
 
 
 def build_domain(settings: Settings, manager: SessionManager) -> Domain:
@@ -407,6 +418,10 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
             manager, lifecycle, manager.pool, manager.leases, store, settings.cull_interval
         ),
         networks=NetworkRules(manager, gate, lifecycle.isolation.egress),
+        previews=Previews(
+            lifecycle.placement,
+            PreviewCaps(settings.preview_max_connections, settings.preview_max_bytes),
+        ),
     )
 
 

@@ -269,6 +269,16 @@ class Settings:
         SIZE,
     )
     max_header_size: int = _opt("64k", "largest request line plus headers", LISTENING, SIZE)
+    preview_max_connections: int = _opt(
+        32, "preview connections a session holds at once (more: 429)", LISTENING
+    )
+    preview_max_bytes: int = _opt(
+        "512m",
+        "bytes a session's previews move per minute; past that new ones get 429 and open "
+        "ones wait for the next minute",
+        LISTENING,
+        SIZE,
+    )
     idle_connection_timeout: float = _opt(
         60.0,
         "seconds a connection may sit idle, or take to send a request's headers",

@@ -238,6 +238,21 @@ class TooManyWatchers(GatewayError):
     code = "too_many_watchers"
 
 
+class PreviewLimit(GatewayError):
+    """A session's previews hold as many connections, or moved as many bytes, as they may."""
+
+    status = 429
+    code = "preview_limit"
+    retry_after = 1
+
+
+class PortNotListening(GatewayError):
+    """A preview asked for a port on which nothing in the sandbox listens (as a proxy says)."""
+
+    status = 502
+    code = "port_not_listening"
+
+
 class NotSupported(GatewayError):
     """A call another API defines (E2B's pause, snapshots) that this gateway does not offer yet."""
 

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import tarfile
+import textwrap
 import uuid
 import zipfile
 
@@ -481,6 +482,40 @@ def test_jupyter_channel_messages_match_the_document(gw, sid):
     reply = asyncio.run(refused())
     assert reply["channel"] == "error" and not schema_errors("JupyterMessage", reply)
     assert not schema_errors("JupyterMessage", execute_request("1"))
+
+
+def test_previews_and_their_errors(admin, anonymous, sid):
+    """A server the kernel starts answers every method through the path form; links, ports."""
+    run_code = textwrap.dedent("""
+        import http.server, threading
+        class Any(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.command.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = answer
+        _server = http.server.ThreadingHTTPServer(("127.0.0.1", 8010), Any)
+        threading.Thread(target=_server.serve_forever, daemon=True).start()
+    """)
+    assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": run_code}).status_code == 200
+    base = f"/v1/sessions/{sid}/ports/8010/x"
+    for method in ("GET", "PUT", "POST", "DELETE", "PATCH"):
+        r = admin.request(
+            method, base, content=b"1" if method in ("PUT", "POST", "PATCH") else None
+        )
+        assert r.status_code == 200 and r.text == method, r.text
+    assert 8010 in [p["port"] for p in admin.get(f"/v1/sessions/{sid}/ports").json()["ports"]]
+    assert code_of(admin.get(f"/v1/sessions/{sid}/ports/8011/x")) == "port_not_listening"
+    assert anonymous.get(base).status_code == 401
+    link = admin.post(f"/v1/sessions/{sid}/previews", json={"port": 8010, "expires_in": 60})
+    assert link.status_code == 200, link.text
+    assert link.json()["path_url"].endswith(link.json()["url"].split("/", 3)[3])
+    assert code_of(admin.post(f"/v1/sessions/{sid}/previews", json={"port": "x"})) == "bad_request"
+    assert admin.post("/v1/sessions/nope/previews", json={"port": 1}).status_code == 404
 
 
 def test_every_documented_operation_was_seen_succeeding(contract):

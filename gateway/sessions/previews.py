@@ -1,0 +1,89 @@
+"""Previews: a viewer's connections to a port a session's sandbox listens on.
+
+Each session gets its relay (``sandbox/preview.py``) on its first preview,
+and its forwarder is started then, with ``docker exec`` as the sandbox's user
+beside the kernel (not through the policy gate: it is the gateway's own code,
+as the package relay is), and again whenever it has gone (a restarted kernel
+has a new container). The relay closes with the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import tornado.iostream
+
+from ..errors import Conflict
+from ..sandbox.base import Placement, SandboxProcess
+from ..sandbox.preview import FORWARDER, PreviewCaps, PreviewRelay
+from .model import Session, check_usable
+
+
+class Previews:
+    """Every session's preview relay, by session id."""
+
+    def __init__(self, placement: Placement, caps: PreviewCaps) -> None:
+        self.placement = placement
+        self.caps = caps
+        self._relays: dict[str, PreviewRelay] = {}
+        self._forwarders: dict[str, SandboxProcess] = {}
+        self._source = FORWARDER.read_text()
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self, session: Session, port: int
+    ) -> AsyncIterator[tornado.iostream.IOStream]:
+        """A stream to ``port`` in the session's sandbox, for as long as the block runs."""
+        relay = await self._relay(session)
+        async with relay.connection(port) as stream:
+            yield stream
+
+    async def ports(self, session: Session) -> list[int]:
+        """The ports something listens on in the session's sandbox."""
+        return await (await self._relay(session)).ports()
+
+    def relay_of(self, session_id: str) -> PreviewRelay | None:
+        return self._relays.get(session_id)
+
+    async def _relay(self, session: Session) -> PreviewRelay:
+        check_usable(session)
+        relay = self._relays.get(session.id)
+        if relay is not None:
+            return relay
+        run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
+        if run_dir is None:
+            raise Conflict(f"session {session.id} is still starting; retry in a moment")
+
+        async def start() -> None:
+            await self._start_forwarder(session)
+
+        relay = PreviewRelay(session.id, self.caps, start)
+        await relay.serve(run_dir)
+        self._relays[session.id] = relay
+        session.on_end.add(lambda reason: self.close(session.id))
+        return relay
+
+    async def _start_forwarder(self, session: Session) -> None:
+        check_usable(session)
+        container = session.kernel.container_id if session.kernel else None
+        if container is None:
+            raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        old = self._forwarders.pop(session.id, None)
+        if old is not None:
+            old.close()
+        argv = ["python3", "-c", self._source]
+        process = await self.placement.start_process(container, argv, {}, "", None)
+        self._forwarders[session.id] = process
+
+    def close(self, session_id: str) -> None:
+        relay = self._relays.pop(session_id, None)
+        if relay is not None:
+            relay.close()
+        process = self._forwarders.pop(session_id, None)
+        if process is not None:
+            process.close()
+
+    def stop(self) -> None:
+        for session_id in list(self._relays):
+            self.close(session_id)

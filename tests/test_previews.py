@@ -1,0 +1,211 @@
+"""Preview URLs: servers a kernel starts, reached through the gateway with no inbound network.
+
+One gateway (small preview caps) and one session serve the module: its
+kernel runs a plain ``http.server`` and a Tornado app with a WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import textwrap
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import websockets.sync.client
+from helpers import Canary, GatewayProcess, canary_session, run
+
+MAX_CONNECTIONS = 6
+PLAIN, APP = 8000, 8001
+
+# Started in the kernel: http.server on PLAIN, a Tornado app on APP (echo, stream, ws, page).
+SERVERS = textwrap.dedent(f"""
+    import asyncio, functools, http.server, json, os, threading, tornado.web, tornado.websocket
+    os.makedirs("/tmp/site", exist_ok=True)
+    open("/tmp/site/hello.txt", "w").write("hello from the sandbox")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/tmp/site")
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", {PLAIN}), handler)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+
+    class Echo(tornado.web.RequestHandler):
+        def get(self):
+            self.write({{"path": self.request.uri, "headers": dict(self.request.headers)}})
+        post = get
+
+    class Stream(tornado.web.RequestHandler):
+        async def get(self):
+            for i in range(3):
+                self.write(f"part {{i}}\\n")
+                await self.flush()
+                await asyncio.sleep(0.3)
+
+    class Socket(tornado.websocket.WebSocketHandler):
+        def check_origin(self, origin):
+            return True
+        def on_message(self, message):
+            self.write_message("echo " + message)
+
+    PAGE = '''<!doctype html><title>waiting</title><script>
+    const ws = new WebSocket(location.href.replace(/^http/, "ws").replace(/[?#].*$/, "")
+                             .replace(/\\/[^\\/]*$/, "/ws"));
+    ws.onopen = () => ws.send("from the page");
+    ws.onmessage = (e) => {{ document.title = e.data; }};
+    </script>'''
+
+    class Page(tornado.web.RequestHandler):
+        def get(self):
+            self.write(PAGE)
+
+    async def _serve_app():
+        tornado.web.Application([("/echo", Echo), ("/stream", Stream), ("/ws", Socket),
+                                 ("/", Page), ("/page", Page)]).listen({APP}, "127.0.0.1")
+    asyncio.get_event_loop().create_task(_serve_app())
+""")
+
+
+@pytest.fixture(scope="module")
+def gw(start_gateway) -> GatewayProcess:
+    return start_gateway("--preview-max-connections", str(MAX_CONNECTIONS))
+
+
+@pytest.fixture(scope="module")
+def sid(gw: GatewayProcess) -> Iterator[str]:
+    r = gw.client.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    run(gw.client, sid, SERVERS)
+    yield sid
+    gw.client.delete(f"/v1/sessions/{sid}")
+
+
+def _path(gw: GatewayProcess, sid: str, port: int, rest: str = "/") -> str:
+    return f"{gw.url}/v1/sessions/{sid}/ports/{port}{rest}"
+
+
+def _host(sid: str, port: int, gw: GatewayProcess) -> str:
+    return f"{port}-{sid}.localhost:{gw.url.rsplit(':', 1)[1]}"
+
+
+def test_both_forms_reach_the_servers_without_the_gateways_credentials(gw, sid):
+    plain = gw.client.get(_path(gw, sid, PLAIN, "/hello.txt"))
+    assert plain.status_code == 200, plain.text
+    assert plain.text == "hello from the sandbox"
+    assert plain.headers["content-security-policy"].startswith("sandbox allow-scripts")
+    assert "allow-same-origin" not in plain.headers["content-security-policy"]
+
+    echo = gw.client.post(
+        _path(gw, sid, APP, "/echo?x=1"), content=b"body", headers={"Cookie": "app=1"}
+    )
+    assert echo.status_code == 200, echo.text
+    seen = {k.lower(): v for k, v in echo.json()["headers"].items()}
+    assert echo.json()["path"] == "/echo?x=1"
+    assert "authorization" not in seen and seen["cookie"] == "app=1"
+    assert seen["x-forwarded-prefix"] == f"/v1/sessions/{sid}/ports/{APP}"
+
+    host = gw.client.get(f"{gw.url}/echo", headers={"Host": _host(sid, APP, gw)})
+    assert host.status_code == 200, host.text
+    assert "content-security-policy" not in host.headers  # an origin of its own
+    assert "authorization" not in {k.lower() for k in host.json()["headers"]}
+
+    with gw.client.stream("GET", _path(gw, sid, APP, "/stream")) as streamed:
+        parts = [(time.monotonic(), line) for line in streamed.iter_lines()]
+    assert [line for _, line in parts] == ["part 0", "part 1", "part 2"]
+    assert parts[-1][0] - parts[0][0] > 0.4  # each part came as it was written
+
+    assert gw.client.get(_path(gw, sid, 9)).status_code == 502  # nothing listens there
+    listed = gw.client.get(f"/v1/sessions/{sid}/ports").json()["ports"]
+    assert {PLAIN, APP} <= {p["port"] for p in listed}
+
+
+def test_websockets_pass_both_forms(gw, sid):
+    auth = {"Authorization": f"Bearer {gw.token}"}
+    path = _path(gw, sid, APP, "/ws").replace("http", "ws", 1)
+    with websockets.sync.client.connect(path, additional_headers=auth) as ws:
+        ws.send("one")
+        assert ws.recv(timeout=10) == "echo one"
+    host, port = "127.0.0.1", int(gw.url.rsplit(":", 1)[1])
+    with websockets.sync.client.connect(
+        f"ws://{_host(sid, APP, gw)}/ws",
+        sock=socket.create_connection((host, port)),
+        additional_headers=auth,
+    ) as ws:
+        ws.send("two")
+        assert ws.recv(timeout=10) == "echo two"
+
+
+def test_a_signed_link_opens_one_port_of_one_session(gw, sid):
+    made = gw.client.post(f"/v1/sessions/{sid}/previews", json={"port": APP, "expires_in": 60})
+    assert made.status_code == 200, made.text
+    link = made.json()["path_url"]
+    with httpx.Client(timeout=30) as browser:
+        first = browser.get(link)
+        assert first.status_code == 303 and "sbx_preview" not in first.headers["location"]
+        cookie = first.headers["set-cookie"]
+        assert "HttpOnly" in cookie and f"Path=/v1/sessions/{sid}/ports/{APP}/" in cookie
+        page = browser.get(_path(gw, sid, APP, "/echo"), headers={"Sec-Fetch-Site": "same-origin"})
+        assert page.status_code == 200, page.text
+        assert "sbx_preview" not in json.dumps(page.json())  # the sandbox never sees it
+        # Another site's page spending the viewer's cookie: refused.
+        cross = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}
+        assert browser.get(_path(gw, sid, APP, "/echo"), headers=cross).status_code == 401
+        # The link is for APP only, and never for the API.
+        signature = link.split("sbx_preview=")[1]
+        other = browser.get(_path(gw, sid, PLAIN, f"/?sbx_preview={signature}"))
+        assert other.status_code == 401
+        assert browser.get(f"{gw.url}/v1/sessions/{sid}?sbx_preview={signature}").status_code == 401
+        assert browser.get(f"{gw.url}/v1/sessions/{sid}/ports").status_code == 401
+
+
+def test_connection_cap_and_a_flooding_kernel_leave_the_canary_answering(gw, sid):
+    # A server that accepts and never answers: previews pile up against the cap.
+    run(
+        gw.client,
+        sid,
+        textwrap.dedent("""
+        import socket, threading
+        _held = []
+        _hold = socket.socket(); _hold.bind(("127.0.0.1", 8002)); _hold.listen(1000)
+        def _accept():
+            while True:
+                _held.append(_hold.accept()[0])
+        threading.Thread(target=_accept, daemon=True).start()
+        # And a flood of junk on the relay's socket: connections nobody asked for, bad lines.
+        def _flood():
+            for i in range(3000):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect("/run/sbx/preview.sock")
+                    s.sendall(b"data " + b"0" * 32 + b"\\n" if i % 2 else b"x" * 100000)
+                except OSError:
+                    pass
+                s.close()
+        threading.Thread(target=_flood, daemon=True).start()
+    """),
+    )
+    with canary_session(gw) as canary_id, Canary(gw, canary_id):
+        clients = [httpx.Client(timeout=30, headers=gw.client.headers) for _ in range(10)]
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            held = [
+                pool.submit(c.get, _path(gw, sid, 8002), timeout=httpx.Timeout(30, read=6))
+                for c in clients
+            ]
+            deadline = time.monotonic() + 10
+            while (refused := gw.client.get(_path(gw, sid, PLAIN, "/hello.txt"))).is_success:
+                assert time.monotonic() < deadline, "the cap never held"
+                time.sleep(0.1)
+            assert refused.status_code == 429, refused.text
+            assert "connections" in refused.json()["error"]["message"]
+            for f in held:
+                f.exception()
+        for c in clients:
+            c.close()
+    # Once they ended, previews work again.
+    deadline = time.monotonic() + 10
+    while (r := gw.client.get(_path(gw, sid, PLAIN, "/hello.txt"))).status_code == 429:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.2)
+    assert r.status_code == 200, r.text
