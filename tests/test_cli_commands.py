@@ -135,3 +135,17 @@ def test_a_bad_argument_gets_a_clear_message(args, message):
     assert done.returncode == 2, (args, done.stdout, done.stderr)
     assert message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_network_replaces_a_running_sessions_lists(gateway):
+    made = gateway.client.post("/v1/sessions", json={"network": {"allow": []}})
+    sid = made.json()["id"]
+    try:
+        changed = as_json(
+            "network", sid, "--allow", "public", "--deny", "10.0.0.0/8", gateway=gateway
+        )
+        assert changed["network"] == {"allow": ["public"], "deny": ["10.0.0.0/8"]}
+        refused = sbx("network", sid, "--allow", "bad host", gateway=gateway)
+        assert refused.returncode == 2 and "network.allow entry 'bad host'" in refused.stderr
+    finally:
+        gateway.client.delete(f"/v1/sessions/{sid}")

@@ -36,6 +36,7 @@ TOOLS = {
     "list_sessions",
     "interrupt",
     "restart",
+    "update_network",
 }
 PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
@@ -91,6 +92,7 @@ async def _agent_flow(client: Client) -> dict:
         "big": ("run_code", {"code": "open('big.bin', 'wb').truncate(16 * 1024**2 + 1)"}),
         "too_big": ("download_file", {"path": "big.bin"}),
         "notebook": ("export_notebook", {}),
+        "network": ("update_network", {"allow_hosts": ["pypi.org"]}),
         "deleted": ("delete_session", {}),
         "after_delete": ("run_code", {"code": "1"}),
     }
@@ -175,6 +177,10 @@ def test_stdio_server_serves_every_tool(gateway, api):
     nb = nbformat.reads(notebook.resource.text, as_version=4)
     nbformat.validate(nb)
     assert [c.source for c in nb.cells if c.cell_type == "code"][1] == "len(df) * 10"
+
+    # the flow's session has no network at all: there is nothing to change, and it says so
+    network = seen["network"]
+    assert network.is_error and "created with network" in _texts(network)[0], _texts(network)
 
     assert "deleted session" in _texts(seen["deleted"])[0]
     after = seen["after_delete"]

@@ -177,6 +177,16 @@ def add_client_commands(commands: Any) -> None:
     )
     extend.add_argument("session", help="session id")
     extend.add_argument("seconds", type=_positive, help="seconds from now")
+    network = _command(
+        commands, "network", c.network, "replace a running session's network allow/deny lists"
+    )
+    network.add_argument("session", help="session id")
+    network.add_argument(
+        "--allow", action="append", default=[], metavar="HOST",
+        help="a host, *.domain, IP, CIDR (each with an optional :port) or public; repeatable",
+    )  # fmt: skip
+    network.add_argument("--deny", action="append", default=[], metavar="HOST",
+                         help="an exception to --allow; repeatable")  # fmt: skip
     snapshot = _command(
         commands, "snapshot", c.snapshot, "snapshot a session's state and files; print its id"
     )

@@ -1,7 +1,7 @@
 """The ``sbx`` commands that talk to a running gateway: a thin layer over the SDK.
 
 ``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``restart``,
-``interrupt``, ``extend``, ``snapshot``, ``snapshots``, ``fork``, ``export``,
+``interrupt``, ``extend``, ``network``, ``snapshot``, ``snapshots``, ``fork``, ``export``,
 ``replay``, ``approvals``, ``approve``, ``deny`` and ``mcp`` (their arguments:
 ``arguments.py``). Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``)
 and needs nothing else of the settings: handlers get the SDK's ``ClientSettings``.
@@ -415,6 +415,13 @@ def extend(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         info = client.session(args.session).extend(args.seconds)
     _show_state(args, info, f"now ends at {info.expires_at}")
+    return 0
+
+
+def network(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        info = client.session(args.session).update_network(args.allow, deny=args.deny)
+    _show_state(args, info, f"network now {json.dumps(info.network)}")
     return 0
 
 

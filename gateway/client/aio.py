@@ -15,7 +15,7 @@ import contextlib
 import inspect
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar, Unpack
 
@@ -456,6 +456,13 @@ class AsyncSession(BaseSession[AsyncClient]):
     ) -> SessionInfo:
         """Change the lifetime (seconds from creation, as the API counts) and/or idle timeout."""
         return await self.client.call(self._update_call(ttl, idle_timeout))
+
+    async def update_network(
+        self, allow: Sequence[str], *, deny: Sequence[str] = ()
+    ) -> SessionInfo:
+        """Replace the session's network allow and deny lists while it runs (``"public"``:
+        every public host); the next connection obeys them, open ones they refuse are cut."""
+        return await self.client.call(self._network_call(allow, deny))
 
     async def extend(self, seconds: float) -> SessionInfo:
         """Let the session live ``seconds`` from now (by the gateway's clock)."""

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Generic, Self, TypedDict, TypeVar
 from urllib.parse import quote
@@ -430,6 +430,12 @@ class BaseSession(Generic[C]):
             raise TypeError("set_ttl() needs ttl, idle_timeout or both")
         # Absolute values (expires_in barely moves): sending it twice changes nothing.
         return Call("PATCH", self._path(), self._remember, json=body, idempotent=True)
+
+    def _network_call(self, allow: Sequence[str], deny: Sequence[str]) -> Call[SessionInfo]:
+        if isinstance(allow, str) or isinstance(deny, str):
+            raise TypeError("update_network() takes a list of hosts for allow and deny, not a str")
+        body = {"allow": list(allow), "deny": list(deny)}
+        return Call("PATCH", self._path("/network"), self._remember, json=body, idempotent=True)
 
     def _metrics_call(self) -> Call[SessionMetrics]:
         return Call("GET", self._path("/metrics"), lambda r: SessionMetrics.from_json(r.json()))

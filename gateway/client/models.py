@@ -396,6 +396,7 @@ class SessionInfo:
     last_activity: str | None
     executions: int
     raw: dict[str, Any] = dataclasses.field(repr=False)
+    network: str | dict[str, list[str]] = "none"  # "none", or its allow (and deny) lists
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> SessionInfo:
@@ -413,6 +414,7 @@ class SessionInfo:
             last_activity=doc.get("last_activity"),
             executions=int(doc.get("executions") or 0),
             raw=doc,
+            network=doc.get("network") or "none",
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar, Unpack
 
@@ -414,6 +414,11 @@ class Session(BaseSession[Client]):
     ) -> SessionInfo:
         """Change the lifetime (seconds from creation, as the API counts) and/or idle timeout."""
         return self.client.call(self._update_call(ttl, idle_timeout))
+
+    def update_network(self, allow: Sequence[str], *, deny: Sequence[str] = ()) -> SessionInfo:
+        """Replace the session's network allow and deny lists while it runs (``"public"``:
+        every public host); the next connection obeys them, open ones they refuse are cut."""
+        return self.client.call(self._network_call(allow, deny))
 
     def extend(self, seconds: float) -> SessionInfo:
         """Let the session live ``seconds`` from now (by the gateway's clock)."""

@@ -143,7 +143,10 @@ class SandboxTools:
         ] = None,
         allow_hosts: Annotated[
             list[str] | None,
-            Field(description="hosts the code may reach, e.g. pypi.org; none by default"),
+            Field(
+                description="hosts the code may reach, e.g. pypi.org; none by default (no "
+                "network at all; [] gives a network with nothing allowed yet, for update_network)"
+            ),
         ] = None,
     ) -> dict[str, Any]:
         """Start a sandboxed kernel session and return its id; state persists across run_code."""
@@ -152,7 +155,7 @@ class SandboxTools:
             "memory": memory,
             "ttl": ttl,
             "idle_timeout": idle_timeout,
-            "network": {"allow": allow_hosts} if allow_hosts else None,
+            "network": {"allow": allow_hosts} if allow_hosts is not None else None,
             "secrets": secrets,
         }
         client = await self.clients.current()
@@ -169,6 +172,23 @@ class SandboxTools:
         """List the live sessions this caller may use (its tenant's), with state and expiry."""
         sessions = await (await self.clients.current()).list_sessions()
         return {"sessions": [_session_summary(info) for info in sessions]}
+
+    @_tool
+    async def update_network(
+        self,
+        session_id: SessionId,
+        allow_hosts: Annotated[
+            list[str],
+            Field(description="hosts, *.domain, IPs or CIDRs the code may reach, or public"),
+        ],
+        deny_hosts: Annotated[
+            list[str] | None, Field(description="exceptions to allow_hosts")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Replace a running session's network lists; its next connection obeys them."""
+        session = await self._session(session_id)
+        info = await session.update_network(allow_hosts, deny=deny_hosts or ())
+        return {**_session_summary(info), "network": info.network}
 
     @_tool
     async def interrupt(self, session_id: SessionId) -> dict[str, Any]:

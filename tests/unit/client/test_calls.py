@@ -83,6 +83,25 @@ def test_set_timeout_counts_from_now_and_an_empty_change_is_refused_before_sendi
     assert len(seen) == 1
 
 
+@HALVES
+def test_update_network_sends_the_new_lists_and_reads_back_the_session(on):
+    seen: list[httpx.Request] = []
+    changed = {**DOC, "network": {"allow": ["*.example.org"], "deny": ["admin.example.org"]}}
+    info = on(
+        answering(200, changed, seen),
+        lambda c: c.session("s1").update_network(["*.example.org"], deny=["admin.example.org"]),
+    )
+    assert (seen[0].method, seen[0].url.path) == ("PATCH", "/v1/sessions/s1/network")
+    assert json.loads(seen[0].content) == {
+        "allow": ["*.example.org"],
+        "deny": ["admin.example.org"],
+    }
+    assert info.network == changed["network"]
+    with pytest.raises(TypeError, match="a list of hosts"):
+        on(answering(200, DOC, seen), lambda c: c.session("s1").update_network("a.example"))
+    assert len(seen) == 1
+
+
 def files_sync(c):
     files = c.session("s1").files
     return files.write("data/x.csv", "a,b"), files.read("data/x.csv"), files.list("data")
