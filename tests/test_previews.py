@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import websockets.sync.client
-from helpers import Canary, GatewayProcess, canary_session, run
+from helpers import Canary, GatewayProcess, canary_session, e2b_env, run
+
+from gateway.client import AsyncClient, Client
 
 MAX_CONNECTIONS = 6
 PLAIN, APP = 8000, 8001
@@ -156,6 +161,72 @@ def test_a_signed_link_opens_one_port_of_one_session(gw, sid):
         assert other.status_code == 401
         assert browser.get(f"{gw.url}/v1/sessions/{sid}?sbx_preview={signature}").status_code == 401
         assert browser.get(f"{gw.url}/v1/sessions/{sid}/ports").status_code == 401
+
+
+def test_a_signed_link_in_chromium_and_what_a_preview_page_cannot_reach(gw, sid):
+    """Headless Chromium opens a link; the page's WebSocket reaches the app; the pages cannot
+    read the gateway page's token nor call the API with the viewer's credentials."""
+    port = gw.url.rsplit(":", 1)[1]
+    local = f"http://localhost:{port}"
+    with httpx.Client(base_url=local, headers=gw.client.headers, timeout=30) as by_name:
+        host_link = by_name.post(f"/v1/sessions/{sid}/previews", json={"port": APP}).json()
+    assert host_link["url"].startswith(f"http://{APP}-{sid}.localhost:{port}/?sbx_preview=")
+    page_link = host_link["url"].replace("/?", "/page?")
+    path_link = host_link["path_url"].replace(f"/{APP}/?", f"/{APP}/page?")
+    browser = subprocess.run(
+        ["node", "preview.mjs", page_link, path_link,
+         f"{local}/approvals#token={gw.token}", f"{local}/v1/sessions"],
+        cwd=Path(__file__).parent / "browser", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert browser.returncode == 0, browser.stderr[-3000:]
+    seen = json.loads(browser.stdout.strip().splitlines()[-1])
+    host, path = seen["host"], seen["path"]
+    assert host["title"] == "echo from the page", host  # the page's WebSocket went both ways
+    assert "sbx_preview" not in host["url"] and "sbx_preview" not in path["url"]
+    assert host["api"].startswith("refused"), host  # another origin: no CORS, no cookie
+    assert path["token"].startswith("refused: SecurityError"), path  # an opaque origin
+    assert path["api"].startswith("refused"), path
+
+
+def test_the_sdk_the_cli_and_the_e2b_sdk_find_the_preview(gw, sid):
+    import asyncio
+
+    from e2b import Sandbox
+
+    with Client(gw.url, gw.token) as client:
+        session = client.session(sid)
+        assert {PLAIN, APP} <= {p.port for p in session.list_ports()}
+        link = session.preview_link(APP, expires_in=30)
+        assert link.port == APP and link.expires_at > time.time()
+        assert session.preview_url(APP) == _path(gw, sid, APP)
+        assert session.get_host(APP) == f"{APP}-{sid}.{gw.url.split('//')[1]}"
+
+    async def from_async() -> list[int]:
+        async with AsyncClient(gw.url, gw.token) as client:
+            return [p.port for p in await client.session(sid).list_ports()]
+
+    assert APP in asyncio.run(from_async())
+    cli = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "ports", sid, "--url", gw.url, "--json"],
+        env={"SBX_TOKEN": gw.token, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert APP in [p["port"] for p in json.loads(cli.stdout)["ports"]]
+    # The stock E2B SDK: get_host names the port, its access token opens it.
+    env = e2b_env(gw, gw.token)
+    sandbox = Sandbox.connect(
+        sid, api_key=env["E2B_API_KEY"], api_url=env["E2B_API_URL"], domain=env["E2B_DOMAIN"],
+        sandbox_url=env["E2B_SANDBOX_URL"],
+    )  # fmt: skip
+    host = sandbox.get_host(APP)
+    assert host == f"{APP}-{sid}.{env['E2B_DOMAIN']}"
+    answer = httpx.get(
+        f"{gw.url}/echo", headers={"Host": host, "X-Access-Token": sandbox._envd_access_token}
+    )
+    assert answer.status_code == 200, answer.text
+    assert "x-access-token" not in {k.lower() for k in answer.json()["headers"]}
+    refused = httpx.get(f"{gw.url}/echo", headers={"Host": host, "X-Access-Token": "nope"})
+    assert refused.status_code == 401
 
 
 def test_connection_cap_and_a_flooding_kernel_leave_the_canary_answering(gw, sid):

@@ -132,6 +132,19 @@ def add_client_commands(commands: Any) -> None:
     rm = _command(sub, "rm", c.sessions_rm, "delete sessions (their containers are removed)")
     rm.add_argument("sessions", nargs="+", metavar="SESSION", help="session ids")
 
+    ports = _command(
+        commands,
+        "ports",
+        c.ports,
+        "list what listens in a session's sandbox, or make a preview link to a port",
+        "Print each TCP port something listens on in the sandbox with its preview URL "
+        "(send your token to it); --link PORT prints a signed link a person can open in "
+        "a browser, good for --expires-in seconds.",
+    )
+    ports.add_argument("session", help="session id")
+    ports.add_argument("--link", type=int, metavar="PORT", help="make a signed link to PORT")
+    ports.add_argument("--expires-in", type=float, default=3600, help="the link's lifetime (s)")
+
     files = commands.add_parser("files", help="move files in and out of a session's workspace")
     sub = files.add_subparsers(dest="files_command", required=True, metavar="COMMAND")
     put = _command(sub, "put", c.files_put, "upload a local file (streamed, with progress)")

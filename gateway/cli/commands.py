@@ -200,6 +200,21 @@ def sessions_show(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def ports(settings: ClientSettings, args: argparse.Namespace) -> int:
+    """What listens in a session's sandbox; with --link, a signed link to one port."""
+    with _client(settings) as client:
+        session = client.session(args.session)
+        if args.link is not None:
+            link = session.preview_link(args.link, args.expires_in)
+            _show(args, dataclasses.asdict(link), lambda: terminal.out.print(link.url))
+            return 0
+        listening = session.list_ports()
+    lines = "\n".join(f"{p.port}\t{p.url}" for p in listening) or "nothing listens"
+    found = {"ports": [dataclasses.asdict(p) for p in listening]}
+    _show(args, found, lambda: terminal.out.print(lines))
+    return 0
+
+
 def sessions_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         for session_id in args.sessions:

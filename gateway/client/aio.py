@@ -43,6 +43,8 @@ from .models import (
     CommandResult,
     Execution,
     FileInfo,
+    Port,
+    PreviewLink,
     RecordedExecution,
     ReplayReport,
     SessionInfo,
@@ -476,6 +478,14 @@ class AsyncSession(BaseSession[AsyncClient]):
         if envs is not None:
             options["env"] = envs
         return await self.run(code, **options)
+
+    async def list_ports(self) -> list[Port]:
+        """The ports something listens on in the sandbox, each with its preview URL."""
+        return await self.client.call(self._ports_call())
+
+    async def preview_link(self, port: int, expires_in: float = 3600) -> PreviewLink:
+        """A signed link to ``port`` for a person in a browser, good for ``expires_in`` s."""
+        return await self.client.call(self._preview_link_call(port, expires_in))
 
     async def get_metrics(self) -> SessionMetrics:
         """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""

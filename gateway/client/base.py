@@ -31,6 +31,8 @@ from .models import (
     Approval,
     CommandResult,
     FileInfo,
+    Port,
+    PreviewLink,
     RecordedExecution,
     ReplayCell,
     ReplayReport,
@@ -436,6 +438,21 @@ class BaseSession(Generic[C]):
             raise TypeError("update_network() takes a list of hosts for allow and deny, not a str")
         body = {"allow": list(allow), "deny": list(deny)}
         return Call("PATCH", self._path("/network"), self._remember, json=body, idempotent=True)
+
+    def _ports_call(self) -> Call[list[Port]]:
+        return Call("GET", self._path("/ports"), lambda r: [Port(**p) for p in r.json()["ports"]])
+
+    def _preview_link_call(self, port: int, expires_in: float) -> Call[PreviewLink]:
+        body = {"port": port, "expires_in": expires_in}
+        return Call("POST", self._path("/previews"), lambda r: PreviewLink(**r.json()), json=body)
+
+    def preview_url(self, port: int) -> str:
+        """Where ``port`` of the sandbox answers (path form; send the client's token)."""
+        return f"{self.client.url}{self._path(f'/ports/{int(port)}/')}"
+
+    def get_host(self, port: int) -> str:
+        """E2B's name: ``PORT-ID.<the gateway's host>``, the host form of a preview."""
+        return f"{int(port)}-{self.id}.{httpx.URL(self.client.url).netloc.decode()}"
 
     def _metrics_call(self) -> Call[SessionMetrics]:
         return Call("GET", self._path("/metrics"), lambda r: SessionMetrics.from_json(r.json()))

@@ -418,6 +418,24 @@ class SessionInfo:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Port:
+    """A TCP port something listens on in a sandbox, and its preview URL (path form)."""
+
+    port: int
+    url: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviewLink:
+    """A signed, expiring link to one port of a session, for a person in a browser."""
+
+    port: int
+    url: str  # the host form (PORT-ID.<host>) when the gateway was reached by name
+    path_url: str
+    expires_at: int
+
+
 @dataclasses.dataclass
 class SessionMetrics:
     """What a session uses now (``session.get_metrics()``); None where it cannot be told."""

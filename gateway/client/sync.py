@@ -37,6 +37,8 @@ from .models import (
     CommandResult,
     Execution,
     FileInfo,
+    Port,
+    PreviewLink,
     RecordedExecution,
     ReplayReport,
     SessionInfo,
@@ -432,6 +434,14 @@ class Session(BaseSession[Client]):
         if envs is not None:
             options["env"] = envs
         return self.run(code, **options)
+
+    def list_ports(self) -> list[Port]:
+        """The ports something listens on in the sandbox, each with its preview URL."""
+        return self.client.call(self._ports_call())
+
+    def preview_link(self, port: int, expires_in: float = 3600) -> PreviewLink:
+        """A signed link to ``port`` for a person in a browser, good for ``expires_in`` s."""
+        return self.client.call(self._preview_link_call(port, expires_in))
 
     def get_metrics(self) -> SessionMetrics:
         """CPU, memory now and at peak, network and disk use (``GET .../metrics``)."""
