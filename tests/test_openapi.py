@@ -336,6 +336,13 @@ def test_replay_and_its_errors(admin, sid):
     report = admin.post("/v1/notebooks/replay", content=notebook, params={"image_tolerance": 0})
     assert report.status_code == 200 and report.json()["reproduced"], report.text
     assert admin.post("/v1/notebooks/replay", content=b'{"cells": 1}').status_code == 400
+    checked = admin.post("/v1/notebooks/verify", content=notebook)
+    assert checked.status_code == 200 and checked.json()["matches"], checked.text
+    headless = json.loads(notebook)
+    del headless["metadata"]["sbx"]["chain"]
+    assert admin.post("/v1/notebooks/verify", json=headless).status_code == 400
+    headless["metadata"]["sbx"]["session_id"] = "nope"
+    assert admin.post("/v1/notebooks/verify", json=headless).status_code == 404
     out_of_range = admin.post(
         "/v1/notebooks/replay", content=notebook, params={"image_tolerance": 5}
     )
@@ -364,6 +371,11 @@ def test_audit_is_for_admins(admin, user):
     assert admin.get("/v1/audit", params={"limit": 0}).status_code == 400
     assert admin.get("/v1/audit", params={"limit": "many"}).status_code == 400
     assert code_of(user.get("/v1/audit")) == "forbidden"
+    verified = admin.get("/v1/admin/audit/verify", params={"tenant": "acme"})
+    assert verified.status_code == 200 and verified.json()["ok"], verified.text
+    both = {"tenant": "acme", "session": "s"}
+    assert admin.get("/v1/admin/audit/verify", params=both).status_code == 400
+    assert code_of(user.get("/v1/admin/audit/verify")) == "forbidden"
 
 
 def test_approvals_and_policies(gw, contract, admin):

@@ -161,6 +161,10 @@ class AuditLog:
         """Stored events matching every filter, newest first: what the admin API reads."""
         return await self.store.audit_events(filters, since, until, limit)
 
+    async def verify(self, tenant: str | None, session_id: str | None) -> dict[str, Any]:
+        """Walk the records' hash chains (a session's, a tenant's, or all): what is wrong."""
+        return await self.store.verify_chains(tenant, session_id)
+
 
 class _Fold:
     """Failures from one address after its first, this minute: how many, and the latest."""

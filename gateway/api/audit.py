@@ -1,4 +1,5 @@
-"""The audit log, for admins: ``GET /v1/audit`` with filters."""
+"""The audit log, for admins: ``GET /v1/audit`` with filters, and
+``GET /v1/admin/audit/verify``: the records' hash chains walked (store/chain.py)."""
 
 from __future__ import annotations
 
@@ -30,4 +31,14 @@ class AuditHandler(JSONHandler):
         self.send({"events": events})
 
 
-routes = [(r"/v1/audit", AuditHandler)]
+class AuditVerifyHandler(JSONHandler):
+    async def get(self) -> None:
+        self.require_admin("verifying the records' chains")
+        tenant = self.get_argument("tenant", None)
+        session_id = self.get_argument("session", None)
+        if tenant is not None and session_id is not None:
+            raise BadRequest("give tenant or session, not both: a session's chain is its own")
+        self.send(await self.audit.verify(tenant, session_id))
+
+
+routes = [(r"/v1/audit", AuditHandler), (r"/v1/admin/audit/verify", AuditVerifyHandler)]

@@ -123,7 +123,19 @@ class ReplayHandler(JSONHandler):
         self.finish(json.dumps({"event": "report", "report": report}) + "\n")
 
 
+class NotebookVerifyHandler(JSONHandler):
+    """``POST`` an exported notebook: does its chain head match the gateway's records?"""
+
+    async def post(self) -> None:
+        recorded = (await read_notebook(self.request.body)).metadata.get("sbx", {})
+        if not isinstance(recorded.get("session_id"), str):
+            raise BadRequest("the notebook names no session (metadata.sbx.session_id)")
+        head = recorded.get("chain")
+        self.send(await self.reports.check_head(recorded["session_id"], self.principal, head))
+
+
 routes = [
     (r"/v1/sessions/(?P<session_id>[^/]+)/notebook", NotebookHandler),
     (r"/v1/notebooks/replay", ReplayHandler),
+    (r"/v1/notebooks/verify", NotebookVerifyHandler),
 ]

@@ -269,6 +269,26 @@ def add_client_commands(commands: Any) -> None:
         decide.add_argument("--reason", help="why; recorded with the decision")
         decide.set_defaults(verb=verb)
 
+    audit = commands.add_parser("audit", help="check the records' hash chains (docs/auth.md)")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    verify = _command(
+        audit_sub,
+        "verify",
+        c.audit_verify,
+        "walk the records' hash chains; exit 1 naming each record edited, deleted, inserted or"
+        " reordered (admin tokens)",
+    )
+    scope = verify.add_mutually_exclusive_group()
+    scope.add_argument("--tenant", help="one tenant's chain (default: every tenant's)")
+    scope.add_argument("--session", help="one session's chain")
+    check = _command(
+        audit_sub,
+        "check-notebook",
+        c.audit_check_notebook,
+        "check an exported notebook's chain head against the gateway's records; exit 1 if not",
+    )
+    check.add_argument("notebook", help=".ipynb file from sbx export")
+
     e2b = commands.add_parser("e2b", help="use the stock E2B SDKs with this gateway")
     e2b_sub = e2b.add_subparsers(dest="e2b_command", required=True, metavar="COMMAND")
     _command(

@@ -2,7 +2,7 @@
 
 ``run``, ``exec``, ``sessions``, ``files``, ``pause``, ``resume``, ``restart``,
 ``interrupt``, ``extend``, ``network``, ``snapshot``, ``snapshots``, ``fork``, ``export``,
-``replay``, ``approvals``, ``approve``, ``deny`` and ``mcp`` (their arguments:
+``replay``, ``approvals``, ``approve``, ``deny``, ``audit`` and ``mcp`` (their arguments:
 ``arguments.py``). Each takes ``--url``/``--token`` (or ``SBX_URL``/``SBX_TOKEN``)
 and needs nothing else of the settings: handlers get the SDK's ``ClientSettings``.
 With ``--json`` a command prints one JSON document on stdout and nothing else there.
@@ -396,6 +396,32 @@ def decide(settings: ClientSettings, args: argparse.Namespace) -> int:
         approval = decide(args.approval, args.reason)
     _show(args, approval.raw, lambda: terminal.err.print(f"{approval.id}: {approval.state}"))
     return 0
+
+
+def audit_verify(settings: ClientSettings, args: argparse.Namespace) -> int:
+    """Each problem a line (table, id, what is wrong, why); exit 1 if there is any."""
+    with _client(settings) as client, terminal.waiting("walking the chains"):
+        report = client.verify_audit(tenant=args.tenant, session=args.session)
+
+    def human() -> None:
+        for chain in report["chains"]:
+            pruned = f", {chain['pruned']} pruned" if chain["pruned"] else ""
+            terminal.err.print(f"{chain['chain']}: {chain['count']} records{pruned}")
+        for p in report["problems"]:
+            terminal.out.print(f"{p['table']} {p['id']}: {p['problem']} ({p['detail']})")
+        if report["more_problems"]:
+            terminal.out.print(f"... and {report['more_problems']} more problems")
+        terminal.err.print("the chains hold" if report["ok"] else "the records were rewritten")
+
+    _show(args, report, human)
+    return 0 if report["ok"] else 1
+
+
+def audit_check_notebook(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        checked = client.check_notebook(_read_notebook(Path(args.notebook)))
+    _show(args, checked, lambda: terminal.out.print(f"{args.notebook}: {checked['detail']}"))
+    return 0 if checked["matches"] else 1
 
 
 def pause(settings: ClientSettings, args: argparse.Namespace) -> int:

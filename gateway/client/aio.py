@@ -181,6 +181,16 @@ class AsyncClient(BaseClient):
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
 
+    async def verify_audit(
+        self, *, tenant: str | None = None, session: str | None = None
+    ) -> dict[str, Any]:
+        """Walk the records' hash chains (admin tokens): a session's, a tenant's, or all."""
+        return await self.call(self._verify_audit_call(tenant, session))
+
+    async def check_notebook(self, notebook: str | bytes) -> dict[str, Any]:
+        """Whether an exported notebook's chain head matches the gateway's records."""
+        return await self.call(self._check_notebook_call(notebook))
+
     async def approvals(self, state: str | None = "pending") -> list[Approval]:
         """Held executes this token's tenant may see (an approver's view)."""
         return await self.call(self._approvals_call(state))

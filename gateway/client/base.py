@@ -339,6 +339,14 @@ class BaseClient:
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
 
+    def _verify_audit_call(self, tenant: str | None, session: str | None) -> Call[dict[str, Any]]:
+        params = {k: v for k, v in (("tenant", tenant), ("session", session)) if v is not None}
+        # A whole store's chains are walked a page at a time: no read timeout.
+        return Call("GET", "/v1/admin/audit/verify", _json, params=params, timeout=None)
+
+    def _check_notebook_call(self, notebook: str | bytes) -> Call[dict[str, Any]]:
+        return Call("POST", "/v1/notebooks/verify", _json, content=notebook)
+
     def _approvals_call(self, state: str | None) -> Call[list[Approval]]:
         params = {"state": state} if state else {}
         return Call("GET", "/v1/approvals", _approval_list, params=params)

@@ -53,7 +53,8 @@ async def export_chunks(
     """
     session = await manager.record(session_id, who)
     inputs = await reports.uploads(session_id, who)
-    head = json.dumps(_notebook(session, inputs), indent=1)
+    chain = await reports.chain_head(session_id, who)  # what `sbx audit check-notebook` checks
+    head = json.dumps(_notebook(session, inputs, chain), indent=1)
     yield head.removesuffix("\n}") + ',\n "cells": ['
     after: int | None = 0
     first = True
@@ -66,10 +67,13 @@ async def export_chunks(
     yield "\n ]\n}\n"
 
 
-def _notebook(session: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+def _notebook(
+    session: dict[str, Any], inputs: list[dict[str, Any]], chain: dict[str, Any]
+) -> dict[str, Any]:
     """A notebook's top level from a session record, without its cells.
 
-    ``inputs``: the files uploaded to the session, which a replay has to bring.
+    ``inputs``: the files uploaded to the session, which a replay has to bring;
+    ``chain``: the head of the session's hash chain of records when exported.
     """
     language_info = session.get("language_info") or {}
     nb = new_notebook(
@@ -93,6 +97,7 @@ def _notebook(session: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str
                 "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "gateway_version": __version__,
                 "inputs": inputs,
+                "chain": chain,
                 **({"forked_from": session["forked_from"]} if session.get("forked_from") else {}),
             },
         }

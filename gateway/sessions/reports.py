@@ -139,6 +139,38 @@ class Reports:
                     }
         return sorted(found.values(), key=lambda f: f["path"])
 
+    async def chain_head(self, session_id: str, who: Principal) -> dict[str, Any]:
+        """The session's hash chain of records (store/chain.py): its count and newest hash."""
+        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        return await self.store.chain_head(session_id)
+
+    async def check_head(self, session_id: str, who: Principal, head: Any) -> dict[str, Any]:
+        """Whether a chain head an export carried (count, hash) is where the session's chain
+        was at that count: the export and the gateway's records tell the same story."""
+        await self.sessions.record(session_id, who)  # 404 for unknown ids and others'
+        if not (
+            isinstance(head, dict)
+            and type(head.get("count")) is int
+            and head["count"] >= 0
+            and isinstance(head.get("hash"), str)
+        ):
+            raise BadRequest(
+                "the notebook carries no chain head (metadata.sbx.chain with count and hash):"
+                " export it again from a gateway that chains its records"
+            )
+        now = await self.store.chain_head(session_id, head["count"])
+        matches = now.get("at") == head["hash"]
+        if matches:
+            detail = f"the gateway's chain holds this export's {head['count']} records"
+        elif now["count"] < head["count"]:
+            detail = f"the gateway's chain holds {now['count']} records; the export says more"
+        else:
+            detail = (
+                f"the export's head does not match the gateway's chain at record {head['count']}"
+            )
+        return {"session_id": session_id, "matches": matches, "detail": detail,
+                "exported": head, "gateway": now}  # fmt: skip
+
     async def snapshots_of(self, session_id: str, who: Principal) -> list[dict[str, Any]]:
         """A session's snapshots, live or ended, oldest first."""
         await self.sessions.record(session_id, who)  # 404 for unknown ids and others'

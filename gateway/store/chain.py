@@ -230,12 +230,28 @@ class Chain(Repository):
 
     # Reading
 
-    async def chain_head(self, session_id: str) -> dict[str, Any]:
-        """A session's chain: how many records it holds and its newest hash ('' for none)."""
-        rows = await self.db.select(
-            "SELECT count, hash FROM chain_heads WHERE name = ?", (f"session:{session_id}",)
-        )
-        return {"count": rows[0][0], "hash": rows[0][1]} if rows else {"count": 0, "hash": ""}
+    async def chain_head(self, session_id: str, place: int | None = None) -> dict[str, Any]:
+        """A session's chain: how many records it holds and its newest hash ('' for none).
+
+        ``place``: also its hash at that place, as ``at`` ('' at 0, None past the end):
+        where an export that counted that many records should find its own head.
+        """
+
+        def read() -> dict[str, Any]:
+            rows = self.db.rows(
+                "SELECT count, hash FROM chain_heads WHERE name = ?", (f"session:{session_id}",)
+            )
+            head: dict[str, Any] = {"count": rows[0][0], "hash": rows[0][1]} if rows else {
+                "count": 0, "hash": ""}  # fmt: skip
+            if place is not None:
+                found = self.db.rows(
+                    "SELECT session_hash FROM chain WHERE session_id = ? AND session_seq = ?",
+                    (session_id, place),
+                )
+                head["at"] = found[0][0] if found else ("" if place == 0 else None)
+            return head
+
+        return await self.db.run(read)
 
     async def verify_chains(
         self, tenant: str | None = None, session_id: str | None = None
