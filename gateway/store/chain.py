@@ -68,6 +68,7 @@ _FLAGS = {"truncated"}
 PAGE = 500  # entries (or rows) one call of a verification reads
 MAX_PROBLEMS = 100  # problems a report lists; the rest are counted
 TENANTS_CACHED = 4096  # sessions whose tenant is remembered
+HEADS_CACHED = 8192  # chains whose head a database's only writer remembers
 
 
 def digest(kind: str, values: Sequence[Any]) -> str:
@@ -96,8 +97,13 @@ class _Entry:
     digest: str
 
     def link(self, before: str, place: int) -> str:
-        """Its hash in a chain whose hash before it is ``before``, at ``place``."""
-        return _sha256([before, self.kind, self.record_id, self.at, self.digest, place])
+        """Its hash in a chain whose hash before it is ``before``, at ``place``.
+
+        The fields a line each: only ``at`` may hold any text, and the fields
+        around it have fixed forms, so the text reads back one way only.
+        """
+        fields = (before, self.kind, str(self.record_id), self.at, self.digest, str(place))
+        return hashlib.sha256("\n".join(fields).encode()).hexdigest()
 
 
 @dataclasses.dataclass
@@ -145,6 +151,10 @@ class Chain(Repository):
         self.retention = retention
         self._queued: list[_Entry] = []
         self._tenants: dict[str, str] = {}  # session: its tenant
+        # Heads as committed, kept when this gateway is the database's only writer
+        # (SQLite): a batch then reads none; ``_sealed``: this transaction's new ones.
+        self._heads: dict[str, tuple[int, str]] = {}
+        self._sealed: dict[str, tuple[int, str]] = {}
         db.sealer = self
 
     # Writing: on the store's thread, in the transaction of the record's write.
@@ -176,6 +186,13 @@ class Chain(Repository):
 
     def begin(self) -> None:
         self._queued.clear()
+        self._sealed = {}
+
+    def committed(self) -> None:
+        if not self.db.dialect.shared:
+            if len(self._heads) + len(self._sealed) > HEADS_CACHED:
+                self._heads.clear()
+            self._heads.update(self._sealed)
 
     def mark(self) -> int:
         return len(self._queued)
@@ -194,26 +211,47 @@ class Chain(Repository):
                 entry.tenant = self._tenants.get(entry.session_id or "", "")
         names = {f"tenant:{e.tenant}" for e in queued}
         names.update(f"session:{e.session_id}" for e in queued if e.session_id)
-        heads = {}
-        for name in sorted(names):
-            [row] = self.db.rows(
-                "INSERT INTO chain_heads (name, count, hash) VALUES (?, 0, '') ON CONFLICT (name)"
-                " DO UPDATE SET count = chain_heads.count RETURNING count, hash",
-                (name,),
-            )
-            heads[name] = [row[0], row[1]]
+        heads = self._lock_heads(sorted(names))
+        rows = []
         for e in queued:
             places = _advance(heads[f"tenant:{e.tenant}"], e)
             places += _advance(heads[f"session:{e.session_id}"], e) if e.session_id else [None] * 2
-            self.db.cursor(
-                "INSERT INTO chain (kind, record_id, tenant, session_id, at, digest, tenant_seq,"
-                " tenant_hash, session_seq, session_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (e.kind, e.record_id, e.tenant, e.session_id, e.at, e.digest, *places),
+            rows.append((e.kind, e.record_id, e.tenant, e.session_id, e.at, e.digest, *places))
+        self.db.cursor_many(
+            "INSERT INTO chain (kind, record_id, tenant, session_id, at, digest, tenant_seq,"
+            " tenant_hash, session_seq, session_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        self.db.cursor_many(
+            "INSERT INTO chain_heads (name, count, hash) VALUES (?, ?, ?) ON CONFLICT (name)"
+            " DO UPDATE SET count = excluded.count, hash = excluded.hash",
+            [(name, count, newest) for name, (count, newest) in heads.items()],
+        )
+        self._sealed = {name: (count, newest) for name, (count, newest) in heads.items()}
+
+    def _lock_heads(self, names: list[str]) -> dict[str, list[Any]]:
+        """The heads (count, hash) of these chains, none of which another writer may move
+        until this transaction ends."""
+        if self.db.dialect.shared:  # other gateways append too: lock each row, in name order
+            heads = {}
+            for name in names:
+                [row] = self.db.rows(
+                    "INSERT INTO chain_heads (name, count, hash) VALUES (?, 0, '')"
+                    " ON CONFLICT (name) DO UPDATE SET count = chain_heads.count"
+                    " RETURNING count, hash",
+                    (name,),
+                )
+                heads[name] = [row[0], row[1]]
+            return heads
+        missing = [name for name in names if name not in self._heads]  # the only writer
+        if missing:
+            rows = self.db.rows(
+                f"SELECT name, count, hash FROM chain_heads"
+                f" WHERE name IN ({', '.join('?' * len(missing))})",
+                tuple(missing),
             )
-        for name, (count, newest) in heads.items():
-            self.db.cursor(
-                "UPDATE chain_heads SET count = ?, hash = ? WHERE name = ?", (count, newest, name)
-            )
+            self._heads.update({row[0]: (row[1], row[2]) for row in rows})
+        return {name: list(self._heads.get(name, (0, ""))) for name in names}
 
     def _learn_tenants(self, sessions: set[str]) -> None:
         missing = list(sessions - self._tenants.keys())

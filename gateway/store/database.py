@@ -52,6 +52,9 @@ class Sealer(Protocol):
     def seal(self) -> None:
         """Before the commit: do the queued work, in the transaction."""
 
+    def committed(self) -> None:
+        """The transaction committed: what it sealed holds."""
+
 
 class Dialect(abc.ABC):
     """What one kind of database does its own way."""
@@ -146,6 +149,11 @@ class Database:
         assert self._db is not None, "store is not open"
         return self._db.execute(self.dialect.statement(sql), params)
 
+    def cursor_many(self, sql: str, params: list[tuple]) -> None:
+        """On the store's thread: run one statement for each of ``params``."""
+        assert self._db is not None, "store is not open"
+        self._db.cursor().executemany(self.dialect.statement(sql), params)
+
     def rows(self, sql: str, params: tuple = ()) -> list[Any]:
         """On the store's thread: run one statement; the rows it returned."""
         cursor = self.cursor(sql, params)
@@ -194,6 +202,7 @@ class Database:
             db.execute("ROLLBACK")
         else:
             db.execute("COMMIT")
+            sealer.committed()
             return outcomes
         # Again from the start, each call in a savepoint: a failing one undoes only itself.
         outcomes = []
@@ -215,6 +224,7 @@ class Database:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        sealer.committed()
         return outcomes
 
 
