@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from ..hosts import Host, IPAddress, format_authority, parse_authority
+from .credentials import Broker, Brokered, TunnelRefused
 from .policy import AddressGuard, NetworkPolicy
 from .sni import server_name
 
@@ -81,6 +83,9 @@ class EgressConnection:
     bytes_up: int = 0  # from the sandbox
     bytes_down: int = 0  # to the sandbox
     duration_ms: float = 0.0
+    intercepted: bool = False  # TLS ended at the proxy to put a bound credential in
+    injected: list[str] = dataclasses.field(default_factory=list)  # secrets put in, by name
+    unresolved: list[str] = dataclasses.field(default_factory=list)  # placeholders sent as is
 
 
 # Hears of every authenticated connection once it has ended.
@@ -120,6 +125,7 @@ class _Tenant:
     reported: int = 0
     suppressed: int = 0
     hosts: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)  # decided
+    broker: Broker | None = None  # credentials it has bound to hosts
 
 
 class EgressProxy:
@@ -186,9 +192,9 @@ class EgressProxy:
         digest = hmac.new(self.key, session_id.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
-    def admit(self, session_id: str, policy: NetworkPolicy) -> str:
+    def admit(self, session_id: str, policy: NetworkPolicy, broker: Broker | None = None) -> str:
         """Let ``session_id`` use the proxy under ``policy``; return its token."""
-        self._tenants[session_id] = _Tenant(session_id, policy)
+        self._tenants[session_id] = _Tenant(session_id, policy, broker=broker)
         return self.token_for(session_id)
 
     def update(self, session_id: str, policy: NetworkPolicy) -> None:
@@ -301,10 +307,19 @@ class EgressProxy:
         if odd is not None:
             reason = f"control, space or invisible character U+{ord(odd):04X} in the target"
             raise _Refused(400, reason, denied=True)
+        broker = tenant.broker
+        scan = None if broker is None else _scanner(broker, record)
         if method == "CONNECT":
             host, port = _target(target, None)
             up_reader, up_writer = await self._open(tenant, host, port, record)
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            if broker is not None and isinstance(host, str) and broker.binds(host, port):
+                try:
+                    await self._intercept(broker, reader, writer, up_writer, host, port, record)
+                except BaseException:
+                    up_writer.close()
+                    raise
+            else:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             url = None
             with contextlib.suppress(ValueError):  # a stray '[' or ']'
@@ -316,9 +331,53 @@ class EgressProxy:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             authority = format_authority(host, None if port == 80 else port)
             head = _origin_head(method, path, version, headers, authority)
+            if scan is not None:
+                scan(head)  # a placeholder in a plain request is never resolved
             up_writer.write(head)
             record.bytes_up += len(head)  # what went out, as a tunnel's bytes are counted
-        await _splice(reader, writer, up_reader, up_writer, record)
+        await _splice(reader, writer, up_reader, up_writer, record, scan)
+
+    async def _intercept(
+        self,
+        broker: Broker,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_writer: asyncio.StreamWriter,
+        host: str,
+        port: int,
+        record: EgressConnection,
+    ) -> None:
+        """End the sandbox's TLS here, check the origin's, and send its request on with the
+        bound credentials in; the rest of the tunnel is then spliced as any other."""
+        record.intercepted = True
+        loop = asyncio.get_running_loop()
+        leaf = await loop.run_in_executor(self._resolver, broker.ca.leaf, host)
+        # Nothing may be read in the clear once the tunnel is up: the client's hello must
+        # reach the TLS layer, not this reader's buffer.
+        writer.transport.pause_reading()
+        if reader._buffer:
+            raise _Refused(400, "bytes sent before the tunnel was granted")
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            async with asyncio.timeout(self.head_timeout):
+                await writer.start_tls(leaf)
+                head = await reader.readuntil(b"\r\n\r\n")
+        except (ssl.SSLError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            raise _Refused(400, "no TLS handshake and request head in time") from None
+        found = Brokered()
+        try:
+            rewritten = broker.rewrite(head, host, port, found)
+        except TunnelRefused as refused:
+            raise _Refused(refused.status, refused.reason, denied=True) from None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await up_writer.start_tls(broker.ca.upstream, server_hostname=host)
+        except (ssl.SSLError, OSError, TimeoutError) as e:
+            raise _Refused(502, f"TLS to {host} failed: {e}") from None
+        record.injected.extend(found.injected)
+        record.unresolved.extend(s for s in found.unresolved if s not in record.unresolved)
+        up_writer.write(rewritten)
+        record.bytes_up += len(rewritten)
 
     async def _open(
         self, tenant: _Tenant, host: Host, port: int, record: EgressConnection
@@ -443,6 +502,21 @@ def _refusal(policy: NetworkPolicy, host: Host, port: int, address: IPAddress) -
     return f"{address} is in the denied range {denied}" if denied else None
 
 
+def _scanner(broker: Broker, record: EgressConnection) -> Callable[[bytes], None]:
+    """Look for placeholders in what goes out, a chunk at a time (each with the end of the
+    one before, so a placeholder cut in two is still seen)."""
+    found = Brokered(unresolved=record.unresolved)
+    overlap = max((len(p) for p in broker.placeholders.values()), default=1) - 1
+    tail = b""
+
+    def scan(data: bytes) -> None:
+        nonlocal tail
+        broker.scan(tail + data, found)
+        tail = data[-overlap:] if overlap else b""
+
+    return scan
+
+
 def _printable(text: str) -> str:
     """``text`` with what could forge or hide a log line escaped."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
@@ -503,15 +577,20 @@ async def _splice(
     up_reader: asyncio.StreamReader,
     up_writer: asyncio.StreamWriter,
     record: EgressConnection,
+    scan: Callable[[bytes], None] | None = None,
 ) -> None:
     """Copy both ways until the upstream is done; the client's EOF only half-closes.
 
-    The bytes each way are counted, and a tunnel's first bytes read for a TLS server name.
+    The bytes each way are counted, and a tunnel's first bytes read for a TLS
+    server name; what the proxy can read going out (plain HTTP, an intercepted
+    tunnel) is ``scan``ned for placeholders.
     """
 
     def up(data: bytes) -> None:
-        if record.method == "CONNECT" and not record.bytes_up:
+        if record.method == "CONNECT" and not record.bytes_up and not record.intercepted:
             record.sni = server_name(data)
+        if scan is not None and (record.method != "CONNECT" or record.intercepted):
+            scan(data)
         record.bytes_up += len(data)
 
     def down(data: bytes) -> None:
