@@ -524,6 +524,12 @@ class Settings:
         ISOLATION,
         RULES,
     )
+    egress_ca_file: str = _opt(
+        "",
+        "PEM file of authorities the egress proxy trusts, beside the host's, for hosts it "
+        "sends a brokered credential to (an internal service's private CA); empty: the host's",
+        ISOLATION,
+    )
 
     package_cache: bool = _opt(
         False,

@@ -35,6 +35,7 @@ def isolation_options(settings: Settings) -> IsolationOptions:
             allow_ranges=settings.egress_allow_ranges,
             always_allow=settings.egress_always_allow,
             state_dir=Path(settings.data_dir) / "egress",
+            upstream_authorities=Path(settings.egress_ca_file) if settings.egress_ca_file else None,
         ),
     )
 

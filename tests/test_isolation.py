@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import e2b_env, run, text_of
+from helpers import e2b_env, origin_authority, run, text_of
 
 from gateway.config import Settings
 from gateway.errors import RuntimeUnavailable
@@ -95,8 +95,36 @@ def local_index(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def egress_gateway(start_gateway):
-    return start_gateway("--egress-allow-ranges", "127.0.0.0/8")
+def origin(tmp_path_factory) -> tuple[Path, int, list[dict]]:
+    """An HTTPS server on the host's loopback with its own authority (the CA file, the port,
+    the headers of each request it got), answering each request with its headers."""
+    ca_file, context = origin_authority(tmp_path_factory.mktemp("origin"))
+    received: list[dict] = []
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            received.append(dict(self.headers))
+            body = json.dumps({**dict(self.headers), "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield ca_file, server.server_address[1], received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def egress_gateway(start_gateway, origin):
+    ca_file = origin[0]
+    return start_gateway("--egress-allow-ranges", "127.0.0.0/8", "--egress-ca-file", str(ca_file))
 
 
 @pytest.fixture
@@ -497,3 +525,67 @@ def test_the_stock_e2b_sdk_chooses_and_changes_a_sandboxs_network(
         assert sandbox.commands.run(fetch).stdout == "hello from the host\n"
     finally:
         sandbox.kill()
+
+
+# -- credentials brokered at egress --------------------------------------------------------
+
+BROKERED = """
+import json, os, ssl, urllib.request
+for name in ("NO_PROXY", "no_proxy"):  # the origin is on the host's loopback: by the proxy
+    os.environ.pop(name, None)
+url = "https://localhost:{port}/repos"
+seen = {{}}
+seen["env"] = os.environ["GH_TOKEN"]
+request = urllib.request.Request(url, headers={{"X-Token": os.environ["GH_TOKEN"]}})
+seen["urllib"] = json.load(urllib.request.urlopen(request, timeout=10))
+try:
+    import requests
+    seen["requests"] = requests.get(url, timeout=10).json()
+except ImportError:
+    pass
+print(json.dumps(seen))
+"""
+
+
+def test_a_brokered_credential_reaches_its_host_and_never_the_sandbox(egress_gateway, origin):
+    api, (_, port, received) = egress_gateway.client, origin
+    value = "ghp_brokered0123456789abcdef"
+    assert api.put("/v1/secrets/GH_TOKEN", json={"value": value}).status_code in (200, 201)
+    body = {
+        "network": {"allow": ["localhost"]},
+        "credentials": [{"secret": "GH_TOKEN", "hosts": ["localhost"], "format": "Bearer {value}"}],
+    }
+    made = api.post("/v1/sessions", json=body)
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+    try:
+        assert made.json()["credentials"] == [
+            {"secret": "GH_TOKEN", "hosts": ["localhost"], "header": "Authorization",
+             "format": "Bearer {value}"}
+        ]  # fmt: skip
+        ran = run(api, sid, BROKERED.format(port=port))
+        assert ran["status"] == "ok", ran["outputs"][-1].get("evalue")
+        out = json.loads(text_of(ran))
+        assert out["env"].startswith("sbx-placeholder-GH_TOKEN-") and value not in out["env"]
+        # the origin got the value; echoed back into the sandbox, outputs show it masked
+        assert received[0]["Authorization"] == f"Bearer {value}"
+        assert received[0]["X-Token"] == value  # the placeholder, swapped on the way
+        for client in ("urllib", "requests"):
+            if client in out:
+                assert out[client]["Authorization"] == "Bearer ***GH_TOKEN***", out[client]
+        records = api.get(f"/v1/sessions/{sid}/network").json()["connections"]
+        assert records[0]["intercepted"] and records[0]["injected"] == ["GH_TOKEN"]
+        # the sandbox cannot read the value anywhere it can reach
+        env = text_of(run(api, sid, "import os; print(sorted(os.environ.items()))"))
+        assert value not in env
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_credential_for_a_host_off_the_allow_list_is_a_400(egress_gateway):
+    body = {
+        "network": {"allow": ["localhost"]},
+        "credentials": [{"secret": "GH_TOKEN", "hosts": ["api.example.com"]}],
+    }
+    r = egress_gateway.client.post("/v1/sessions", json=body)
+    assert r.status_code == 400 and "allow list does not name" in r.text, r.text

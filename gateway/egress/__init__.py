@@ -22,8 +22,9 @@ from pathlib import Path
 
 import docker
 
-from ..errors import EgressUnavailable, NotAllowed
+from ..errors import BadRequest, EgressUnavailable, NotAllowed
 from ..hosts import IPNetwork, Rule
+from .credentials import TRUST_ENV, Broker, Credential, SessionCA, placeholder, upstream_context
 from .network import EgressNetwork
 from .policy import AddressGuard, NetworkPolicy
 from .proxy import (
@@ -36,7 +37,14 @@ from .proxy import (
     Redactor,
 )
 
-__all__ = ["Egress", "EgressConnection", "EgressDenial", "NetworkPolicy", "SandboxNetwork"]
+__all__ = [
+    "Brokering",
+    "Egress",
+    "EgressConnection",
+    "EgressDenial",
+    "NetworkPolicy",
+    "SandboxNetwork",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +54,21 @@ _RESOLV_CONF = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
 
 @dataclasses.dataclass(frozen=True)
 class SandboxNetwork:
-    """How a kernel container is attached: Docker network, extra env, resolv.conf."""
+    """How a kernel container is attached: Docker network, extra env, resolv.conf, and
+    the bundle of authorities it trusts when the proxy adds credentials for it."""
 
     mode: str = "none"
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     resolv_conf: Path | None = None
+    ca_bundle: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Brokering:
+    """A session's credential bindings and the values of their secrets (never its sandbox's)."""
+
+    credentials: tuple[Credential, ...] = ()
+    values: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +81,7 @@ class EgressOptions:
     allow_ranges: tuple[IPNetwork, ...] = ()  # private ranges allowlists may reach anyway
     always_allow: tuple[Rule, ...] = ()  # entries every allowlist gets
     state_dir: Path = Path("egress")  # where the proxy keeps its per-session state
+    upstream_authorities: Path | None = None  # trusted beside the host's, for bound hosts
 
 
 class Egress:
@@ -74,6 +93,7 @@ class Egress:
         self.guard = AddressGuard(list(options.allow_ranges), own_ports=set())
         self.network = EgressNetwork(client, options.network, options.proxy_ports)
         self.state_dir = options.state_dir
+        self.upstream = upstream_context(options.upstream_authorities)
         self.proxy: EgressProxy | None = None
         self._on_denied: DenialHook | None = None
         self._redact: Redactor | None = None
@@ -110,27 +130,54 @@ class Egress:
         """Never let a sandbox reach ``port`` on this host (the gateway's API port)."""
         self.guard.own_ports.add(port)
 
-    def check(self, policy: NetworkPolicy) -> NetworkPolicy:
-        """Refuse a network policy this server does not offer."""
+    def check(
+        self, policy: NetworkPolicy, credentials: tuple[Credential, ...] = ()
+    ) -> NetworkPolicy:
+        """Refuse a network policy this server does not offer, and credentials it cannot send."""
         kind = "none" if policy.is_none else "allowlist"
         if kind not in self.policies:
             raise NotAllowed(
                 f"network policy {kind!r} is not offered by this server; "
                 f"allowed: {', '.join(self.policies)}"
             )
+        for credential in credentials:
+            for rule in credential.hosts:
+                if policy.is_none or not any(rule.within(r) for r in policy.rules or ()):
+                    raise BadRequest(
+                        f"credential {credential.secret!r} is bound to {rule.text}, which the "
+                        "network's allow list does not name: add it there too"
+                    )
         return policy
 
-    async def admit(self, session_id: str, policy: NetworkPolicy) -> SandboxNetwork:
-        """The network a session's container gets; allowlists get the proxy."""
+    async def admit(
+        self, session_id: str, policy: NetworkPolicy, brokering: Brokering | None = None
+    ) -> SandboxNetwork:
+        """The network a session's container gets; allowlists get the proxy, and sessions
+        with credentials a trust bundle and placeholders in their secrets' variables."""
         if policy.is_none:
             return SandboxNetwork()
         address, port = await self._start()
         assert self.proxy is not None
-        token = self.proxy.admit(session_id, policy.extended(self.always_allow))
+        broker, bundle = None, None
+        if brokering is not None and brokering.credentials:
+            broker, bundle = await self._broker(session_id, brokering)
+        token = self.proxy.admit(session_id, policy.extended(self.always_allow), broker)
         url = f"http://{session_id}:{token}@{address}:{port}"
         env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
         env |= {"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1"}
-        return SandboxNetwork(self.network.name, env, self.state_dir / "resolv.conf")
+        if broker is not None:
+            env |= TRUST_ENV | broker.placeholders
+        return SandboxNetwork(self.network.name, env, self.state_dir / "resolv.conf", bundle)
+
+    async def _broker(self, session_id: str, brokering: Brokering) -> tuple[Broker, Path]:
+        """The session's authority (its bundle written for the sandbox to trust) and broker."""
+        assert self.proxy is not None
+        ca = await asyncio.to_thread(SessionCA, self.proxy.key, session_id, self.upstream)
+        bundle = self.state_dir / "ca" / f"{session_id}.pem"
+        await asyncio.to_thread(_write_public, bundle, ca.bundle())
+        names = {c.secret for c in brokering.credentials}
+        marks = {n: placeholder(self.proxy.key, session_id, n) for n in names}
+        return Broker(brokering.credentials, dict(brokering.values), marks, ca), bundle
 
     def update(self, session_id: str, policy: NetworkPolicy) -> None:
         """Put a session's new rules in force for its next connection (the operator's
@@ -143,6 +190,7 @@ class Egress:
         """Revoke a session's proxy access and cut its connections."""
         if self.proxy is not None:
             self.proxy.release(session_id)
+        (self.state_dir / "ca" / f"{session_id}.pem").unlink(missing_ok=True)
 
     async def stop(self) -> None:
         if self.proxy is not None:
@@ -178,3 +226,12 @@ class Egress:
         port_file = self.state_dir / "port"
         port = port_file.read_text().strip() if port_file.exists() else ""
         return bytes.fromhex(key_file.read_text().strip()), int(port) if port.isdigit() else None
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    """A file any sandbox user may read (a bundle of public certificates), made anew."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o644)
+    tmp.replace(path)

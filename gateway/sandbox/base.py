@@ -75,6 +75,7 @@ class Isolation:
     network: str = "none"  # "none", or the egress network's name
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # proxy settings
     resolv_conf: Path | None = None  # replaces the engine's resolver config
+    ca_bundle: Path | None = None  # the authorities it trusts, its session's among them
     seccomp: str | None = None  # a profile's JSON instead of the engine's default
 
 

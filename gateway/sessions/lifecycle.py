@@ -21,6 +21,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from ..access.secrets import SecretVault
+from ..egress import Brokering
 from ..egress.packages import PackageGate
 from ..errors import BadRequest, EngineUnavailable, NotAllowed
 from ..execution.kernel import Kernel
@@ -71,7 +72,9 @@ class SandboxLifecycle:
             )
         s = self.settings
         sandbox = self.kernelspecs.sandbox(request.kernel)
-        runtime, network = self.isolation.choose(request.runtime, request.network, sandbox)
+        runtime, network = self.isolation.choose(
+            request.runtime, request.network, sandbox, request.credentials
+        )
         if request.secrets_as == "files" and not self.placement.secret_files:
             raise NotAllowed(
                 f"the {self.placement.name} placement gives secrets as env only; "
@@ -100,7 +103,10 @@ class SandboxLifecycle:
             runtime=runtime,
             network=network,
             tenant=tenant,
-            secret_names=request.secrets,
+            secret_names=tuple(
+                dict.fromkeys((*request.secrets, *(c.secret for c in request.credentials)))
+            ),
+            credentials=request.credentials,
             secrets_as=request.secrets_as,
             policy=request.policy,
             idle_action=request.idle_action or s.idle_action,
@@ -186,7 +192,11 @@ class SandboxLifecycle:
 
     async def _isolate(self, session: Session) -> None:
         session.isolation = await self.isolation.prepare(
-            session.id, session.runtime, session.network, session.limits.pids
+            session.id,
+            session.runtime,
+            session.network,
+            session.limits.pids,
+            Brokering(session.credentials, session.brokered),
         )
 
     async def launch(self, session: Session) -> None:

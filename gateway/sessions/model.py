@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from ..access.auth import Principal
+from ..egress.credentials import Credential, parse_credentials
 from ..errors import Conflict, KernelDied, SessionEnded
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
@@ -55,8 +56,12 @@ class Session:
         ttl_from: str = "created",
         max_lifetime: float | None = None,
         working_dir: str | None = None,
+        credentials: tuple[Credential, ...] = (),
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
+        # Secrets the egress proxy adds to requests to their hosts; the sandbox holds placeholders.
+        self.credentials = credentials
+        self.brokered: dict[str, str] = {}
         self.policy = policy  # the session's own, tightening its tenant's
         self.tenant = tenant
         self.start_timeout = start_timeout
@@ -133,6 +138,7 @@ class Session:
             ttl_from=doc.get("ttl_from", "created"),
             max_lifetime=doc.get("max_lifetime"),
             working_dir=doc.get("working_dir"),
+            credentials=parse_credentials(doc.get("credentials")),
         )
         session.paused = doc.get("paused")
         session.forked_from = doc.get("forked_from")
@@ -160,8 +166,11 @@ class Session:
         self.language_info, self.display_name = pooled.language_info, pooled.display_name
 
     def give_secrets(self, values: dict[str, str]) -> None:
-        """Hold the values the sandbox gets, and mask them out of all it produces."""
-        self.secrets = values
+        """Hold the values the sandbox gets (those of brokered secrets stay with the egress
+        proxy), and mask them all out of what it produces."""
+        bound = {c.secret for c in self.credentials}
+        self.secrets = {k: v for k, v in values.items() if k not in bound}
+        self.brokered = {k: v for k, v in values.items() if k in bound}
         self.masker = Masker(values)
 
     @property
@@ -224,6 +233,7 @@ class Session:
             "env": sorted(self.env),  # names only: values may be credentials
             "secrets": list(self.secret_names),
             "secrets_as": self.secrets_as,
+            "credentials": [c.to_json() for c in self.credentials],
             "metadata": self.metadata,
             "created_at": iso(self.created_at),
             "expires_at": iso(self.expires_at),

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..access.secrets import secret_names
 from ..egress import NetworkPolicy
+from ..egress.credentials import Credential, parse_credentials
 from ..errors import BadRequest
 from ..limits import Limits
 from ..policy.model import Policy, session_policy
@@ -66,6 +67,8 @@ class CreateSession:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # names of the tenant's sealed secrets
     secrets_as: str = "env"  # or "files": one file each in /run/secrets, on a tmpfs
+    # Secrets the egress proxy puts in requests to their hosts; the sandbox gets placeholders.
+    credentials: tuple[Credential, ...] = ()
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policy: Policy | None = None  # tightens the tenant's policy, never loosens it
     from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
@@ -94,7 +97,8 @@ class CreateSession:
         secrets_as = body.get("secrets_as") or "env"
         if secrets_as not in ("env", "files"):
             raise BadRequest(f"secrets_as must be 'env' or 'files', not {secrets_as!r}")
-        both = sorted(set(env) & set(secrets))
+        credentials = parse_credentials(body.get("credentials"))
+        both = sorted(set(env) & (set(secrets) | {c.secret for c in credentials}))
         if both:
             raise BadRequest(f"{', '.join(both)} named in both env and secrets; name each once")
         return cls(
@@ -111,6 +115,7 @@ class CreateSession:
             env=env,
             secrets=secrets,
             secrets_as=secrets_as,
+            credentials=credentials,
             metadata=metadata_dict(body.get("metadata")),
             policy=session_policy(body.get("policy")),
             from_snapshot=from_snapshot,

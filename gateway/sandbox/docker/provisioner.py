@@ -40,6 +40,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import KernelProvisionerBase
 from jupyter_core.paths import secure_write
 
+from ...egress.credentials import CA_PATH
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
 from ..base import AS_BATCH, SECRETS_MOUNT, SECRETS_TMPFS, GuardFactory, Isolation, KernelGuard
@@ -145,6 +146,8 @@ class SandboxSpec:
             mounts.append(
                 Mount("/etc/resolv.conf", str(isolation.resolv_conf), type="bind", read_only=True)
             )
+        if isolation.ca_bundle is not None:
+            mounts.append(Mount(CA_PATH, str(isolation.ca_bundle), type="bind", read_only=True))
         return {
             "image": self.image,
             "command": [*BATCH_CLASS, *cmd],

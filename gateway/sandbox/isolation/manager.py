@@ -12,7 +12,8 @@ from typing import Any
 
 import docker
 
-from ...egress import Egress, EgressOptions, NetworkPolicy
+from ...egress import Brokering, Egress, EgressOptions, NetworkPolicy
+from ...egress.credentials import Credential
 from ..base import Isolation
 from .runtimes import RUNTIMES, Runtimes
 
@@ -53,23 +54,33 @@ class IsolationManager:
         self.seccomp = options.seccomp
 
     def choose(
-        self, runtime: str | None, network: NetworkPolicy, sandbox: dict[str, Any]
+        self,
+        runtime: str | None,
+        network: NetworkPolicy,
+        sandbox: dict[str, Any],
+        credentials: tuple[Credential, ...] = (),
     ) -> tuple[str, NetworkPolicy]:
         """The runtime and network policy a create request asks for, checked against offers."""
-        return self.runtimes.choose(runtime, sandbox), self.egress.check(network)
+        return self.runtimes.choose(runtime, sandbox), self.egress.check(network, credentials)
 
     async def prepare(
-        self, session_id: str, runtime: str, policy: NetworkPolicy, pids: int
+        self,
+        session_id: str,
+        runtime: str,
+        policy: NetworkPolicy,
+        pids: int,
+        brokering: Brokering | None = None,
     ) -> Isolation:
         """What the session's container needs; clear errors when the host cannot give it."""
         self.runtimes.check_limits(runtime, pids)
         engine_runtime = await self.runtimes.engine_name(runtime, networked=not policy.is_none)
-        network = await self.egress.admit(session_id, policy)
+        network = await self.egress.admit(session_id, policy, brokering)
         return Isolation(
             runtime=engine_runtime,
             network=network.mode,
             env=network.env,
             resolv_conf=network.resolv_conf,
+            ca_bundle=network.ca_bundle,
             seccomp=self.seccomp if runtime == "runc" else None,
         )
 

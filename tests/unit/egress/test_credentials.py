@@ -4,7 +4,6 @@ the header goes in only on the bound host, a placeholder elsewhere stays a strin
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ipaddress
 import json
 import socket
@@ -17,10 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from helpers import origin_authority
 
 from gateway.egress.credentials import (
     Broker,
@@ -36,44 +32,6 @@ from gateway.errors import BadRequest
 KEY = b"k" * 32
 SECRET = "sk-live-0123456789abcdef"
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
-
-
-def authority(tmp: Path) -> tuple[Path, ssl.SSLContext]:
-    """An origin's own CA (its file) and a server context for localhost and 127.0.0.1."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test origin CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    (tmp / "origin-ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (tmp / "origin.pem").write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(tmp / "origin.pem")
-    return tmp / "origin-ca.pem", server
 
 
 class World:
@@ -106,7 +64,7 @@ class World:
             await server.wait_closed()
 
     async def _start(self) -> None:
-        ca_file, server = authority(self.tmp)
+        ca_file, server = origin_authority(self.tmp)
         self.https = await asyncio.start_server(self._echo, "127.0.0.1", 0, ssl=server)
         self.plain = await asyncio.start_server(self._echo, "127.0.0.1", 0)
         self.https_port = self.https.sockets[0].getsockname()[1]
@@ -206,7 +164,9 @@ s.once('data', () => {{
     for (const k in h) req += `${{k}}: ${{h[k]}}\\r\\n`;
     t.write(req + '\\r\\n');
   }});
-  let out = ''; t.on('data', d => out += d); t.on('end', () => console.log(out.split('\\r\\n\\r\\n')[1]));
+  let out = '';
+  t.on('data', d => out += d);
+  t.on('end', () => console.log(out.split('\\r\\n\\r\\n')[1]));
 }});
 """
     env = {"NODE_EXTRA_CA_CERTS": str(w.bundle), "PATH": "/usr/bin:/bin"}
