@@ -589,3 +589,39 @@ def test_a_credential_for_a_host_off_the_allow_list_is_a_400(egress_gateway):
     }
     r = egress_gateway.client.post("/v1/sessions", json=body)
     assert r.status_code == 400 and "allow list does not name" in r.text, r.text
+
+
+E2B_FETCH = """
+import json, os, urllib.request
+for name in ("NO_PROXY", "no_proxy"):
+    os.environ.pop(name, None)
+print(urllib.request.urlopen("https://localhost:{port}/e2b", timeout=10).status)
+"""
+
+
+def test_the_stock_e2b_sdk_brokers_a_secret_into_a_header(egress_gateway, origin, monkeypatch):
+    from e2b import ALL_TRAFFIC, Sandbox, Secret
+
+    _, port, received = origin
+    for name, value in e2b_env(egress_gateway, egress_gateway.token).items():
+        monkeypatch.setenv(name, value)
+    value = "e2b-brokered-5f0c1d9a7b"
+    info = Secret.create("E2B_KEY", value)
+    assert (info.name, info.secret_id) == ("E2B_KEY", "E2B_KEY")
+    assert Secret.exists("E2B_KEY") and Secret.get_info("E2B_KEY").name == "E2B_KEY"
+    rules = {
+        "localhost": [
+            {"transform": {"headers": {"Authorization": "Bearer " + Secret.fill("E2B_KEY")}}}
+        ]
+    }
+    network = {"allow_out": ["localhost"], "deny_out": [ALL_TRAFFIC], "rules": rules}
+    sandbox = Sandbox.create(network=network)
+    try:
+        sandbox.files.write("fetch.py", E2B_FETCH.format(port=port))
+        assert sandbox.commands.run("/opt/venv/bin/python fetch.py").stdout == "200\n"
+        assert received[-1]["Authorization"] == f"Bearer {value}"
+        sandbox.update_network(network)  # the same rules again: accepted
+    finally:
+        sandbox.kill()
+        Secret.destroy("E2B_KEY")
+    assert not Secret.exists("E2B_KEY")

@@ -42,7 +42,7 @@ MAX_CREDENTIALS = 16
 VALUE = "{value}"
 # RFC 9110 token characters: a header name the proxy can set without ambiguity.
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
-_SECRET = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the sealed secrets' names
 # Where a sandbox finds the bundle (the operating system's authorities and its session's).
 CA_PATH = "/etc/sbx/egress-ca.pem"
 TRUST_ENV = {
@@ -77,7 +77,7 @@ class Credential:
             )
         secret, header = raw.get("secret"), raw.get("header", "Authorization")
         template = raw.get("format", VALUE)
-        if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
+        if not isinstance(secret, str) or not SECRET_NAME.fullmatch(secret):
             raise BadRequest(
                 f"network.credentials: secret must name a sealed secret, not {secret!r}"
             )

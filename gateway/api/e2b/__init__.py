@@ -10,13 +10,14 @@ envd's port (49983): its HTTP file endpoint and its Connect RPC services
 
 from __future__ import annotations
 
-from . import control, envd, interpreter, rpc
+from . import control, envd, interpreter, rpc, secrets
 from .base import Credentials
 
 __all__ = ["Credentials", "routes"]
 
 routes = [
     *control.routes,
+    *secrets.routes,
     *interpreter.routes,
     *envd.routes,
     *rpc.routes,

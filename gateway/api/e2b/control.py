@@ -34,7 +34,7 @@ from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
 from .base import E2BHandler
-from .network import internet_access, network_of
+from .network import credentials_of, internet_access, network_of
 from .templates import ENVD_VERSION, TEMPLATES, kernel_for_template
 
 _ID = r"(?P<sandbox_id>[^/]+)"
@@ -143,6 +143,7 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
         env=env_vars(body.get("envVars")),
         metadata=metadata_dict(body.get("metadata")),
         **({"network": network} if network is not None else {}),
+        credentials=credentials_of(body.get("network")),
     )
 
 
@@ -387,6 +388,14 @@ class NetworkHandler(ControlHandler):
         lists = {k: v for k, v in body.items() if k != "allow_internet_access"}
         policy = network_of(lists, internet)
         assert policy is not None  # lists are given, so a policy is asked for
+        credentials = credentials_of(lists)
+        current = self.manager.get(sandbox_id, self.principal).credentials
+        if credentials and credentials != current:
+            raise Conflict(
+                "network.rules are bound when a sandbox is created (its sandbox trusts the "
+                "proxy for those hosts from its start): repeat them unchanged, or leave them "
+                "out to keep them, or create a sandbox with the new ones"
+            )
         session, before = await self.networks.change(sandbox_id, self.principal, policy)
         self.audit_session = session.id
         self.audit_detail.update(before=before.to_json(), after=session.network.to_json())

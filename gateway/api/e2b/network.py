@@ -1,5 +1,6 @@
-"""E2B's network options (``allow_internet_access``, ``network.allowOut``/``denyOut``) as the
-gateway's allow and deny lists, for create and ``update_network`` (``control``'s handlers).
+"""E2B's network options (``allow_internet_access``, ``network.allowOut``/``denyOut``,
+``network.rules``) as the gateway's allow and deny lists and brokered credentials, for
+create and ``update_network`` (``control``'s handlers).
 
 E2B allows everything unless ``deny_out`` says otherwise, and lets an
 ``allow_out`` entry win over a ``deny_out`` one; the gateway allows what its
@@ -11,8 +12,10 @@ else is ``public`` minus ``deny_out``, and an ``allow_out`` entry inside a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ...egress.credentials import SECRET_NAME, VALUE, Credential
 from ...errors import BadRequest, NotSupported
 from ...hosts import PUBLIC, NetworkPolicy, Rule
 
@@ -20,6 +23,7 @@ ALL_TRAFFIC = "0.0.0.0/0"
 # What E2B's network object may carry that has no meaning here (the proxy resolves names;
 # previews are reached with the session's token or a signed link).
 _IGNORED = {"dnsServers", "allowPublicTraffic", "maskRequestHost", "httpsPorts"}
+_FILL = re.compile(r"\$\{e2b\.secrets\.([^}]*)\}")  # what E2B's Secret.fill(name) writes
 
 
 def network_of(network: Any, internet: bool | None) -> NetworkPolicy | None:
@@ -32,9 +36,7 @@ def network_of(network: Any, internet: bool | None) -> NetworkPolicy | None:
     if network.get("egressProxy") is not None:
         raise NotSupported("network.egress_proxy is not offered: sandboxes leave through the "
                            "gateway's own egress proxy")  # fmt: skip
-    if network.get("rules"):
-        raise NotSupported("network.rules (headers added at egress) are not offered yet; "
-                           "sealed secrets (/v1/secrets) give a sandbox a credential")  # fmt: skip
+    credentials_of(network)  # checked here too, so a bad rule is refused before anything
     unknown = set(network) - {"allowOut", "denyOut", "rules", "egressProxy", *_IGNORED}
     if unknown:
         raise BadRequest(f"unknown network fields {sorted(unknown)}")
@@ -52,6 +54,46 @@ def network_of(network: Any, internet: bool | None) -> NetworkPolicy | None:
                 "here a deny entry wins, so drop one of them"
             )
     return NetworkPolicy((Rule.parse(PUBLIC),), named.deny)
+
+
+def credentials_of(network: Any) -> tuple[Credential, ...]:
+    """E2B's ``network.rules`` (per host, ``transform.headers`` whose values hold one
+    ``Secret.fill(name)`` placeholder) as credentials the egress proxy brokers."""
+    rules = (network or {}).get("rules") if isinstance(network, dict) else None
+    if not rules:
+        return ()
+    if not isinstance(rules, dict):
+        raise BadRequest("network.rules must be an object of host -> rules")
+    found = []
+    for host, entries in rules.items():
+        if not isinstance(entries, list):
+            raise BadRequest(f"network.rules[{host!r}] must be a list of rules")
+        for entry in entries:
+            transform = entry.get("transform") if isinstance(entry, dict) else None
+            if not isinstance(transform, dict) or set(transform) - {"headers"}:
+                raise NotSupported("network.rules transforms may set only headers here")
+            for header, value in (transform.get("headers") or {}).items():
+                found.append(_credential(host, header, value))
+    return tuple(found)
+
+
+def _credential(host: str, header: str, value: Any) -> Credential:
+    if isinstance(value, str) and "${e2b.iam." in value:
+        raise NotSupported("workload identity (iam) tokens are not offered; use Secret.fill")
+    names = _FILL.findall(value) if isinstance(value, str) else []
+    if len(names) != 1 or VALUE in value:
+        raise BadRequest(
+            f"the header {header!r} for {host!r} must hold one Secret.fill(name) placeholder "
+            "(the proxy adds the secret's value; static headers are not added)"
+        )
+    if not SECRET_NAME.fullmatch(names[0]):
+        raise BadRequest(
+            f"secret name {names[0]!r}: this gateway's secrets are named with letters, digits "
+            "and _ (an environment variable's name), e.g. GH_TOKEN"
+        )
+    template = _FILL.sub(VALUE, value)
+    return Credential.parse({"secret": names[0], "hosts": [host], "header": header,
+                             "format": template})  # fmt: skip
 
 
 def internet_access(body: dict[str, Any]) -> bool | None:
