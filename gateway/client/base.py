@@ -80,6 +80,9 @@ class SessionOptions(TypedDict, total=False):
     metadata: dict[str, str | int | float | bool]
     runtime: str  # "runc" or "gvisor", as the gateway allows
     network: str | dict[str, Any]  # "none", or {"allow": ["pypi.org", "*.example.com", ...]}
+    # Secrets the egress proxy adds to requests to their hosts; the sandbox holds placeholders:
+    # [{"secret": "GH_TOKEN", "hosts": ["api.github.com"], "format": "Bearer {value}"}]
+    credentials: list[dict[str, Any]]
 
 
 # Keyword -> key in the API's limits.

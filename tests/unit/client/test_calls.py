@@ -35,6 +35,17 @@ def test_create_sends_only_the_options_given_with_the_limits_gathered(on):
 
 
 @HALVES
+def test_credentials_are_sent_as_given(on):
+    seen: list[httpx.Request] = []
+    bound = [{"secret": "GH_TOKEN", "hosts": ["api.github.com"], "format": "Bearer {value}"}]
+    on(
+        answering(201, DOC, seen),
+        lambda c: c.create_session(network={"allow": ["api.github.com"]}, credentials=bound),
+    )
+    assert json.loads(seen[0].content)["credentials"] == bound
+
+
+@HALVES
 def test_an_option_the_gateway_does_not_have_is_refused_before_sending(on):
     seen: list[httpx.Request] = []
     with pytest.raises(TypeError, match=r"unknown session option\(s\) \['colour'\]"):
