@@ -153,8 +153,19 @@ def test_a_signed_link_opens_one_port_of_one_session(gw, sid):
         assert page.status_code == 200, page.text
         assert "sbx_preview" not in json.dumps(page.json())  # the sandbox never sees it
         # Another site's page spending the viewer's cookie: refused.
-        cross = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}
-        assert browser.get(_path(gw, sid, APP, "/echo"), headers=cross).status_code == 401
+        # Another page spending the viewer's cookie: another site's, another session's preview
+        # (same site under a shared domain), a WebSocket from one, an old browser's Origin.
+        other = f"http://{APP}-other.localhost"
+        for spent in (
+            {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"},
+            {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Origin": other},
+            {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "websocket", "Origin": other},
+            {"Origin": other},
+        ):
+            assert browser.get(_path(gw, sid, APP, "/echo"), headers=spent).status_code == 401
+        # A person following a link from elsewhere (a top-level navigation) gets the page.
+        navigate = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+        assert browser.get(_path(gw, sid, APP, "/echo"), headers=navigate).status_code == 200
         # The link is for APP only, and never for the API.
         signature = link.split("sbx_preview=")[1]
         other = browser.get(_path(gw, sid, PLAIN, f"/?sbx_preview={signature}"))

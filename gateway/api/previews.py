@@ -158,13 +158,14 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         )
         if token is not None and self.tokens.holder(session_id, token) is not None:
             return self._owned(session_id)
-        authorization = self.request.headers.get("Authorization")
-        if authorization is None:
+        authorization = self.request.headers.get("Authorization", "")
+        try:
+            principal = self.authenticate_token(authorization.removeprefix("Bearer ").strip())
+        except Unauthorized:
             raise Unauthorized(
                 "a preview needs the session's token (Authorization: Bearer, or the E2B "
                 "sandbox's X-Access-Token) or a signed link (POST /v1/sessions/{id}/previews)"
-            )
-        principal = self.authenticate_token(authorization.removeprefix("Bearer ").strip())
+            ) from None
         return self.manager.get(session_id, principal)
 
     def _owned(self, session_id: str) -> Session:
