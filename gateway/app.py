@@ -16,6 +16,7 @@ import docker.errors
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
+from tornado import httputil
 
 from .access.audit import AuditLog
 from .access.auth import Authenticator, Quota
@@ -265,8 +266,13 @@ class Gateway:
             credentials,
             self.domain,
         )
+        link_holder = previews.link_holder(PreviewLinks(credentials.tokens))
+
+        def also_accepts(start: httputil.RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
+            return credentials.accepts(start, headers) or link_holder(start, headers)
+
         self.server = tornado.httpserver.HTTPServer(
-            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, credentials.accepts),
+            Edge(app, auth, audit_log, settings, MAX_BUFFERED_BODY, also_accepts),
             max_body_size=settings.max_anonymous_body,
             max_buffer_size=MAX_BUFFERED_BODY,
             max_header_size=settings.max_header_size,

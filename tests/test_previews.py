@@ -163,6 +163,12 @@ def test_a_signed_link_opens_one_port_of_one_session(gw, sid):
             {"Origin": other},
         ):
             assert browser.get(_path(gw, sid, APP, "/echo"), headers=spent).status_code == 401
+        # The page's own form posts more than an anonymous caller may send (the edge's bound).
+        posted = browser.post(
+            _path(gw, sid, APP, "/echo"), content=b"x" * 200_000,
+            headers={"Sec-Fetch-Site": "same-origin"},
+        )  # fmt: skip
+        assert posted.status_code == 200, posted.text
         # A person following a link from elsewhere (a top-level navigation) gets the page.
         navigate = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
         assert browser.get(_path(gw, sid, APP, "/echo"), headers=navigate).status_code == 200

@@ -29,18 +29,21 @@ import contextlib
 import ipaddress
 import re
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import tornado.iostream
 import tornado.web
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
+from tornado.httputil import RequestStartLine
 from tornado.routing import HostMatches
 
 from ..access.auth import Principal
 from ..access.preview_links import ARGUMENT, PreviewLinks, cookie_name
 from ..access.sandbox_tokens import SandboxTokens
-from ..errors import BadRequest, GatewayError, Unauthorized
+from ..errors import BadRequest, GatewayError, PayloadTooLarge, Unauthorized
+from ..limits import format_size
 from ..sandbox.preview import CHUNK, Budget, pipe
 from ..sessions.model import Session
 from ..sessions.previews import Previews
@@ -209,6 +212,9 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
     async def _relay(self, session: Session, port: int, target: str, prefix: str) -> None:
         headers = self._upstream_headers(prefix)
         body = self.request.body
+        if len(body) > self.api_options.max_request_body:  # buffered, not streamed
+            limit = format_size(self.api_options.max_request_body)
+            raise PayloadTooLarge(f"a preview's request body may be {limit} at most")
         if body or self.request.method in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
         headers["Connection"] = "close"
@@ -395,6 +401,22 @@ class PreviewLinkHandler(JSONHandler):
         self.send({"port": port, "url": url, "path_url": path_url, "expires_at": expires})
 
 
+def link_holder(links: PreviewLinks) -> Callable[[RequestStartLine, httputil.HTTPHeaders], bool]:
+    """Whether a request carries a valid link's cookie for the preview it names (the edge then
+    lets a body in as for a token's holder: a preview page's form or upload)."""
+
+    def accepts(start_line: RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
+        name = httputil.split_host_and_port(headers.get("Host", "").lower())[0]
+        named = re.fullmatch(HOST_FORM, name) or _PATH_FORM.match(start_line.path)
+        if named is None:
+            return False
+        session_id, port = named["session_id"], int(named["port"])
+        cookie = httputil.parse_cookie(headers.get("Cookie", "")).get(cookie_name(session_id, port))
+        return links.valid(cookie, session_id, port)
+
+    return accepts
+
+
 def _is_address(name: str) -> bool:
     with contextlib.suppress(ValueError):
         ipaddress.ip_address(name.strip("[]"))
@@ -403,6 +425,7 @@ def _is_address(name: str) -> bool:
 
 
 _ID = r"(?P<session_id>[^/]+)"
+_PATH_FORM = re.compile(rf"/v1/sessions/{_ID}/ports/(?P<port>\d{{1,5}})/")
 routes = [
     (rf"/v1/sessions/{_ID}/ports", PortsHandler),
     (rf"/v1/sessions/{_ID}/previews", PreviewLinkHandler),

@@ -104,8 +104,9 @@ class Budget:
 class PreviewRelay(tornado.tcpserver.TCPServer):
     """One session's preview socket: its forwarder's control connection and the pipes it opens.
 
-    ``start_forwarder`` runs the forwarder in the sandbox (called again when
-    no control connection is there); it should return once it is started.
+    ``start_forwarder`` serves the socket (``serve``) and runs the forwarder
+    in the sandbox, whenever no control connection is there; it returns once
+    the forwarder is started.
     """
 
     def __init__(
@@ -129,13 +130,24 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
         self._unannounced = 0
 
     async def serve(self, run_dir: Path) -> None:
-        """Listen on ``preview.sock`` in the sandbox's run directory."""
+        """Listen on ``preview.sock`` in the sandbox's run directory, and there only.
+
+        Called before each start of the forwarder: a resumed or moved session's
+        sandbox may have a new run directory, or the sandbox removed the socket.
+        """
         sock = await asyncio.to_thread(bind_socket, run_dir, SOCKET_NAME, 0o777)
         sock.setblocking(False)
+        self._unlisten()
         self.add_socket(sock)
 
+    def _unlisten(self) -> None:
+        for fd, sock in list(self._sockets.items()):
+            self._handlers.pop(fd)()
+            sock.close()
+        self._sockets.clear()
+
     def close(self) -> None:
-        self.stop()
+        self._unlisten()
         if self._control is not None:
             self._control.close()
         for waiter in self._pending.values():

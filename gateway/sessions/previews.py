@@ -51,24 +51,24 @@ class Previews:
         relay = self._relays.get(session.id)
         if relay is not None:
             return relay
-        run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
-        if run_dir is None:
-            raise Conflict(f"session {session.id} is still starting; retry in a moment")
 
         async def start() -> None:
-            await self._start_forwarder(session)
+            await self._start_forwarder(session, relay)
 
         relay = PreviewRelay(session.id, self.caps, start)
-        await relay.serve(run_dir)
         self._relays[session.id] = relay
         session.on_end.add(lambda reason: self.close(session.id))
         return relay
 
-    async def _start_forwarder(self, session: Session) -> None:
+    async def _start_forwarder(self, session: Session, relay: PreviewRelay) -> None:
+        """Serve the socket in the sandbox's run directory of now, then start the forwarder."""
         check_usable(session)
-        container = session.kernel.container_id if session.kernel else None
-        if container is None:
+        kernel = session.kernel
+        container = kernel.container_id if kernel else None
+        run_dir = getattr(kernel.sandbox, "run_dir", None) if kernel else None
+        if container is None or run_dir is None:
             raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        await relay.serve(run_dir)
         old = self._forwarders.pop(session.id, None)
         if old is not None:
             old.close()

@@ -233,3 +233,25 @@ def test_the_socket_replaces_a_link_the_sandbox_left_in_its_place(run_dir: Path,
         with pytest.raises(OSError):  # closed: nobody listens any more
             s.connect(str(run_dir / SOCKET_NAME))
     assert tornado.iostream  # imported for the relay's streams
+
+
+def test_serving_again_listens_in_the_new_run_directory_only(tmp_path: Path):
+    """A resumed sandbox may have a new run directory: the socket follows it."""
+    old, new = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    old.mkdir(parents=True)
+    new.mkdir(parents=True)
+
+    async def main() -> None:
+        async def nothing() -> None:
+            pass
+
+        relay = PreviewRelay("s", PreviewCaps(), nothing)
+        await relay.serve(old)
+        await relay.serve(new)
+        _, writer = await asyncio.open_unix_connection(str(new / SOCKET_NAME))
+        writer.close()
+        with pytest.raises(OSError):
+            await asyncio.open_unix_connection(str(old / SOCKET_NAME))
+        relay.close()
+
+    asyncio.run(main())
