@@ -83,8 +83,8 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
 
 
 # Query arguments that carry a credential: an API token (WebSockets), a signed file URL's
-# signature (as good as the file it opens), an OAuth-style access token or key.
-CREDENTIAL_ARGUMENTS = {"token", "signature", "access_token", "api_key"}
+# signature (as good as the file it opens), a preview link's, an OAuth-style access token or key.
+CREDENTIAL_ARGUMENTS = {"token", "signature", "access_token", "api_key", "sbx_preview"}
 
 
 def masked_uri(path: str, query: str) -> str:
