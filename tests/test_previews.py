@@ -246,6 +246,27 @@ def test_the_sdk_the_cli_and_the_e2b_sdk_find_the_preview(gw, sid):
     assert refused.status_code == 401
 
 
+def test_an_image_without_python3_forwards_with_node(gw):
+    """The JavaScript image has node and no python3: the forwarder runs in node there."""
+    r = gw.client.post("/v1/sessions", json={"kernel": "javascript"})
+    assert r.status_code == 201, r.text
+    js = r.json()["id"]
+    try:
+        server = (
+            "require('http').createServer((q, s) => s.end('node ' + q.url))"
+            ".listen(8005, '127.0.0.1'); 1"
+        )
+        run(gw.client, js, server)
+        answer = gw.client.get(_path(gw, js, 8005, "/here?x=1"))
+        assert answer.status_code == 200 and answer.text == "node /here?x=1", answer.text
+        assert 8005 in [
+            p["port"] for p in gw.client.get(f"/v1/sessions/{js}/ports").json()["ports"]
+        ]
+        assert gw.client.get(_path(gw, js, 8006)).status_code == 502
+    finally:
+        gw.client.delete(f"/v1/sessions/{js}")
+
+
 def test_connection_cap_and_a_flooding_kernel_leave_the_canary_answering(gw, sid):
     # A server that accepts and never answers: previews pile up against the cap.
     run(

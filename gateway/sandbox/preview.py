@@ -32,7 +32,16 @@ from ..errors import PortNotListening, PreviewLimit, SandboxUnavailable
 from ..nofollow import bind_socket
 
 SOCKET_NAME = "preview.sock"  # in the session's run directory (/run/sbx inside)
-FORWARDER = Path(__file__).with_name("inside") / "preview.py"
+FORWARDERS = (
+    Path(__file__).parent / "inside" / "preview.py",
+    Path(__file__).parent / "inside" / "preview.js",
+)
+# Run in the sandbox: the forwarder in python3 if the image has it, else in node.
+START = (
+    'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$1"; fi; '
+    'if command -v node >/dev/null 2>&1; then exec node -e "$2"; fi; '
+    'echo "previews need python3 or node in the image" >&2; exit 127'
+)
 MAX_LINE = 4096  # a control line: "ports" and up to 512 port numbers
 ANNOUNCE_TIMEOUT = 5.0  # seconds a connection to the socket has to say what it is
 CHUNK = 64 * 1024
@@ -298,6 +307,6 @@ async def pipe(
 
 def _unavailable(what: str) -> SandboxUnavailable:
     return SandboxUnavailable(
-        f"the sandbox's preview forwarder {what} in time; the sandbox may be overloaded or "
-        "lack python3 (previews need it): retry, or check the session"
+        f"the sandbox's preview forwarder {what} in time; the sandbox may be overloaded, or "
+        "its image has neither python3 nor node (previews need one): retry, or check the session"
     )

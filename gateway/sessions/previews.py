@@ -16,7 +16,7 @@ import tornado.iostream
 
 from ..errors import Conflict
 from ..sandbox.base import Placement, SandboxProcess
-from ..sandbox.preview import FORWARDER, PreviewCaps, PreviewRelay
+from ..sandbox.preview import FORWARDERS, START, PreviewCaps, PreviewRelay
 from .model import Session, check_usable
 
 
@@ -28,7 +28,7 @@ class Previews:
         self.caps = caps
         self._relays: dict[str, PreviewRelay] = {}
         self._forwarders: dict[str, SandboxProcess] = {}
-        self._source = FORWARDER.read_text()
+        self._sources = [path.read_text() for path in FORWARDERS]
 
     @contextlib.asynccontextmanager
     async def connection(
@@ -72,7 +72,7 @@ class Previews:
         old = self._forwarders.pop(session.id, None)
         if old is not None:
             old.close()
-        argv = ["python3", "-c", self._source]
+        argv = ["/bin/sh", "-c", START, "sh", *self._sources]
         process = await self.placement.start_process(container, argv, {}, "", None)
         self._forwarders[session.id] = process
 
