@@ -66,6 +66,7 @@ KIND_OF = {table: kind for kind, (table, _, _) in TABLES.items()}
 _FLOATS = {"duration_ms"}
 _FLAGS = {"truncated"}
 PAGE = 500  # entries (or rows) one call of a verification reads
+DIGEST_BATCH = 25  # records read at once to check their digests
 MAX_PROBLEMS = 100  # problems a report lists; the rest are counted
 TENANTS_CACHED = 4096  # sessions whose tenant is remembered
 HEADS_CACHED = 8192  # chains whose head a database's only writer remembers
@@ -116,6 +117,7 @@ class _Walk:
     hash: str = ""
     pruned: int = 0
     done: bool = False
+    advanced: bool = False  # its last page held entries
     sessions: set[str] = dataclasses.field(default_factory=set)  # met in a tenant's chain
 
     @property
@@ -318,9 +320,8 @@ class Chain(Repository):
             )
             walks = [_Walk("tenant", row[0].split(":", 1)[1]) for row in rows]
         for walk in walks:
-            while not walk.done:
+            while not walk.done or not await self.db.run(self._check_head, walk, report):
                 await self.db.run(self._walk_page, walk, report)
-            await self.db.run(self._check_head, walk, report)
         for table in unchained:
             if session_id is not None:
                 scopes = [("t.session_id = ?", session_id)]
@@ -357,6 +358,7 @@ class Chain(Repository):
             (walk.key, walk.place, PAGE),
         )
         walk.done = len(entries) < PAGE
+        walk.advanced = bool(entries)
         stored = self._digests(entries)
         chained = {(e["kind"], e["digest"]): e["record_id"] for e in entries}
         for e in entries:
@@ -391,18 +393,21 @@ class Chain(Repository):
                                "its content is not what was chained")  # fmt: skip
 
     def _digests(self, entries: list[Any]) -> dict[tuple[str, int], str]:
-        """The digests of the records a page of entries names, as they are stored now."""
+        """The digests of the records a page of entries names, as they are stored now.
+
+        Read ``DIGEST_BATCH`` records at a time: an execution may hold megabytes.
+        """
         found = {}
         for kind, (table, columns, _) in TABLES.items():
             ids = [e["record_id"] for e in entries if e["kind"] == kind]
-            if not ids:
-                continue
-            rows = self.db.rows(
-                f"SELECT id, {', '.join(columns)} FROM {table}"
-                f" WHERE id IN ({', '.join('?' * len(ids))})",
-                tuple(ids),
-            )
-            found.update({(kind, row[0]): digest(kind, tuple(row)[1:]) for row in rows})
+            for at in range(0, len(ids), DIGEST_BATCH):
+                batch = ids[at : at + DIGEST_BATCH]
+                rows = self.db.rows(
+                    f"SELECT id, {', '.join(columns)} FROM {table}"
+                    f" WHERE id IN ({', '.join('?' * len(batch))})",
+                    tuple(batch),
+                )
+                found.update({(kind, row[0]): digest(kind, tuple(row)[1:]) for row in rows})
         return found
 
     def _pruned(self, entry: Any) -> bool:
@@ -420,14 +425,20 @@ class Chain(Repository):
         )
         return newer >= retention.max_executions
 
-    def _check_head(self, walk: _Walk, report: _Report) -> None:
+    def _check_head(self, walk: _Walk, report: _Report) -> bool:
+        """On the store's thread: whether the walk ended at the chain's head (else a problem);
+        False if the chain may have grown since its last page (the walk goes on)."""
         rows = self.db.rows("SELECT count, hash FROM chain_heads WHERE name = ?", (walk.name,))
         count, newest = (rows[0][0], rows[0][1]) if rows else (0, "")
+        if count > walk.place and walk.advanced:  # appended to as it was walked: read on
+            walk.done = walk.advanced = False
+            return False
         if (count, newest) != (walk.place, walk.hash):
             said = f"the head says {count} entries ending {newest[:12] or 'nowhere'}"
             held = f"the chain holds {walk.place} ending {walk.hash[:12] or 'nowhere'}"
             wrong = "deleted" if count > walk.place else "altered"
             report.add("chain_heads", walk.name, wrong, f"{said}; {held}")
+        return True
 
     def _unchained_page(
         self, table: str, where: str, key: Any, after: int, report: _Report

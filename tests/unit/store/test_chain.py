@@ -237,3 +237,27 @@ def test_a_forked_sessions_copied_history_is_chained_in_the_fork(make_store):
 
     report = asyncio.run(scenario())
     assert report["ok"] and report["chains"][0]["count"] == 3, report
+
+
+def test_records_appended_while_a_chain_is_walked_are_walked_too(make_store, monkeypatch):
+    """The head is read after the last page: what another batch appended in between is read
+    on, not taken for a head that says more than the chain holds."""
+    from gateway.store.chain import Chain
+
+    check = Chain._check_head
+    event = ("2026-02-01T00:00:00.000Z", TENANT, "k", "late", "s1", "ok", 200, None, None)
+
+    def appended_before_the_head_is_read(self, walk, report):
+        if not getattr(self, "appended", False):
+            self.appended = True  # as if another batch committed just now
+            self.begin()
+            self.insert("audit", event, "s1", TENANT)
+            self.seal()
+            self.committed()
+        return check(self, walk, report)
+
+    monkeypatch.setattr(Chain, "_check_head", appended_before_the_head_is_read)
+    recorded(make_store)
+    report = asyncio.run(verified(make_store, session_id="s1"))
+    assert report["ok"], report["problems"]
+    assert report["chains"][0]["count"] == 10
