@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import e2b_env, origin_authority, run, text_of
+from helpers import Canary, canary_session, e2b_env, origin_authority, run, text_of
 
 from gateway.config import Settings
 from gateway.errors import RuntimeUnavailable
@@ -113,8 +113,14 @@ def origin(tmp_path_factory) -> tuple[Path, int, list[dict]]:
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 128
+
+    server = Server(("127.0.0.1", 0), Echo)
+    # The handshake in each request's thread: accept() must not wait on one client's hello.
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield ca_file, server.server_address[1], received
     server.shutdown()
@@ -564,7 +570,7 @@ def test_a_brokered_credential_reaches_its_host_and_never_the_sandbox(egress_gat
              "format": "Bearer {value}"}
         ]  # fmt: skip
         ran = run(api, sid, BROKERED.format(port=port))
-        assert ran["status"] == "ok", ran["outputs"][-1].get("evalue")
+        assert ran["status"] == "ok", ran["outputs"][-1].get("evalue")[-1].get("evalue")
         out = json.loads(text_of(ran))
         assert out["env"].startswith("sbx-placeholder-GH_TOKEN-") and value not in out["env"]
         # the origin got the value; echoed back into the sandbox, outputs show it masked
@@ -625,3 +631,72 @@ def test_the_stock_e2b_sdk_brokers_a_secret_into_a_header(egress_gateway, origin
         sandbox.kill()
         Secret.destroy("E2B_KEY")
     assert not Secret.exists("E2B_KEY")
+
+
+HOSTILE = """
+import base64, json, os, socket, ssl, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+creds = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+def tunnel(target):
+    s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
+    auth = f"Proxy-Authorization: Basic {creds}\\r\\n"
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n{auth}\\r\\n".encode())
+    return s, s.recv(200)
+context = ssl.create_default_context()  # SSL_CERT_FILE: the session's authority too
+bound = "localhost:ORIGIN_PORT"
+seen = {}
+heads = {
+    "other_host": b"GET / HTTP/1.1\\r\\nHost: evil.example\\r\\n\\r\\n",
+    "smuggled": b"POST / HTTP/1.1\\r\\nHost: " + bound.encode() + b"\\r\\nContent-Length: 3\\r\\n"
+        b"Transfer-Encoding: chunked\\r\\n\\r\\n",
+    "oversized": b"GET / HTTP/1.1\\r\\nX: " + b"a" * 100_000 + b"\\r\\n\\r\\n",
+}
+for name, head in heads.items():
+    s, _ = tunnel(bound)
+    t = context.wrap_socket(s, server_hostname="localhost")
+    try:
+        t.sendall(head)
+        seen[name] = t.recv(100).split(b"\\r\\n")[0].decode()
+    except OSError as e:
+        seen[name] = repr(e)
+    t.close()
+# a client hello naming the bound host, on a tunnel to another address: not intercepted
+s, _ = tunnel("127.0.0.1:ORIGIN_PORT")
+try:
+    context.wrap_socket(s, server_hostname="localhost")
+    seen["sni"] = "handshake with the session's authority"
+except ssl.SSLError as e:
+    seen["sni"] = "origin's certificate: " + e.reason
+held = []
+for _ in range(300):  # thousands of connections: the proxy serves 64 per sandbox
+    s, reply = tunnel(bound)
+    if not reply:
+        break
+    held.append(s)
+seen["held"] = len(held)
+print(json.dumps(seen))
+"""
+
+
+def test_hostile_tunnels_get_errors_and_a_canary_keeps_answering(egress_gateway, origin):
+    api, (_, port, received) = egress_gateway.client, origin
+    assert api.put("/v1/secrets/GH_TOKEN", json={"value": "ghp_hostile_0123"}).status_code < 300
+    body = {
+        "network": {"allow": ["localhost", "127.0.0.1"]},
+        "credentials": [{"secret": "GH_TOKEN", "hosts": ["localhost"]}],
+    }
+    sid = api.post("/v1/sessions", json=body).json()["id"]
+    before = len(received)
+    try:
+        with canary_session(egress_gateway) as canary, Canary(egress_gateway, canary):
+            ran = run(api, sid, HOSTILE.replace("ORIGIN_PORT", str(port)), timeout=60)
+        assert ran["status"] == "ok", ran["outputs"][-1].get("evalue")
+        seen = json.loads(text_of(ran))
+        assert seen["other_host"].startswith("HTTP/1.1 421"), seen
+        assert seen["smuggled"].startswith("HTTP/1.1 400"), seen
+        assert seen["oversized"].startswith("HTTP/1.1 400") or "Error" in seen["oversized"]
+        assert seen["sni"].startswith("origin's certificate"), seen
+        assert seen["held"] <= 64, seen
+        assert len(received) == before, "a refused request reached the origin"
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
