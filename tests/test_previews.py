@@ -267,6 +267,20 @@ def test_an_image_without_python3_forwards_with_node(gw):
         gw.client.delete(f"/v1/sessions/{js}")
 
 
+def test_an_image_with_neither_says_so_at_once(gw):
+    """The R image has neither python3 nor node: a preview says why, without a timeout."""
+    r = gw.client.post("/v1/sessions", json={"kernel": "ir"})
+    assert r.status_code == 201, r.text
+    try:
+        t0 = time.monotonic()
+        answer = gw.client.get(_path(gw, r.json()["id"], 8000))
+        assert answer.status_code == 503, answer.text
+        assert "python3 or node" in answer.json()["error"]["message"]
+        assert time.monotonic() - t0 < 5  # not the 10 s a forwarder has to start
+    finally:
+        gw.client.delete(f"/v1/sessions/{r.json()['id']}")
+
+
 def test_connection_cap_and_a_flooding_kernel_leave_the_canary_answering(gw, sid):
     # A server that accepts and never answers: previews pile up against the cap.
     run(

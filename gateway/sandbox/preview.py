@@ -132,6 +132,8 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
         self.open_count = 0
         self._control: tornado.iostream.IOStream | None = None
         self._controlled = asyncio.Event()
+        self._ended = asyncio.Event()  # the forwarder's process exited
+        self._end_reason = ""
         self._pending: dict[str, asyncio.Future[tornado.iostream.IOStream]] = {}
         self._ports: asyncio.Future[list[int]] | None = None
         self._asking = asyncio.Lock()  # one "ports" question at a time
@@ -218,17 +220,30 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
         finally:
             self._pending.pop(ident, None)
 
+    def forwarder_ended(self, reason: str) -> None:
+        """The forwarder's process exited: a wait for it to start ends, saying ``reason``."""
+        self._end_reason = reason
+        self._ended.set()
+
     async def _controller(self) -> tornado.iostream.IOStream:
         """The control connection; the forwarder is started if there is none."""
         async with self._starting:
             if self._control is None or self._control.closed():
                 self._controlled.clear()
+                self._ended.clear()
                 await self.start_forwarder()
-                try:
-                    async with asyncio.timeout(self.caps.connect_timeout):
-                        await self._controlled.wait()
-                except TimeoutError:
-                    raise _unavailable("did not start") from None
+                waits = [asyncio.ensure_future(e.wait()) for e in (self._controlled, self._ended)]
+                await asyncio.wait(
+                    waits, timeout=self.caps.connect_timeout, return_when="FIRST_COMPLETED"
+                )
+                for waiting in waits:
+                    waiting.cancel()
+                if not self._controlled.is_set():
+                    if self._ended.is_set():
+                        raise SandboxUnavailable(
+                            f"the sandbox's preview forwarder {self._end_reason}"
+                        )
+                    raise _unavailable("did not start")
             assert self._control is not None
             return self._control
 

@@ -9,6 +9,7 @@ has a new container). The relay closes with the session.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -28,6 +29,7 @@ class Previews:
         self.caps = caps
         self._relays: dict[str, PreviewRelay] = {}
         self._forwarders: dict[str, SandboxProcess] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}
         self._sources = [path.read_text() for path in FORWARDERS]
 
     @contextlib.asynccontextmanager
@@ -69,17 +71,22 @@ class Previews:
         if container is None or run_dir is None:
             raise Conflict(f"session {session.id} is still starting; retry in a moment")
         await relay.serve(run_dir)
-        old = self._forwarders.pop(session.id, None)
-        if old is not None:
-            old.close()
+        self._forget_forwarder(session.id)  # its end must not count as the new one's
         argv = ["/bin/sh", "-c", START, "sh", *self._sources]
         process = await self.placement.start_process(container, argv, {}, "", None)
         self._forwarders[session.id] = process
+        self._watches[session.id] = asyncio.ensure_future(_watch(process, relay))
 
     def close(self, session_id: str) -> None:
         relay = self._relays.pop(session_id, None)
         if relay is not None:
             relay.close()
+        self._forget_forwarder(session_id)
+
+    def _forget_forwarder(self, session_id: str) -> None:
+        watch = self._watches.pop(session_id, None)
+        if watch is not None:
+            watch.cancel()
         process = self._forwarders.pop(session_id, None)
         if process is not None:
             process.close()
@@ -87,3 +94,14 @@ class Previews:
     def stop(self) -> None:
         for session_id in list(self._relays):
             self.close(session_id)
+
+
+async def _watch(process: SandboxProcess, relay: PreviewRelay) -> None:
+    """Read what the forwarder says (a traceback, or why it cannot run) until it exits."""
+    said, code = b"", -1
+    with contextlib.suppress(Exception):  # the engine's failure ends the watch as well
+        while (piece := await process.read()) is not None:
+            said = (said + piece[1])[-300:]
+        code = await process.wait()
+    reason = said.decode(errors="replace").strip() or "no output"
+    relay.forwarder_ended(f"exited (code {code}): {reason}")

@@ -255,3 +255,18 @@ def test_serving_again_listens_in_the_new_run_directory_only(tmp_path: Path):
         relay.close()
 
     asyncio.run(main())
+
+
+def test_a_forwarder_that_exits_is_a_503_at_once_saying_why(run_dir: Path):
+    async def main() -> None:
+        async def cannot() -> None:
+            relay.forwarder_ended("exited (code 127): previews need python3 or node")
+
+        relay = PreviewRelay("s", PreviewCaps(connect_timeout=30), cannot)
+        await relay.serve(run_dir)
+        with pytest.raises(SandboxUnavailable, match="python3 or node"):
+            async with asyncio.timeout(2), relay.connection(80):
+                pass
+        relay.close()
+
+    asyncio.run(main())
