@@ -35,10 +35,15 @@ class SecretHandler(JSONHandler):
         self.send(stored, status=201 if created else 200)
 
     async def delete(self, name: str) -> None:
-        self.audit_detail["name"] = name
-        await self.secrets.delete(self.principal, name)
-        self.set_status(204)
-        self.finish()
+        await delete_secret(self, name)
+
+
+async def delete_secret(handler: JSONHandler, name: str) -> None:
+    """Delete the caller's tenant's secret ``name`` and answer 204 (``/v1`` and E2B's)."""
+    handler.audit_detail["name"] = name
+    await handler.secrets.delete(handler.principal, name)
+    handler.set_status(204)
+    handler.finish()
 
 
 routes = [(r"/v1/secrets", SecretsHandler), (rf"/v1/secrets/{_NAME}", SecretHandler)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import BadRequest, NotFound
+from ..secrets import delete_secret
 from .control import ControlHandler
 
 _SECRET = r"(?P<secret>[^/]+)"
@@ -76,10 +77,7 @@ class SecretHandler(ControlHandler):
         self.send(secret_info(stored))
 
     async def delete(self, secret: str) -> None:
-        self.audit_detail["name"] = secret
-        await self.secrets.delete(self.principal, secret)
-        self.set_status(204)
-        self.finish()
+        await delete_secret(self, secret)
 
 
 routes = [(r"/secrets", SecretsHandler), (rf"/secrets/{_SECRET}", SecretHandler)]
