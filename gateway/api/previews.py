@@ -281,12 +281,8 @@ class _Answer(httputil.HTTPMessageDelegate):
         self.path_form = path_form
         self.started = False
 
-    def headers_received(
-        self,
-        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
-        headers: httputil.HTTPHeaders,
-    ) -> None:
-        assert isinstance(start_line, httputil.ResponseStartLine)
+    def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> None:
+        """The answer's status line (a client connection reads only those) and headers."""
         handler = self.handler
         self.started = True
         handler.set_status(start_line.code, start_line.reason or "Unknown")
