@@ -56,7 +56,7 @@ def test_generated_requests_get_only_documented_answers(start_gateway, engine, t
             "--checks", "all", "--exclude-checks", ",".join(EXCLUDED_CHECKS),
             "--phases", "examples,coverage,fuzzing,stateful",
             "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
-            "--workers", "1", "--request-timeout", "60",
+            "--workers", "2", "--request-timeout", "60",
             "--generation-with-security-parameters", "false",
             "--generation-database", "none", "--no-color",
         ],
