@@ -6,6 +6,7 @@ kernel runs a plain ``http.server`` and a Tornado app with a WebSocket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from helpers import Canary, GatewayProcess, canary_session, e2b_env, run
 from gateway.client import AsyncClient, Client
 
 MAX_CONNECTIONS = 6
+MAX_BYTES = 8 * 2**20  # a minute's, per session
 PLAIN, APP = 8000, 8001
 
 # Started in the kernel: http.server on PLAIN, a Tornado app on APP (echo, stream, ws, page).
@@ -72,7 +74,9 @@ SERVERS = textwrap.dedent(f"""
 
 @pytest.fixture(scope="module")
 def gw(start_gateway) -> GatewayProcess:
-    return start_gateway("--preview-max-connections", str(MAX_CONNECTIONS))
+    return start_gateway(
+        "--preview-max-connections", str(MAX_CONNECTIONS), "--preview-max-bytes", str(MAX_BYTES)
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -332,3 +336,41 @@ def test_connection_cap_and_a_flooding_kernel_leave_the_canary_answering(gw, sid
         assert time.monotonic() < deadline, r.text
         time.sleep(0.2)
     assert r.status_code == 200, r.text
+
+
+def test_a_server_flooding_its_viewers_is_held_to_the_byte_cap(gw, sid):
+    """Runs last (the session's minute is spent): an endless answer stops at the cap, the next
+    preview is a 429 saying when to retry, and the canary answers meanwhile."""
+    run(
+        gw.client,
+        sid,
+        textwrap.dedent("""
+        import socket, threading
+        _flood = socket.socket(); _flood.bind(("127.0.0.1", 8003)); _flood.listen(8)
+        def _serve():
+            while True:
+                c = _flood.accept()[0]
+                c.recv(65536)
+                c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n")
+                try:
+                    while True:
+                        c.sendall(b"x" * 65536)
+                except OSError:
+                    c.close()
+        threading.Thread(target=_serve, daemon=True).start()
+    """),
+    )
+    got = 0
+    with canary_session(gw) as canary_id, Canary(gw, canary_id):
+        with (
+            httpx.Client(timeout=httpx.Timeout(30, read=3), headers=gw.client.headers) as viewer,
+            viewer.stream("GET", _path(gw, sid, 8003)) as flood,
+        ):
+            with contextlib.suppress(httpx.ReadTimeout):
+                for chunk in flood.iter_raw():
+                    got += len(chunk)
+        refused = gw.client.get(_path(gw, sid, PLAIN, "/hello.txt"))
+    assert MAX_BYTES / 2 < got <= MAX_BYTES + 2**20, got
+    assert refused.status_code == 429, refused.text
+    assert "this minute" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 61

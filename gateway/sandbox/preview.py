@@ -29,6 +29,7 @@ import tornado.iostream
 import tornado.tcpserver
 
 from ..errors import PortNotListening, PreviewLimit, SandboxUnavailable
+from ..limits import format_size
 from ..nofollow import bind_socket
 
 SOCKET_NAME = "preview.sock"  # in the session's run directory (/run/sbx inside)
@@ -177,9 +178,10 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
             )
         wait = self.budget.spent()
         if wait is not None:
+            most = format_size(self.caps.max_bytes_per_minute)
             error = PreviewLimit(
-                f"this session's previews moved {self.caps.max_bytes_per_minute} bytes this "
-                f"minute, their most; retry in {wait} s"
+                f"this session's previews moved {most} this minute, their most "
+                f"(preview_max_bytes); retry in {wait} s"
             )
             error.retry_after = wait
             raise error

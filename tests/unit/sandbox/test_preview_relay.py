@@ -150,7 +150,7 @@ def test_a_connection_reaches_the_port_and_the_caps_hold(run_dir: Path):
                     pass
             assert forwarder.started == 1  # one forwarder served it all
             relay.budget.used = relay.budget.per_minute
-            with pytest.raises(PreviewLimit, match="bytes this minute") as refused:
+            with pytest.raises(PreviewLimit, match="this minute") as refused:
                 async with relay.connection(port):
                     pass
             assert refused.value.retry_after and refused.value.retry_after > 1
