@@ -281,13 +281,10 @@ def add_client_commands(commands: Any) -> None:
     scope = verify.add_mutually_exclusive_group()
     scope.add_argument("--tenant", help="one tenant's chain (default: every tenant's)")
     scope.add_argument("--session", help="one session's chain")
-    check = _command(
-        audit_sub,
-        "check-notebook",
-        c.audit_check_notebook,
-        "check an exported notebook's chain head against the gateway's records; exit 1 if not",
+    check = "check an exported notebook's chain head against the gateway's; exit 1 if not"
+    _command(audit_sub, "check-notebook", c.audit_check_notebook, check).add_argument(
+        "notebook", help=".ipynb file from sbx export"
     )
-    check.add_argument("notebook", help=".ipynb file from sbx export")
 
     e2b = commands.add_parser("e2b", help="use the stock E2B SDKs with this gateway")
     e2b_sub = e2b.add_subparsers(dest="e2b_command", required=True, metavar="COMMAND")
