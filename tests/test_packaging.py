@@ -58,6 +58,13 @@ def fresh_venv(where: Path, *wheels: Path) -> Path:
     return where / "bin"
 
 
+@pytest.fixture(scope="module")
+def server_venv(wheels, tmp_path_factory) -> Path:
+    """One environment with the full wheel (and its dependencies): installing them is most of
+    these tests' time. The serving test reads it; the side-by-side test, after it, changes it."""
+    return fresh_venv(tmp_path_factory.mktemp("server") / "venv", wheels["sandbox_gateway"])
+
+
 def test_the_slim_client_installs_and_imports_without_the_server(wheels, tmp_path):
     bin_dir = fresh_venv(tmp_path / "venv", wheels["sandbox_gateway_client"])
     probe = (
@@ -123,33 +130,9 @@ OWNED_PROBE = (
 )
 
 
-def test_the_slim_client_installs_next_to_the_server(wheels, tmp_path, health_url):
-    """Both distributions in one environment: no file belongs to both, so each imports and
-    works, and removing either leaves the other whole."""
-    bin_dir = fresh_venv(
-        tmp_path / "venv", wheels["sandbox_gateway"], wheels["sandbox_gateway_client"]
-    )
-    python, pip = bin_dir / "python", [bin_dir / "python", "-m", "pip"]
-    server_files = set(json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway", cwd=tmp_path)))
-    slim_files = json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway-client", cwd=tmp_path))
-    shared = sorted(server_files.intersection(slim_files))
-    assert not shared, f"the slim client overwrites the server's files: {shared}"
-    assert {f.split("/")[0] for f in slim_files} == {"sbx_client"}, slim_files
-
-    for probe in (SERVER_PROBE, SLIM_PROBE):
-        assert sh(python, "-c", probe, health_url, cwd=tmp_path).strip() == "ok"
-    sh(bin_dir / "sbx", "--version", cwd=tmp_path)
-
-    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway-client", cwd=tmp_path)
-    assert sh(python, "-c", SERVER_PROBE, health_url, cwd=tmp_path).strip() == "ok"
-    sh(*pip, "install", "-q", "--no-deps", wheels["sandbox_gateway_client"], cwd=tmp_path)
-    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway", cwd=tmp_path)
-    assert sh(python, "-c", SLIM_PROBE, health_url, cwd=tmp_path).strip() == "ok"
-
-
 @pytest.mark.docker
-def test_the_wheel_serves_kernels_from_its_package_data(wheels, tmp_path):
-    bin_dir = fresh_venv(tmp_path / "venv", wheels["sandbox_gateway"])
+def test_the_wheel_serves_kernels_from_its_package_data(server_venv, tmp_path):
+    bin_dir = server_venv
     import gateway
 
     version = sh(bin_dir / "sbx", "--version", cwd=tmp_path).strip()
@@ -189,3 +172,26 @@ def test_the_wheel_serves_kernels_from_its_package_data(wheels, tmp_path):
     finally:
         serve.terminate()
         serve.wait(60)
+
+
+def test_the_slim_client_installs_next_to_the_server(server_venv, wheels, tmp_path, health_url):
+    """Both distributions in one environment: no file belongs to both, so each imports and
+    works, and removing either leaves the other whole."""
+    bin_dir = server_venv
+    python, pip = bin_dir / "python", [bin_dir / "python", "-m", "pip"]
+    sh(*pip, "install", "-q", wheels["sandbox_gateway_client"], cwd=tmp_path)
+    server_files = set(json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway", cwd=tmp_path)))
+    slim_files = json.loads(sh(python, "-c", OWNED_PROBE, "sandbox-gateway-client", cwd=tmp_path))
+    shared = sorted(server_files.intersection(slim_files))
+    assert not shared, f"the slim client overwrites the server's files: {shared}"
+    assert {f.split("/")[0] for f in slim_files} == {"sbx_client"}, slim_files
+
+    for probe in (SERVER_PROBE, SLIM_PROBE):
+        assert sh(python, "-c", probe, health_url, cwd=tmp_path).strip() == "ok"
+    sh(bin_dir / "sbx", "--version", cwd=tmp_path)
+
+    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway-client", cwd=tmp_path)
+    assert sh(python, "-c", SERVER_PROBE, health_url, cwd=tmp_path).strip() == "ok"
+    sh(*pip, "install", "-q", "--no-deps", wheels["sandbox_gateway_client"], cwd=tmp_path)
+    sh(*pip, "uninstall", "-y", "-q", "sandbox-gateway", cwd=tmp_path)
+    assert sh(python, "-c", SLIM_PROBE, health_url, cwd=tmp_path).strip() == "ok"
