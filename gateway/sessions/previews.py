@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import tornado.iostream
 
-from ..errors import Conflict
+from ..errors import Conflict, NotSupported
 from ..sandbox.base import Placement, SandboxProcess
 from ..sandbox.preview import FORWARDERS, START, PreviewCaps, PreviewRelay
 from .model import Session, check_usable
@@ -67,9 +67,14 @@ class Previews:
         check_usable(session)
         kernel = session.kernel
         container = kernel.container_id if kernel else None
-        run_dir = getattr(kernel.sandbox, "run_dir", None) if kernel else None
-        if container is None or run_dir is None:
+        if container is None or kernel is None:
             raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        run_dir = getattr(kernel.sandbox, "run_dir", None)
+        if run_dir is None:  # a cluster sandbox: no directory of the gateway's is mounted in it
+            raise NotSupported(
+                "previews need the docker placement (a run directory the gateway serves); "
+                "this session's sandbox runs on another host"
+            )
         await relay.serve(run_dir)
         self._forget_forwarder(session.id)  # its end must not count as the new one's
         argv = ["/bin/sh", "-c", START, "sh", *self._sources]
