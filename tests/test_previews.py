@@ -241,11 +241,11 @@ def test_the_sdk_the_cli_and_the_e2b_sdk_find_the_preview(gw, sid):
     )  # fmt: skip
     host = sandbox.get_host(APP)
     assert host == f"{APP}-{sid}.{env['E2B_DOMAIN']}"
-    answer = httpx.get(
-        f"{gw.url}/echo", headers={"Host": host, "X-Access-Token": sandbox._envd_access_token}
-    )
+    # As E2B's docs say for restricted public traffic: the sandbox's traffic access token.
+    token = sandbox.traffic_access_token
+    answer = httpx.get(f"{gw.url}/echo", headers={"Host": host, "e2b-traffic-access-token": token})
     assert answer.status_code == 200, answer.text
-    assert "x-access-token" not in {k.lower() for k in answer.json()["headers"]}
+    assert "e2b-traffic-access-token" not in {k.lower() for k in answer.json()["headers"]}
     refused = httpx.get(f"{gw.url}/echo", headers={"Host": host, "X-Access-Token": "nope"})
     assert refused.status_code == 401
 
