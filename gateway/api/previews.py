@@ -49,8 +49,10 @@ from ..sessions.model import Session
 from ..sessions.previews import Previews
 from .base import GatewayHandlerMixin, JSONHandler
 
-# A Host naming a port and a sandbox, but not envd's (49983) nor the interpreter's (49999).
-HOST_FORM = r"(?!(?:49983|49999)-)(?P<port>\d{1,5})-(?P<session_id>[a-z0-9][a-z0-9-]*)\..+"
+# A Host naming a port and a session (ids are UUIDs: a gateway reached by a name such as
+# 2024-gateway.example keeps its API), but not envd's (49983) nor the interpreter's (49999).
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+HOST_FORM = rf"(?!(?:49983|49999)-)(?P<port>\d{{1,5}})-(?P<session_id>{_UUID})\..+"
 SANDBOX_POLICY = (
     "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads "
     "allow-pointer-lock allow-presentation"
