@@ -700,3 +700,34 @@ def test_hostile_tunnels_get_errors_and_a_canary_keeps_answering(egress_gateway,
         assert len(received) == before, "a refused request reached the origin"
     finally:
         api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_fork_keeps_a_brokered_secret_out_of_its_sandbox(egress_gateway):
+    """A fork asks for what its source had: the credentials and the network, never the value."""
+    api = egress_gateway.client
+    value = "ghp_fork_0123456789abcdef"
+    assert api.put("/v1/secrets/FORK_TOKEN", json={"value": value}).status_code < 300
+    body = {
+        "network": {"allow": ["localhost"]},
+        "credentials": [{"secret": "FORK_TOKEN", "hosts": ["localhost"]}],
+    }
+    source = api.post("/v1/sessions", json=body).json()["id"]
+    made = []
+    try:
+        snapshot = api.post(f"/v1/sessions/{source}/snapshots", json={}).json()
+        fork = api.post("/v1/sessions", json={"from_snapshot": snapshot["id"]})
+        assert fork.status_code == 201, fork.text
+        made.append(fork.json()["id"])
+        assert fork.json()["credentials"] == [
+            {"secret": "FORK_TOKEN", "hosts": ["localhost"], "header": "Authorization",
+             "format": "{value}"}
+        ]  # fmt: skip
+        assert fork.json()["network"] == {"allow": ["localhost"]}
+        # hex of what the variable holds: the masker would hide the value, not its hex
+        held = text_of(
+            run(api, made[0], "import os; print(os.environ['FORK_TOKEN'].encode().hex())")
+        )
+        assert bytes.fromhex(held.strip()).decode().startswith("sbx-placeholder-FORK_TOKEN-")
+    finally:
+        for sid in [source, *made]:
+            api.delete(f"/v1/sessions/{sid}")

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from ..access.auth import Principal, Quota
+from ..egress.credentials import parse_credentials
 from ..errors import (
     BadRequest,
     ConfigError,
@@ -43,6 +44,7 @@ from ..errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from ..hosts import NetworkPolicy
 from ..observe.metrics import GatewayMetrics
 from ..policy.gate import Gate
 from ..sandbox.base import DeathCallback
@@ -578,7 +580,9 @@ def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSes
     """A create request for a fork: the snapshot's kernel and image, or a 409 naming them.
 
     Unless it names its own, a fork asks for the secrets its snapshot's session held: its
-    replay runs with them, and its masker masks them.
+    replay runs with them, and its masker masks them. It keeps the source's brokered
+    credentials (their values stay with the egress proxy, never its sandbox) and, unless it
+    asks for one, the source's network.
     """
     for what, asked in (("kernel", request.kernel), ("image", request.image)):
         if asked and asked != snapshot[what]:
@@ -586,7 +590,17 @@ def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSes
                 f"snapshot {snapshot['id']} holds the state of a {snapshot[what]} {what}; a "
                 f"fork of it cannot run {asked}: leave {what} out"
             )
+    credentials = request.credentials or parse_credentials(snapshot.get("credentials"))
+    bound = {c.secret for c in credentials}
     secrets = request.secrets or tuple(snapshot.get("secrets", ()))
+    network = request.network
+    if network.is_none and "network" in snapshot:
+        network = NetworkPolicy.parse(snapshot["network"])
     return dataclasses.replace(
-        request, kernel=snapshot["kernel"], image=snapshot["image"], secrets=secrets
+        request,
+        kernel=snapshot["kernel"],
+        image=snapshot["image"],
+        secrets=tuple(name for name in secrets if name not in bound),
+        credentials=credentials,
+        network=network,
     )

@@ -83,6 +83,9 @@ class Snapshots:
                 "kernel": session.kernel_name,
                 "image": session.image,
                 "secrets": list(session.secret_names),
+                # a fork gets these too: a brokered secret's value never enters its sandbox
+                "credentials": [c.to_json() for c in session.credentials],
+                "network": session.network.to_json(),
                 "saved": saved.to_json(),
                 "last_execution": await self.store.last_execution(session.id),
             }
