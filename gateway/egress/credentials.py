@@ -25,6 +25,7 @@ import ipaddress
 import os
 import re
 import ssl
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,7 @@ class SessionCA:
         )
         self.upstream = upstream
         self._leaves: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._lock = threading.Lock()  # leaves are made on the proxy's worker threads
 
     def bundle(self) -> bytes:
         """The sandbox's trust: the usual public authorities, then this session's."""
@@ -171,6 +173,10 @@ class SessionCA:
 
     def leaf(self, host: str) -> ssl.SSLContext:
         """A server context with a certificate for ``host`` (a few ms: called off the loop)."""
+        with self._lock:
+            return self._leaf(host)
+
+    def _leaf(self, host: str) -> ssl.SSLContext:
         found = self._leaves.get(host)
         if found is not None:
             self._leaves.move_to_end(host)
@@ -242,6 +248,14 @@ class Broker:
         ca: SessionCA,
     ) -> None:
         self.credentials = tuple(c for c in credentials if c.secret in values)
+        for credential in self.credentials:
+            value = values[credential.secret]
+            if not value.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+                raise BadRequest(
+                    f"the value of secret {credential.secret!r} holds a line break, control or "
+                    "non-ASCII character, so it cannot go in a header: store it without (PUT "
+                    f"/v1/secrets/{credential.secret})"
+                )
         self.values = values
         self.placeholders = placeholders  # secret -> what the sandbox holds instead
         self.ca = ca
@@ -260,6 +274,8 @@ class Broker:
         """A request head from the sandbox, with the bound secrets put in; strict, since what
         reaches the origin must mean to it what the proxy read (no smuggling)."""
         method, target, headers = _parse(head)
+        if method in ("TRACE", "TRACK"):  # they echo the request, credential and all
+            raise TunnelRefused(405, f"{method} is not sent to a host a credential is bound to")
         hosts = [v for n, v in headers if n.lower() == "host"]
         if len(hosts) != 1 or hosts[0].lower() not in (host, f"{host}:{port}"):
             raise TunnelRefused(421, f"a request in the tunnel to {host} must name Host: {host}")
@@ -284,7 +300,7 @@ class Broker:
         self.scan(target.encode(), found)
         lines = [f"{method} {target} HTTP/1.1", *(f"{n}: {v}" for n, v in kept), "", ""]
         found.injected = list(dict.fromkeys(found.injected))
-        return "\r\n".join(lines).encode("latin-1")
+        return "\r\n".join(lines).encode("ascii")
 
 
 _METHOD = re.compile(r"[A-Z]{1,16}")

@@ -511,8 +511,9 @@ def _scanner(broker: Broker, record: EgressConnection) -> Callable[[bytes], None
 
     def scan(data: bytes) -> None:
         nonlocal tail
-        broker.scan(tail + data, found)
-        tail = data[-overlap:] if overlap else b""
+        joined = tail + data
+        broker.scan(joined, found)
+        tail = joined[-overlap:] if overlap else b""
 
     return scan
 

@@ -191,13 +191,16 @@ class SandboxLifecycle:
             )
 
     async def _isolate(self, session: Session) -> None:
+        network = session.network
         session.isolation = await self.isolation.prepare(
             session.id,
             session.runtime,
-            session.network,
+            network,
             session.limits.pids,
             Brokering(session.credentials, session.brokered),
         )
+        if session.network != network:  # changed while the proxy did not serve it yet
+            self.isolation.egress.update(session.id, session.network)
 
     async def launch(self, session: Session) -> None:
         """Start the session's sandbox and wait for its kernel; fill in what it reports."""

@@ -10,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -208,13 +209,46 @@ def test_a_placeholder_cut_across_two_chunks_of_a_body_is_still_seen(world):
             f"POST http://127.0.0.1:{world.plain_port}/ HTTP/1.1\r\n{auth}"
             f"Content-Length: {len(world.placeholder)}\r\n\r\n{world.placeholder[:half]}".encode()
         )
-        import time
-
         time.sleep(0.2)
         s.sendall(world.placeholder[half:].encode())
         assert b"200 OK" in s.recv(4096)
     _wait(world)
     assert world.records[0].unresolved == ["gh"]
+
+
+def test_a_placeholder_sent_a_few_bytes_at_a_time_is_still_seen(world):
+    """Reads shorter than a placeholder keep what came before them (an attacker's review
+    sent it 4 bytes at a time and the record said nothing)."""
+    with socket.create_connection(("127.0.0.1", world.port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        auth = f"Proxy-Authorization: Basic {_basic(world)}\r\n"
+        mark = world.placeholder.encode()
+        s.sendall(
+            f"POST http://127.0.0.1:{world.plain_port}/ HTTP/1.1\r\n{auth}"
+            f"Content-Length: {len(mark)}\r\n\r\n".encode()
+        )
+        for i in range(0, len(mark), 4):
+            s.sendall(mark[i : i + 4])
+            time.sleep(0.01)
+        assert b"200 OK" in s.recv(4096)
+    _wait(world)
+    assert world.records[0].unresolved == ["gh"]
+
+
+def test_a_value_that_cannot_go_in_a_header_is_refused_when_bound(world):
+    bound = Credential.parse({"secret": "gh", "hosts": ["localhost"]})
+    for value in ("tok\r\nX-Injected: yes", "t\u00f6ken", "tok\n"):
+        with pytest.raises(BadRequest, match="cannot go in a header"):
+            Broker((bound,), {"gh": value}, {"gh": "p"}, world.ca)
+
+
+def test_leaves_made_at_once_on_several_threads_stay_within_the_cache():
+    from concurrent.futures import ThreadPoolExecutor
+
+    ca = SessionCA(KEY, "s9", upstream_context())
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(ca.leaf, [f"h{i % 80}.example" for i in range(240)]))
+    assert len(ca._leaves) == 64
 
 
 def test_hosts_without_a_binding_keep_their_tls_end_to_end(world, tmp_path):
@@ -275,6 +309,7 @@ def test_an_origin_the_host_does_not_trust_is_refused(tmp_path):
             b"conflicting",
         ),
         (b"GET http://other/ HTTP/1.1\r\nHost: localhost\r\n\r\n", b"400", b"must be a path"),
+        (b"TRACE / HTTP/1.1\r\nHost: localhost\r\n\r\n", b"405", b"TRACE is not sent"),
         (b"GET / HTTP/1.1\r\nHost: localhost\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", b"400", b""),
     ],
 )
@@ -341,8 +376,6 @@ def _read_all(sock) -> bytes:
 
 
 def _wait(world: World) -> None:
-    import time
-
     for _ in range(100):
         if world.records:
             return
