@@ -49,7 +49,7 @@ def gw(start_gateway):
         'mode = "enforce"\n[rules]\nshell = "hold"\nsecrets = "deny"\n'
     )
     return start_gateway(
-        "--tokens-file", str(tokens_file), "--runtimes", "runc", "--network-policies", "none",
+        "--tokens-file", str(tokens_file), "--runtimes", "runc",
         "--max-code-size", "1k", "--max-request-body", "64k", "--interrupt-grace", "1",
         data_dir=data_dir,
     )  # fmt: skip
@@ -528,6 +528,23 @@ def test_previews_and_their_errors(admin, anonymous, sid):
     assert link.json()["path_url"].endswith(link.json()["url"].split("/", 3)[3])
     assert code_of(admin.post(f"/v1/sessions/{sid}/previews", json={"port": "x"})) == "bad_request"
     assert admin.post("/v1/sessions/nope/previews", json={"port": 1}).status_code == 404
+
+
+def test_network_rules_change_and_their_errors(admin, sid):
+    made = admin.post("/v1/sessions", json={"network": {"allow": []}})
+    assert made.status_code == 201, made.text
+    networked = made.json()["id"]
+    try:
+        changed = admin.patch(
+            f"/v1/sessions/{networked}/network", json={"allow": ["public"], "deny": ["10.0.0.0/8"]}
+        )
+        assert changed.status_code == 200 and changed.json()["network"]["deny"] == ["10.0.0.0/8"]
+        bad = admin.patch(f"/v1/sessions/{networked}/network", json={"allow": "x"})
+        assert code_of(bad) == "bad_request"
+    finally:
+        admin.delete(f"/v1/sessions/{networked}")
+    assert admin.patch(f"/v1/sessions/{sid}/network", json={"allow": []}).status_code == 409
+    assert admin.patch("/v1/sessions/nope/network", json={"allow": []}).status_code == 404
 
 
 def test_every_documented_operation_was_seen_succeeding(contract):
