@@ -139,7 +139,6 @@ def test_session_lifecycle_and_its_errors(admin):
         ({"kernel": 7}, 400, "bad_request"),
         ({"kernel": "cobol"}, 404, "kernel_not_found"),
         ({"runtime": "gvisor"}, 403, "not_allowed"),
-        ({"network": {"allow": ["example.org"]}}, 403, "not_allowed"),
         ({"limits": {"memory": "512g"}}, 422, "limit_exceeded"),
         ({"ttl": 0}, 422, "limit_exceeded"),
         ({"metadata": {"k": [1]}}, 400, "bad_request"),
