@@ -543,6 +543,8 @@ def test_network_rules_change_and_their_errors(admin, sid):
     finally:
         admin.delete(f"/v1/sessions/{networked}")
     assert admin.patch(f"/v1/sessions/{sid}/network", json={"allow": []}).status_code == 409
+    for page in ("network", "history"):  # a cursor past the store's 64-bit ids was a 500
+        assert code_of(admin.get(f"/v1/sessions/{sid}/{page}?after={2**64}")) == "bad_request"
     assert admin.patch("/v1/sessions/nope/network", json={"allow": []}).status_code == 404
 
 

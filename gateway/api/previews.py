@@ -379,6 +379,9 @@ class PreviewLinkHandler(JSONHandler):
         session = self.manager.get(session_id, self.principal)
         body = self.json_body()
         port = body.get("port")
+        unknown = sorted(set(body) - {"port", "expires_in"})
+        if unknown:
+            raise BadRequest(f"unknown fields {unknown}: a link takes port and expires_in")
         if not isinstance(port, int) or isinstance(port, bool):
             raise BadRequest('send {"port": <the port the server listens on>, "expires_in": s}')
         _port(str(port))

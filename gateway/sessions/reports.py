@@ -181,5 +181,5 @@ def _check_page(after: int, limit: int) -> None:
     """A 400 for a page cursor or size the store would not answer sensibly."""
     if not 1 <= limit <= HISTORY_PAGE_MAX:
         raise BadRequest(f"limit must be between 1 and {HISTORY_PAGE_MAX}")
-    if after < 0:
+    if not 0 <= after < 2**63:  # the store's ids are 64-bit
         raise BadRequest("after must be a cursor from a page's 'next', or 0")
