@@ -176,6 +176,15 @@ def test_a_signed_link_opens_one_port_of_one_session(gw, sid):
         # A person following a link from elsewhere (a top-level navigation) gets the page.
         navigate = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
         assert browser.get(_path(gw, sid, APP, "/echo"), headers=navigate).status_code == 200
+        # ... but not another site framing it (clickjacking: an attacker's review found it).
+        framed = {**navigate, "Sec-Fetch-Dest": "iframe"}
+        assert browser.get(_path(gw, sid, APP, "/echo"), headers=framed).status_code == 401
+        # A link's first visit sends the browser on within the preview, never to //elsewhere.
+        host = _host(sid, APP, gw)
+        with httpx.Client(timeout=30) as fresh:
+            away = f"{gw.url}//evil.example/x?{link.split('?')[1]}"
+            location = fresh.get(away, headers={"Host": host}).headers["location"]
+        assert location == "/evil.example/x", location
         # The link is for APP only, and never for the API.
         signature = link.split("sbx_preview=")[1]
         other = browser.get(_path(gw, sid, PLAIN, f"/?sbx_preview={signature}"))

@@ -81,7 +81,7 @@ class FileUrls:
                 f"use_signature_expiration=SECONDS) or upload_url(...), {MAX_LIFETIME} at most"
             )
         now = self.clock()
-        if not expiration.isdigit() or int(expiration) <= now:
+        if not (expiration.isascii() and expiration.isdigit()) or int(expiration) <= now:
             raise Unauthorized("this signed URL has expired; sign a new one")
         if int(expiration) > now + MAX_LIFETIME:
             raise Unauthorized(
@@ -110,7 +110,7 @@ class FileUrls:
             )
         expiration = args.get("signature_expiration", "")
         now = self.clock()
-        if not expiration.isdigit() or int(expiration) <= now:
+        if not (expiration.isascii() and expiration.isdigit()) or int(expiration) <= now:
             return  # refused anyway: without an expiry, or past it
         self.revoked = {s: e for s, e in self.revoked.items() if e > now}
         if len(self.revoked) >= MAX_REVOKED:

@@ -49,7 +49,11 @@ class PreviewLinks:
     def valid(self, signature: str | None, session_id: str, port: int) -> bool:
         """Whether ``signature`` was made for this session and port and has not expired."""
         expires, _, mac = (signature or "").partition(".")
-        if not expires.isdigit() or len(expires) > 12 or int(expires) <= self.clock():
+        if (
+            not (expires.isascii() and expires.isdigit())
+            or len(expires) > 12
+            or int(expires) <= self.clock()
+        ):
             return False
         issued = self.tokens.holder(self._subject(session_id, port, int(expires)), f"link.{mac}")
         return issued == "link"

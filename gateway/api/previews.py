@@ -72,6 +72,7 @@ _PARAMS = HTTP1ConnectionParameters(
     chunk_size=CHUNK,
 )  # fmt: skip
 _HEAD_MAX = 64 * 1024
+_UPGRADE_TIMEOUT = 10.0  # seconds a server in the sandbox has to answer an upgrade
 
 
 def _port(text: str) -> int:
@@ -124,7 +125,8 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         query = _without_link(self.request.query)
         session = self._session(session_id, number, prefix)
         if session is None:  # a link's first visit: the cookie set, the link taken off the URL
-            self.redirect(f"{prefix}{rest}" + (f"?{query}" if query else ""), status=303)
+            here = prefix + "/" + rest.lstrip("/")  # never //host: another site
+            self.redirect(here + (f"?{query}" if query else ""), status=303)
             return
         target = rest + (f"?{query}" if query else "")
         if _upgrade(self.request.headers):
@@ -189,7 +191,8 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         if site in ("same-origin", "none"):
             return True
         navigate = headers.get("Sec-Fetch-Mode") == "navigate"
-        return navigate and self.request.method in ("GET", "HEAD")
+        document = headers.get("Sec-Fetch-Dest", "document") == "document"  # not in a frame
+        return navigate and document and self.request.method in ("GET", "HEAD")
 
     # -- relaying -------------------------------------------------------------------------
 
@@ -229,7 +232,7 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
             await relay.budget.take(len(body))
             await conn.write_headers(start, headers, body or None)
             conn.finish()
-            answer = _Answer(self, relay.budget, bool(prefix))
+            answer = _Answer(self, relay.budget, prefix)
             try:
                 await conn.read_response(answer)
             except (tornado.iostream.StreamClosedError, httputil.HTTPInputError):
@@ -244,17 +247,23 @@ class PreviewHandler(GatewayHandlerMixin, tornado.web.RequestHandler):
         lines = [f"{self.request.method} {target} HTTP/1.1"]
         lines += [f"{name}: {value}" for name, value in headers.get_all()]
         async with self.previews.connection(session, port) as upstream:
+            self.upstream = upstream  # a viewer that leaves frees its slot
             relay = self.previews.relay_of(session.id)
             assert relay is not None
             await upstream.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
             try:
-                head = await upstream.read_until(b"\r\n\r\n", max_bytes=_HEAD_MAX)
-            except (tornado.iostream.StreamClosedError, tornado.iostream.UnsatisfiableReadError):
+                async with asyncio.timeout(_UPGRADE_TIMEOUT):
+                    head = await upstream.read_until(b"\r\n\r\n", max_bytes=_HEAD_MAX)
+            except (
+                tornado.iostream.StreamClosedError,
+                tornado.iostream.UnsatisfiableReadError,
+                TimeoutError,
+            ):
                 raise BadRequest(f"the server on port {port} did not answer the upgrade") from None
             status, answer_headers = _parse_head(head)
             client = self.request.connection.detach()
             self._finished = True  # the connection is the relay's now
-            await client.write(_head_bytes(status, _answer_headers(answer_headers, bool(prefix))))
+            await client.write(_head_bytes(status, _answer_headers(answer_headers, prefix)))
             await asyncio.gather(pipe(client, upstream, relay.budget),
                                  pipe(upstream, client, relay.budget))  # fmt: skip
 
@@ -277,10 +286,10 @@ class HostPreviewHandler(PreviewHandler):
 class _Answer(httputil.HTTPMessageDelegate):
     """The sandbox server's answer, passed to the viewer as it comes."""
 
-    def __init__(self, handler: PreviewHandler, budget: Budget, path_form: bool) -> None:
+    def __init__(self, handler: PreviewHandler, budget: Budget, prefix: str) -> None:
         self.handler = handler
         self.budget = budget
-        self.path_form = path_form
+        self.prefix = prefix
         self.started = False
 
     def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> None:
@@ -289,7 +298,7 @@ class _Answer(httputil.HTTPMessageDelegate):
         self.started = True
         handler.set_status(start_line.code, start_line.reason or "Unknown")
         handler.clear_header("Content-Type")
-        for name, value in _answer_headers(headers, self.path_form).get_all():
+        for name, value in _answer_headers(headers, self.prefix).get_all():
             handler.add_header(name, value)
         if "Content-Length" in headers and handler.request.method == "HEAD":
             handler.set_header("Content-Length", headers["Content-Length"])
@@ -306,19 +315,37 @@ class _Answer(httputil.HTTPMessageDelegate):
             self.handler.finish()
 
 
-def _answer_headers(headers: httputil.HTTPHeaders, path_form: bool) -> httputil.HTTPHeaders:
-    """What of an answer's headers a viewer gets; a path-form answer is sandboxed (CSP)."""
+def _answer_headers(headers: httputil.HTTPHeaders, prefix: str) -> httputil.HTTPHeaders:
+    """What of an answer's headers a viewer gets; a path-form answer (``prefix``: its path
+    on the gateway's origin) is sandboxed (CSP)."""
     kept = httputil.HTTPHeaders()
     for name, value in headers.get_all():
         lower = name.lower()
-        if lower in _HOP or (path_form and lower in _REFUSED_ANSWER):
+        if lower in _HOP or (prefix and lower in _REFUSED_ANSWER):
             continue
-        if lower == "set-cookie" and value.strip().lower().startswith("sbx_preview_"):
-            continue
+        if lower == "set-cookie":
+            if value.strip().lower().startswith("sbx_preview_"):
+                continue
+            value = _own_cookie(value, prefix)
         kept.add(name, value)
-    if path_form:
+    if prefix:
         kept.add("Content-Security-Policy", SANDBOX_POLICY)
     return kept
+
+
+def _own_cookie(value: str, prefix: str) -> str:
+    """A cookie kept to the preview that set it: never a ``Domain`` (the host form's
+    siblings and the gateway share a parent), and in the path form never a path outside
+    the preview's own (every session's previews share the gateway's origin)."""
+    parts = [part.strip() for part in value.split(";")]
+    kept = [parts[0]] + [
+        part
+        for part in parts[1:]
+        if part.split("=", 1)[0].strip().lower() not in ("domain", *(["path"] if prefix else []))
+    ]
+    if prefix:
+        kept.append(f"Path={prefix}/")
+    return "; ".join(kept)
 
 
 def _parse_head(head: bytes) -> tuple[httputil.ResponseStartLine, httputil.HTTPHeaders]:

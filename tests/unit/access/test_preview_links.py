@@ -43,3 +43,9 @@ def test_lifetimes_are_bounded_and_cookies_named_per_session_and_port():
         with pytest.raises(BadRequest, match="expires_in"):
             links().sign("sess", 8000, bad)
     assert cookie_name("a", 1) != cookie_name("a", 2) != cookie_name("b", 1)
+
+
+@pytest.mark.parametrize("expires", ["\u00b2", "1\u0663", "\uff11"])
+def test_a_unicode_digit_in_a_signature_is_refused_not_a_500(expires):
+    """``str.isdigit`` takes superscripts and other scripts' digits, which ``int`` refuses."""
+    assert not links().valid(f"{expires}.x", "sess", 8000)
