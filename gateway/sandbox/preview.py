@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import tornado.iostream
+import tornado.netutil
 import tornado.tcpserver
 
 from ..errors import PortNotListening, PreviewLimit, SandboxUnavailable
@@ -44,6 +45,7 @@ START = (
     'echo "previews need python3 or node in the image" >&2; exit 127'
 )
 MAX_LINE = 4096  # a control line: "ports" and up to 512 port numbers
+ACCEPTS_PER_SECOND = 200  # past it the socket is not listened on for the rest of the second
 ANNOUNCE_TIMEOUT = 5.0  # seconds a connection to the socket has to say what it is
 CHUNK = 64 * 1024
 
@@ -140,6 +142,8 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
         self._asking = asyncio.Lock()  # one "ports" question at a time
         self._starting = asyncio.Lock()
         self._unannounced = 0
+        self._window, self._accepted = 0.0, 0  # the current second, and its accepts
+        self._paused: set[int] = set()  # sockets not listened on for now
 
     async def serve(self, run_dir: Path) -> None:
         """Listen on ``preview.sock`` in the sandbox's run directory, and there only.
@@ -157,6 +161,7 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
             self._handlers.pop(fd)()
             sock.close()
         self._sockets.clear()
+        self._paused = set()
 
     def close(self) -> None:
         self._unlisten()
@@ -251,7 +256,29 @@ class PreviewRelay(tornado.tcpserver.TCPServer):
 
     # -- what the sandbox sends --------------------------------------------------------
 
+    def _count_accept(self) -> None:
+        """Stop accepting for the rest of the second past ``ACCEPTS_PER_SECOND``: a sandbox
+        connecting in a loop then waits in the kernel's backlog, not on the gateway's loop."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now - self._window >= 1.0:
+            self._window, self._accepted = now, 0
+        self._accepted += 1
+        if self._accepted <= ACCEPTS_PER_SECOND or self._paused:
+            return
+        self._paused = set(self._handlers)
+        for fd in self._paused:
+            self._handlers[fd]()  # removes the accept handler; the socket stays bound
+        loop.call_later(self._window + 1.0 - now, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        for fd in self._paused & set(self._sockets):
+            sock = self._sockets[fd]
+            self._handlers[fd] = tornado.netutil.add_accept_handler(sock, self._handle_connection)
+        self._paused = set()
+
     async def handle_stream(self, stream: tornado.iostream.IOStream, address: object) -> None:
+        self._count_accept()
         if self._unannounced >= self.caps.max_connections + 8:
             stream.close()  # a sandbox opening connections nobody asked for
             return

@@ -101,12 +101,18 @@ class Previews:
             self.close(session_id)
 
 
+WATCH_BYTES = 1 << 20  # what is read of a forwarder's output, at most
+
+
 async def _watch(process: SandboxProcess, relay: PreviewRelay) -> None:
     """Read what the forwarder says (a traceback, or why it cannot run) until it exits."""
-    said, code = b"", -1
+    said, code, heard = b"", -1, 0
     with contextlib.suppress(Exception):  # the engine's failure ends the watch as well
         while (piece := await process.read()) is not None:
             said = (said + piece[1])[-300:]
+            heard += len(piece[1])
+            if heard > WATCH_BYTES:  # code in the sandbox can write there too: stop listening
+                break
         code = await process.wait()
     reason = said.decode(errors="replace").strip() or "no output"
     relay.forwarder_ended(f"exited (code {code}): {reason}")

@@ -270,3 +270,38 @@ def test_a_forwarder_that_exits_is_a_503_at_once_saying_why(run_dir: Path):
         relay.close()
 
     asyncio.run(main())
+
+
+def test_a_sandbox_connecting_in_a_loop_is_not_accepted_past_the_rate(run_dir: Path):
+    """An attacker's review: 21,000 connects a second, each accepted and closed on the
+    gateway's loop, slowed another tenant's calls tenfold. Past the rate the socket is not
+    listened on for the rest of the second: the connects wait in the kernel's backlog."""
+
+    async def main() -> None:
+        async def nothing() -> None:
+            pass
+
+        relay = PreviewRelay("s", PreviewCaps(), nothing)
+        await relay.serve(run_dir)
+        accepted = 0
+        original = relay.handle_stream
+
+        async def counting(stream, address):
+            nonlocal accepted
+            accepted += 1
+            await original(stream, address)
+
+        relay.handle_stream = counting  # type: ignore[method-assign]
+        started = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - started < 0.5:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(str(run_dir / SOCKET_NAME)), 0.05
+                )
+            except (TimeoutError, OSError):
+                continue
+            writer.close()
+        assert accepted <= 200 + 16, accepted
+        relay.close()
+
+    asyncio.run(main())
