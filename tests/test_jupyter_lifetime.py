@@ -12,8 +12,8 @@ from tornado.websocket import websocket_connect
 pytestmark = pytest.mark.docker
 
 # Short, so the test waits seconds, not half a minute: a ttl, and the cap past it.
-TTL = 6
-MAX_TTL = 20
+TTL = 4
+MAX_TTL = 12
 
 
 def _state(api, sid: str) -> dict:
