@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import tornado.iostream
 
 from ..errors import Conflict, NotSupported
-from ..sandbox.base import Placement, SandboxProcess
+from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxProcess
 from ..sandbox.preview import FORWARDERS, START, PreviewCaps, PreviewRelay
 from .model import Session, check_usable
 
@@ -78,7 +78,13 @@ class Previews:
         await relay.serve(run_dir)
         self._forget_forwarder(session.id)  # its end must not count as the new one's
         argv = ["/bin/sh", "-c", START, "sh", *self._sources]
-        process = await self.placement.start_process(container, argv, {}, "", None)
+        try:
+            process = await self.placement.start_process(container, argv, {}, "", None)
+        except ENGINE_ERRORS as e:  # the sandbox stopped meanwhile (the session is ending)
+            raise Conflict(
+                f"session {session.id}'s sandbox is not running ({e.__class__.__name__}); "
+                "its session is ending or its kernel died: GET the session to see which"
+            ) from e
         self._forwarders[session.id] = process
         self._watches[session.id] = asyncio.ensure_future(_watch(process, relay))
 
