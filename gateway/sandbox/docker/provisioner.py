@@ -380,14 +380,37 @@ class DockerProvisioner(SandboxProvisioner):
 
 
 def _create_and_start(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:
-    """Start a container without pulling: an image that is not here was never built."""
-    container = client.containers.create(**kwargs)
+    """Start a container without pulling: an image that is not here was never built.
+
+    A container of this gateway's under the name (a restart racing its old kernel's
+    removal; schemathesis found the restart failing) is removed first, once; anyone
+    else's keeps the name, and the create's conflict is the answer.
+    """
+    try:
+        container = client.containers.create(**kwargs)
+    except docker.errors.APIError as e:
+        if e.status_code != 409 or not _remove_own(client, kwargs["name"], kwargs["labels"]):
+            raise
+        container = client.containers.create(**kwargs)
     try:
         container.start()
     except docker.errors.DockerException:
         container.remove(force=True)
         raise
     return container
+
+
+def _remove_own(client: docker.DockerClient, name: str, labels: dict[str, str]) -> bool:
+    """Remove the container called ``name`` if it carries ``labels`` (the same session of the
+    same gateway); whether it did."""
+    try:
+        found = client.containers.get(name)
+    except docker.errors.NotFound:
+        return True  # gone meanwhile: the name is free
+    if any(found.labels.get(k) != v for k, v in labels.items()):
+        return False
+    found.remove(force=True)
+    return True
 
 
 def _write_kernel_connection_file(info: dict[str, Any], spec: SandboxSpec) -> None:
