@@ -269,12 +269,7 @@ def test_a_client_hello_naming_a_bound_host_on_a_tunnel_to_another_address_is_no
     """SNI says localhost, the tunnel goes to 127.0.0.1: the CONNECT target decides, so the
     client meets the origin's certificate and no credential is added."""
     context = ssl.create_default_context(cafile=str(tmp_path / "origin-ca.pem"))
-    with socket.create_connection(("127.0.0.1", world.port), timeout=10) as s:
-        s.sendall(
-            f"CONNECT 127.0.0.1:{world.https_port} HTTP/1.1\r\n"
-            f"Proxy-Authorization: Basic {_basic(world)}\r\n\r\n".encode()
-        )
-        assert b" 200 " in s.recv(100)
+    with _tunnel(world, "127.0.0.1") as s:
         with context.wrap_socket(s, server_hostname="localhost") as t:
             t.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             reply = t.recv(65536)
@@ -317,12 +312,7 @@ def test_malformed_and_oversized_requests_in_an_intercepted_tunnel_get_errors(
     world, head, status, says
 ):
     context = ssl.create_default_context(cafile=str(world.bundle))
-    with socket.create_connection(("127.0.0.1", world.port), timeout=10) as s:
-        s.sendall(
-            f"CONNECT localhost:{world.https_port} HTTP/1.1\r\n"
-            f"Proxy-Authorization: Basic {_basic(world)}\r\n\r\n".encode()
-        )
-        assert b" 200 " in s.recv(100)
+    with _tunnel(world, "localhost") as s:
         with context.wrap_socket(s, server_hostname="localhost") as t:
             try:
                 t.sendall(head)
@@ -357,6 +347,17 @@ def test_bad_bindings_are_400s_saying_why(raw, says):
     with pytest.raises(BadRequest) as refused:
         Credential.parse(raw)
     assert says in refused.value.message, refused.value.message
+
+
+def _tunnel(world: World, host: str) -> socket.socket:
+    """A socket through the proxy to ``host`` at the HTTPS origin's port, the tunnel granted."""
+    s = socket.create_connection(("127.0.0.1", world.port), timeout=10)
+    s.sendall(
+        f"CONNECT {host}:{world.https_port} HTTP/1.1\r\n"
+        f"Proxy-Authorization: Basic {_basic(world)}\r\n\r\n".encode()
+    )
+    assert b" 200 " in s.recv(100)
+    return s
 
 
 def _basic(world: World) -> str:
