@@ -12,6 +12,15 @@ from unit.store.test_chain import (  # noqa: F401 (run again here, on PostgreSQL
     test_a_forked_sessions_copied_history_is_chained_in_the_fork,
     test_records_pruned_by_the_retention_are_told_apart_from_deleted_ones,
 )
+from unit.store.test_claims import (  # noqa: F401 (run again here, on PostgreSQL)
+    CAPS,
+    claim,
+    test_a_claim_in_flight_counts_until_it_is_no_longer_extended_or_its_session_ends,
+    test_a_restarted_gateway_gives_back_what_it_had_in_flight,
+    test_claims_hold_a_tenants_quota_and_an_ended_session_gives_its_claim_back,
+    test_creates_per_minute_count_released_claims_too,
+    test_open_sessions_are_listed_a_page_at_a_time_with_their_holder,
+)
 from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL)
     test_a_dead_gateways_open_sessions_are_orphans_for_the_others_to_adopt,
     test_a_lease_is_held_renewed_and_released_by_its_owner_only,
@@ -347,3 +356,32 @@ def test_a_postgres_database_the_old_store_made_upgrades_and_reads(postgres, tmp
         assert all(set(b) <= set(a) for a, b in zip(after, before[1:], strict=True)), (
             "a database at its newest was migrated"
         )
+
+
+def test_thirty_claims_at_once_from_three_gateways_grant_exactly_the_quota(postgres, tmp_path):
+    """Each gateway's claims run on its own connection; the lock makes them count each other."""
+    url = postgres.database()
+    caps = {**CAPS, "sessions": 3}
+
+    async def gateway(n: int) -> list:
+        store = PostgresStore(url, tmp_path / f"g{n}")
+        await store.open()
+        try:
+            return await asyncio.gather(
+                *(store.claim_quota(claim(f"g{n}-{i}"), caps, 60) for i in range(10))
+            )
+        finally:
+            await store.close()
+
+    def run_gateway(n: int, out: list) -> None:
+        out.extend(asyncio.run(gateway(n)))
+
+    answers: list = []
+    threads = [threading.Thread(target=run_gateway, args=(n, answers)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 30
+    assert sum(a is None for a in answers) == 3, answers
+    assert all(a is None or a["what"] == "sessions" for a in answers), answers

@@ -12,6 +12,7 @@ from .approvals import Approvals
 from .audit import Audit
 from .base import Retention
 from .chain import Chain
+from .claims import Claims
 from .connections import Connections
 from .database import Database, Dialect
 from .executions import Executions
@@ -23,7 +24,10 @@ from .snapshots import Snapshots
 
 # The Store protocol's methods, by the repository that serves them.
 METHODS = {
-    "sessions": ("save_session", "get_session", "open_sessions", "orphans"),
+    "sessions": ("save_session", "get_session", "open_sessions", "open_page", "orphans"),
+    "claims": (
+        "claim_quota", "extend_claims", "rebind_claim", "release_claim", "release_stale_claims",
+    ),
     "leases": (
         "unheld", "owned_elsewhere", "claim_lease", "renew_leases", "release_lease", "announce",
         "owner_address",
@@ -58,6 +62,7 @@ class StoreFacade:
         self.parts = {
             "sessions": Sessions(self.db),
             "leases": Leases(self.db),
+            "claims": Claims(self.db),
             "connections": connections,
             "executions": Executions(self.db, connections, chain, grew=self.pruner.grew),
             "audit": Audit(self.db, chain),

@@ -42,9 +42,10 @@ class Leases(Repository):
         database serialises them on the lease's row and the second sees the first.
         """
         rows = await self.db.select(
-            f"INSERT INTO leases (session_id, owner, expires_at) VALUES (?, ?, {self.now} + ?)"
-            " ON CONFLICT (session_id) DO UPDATE"
-            " SET owner = excluded.owner, expires_at = excluded.expires_at"
+            "INSERT INTO leases (session_id, owner, expires_at, renewed_at)"
+            f" VALUES (?, ?, {self.now} + ?, {self.now}) ON CONFLICT (session_id) DO UPDATE"
+            " SET owner = excluded.owner, expires_at = excluded.expires_at,"
+            " renewed_at = excluded.renewed_at"
             f" WHERE leases.owner = excluded.owner OR leases.expires_at < {self.now}"
             " RETURNING owner",
             (session_id, owner, ttl),
@@ -58,7 +59,7 @@ class Leases(Repository):
         another gateway may be adopting its session right now.
         """
         rows = await self.db.select(
-            f"UPDATE leases SET expires_at = {self.now} + ?"
+            f"UPDATE leases SET expires_at = {self.now} + ?, renewed_at = {self.now}"
             f" WHERE owner = ? AND expires_at >= {self.now} RETURNING session_id",
             (ttl, owner),
         )

@@ -172,6 +172,27 @@ MIGRATIONS = [
     INSERT INTO chain_heads SELECT 'unchained:executions', coalesce(max(id), 0), ''
         FROM executions;
     """,
+    # One view of a deployment: each session's tenant as a column (listings page by it),
+    # when each lease was last renewed (how fresh another gateway's session is), and
+    # the claims every create makes on its tenant's quota (claims.py).
+    """
+    ALTER TABLE sessions ADD COLUMN tenant TEXT;
+    UPDATE sessions SET tenant = coalesce({doc_tenant}, 'default');
+    CREATE INDEX sessions_open_by_tenant ON sessions (tenant, created_at) WHERE ended_at IS NULL;
+    ALTER TABLE leases ADD COLUMN renewed_at {real};
+    CREATE TABLE claims (
+        session_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        memory {bigint} NOT NULL,
+        cpus {real} NOT NULL,
+        disk {bigint} NOT NULL,
+        claimed_at {real} NOT NULL,
+        expires_at {real} NOT NULL,
+        released_at {real}
+    );
+    CREATE INDEX claims_by_tenant ON claims (tenant, claimed_at);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -33,6 +33,7 @@ from .migrations import pending
 ID_RANGE = 4096  # execution ids a gateway draws at a time
 CONNECT_TIMEOUT = 5  # seconds; an unreachable server fails the batch, not the gateway
 MIGRATION_LOCK = 0x5B5_0001  # advisory lock key held while migrating
+CLAIMS_LOCK = 0x5B5_0002  # advisory lock key a quota claim's transaction holds (claims.py)
 GATEWAY_ID_FILE = "gateway-id"  # in the data dir: a gateway whose store is a shared database
 # schema_version counted this dialect's own list of migrations until there was one
 # list: its first entry made what migrations 1 to 9 make, so its 1, 2 and 3 are 9,
@@ -53,6 +54,7 @@ TERMS = {
     "false": "false",
     "real": "DOUBLE PRECISION",
     "blob": "BYTEA",
+    "doc_tenant": "doc::json ->> 'tenant'",
 }
 
 
@@ -71,6 +73,8 @@ class PostgresDialect(Dialect):
     shared = True
     loop_writes = False
     connection_errors = (psycopg.OperationalError,)
+    # One lock, not one per tenant: a batch claiming for two tenants cannot deadlock.
+    claims_lock = f"SELECT pg_advisory_xact_lock({CLAIMS_LOCK})"
     statement = staticmethod(format_placeholders)
 
     def __init__(self, url: str, data_dir: Path) -> None:

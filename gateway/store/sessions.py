@@ -6,7 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from .base import OpenSession
+from .base import ListedSession, OpenSession
+from .claims import RELEASE
 from .database import Repository
 
 
@@ -22,19 +23,46 @@ class Sessions(Repository):
         session is open: an ended session has nothing to reattach to.
         """
         kept = json.dumps(runtime) if runtime is not None and not doc["ended_at"] else None
-        return self.db.submit(
-            self.db.rows,
-            "INSERT INTO sessions (id, state, created_at, ended_at, doc, runtime)"
-            " VALUES (?, ?, ?, ?, ?, ?)"
+        row = (doc["id"], doc.get("tenant", "default"), doc["state"], doc["created_at"],
+               doc["ended_at"], json.dumps(doc), kept)  # fmt: skip
+        return self.db.submit(self._save, row, quick=True)
+
+    def _save(self, row: tuple) -> None:
+        """On the store's thread: the record; an ended session's claim on its quota goes back."""
+        self.db.rows(
+            "INSERT INTO sessions (id, tenant, state, created_at, ended_at, doc, runtime)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
             " ended_at = excluded.ended_at, doc = excluded.doc, runtime = excluded.runtime",
-            (doc["id"], doc["state"], doc["created_at"], doc["ended_at"], json.dumps(doc), kept),
-            quick=True,
+            row,
         )
+        if row[4]:
+            self.db.rows(RELEASE.format(now=self.db.dialect.now), (row[0],))
 
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
         rows = await self.db.select("SELECT doc FROM sessions WHERE id = ?", (session_id,))
         return json.loads(rows[0]["doc"]) if rows else None
+
+    async def open_page(
+        self, tenant: str | None, state: str | None, after: tuple[str, str] | None, limit: int
+    ) -> list[ListedSession]:
+        """Open sessions of ``tenant`` (None: every tenant's) in ``state``, oldest first,
+        ``limit`` of them past ``after`` (a created_at and id), with the gateway holding
+        each and when its lease was last renewed (None: none is held)."""
+        where, params = ["ended_at IS NULL"], []
+        for column, value in (("tenant", tenant), ("state", state)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if after is not None:
+            where.append("(created_at > ? OR (created_at = ? AND id > ?))")
+            params += [after[0], after[0], after[1]]
+        rows = await self.db.select(
+            "SELECT doc, owner, renewed_at FROM sessions LEFT JOIN leases ON session_id = id"
+            f" WHERE {' AND '.join(where)} ORDER BY created_at, id LIMIT ?",
+            (*params, limit),
+        )
+        return [(json.loads(r["doc"]), r["owner"], r["renewed_at"]) for r in rows]
 
     async def open_sessions(self, owner: str) -> list[OpenSession]:
         """Open sessions of ``owner`` (or of no one), with their runtime info.

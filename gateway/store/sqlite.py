@@ -31,6 +31,7 @@ TERMS = {
     "false": "0",
     "real": "REAL",
     "blob": "BLOB",
+    "doc_tenant": "json_extract(doc, '$.tenant')",
 }
 
 

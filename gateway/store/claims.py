@@ -1,0 +1,117 @@
+"""Tenants' quotas, counted once for a whole deployment: one claim per session.
+
+Every create claims its share (a session, its memory, CPUs and disk) before
+anything starts; the claim is checked against everything the tenant holds and
+added in one call on the store's thread, under a lock every gateway sharing the
+database takes (``Dialect.claims_lock``), so concurrent creates through any
+number of gateways never pass a quota.
+
+A claim counts while it is fresh (``expires_at``, extended while its create
+is in flight) or while its session is open; a session's end releases it. A
+gateway that dies mid-create stops extending its claims, and they stop
+counting a lease's time later. Released claims are kept a minute: they are
+the creates per minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .database import Repository
+
+WINDOW = 60.0  # seconds: creates are counted per minute
+RELEASE = "UPDATE claims SET released_at = {now} WHERE session_id = ? AND released_at IS NULL"
+HELD = (
+    "released_at IS NULL AND (expires_at >= {now} OR EXISTS"
+    " (SELECT 1 FROM sessions WHERE id = claims.session_id AND ended_at IS NULL))"
+)
+
+
+class Claims(Repository):
+    """The ``claims`` table."""
+
+    @property
+    def held(self) -> str:
+        return HELD.format(now=self.db.dialect.now)
+
+    async def claim_quota(
+        self, claim: dict[str, Any], caps: dict[str, float], ttl: float
+    ) -> dict[str, Any] | None:
+        """Claim ``claim``'s share of its tenant's quota (``caps``) unless that would pass it.
+
+        ``claim``: session_id, tenant, owner, memory, cpus, disk. ``caps``:
+        sessions, memory, cpus, disk, per_minute (0: none). None when granted;
+        else what would pass its cap: {what, used, cap, wanted}.
+        """
+        return await self.db.run(self._claim, claim, caps, ttl)
+
+    def _claim(
+        self, claim: dict[str, Any], caps: dict[str, float], ttl: float
+    ) -> dict[str, Any] | None:
+        db, now, tenant = self.db, self.db.dialect.now, claim["tenant"]
+        if db.dialect.claims_lock:
+            db.rows(db.dialect.claims_lock)
+        db.rows(
+            f"DELETE FROM claims WHERE tenant = ? AND claimed_at < {now} - ?"
+            f" AND NOT ({self.held})",
+            (tenant, WINDOW),
+        )
+        row = db.rows(
+            "SELECT count(*), coalesce(sum(memory), 0), coalesce(sum(cpus), 0),"
+            f" coalesce(sum(disk), 0) FROM claims WHERE tenant = ? AND {self.held}",
+            (tenant,),
+        )[0]
+        used = {"sessions": row[0], "memory": row[1], "cpus": row[2], "disk": row[3]}
+        wanted = {"sessions": 1, "memory": claim["memory"], "cpus": claim["cpus"],
+                  "disk": claim["disk"]}  # fmt: skip
+        if caps.get("per_minute"):
+            recent = db.rows(
+                f"SELECT count(*) FROM claims WHERE tenant = ? AND claimed_at >= {now} - ?",
+                (tenant, WINDOW),
+            )
+            used["per_minute"], wanted["per_minute"] = recent[0][0], 1
+        for what, amount in wanted.items():
+            if used[what] + amount > caps[what]:
+                return {"what": what, "used": used[what], "cap": caps[what], "wanted": amount}
+        taken = db.rows(
+            "INSERT INTO claims (session_id, tenant, owner, memory, cpus, disk, claimed_at,"
+            f" expires_at) VALUES (?, ?, ?, ?, ?, ?, {now}, {now} + ?)"
+            " ON CONFLICT (session_id) DO NOTHING RETURNING session_id",
+            (claim["session_id"], tenant, claim["owner"], claim["memory"], claim["cpus"],
+             claim["disk"], ttl),
+        )  # fmt: skip
+        return None if taken else {"what": "id", "used": 0, "cap": 0, "wanted": 1}
+
+    async def extend_claims(self, session_ids: list[str], ttl: float) -> None:
+        """Keep in-flight creates' claims fresh for another ``ttl`` seconds."""
+        now = self.db.dialect.now
+        marks = ", ".join("?" * len(session_ids))
+        await self.db.select(
+            f"UPDATE claims SET expires_at = {now} + ? WHERE session_id IN ({marks})"
+            " AND released_at IS NULL",
+            (ttl, *session_ids),
+        )
+
+    def rebind_claim(self, session_id: str, new_id: str) -> asyncio.Future:
+        """The claim made under ``session_id`` is now ``new_id``'s (a warm sandbox's id)."""
+        return self.db.submit(
+            self.db.rows, "UPDATE claims SET session_id = ? WHERE session_id = ?",
+            (new_id, session_id), quick=True,
+        )  # fmt: skip
+
+    async def release_claim(self, session_id: str) -> None:
+        """Give a session's claim back (it ended, or never started)."""
+        await self.db.select(RELEASE.format(now=self.db.dialect.now), (session_id,))
+
+    async def release_stale_claims(self, owner: str) -> int:
+        """At start: ``owner``'s claims whose session is not open were in flight when it
+        stopped; nothing of them is in flight now."""
+        rows = await self.db.select(
+            f"UPDATE claims SET released_at = {self.db.dialect.now} WHERE owner = ?"
+            " AND released_at IS NULL AND NOT EXISTS"
+            " (SELECT 1 FROM sessions WHERE id = claims.session_id AND ended_at IS NULL)"
+            " RETURNING session_id",
+            (owner,),
+        )
+        return len(rows)
