@@ -336,6 +336,12 @@ class Settings:
     tenant_max_disk: int = _opt(
         "32g", "workspace sizes (disk limits) one tenant's live sessions may add up to", AUTH, SIZE
     )
+    tenant_max_cpus: float = _opt(
+        64.0, "CPU quotas (cores) one tenant's live sessions may add up to", AUTH
+    )
+    tenant_creates_per_minute: int = _opt(
+        0, "sessions one tenant may create a minute, whichever gateway it asks (0: any)", AUTH
+    )
     secrets_key_file: str = _opt(
         "",
         "file holding the key that seals tenants' secrets (base64 of 32 bytes; made, mode "

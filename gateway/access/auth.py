@@ -25,6 +25,8 @@ on them. The tokens file::
     max_sessions = 10
     max_memory = "8g"
     max_disk = "40g"                       # the sum of its sessions' workspace sizes
+    max_cpus = 16                          # the sum of its sessions' CPU quotas
+    creates_per_minute = 60                # sessions it may create a minute (0: any number)
     package_allow = ["numpy", "pandas==2.2.3"]   # from the package cache; empty: any
     package_deny = ["evil-pkg"]
     max_snapshots = 20                     # snapshots it keeps
@@ -79,6 +81,8 @@ class Quota:
     max_sessions: int
     max_memory: int
     max_disk: int  # workspaces are real disk on the host, so their sizes add up too
+    max_cpus: float = 64.0  # sessions' CPU quotas, added up
+    creates_per_minute: int = 0  # 0: no limit
     package_allow: tuple[str, ...] = ()  # what its sessions may install (empty: any)
     package_deny: tuple[str, ...] = ()
     max_snapshots: int = 64  # snapshots it keeps (they outlive sessions)
@@ -113,6 +117,8 @@ class Authenticator:
             max_sessions=settings.tenant_max_sessions,
             max_memory=settings.tenant_max_memory,
             max_disk=settings.tenant_max_disk,
+            max_cpus=settings.tenant_max_cpus,
+            creates_per_minute=settings.tenant_creates_per_minute,
             package_allow=settings.package_allow,
             package_deny=settings.package_deny,
             max_snapshots=settings.tenant_max_snapshots,
@@ -202,6 +208,8 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             max_sessions=int(values.get("max_sessions", default.max_sessions)),
             max_memory=parse_size(values.get("max_memory", default.max_memory), "max_memory"),
             max_disk=parse_size(values.get("max_disk", default.max_disk), "max_disk"),
+            max_cpus=float(values.get("max_cpus", default.max_cpus)),
+            creates_per_minute=int(values.get("creates_per_minute", default.creates_per_minute)),
             package_allow=_names(values, "package_allow", default.package_allow, path),
             package_deny=_names(values, "package_deny", default.package_deny, path),
             max_snapshots=int(values.get("max_snapshots", default.max_snapshots)),

@@ -69,7 +69,10 @@ def destroy(session_dir: Path) -> None:
     mountpoint = session_dir / "workspace"
     if os.path.ismount(mountpoint):
         _run("umount", "-l", str(mountpoint))
-    parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return  # no session ever had a directory here (one another gateway was starting)
     try:
         remove_tree(parent, session_dir.name)
     except FileNotFoundError:

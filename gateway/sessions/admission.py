@@ -1,36 +1,64 @@
-"""Whether a new session fits: the gateway's maximum and its tenant's quota.
+"""Whether a new session fits: this gateway's maximum, and its tenant's quota.
 
-Checked and registered in one step with no await between, so simultaneous
-creates count each other, and a client-chosen id is taken by one of them.
+The gateway's maximum is checked and registered in one step with no await
+between, so simultaneous creates count each other and a client-chosen id is
+taken by one of them. The tenant's quota is the deployment's: each create
+claims its share in the store (``store/claims.py``), where every gateway's
+sessions are counted, before anything starts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 
 from ..access.auth import Quota
-from ..errors import Conflict, QuotaExceeded, TooManySessions
+from ..errors import Conflict, GatewayError, QuotaExceeded, TooManySessions
 from ..limits import format_size
+from ..store.base import Store
+from .leases import Leases
 from .model import Session
+
+log = logging.getLogger(__name__)
+
+UNSHARED_CLAIM = 3600.0  # seconds a claim stays fresh where nobody else counts it (SQLite)
+ADVICE = {
+    "sessions": "delete one it no longer needs",
+    "memory": "ask for less memory or delete a session",
+    "cpus": "ask for fewer CPUs or delete a session",
+    "disk": "ask for a smaller workspace (limits.disk) or delete a session",
+    "per_minute": "try again within a minute",
+}
 
 
 class Admission:
     """Admits new sessions into the registry (``sessions``, shared with the manager)."""
 
     def __init__(
-        self, sessions: dict[str, Session], quota: Callable[[str], Quota], max_sessions: int
+        self,
+        sessions: dict[str, Session],
+        quota: Callable[[str], Quota],
+        max_sessions: int,
+        store: Store,
+        leases: Leases,
     ) -> None:
         self.sessions = sessions
         self.quota = quota
         self.max_sessions = max_sessions
+        self.store = store
+        self.leases = leases
+        self._in_flight: set[str] = set()  # claims of creates not yet done: kept fresh
+        self._extender: asyncio.Task | None = None
+
+    @property
+    def claim_ttl(self) -> float:
+        """How long a claim in flight counts unless extended: a lease's time when shared."""
+        return self.leases.ttl if self.leases.shared else UNSHARED_CLAIM
 
     def reserve(self, new: Session) -> None:
-        """Check the limits and register the session in one step, with no await inside.
-
-        Registered at once, so simultaneous creates count each other against
-        the server's limit and the tenant's quota, and a client-chosen id is
-        taken by exactly one of them.
-        """
+        """Check this gateway's limit and register the session in one step, no await inside."""
         if new.id in self.sessions:
             raise Conflict(f"session id {new.id} is in use; ids are never reused")
         if len(self.sessions) >= self.max_sessions:
@@ -38,26 +66,87 @@ class Admission:
                 f"the gateway runs its maximum of {self.max_sessions} sessions; "
                 "delete one you no longer need or try again later"
             )
-        self._check_quota(new)
         self.sessions[new.id] = new
 
-    def _check_quota(self, new: Session) -> None:
+    async def claim(self, new: Session) -> None:
+        """Claim the session's share of its tenant's quota, for the whole deployment.
+
+        A refusal unregisters it and says which cap it would pass. Until
+        ``done``, the claim is kept fresh, so a gateway that dies mid-create
+        gives it back a lease's time later.
+        """
         quota = self.quota(new.tenant)
-        held = [s for s in self.sessions.values() if s.tenant == new.tenant]
-        if len(held) >= quota.max_sessions:
-            raise QuotaExceeded(
-                f"tenant {new.tenant!r} holds {len(held)} live sessions, its quota of "
-                f"{quota.max_sessions}; delete one it no longer needs"
-            )
-        for what, limit, advice in (
-            ("memory", quota.max_memory, "ask for less memory"),
-            ("disk", quota.max_disk, "ask for a smaller workspace (limits.disk)"),
-        ):
-            used = sum(getattr(s.limits, what) for s in held)
-            wanted = getattr(new.limits, what)
-            if used + wanted > limit:
-                raise QuotaExceeded(
-                    f"tenant {new.tenant!r} would use {format_size(used + wanted)} of {what}, "
-                    f"over its quota of {format_size(limit)} ({format_size(used)} in use); "
-                    f"{advice} or delete a session"
-                )
+        caps = {"sessions": quota.max_sessions, "memory": quota.max_memory,
+                "cpus": quota.max_cpus, "disk": quota.max_disk,
+                "per_minute": quota.creates_per_minute}  # fmt: skip
+        claim = {"session_id": new.id, "tenant": new.tenant, "owner": self.leases.owner,
+                 "memory": new.limits.memory, "cpus": new.limits.cpus,
+                 "disk": new.limits.disk}  # fmt: skip
+        try:
+            refused = await self.store.claim_quota(claim, caps, self.claim_ttl)
+        except BaseException:
+            self.sessions.pop(new.id, None)
+            raise
+        if refused is not None:
+            self.sessions.pop(new.id, None)
+            raise _refusal(new, refused)
+        self._in_flight.add(new.id)
+
+    def rebind(self, old_id: str, new_id: str) -> None:
+        """The claim made as ``old_id`` is ``new_id``'s now (a warm sandbox's id)."""
+        if old_id != new_id:
+            self._in_flight.discard(old_id)
+            self._in_flight.add(new_id)
+            self.store.rebind_claim(old_id, new_id).add_done_callback(_logged)
+
+    async def done(self, session: Session, started: bool) -> None:
+        """The create is over: its session's record holds the claim, or it never started."""
+        self._in_flight.discard(session.id)
+        if not started:  # shielded: a create cut short still gives its claim back
+            await asyncio.shield(self.store.release_claim(session.id))
+
+    def start(self) -> None:
+        """Keep the claims of creates in flight fresh (only others sharing the store care)."""
+        if self.leases.shared:
+            self._extender = asyncio.create_task(self._extend_forever(), name="sbx-claims")
+
+    async def stop(self) -> None:
+        if self._extender is not None:
+            self._extender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._extender
+
+    async def _extend_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.claim_ttl / 3)
+            if self._in_flight:
+                try:
+                    await self.store.extend_claims(sorted(self._in_flight), self.claim_ttl)
+                except Exception as e:  # they count until their time runs out
+                    log.warning("could not extend the quota claims of creates in flight: %s", e)
+
+
+def _refusal(new: Session, refused: dict) -> GatewayError:
+    what, used, cap = refused["what"], refused["used"], refused["cap"]
+    tenant = new.tenant
+    if what == "id":
+        return Conflict(f"session id {new.id} was used before; ids are never reused")
+    if what == "sessions":
+        held = f"holds {used} live sessions, its quota of {cap:g}"
+    elif what == "per_minute":
+        held = f"made {used} sessions in the last minute, its quota of {cap:g} a minute"
+    else:
+        show = (lambda n: f"{n:g}") if what == "cpus" else format_size
+        held = (
+            f"would use {show(used + refused['wanted'])} of {what}, over its quota of "
+            f"{show(cap)} ({show(used)} in use)"
+        )
+    error = QuotaExceeded(f"tenant {tenant!r} {held} across the deployment; {ADVICE[what]}")
+    if what == "per_minute":
+        error.retry_after = 60
+    return error
+
+
+def _logged(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a quota claim kept its old session id: %s", future.exception())

@@ -119,12 +119,12 @@ class SessionManager:
         self.store = store
         self.pool = pool
         self.quota = quota  # a tenant's quota, by tenant name
-        self.admission = Admission(sessions, quota, settings.max_sessions)
         self.clock = clock
         self.sessions = sessions
         self.state = state
         self.snapshots = snapshots
         self.leases = leases or Leases(store, settings.lease_ttl)
+        self.admission = Admission(sessions, quota, settings.max_sessions, store, self.leases)
         self.tasks = TaskSet()
         self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
@@ -156,6 +156,8 @@ class SessionManager:
         await placement.start(self.lifecycle.gateway_id, on_death, on_resync)
         await recover(self, self.store, self.lifecycle, self.leases)
         self.leases.start(on_lost=self._lose)
+        await self.store.release_stale_claims(self.leases.owner)
+        self.admission.start()
         await self.gate.desk.close_orphans()
         await self.snapshots.sweep()
         self.pool.start()
@@ -169,6 +171,7 @@ class SessionManager:
         """
         await self.pool.stop()
         await self.leases.stop()
+        await self.admission.stop()
         sessions = list(self.sessions.values())
         if end_sessions:
             await asyncio.gather(
@@ -295,12 +298,26 @@ class SessionManager:
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self.admission.reserve(session)
+        await self.admission.claim(session)
+        started = False
+        try:
+            warm = await self._start(session, request, snapshot)
+            started = True
+        finally:
+            await self.admission.done(session, started)
+        return session, warm
+
+    async def _start(
+        self, session: Session, request: CreateSession, snapshot: dict[str, Any] | None
+    ) -> bool:
+        """Start an admitted session's kernel (a warm one if the pool has it); whether it was."""
         requested_id = session.id
         try:
             warm = await self.pool.claim(session, request)
         finally:
             del self.sessions[requested_id]
             self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id
+            self.admission.rebind(requested_id, session.id)
         if not await self.leases.claim(session.id):
             await self.end(session, "another gateway made a session with this id")
             raise Conflict(f"session id {session.id} is taken")
@@ -321,7 +338,7 @@ class SessionManager:
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
-        return session, warm
+        return warm
 
     async def _enter_working_dir(self, session: Session) -> None:
         """Move the new kernel to its working directory; a kernel that cannot go there ends."""

@@ -85,7 +85,8 @@ async def take_back(
     At start, that is all of them. Later (the session manager asks each third
     of a lease), those it let go of when its leases ran out while the database
     did not answer, and nobody else took: their kernels ran on meanwhile.
-    Always, a dead gateway's sessions the placement can adopt (``Placement.adoptable``).
+    Always, a dead gateway's sessions the placement can adopt (``Placement.adoptable``),
+    and those it was still starting, which end (their quota claims go back with them).
     Returns the containers the sessions taken over run in.
     """
     gateway_id, placement = lifecycle.gateway_id, lifecycle.placement
@@ -94,7 +95,12 @@ async def take_back(
         (doc, runtime)
         for doc, runtime in [
             *await store.open_sessions(gateway_id),
-            *((doc, runtime) for doc, runtime in orphans if placement.adoptable(runtime)),
+            *(
+                (doc, runtime)
+                for doc, runtime in orphans
+                # One still starting has no kernel to take over, wherever it was: it ends here.
+                if doc["state"] == "starting" or placement.adoptable(runtime)
+            ),
         ]
         if doc["id"] not in registry.sessions and doc["id"] not in registry.ending
     ]
@@ -117,7 +123,7 @@ async def take_back(
     )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
-            log.error("recovering a session failed: %r", outcome)
+            log.error("recovering a session failed: %r", outcome, exc_info=outcome)
     return claimed
 
 

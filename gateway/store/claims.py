@@ -62,7 +62,8 @@ class Claims(Repository):
             f" coalesce(sum(disk), 0) FROM claims WHERE tenant = ? AND {self.held}",
             (tenant,),
         )[0]
-        used = {"sessions": row[0], "memory": row[1], "cpus": row[2], "disk": row[3]}
+        used = {"sessions": int(row[0]), "memory": int(row[1]), "cpus": float(row[2]),
+                "disk": int(row[3])}  # fmt: skip (PostgreSQL sums bigints as numerics)
         wanted = {"sessions": 1, "memory": claim["memory"], "cpus": claim["cpus"],
                   "disk": claim["disk"]}  # fmt: skip
         if caps.get("per_minute"):
@@ -70,7 +71,7 @@ class Claims(Repository):
                 f"SELECT count(*) FROM claims WHERE tenant = ? AND claimed_at >= {now} - ?",
                 (tenant, WINDOW),
             )
-            used["per_minute"], wanted["per_minute"] = recent[0][0], 1
+            used["per_minute"], wanted["per_minute"] = int(recent[0][0]), 1
         for what, amount in wanted.items():
             if used[what] + amount > caps[what]:
                 return {"what": what, "used": used[what], "cap": caps[what], "wanted": amount}

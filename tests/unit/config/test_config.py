@@ -43,6 +43,8 @@ SAMPLES = {
     "tenant_max_sessions": "4",
     "tenant_max_memory": "2g",
     "tenant_max_disk": "8g",
+    "tenant_max_cpus": "6.5",
+    "tenant_creates_per_minute": "30",
     "secrets_key_file": "/run/keys/sbx-secrets.key",
     "max_secret_size": "1k",
     "tenant_max_snapshots": "5",

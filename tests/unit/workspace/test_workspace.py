@@ -137,6 +137,7 @@ def test_destroying_a_plain_session_directory_never_follows_links(tmp_path):
     volume.destroy(session)
     assert not session.exists() and (outside / "keep.txt").exists()
     volume.destroy(session)  # twice is fine
+    volume.destroy(tmp_path / "never-made" / "s2")  # a gateway that never had a session here
 
 
 def test_the_inline_artifact_walk_hands_over_to_a_thread_when_the_tree_grew(tmp_path):
