@@ -66,6 +66,7 @@ from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions
 from .sessions.forks import Forks
 from .sessions.lifecycle import SandboxLifecycle
+from .sessions.listing import Listing
 from .sessions.locations import Locations
 from .sessions.manager import SessionManager
 from .sessions.model import Session
@@ -126,6 +127,7 @@ def make_app(
         sbx_workspaces=domain.workspaces,
         sbx_networks=domain.networks,
         sbx_locations=domain.locations,
+        sbx_listing=domain.listing,
         sbx_kernelspecs=manager.lifecycle.kernelspecs,
         sbx_desk=manager.gate.desk,
         sbx_book=manager.gate.book,
@@ -388,6 +390,7 @@ class Domain:
     reports: Reports
     workspaces: Workspaces
     locations: Locations
+    listing: Listing
     egress: EgressHooks
     upkeep: Upkeep
     networks: NetworkRules
@@ -419,6 +422,7 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         ),
         workspaces=Workspaces(manager, gate, manager.watchers),
         locations=Locations(manager.sessions, manager.leases, store),
+        listing=Listing(manager.sessions, store, manager.leases, manager.clock),
         egress=EgressHooks(manager.sessions, gate, store),
         upkeep=Upkeep(
             manager, lifecycle, manager.pool, manager.leases, store, settings.cull_interval

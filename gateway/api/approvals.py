@@ -60,6 +60,11 @@ class ApproveHandler(JSONHandler):
     async def post(self, approval_id: str) -> None:
         reason = self.json_body().get("reason")
         desk = self.desk
+        session_id = await desk.held_elsewhere(approval_id, self.principal)
+        if session_id is not None and self.locations.may_be_elsewhere(session_id):
+            await self._pass_on(session_id)  # to the gateway whose execute waits for it
+            if self._finished:
+                return
         approval = await desk.decide(approval_id, self.principal, self.approve, reason)
         self.audit_session = approval.session_id
         self.audit_detail.update(approval_id=approval.id, decision=approval.state)

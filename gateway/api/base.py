@@ -48,6 +48,7 @@ from ..relays.agent_stream import RelayOptions
 from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
 from ..sessions.executions import Executions
+from ..sessions.listing import Listing
 from ..sessions.locations import Locations
 from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
@@ -162,6 +163,10 @@ class GatewayHandlerMixin:
     @property
     def locations(self) -> Locations:
         return self.settings["sbx_locations"]
+
+    @property
+    def listing(self) -> Listing:
+        return self.settings["sbx_listing"]
 
     @property
     def kernelspecs(self) -> KernelSpecs:

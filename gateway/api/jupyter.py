@@ -19,7 +19,9 @@ from ..errors import BadRequest, NotFound, QuotaExceeded
 from ..relays.agent_stream import ReplayBuffer
 from ..relays.jupyter_channels import ChannelsRelay
 from ..sessions.kernel_env import kernel_start
+from ..sessions.listing import PAGE_MAX
 from ..sessions.model import Session
+from ..timestamps import parse_iso
 from .base import JSONHandler, JSONWebSocketHandler
 
 log = logging.getLogger(__name__)
@@ -29,14 +31,19 @@ API_VERSION = "2.14.0"
 
 
 def kernel_model(session: Session) -> dict[str, Any]:
-    state = {"deleted": "dead"}.get(session.state, session.state)
-    last = datetime.fromtimestamp(session.last_activity, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return kernel_of(session.to_json(), session.connections)
+
+
+def kernel_of(view: dict[str, Any], connections: int = 0) -> dict[str, Any]:
+    """A session's view as Jupyter's kernel model; ``connections``: this gateway's clients."""
     return {
-        "id": session.id,
-        "name": session.kernel_name,
-        "last_activity": last,
-        "execution_state": state,
-        "connections": session.connections,
+        "id": view["id"],
+        "name": view["kernel"],
+        "last_activity": datetime.fromtimestamp(parse_iso(view["last_activity"]), UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ"  # Jupyter's own form, to the microsecond
+        ),
+        "execution_state": {"deleted": "dead"}.get(view["state"], view["state"]),
+        "connections": connections,
     }
 
 
@@ -84,7 +91,11 @@ class KernelsHandler(JSONHandler):
     actions = {"POST": "kernel.start"}
 
     async def get(self) -> None:
-        self.send([kernel_model(s) for s in self.manager.list(self.principal)])
+        views, _ = await self.listing.page(self.principal, limit=PAGE_MAX)
+        local = self.manager.sessions
+        self.send(
+            [kernel_of(v, local[v["id"]].connections if v["id"] in local else 0) for v in views]
+        )
 
     async def post(self) -> None:
         start = kernel_start(self.json_body(), self.api_options.jupyter_ttl_from)

@@ -6,6 +6,7 @@ from ..access.audit import code_facts
 from ..errors import Denied
 from ..execution.kernel import ExecutionResult
 from ..hosts import NetworkPolicy
+from ..sessions.listing import PAGE_MAX
 from ..sessions.requests import (
     CreateSession,
     ExecuteCode,
@@ -28,13 +29,15 @@ class SessionsHandler(JSONHandler):
             for key in self.request.arguments
             if key.startswith("metadata.")
         }
-        sessions = self.manager.list(
+        sessions, next_page = await self.listing.page(
             self.principal,
             state=self.get_argument("state", None),
             metadata=metadata,
             tenant=self.get_argument("tenant", None),
+            after=self.get_argument("page_token", None),
+            limit=self.int_argument("limit", PAGE_MAX),
         )
-        self.send({"sessions": [s.to_json() for s in sessions]})
+        self.send({"sessions": sessions, "next_page": next_page})
 
     async def post(self) -> None:
         request = CreateSession.from_json(self.json_body())

@@ -139,7 +139,12 @@ class AsyncClient(BaseClient):
     async def list_sessions(
         self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
     ) -> list[SessionInfo]:
-        return await self.call(self._list_call(state, metadata))
+        found, page = [], None
+        while True:  # every page: a deployment may hold more than one answers with
+            sessions, page = await self.call(self._list_call(state, metadata, page))
+            found += sessions
+            if page is None:
+                return found
 
     async def replay(
         self,

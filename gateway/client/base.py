@@ -284,11 +284,14 @@ class BaseClient:
         return Call("GET", f"/v1/sessions/{_segment(session_id)}", parse or _session_info)
 
     def _list_call(
-        self, state: str | None, metadata: Mapping[str, Any] | None
-    ) -> Call[list[SessionInfo]]:
+        self, state: str | None, metadata: Mapping[str, Any] | None, page: str | None = None
+    ) -> Call[tuple[list[SessionInfo], str | None]]:
+        """A page of the deployment's live sessions, and the next page's token (None: done)."""
         params = {f"metadata.{k}": str(v) for k, v in (metadata or {}).items()}
         if state is not None:
             params["state"] = state
+        if page is not None:
+            params["page_token"] = page
         return Call("GET", "/v1/sessions", _session_list, params=params)
 
     def _replay_call(
@@ -375,8 +378,9 @@ def _session_info(response: httpx.Response) -> SessionInfo:
     return SessionInfo.from_json(response.json())
 
 
-def _session_list(response: httpx.Response) -> list[SessionInfo]:
-    return [SessionInfo.from_json(doc) for doc in response.json()["sessions"]]
+def _session_list(response: httpx.Response) -> tuple[list[SessionInfo], str | None]:
+    body = response.json()
+    return [SessionInfo.from_json(doc) for doc in body["sessions"]], body.get("next_page")
 
 
 C = TypeVar("C", bound=BaseClient)

@@ -108,7 +108,12 @@ class Client(BaseClient):
     def list_sessions(
         self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
     ) -> list[SessionInfo]:
-        return self.call(self._list_call(state, metadata))
+        found, page = [], None
+        while True:  # every page: a deployment may hold more than one answers with
+            sessions, page = self.call(self._list_call(state, metadata, page))
+            found += sessions
+            if page is None:
+                return found
 
     def replay(
         self,

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..access.auth import Principal
-from ..errors import AlreadyDecided, ApprovalNotFound, BadRequest, Forbidden, SessionEnded
+from ..errors import (
+    AlreadyDecided,
+    ApprovalNotFound,
+    BadRequest,
+    Forbidden,
+    OwnerUnavailable,
+    SessionEnded,
+)
 from ..store.base import Store
 from ..timestamps import iso
 from .model import Decision
@@ -94,10 +101,16 @@ class ApprovalDesk:
         # Hears each request and decision, with who made it (the audit log).
         self.on_change: Callable[[dict[str, Any], Principal | None], None] | None = None
 
-    async def close_orphans(self) -> int:
-        """Deny what a previous process left pending: the executes waiting for it are gone."""
+    async def close_orphans(self, owner: str) -> int:
+        """Deny what a previous process left pending: the executes waiting for it are gone.
+
+        Not those of sessions another live gateway (not ``owner``, this one)
+        holds, whose executes still wait: that gateway decides them.
+        """
         docs = await self.store.approvals(state="pending", limit=10_000)
         now = iso(self.clock())
+        holders = await asyncio.gather(*(self.store.owner_address(d["session_id"]) for d in docs))
+        docs = [d for d, held in zip(docs, holders, strict=True) if not held or held[0] == owner]
         for doc in docs:
             doc.update(
                 state="denied",
@@ -164,6 +177,11 @@ class ApprovalDesk:
         approval = self.pending.get(approval_id)
         if approval is None or not who.owns(approval.tenant):
             doc = await self.get(approval_id, who)  # 404 unless it exists and is theirs
+            if doc["state"] == "pending":  # another gateway's, which did not take it
+                raise OwnerUnavailable(
+                    f"approval {approval_id} waits on another gateway, which does not answer "
+                    "right now: try again shortly"
+                )
             raise AlreadyDecided(
                 f"approval {approval_id} was already {doc['state']} ({doc.get('reason')})"
             )
@@ -179,6 +197,14 @@ class ApprovalDesk:
         await self._settle(approval, state, who, (reason or "")[:MAX_REASON] or None)
         return approval
 
+    async def held_elsewhere(self, approval_id: str, who: Principal) -> str | None:
+        """The session of a request still pending that this gateway does not hold (another
+        gateway's execute waits for it, and that gateway decides it); None otherwise."""
+        if approval_id in self.pending:
+            return None
+        doc = await self.get(approval_id, who)
+        return doc["session_id"] if doc["state"] == "pending" else None
+
     async def get(self, approval_id: str, who: Principal) -> dict[str, Any]:
         """One approval, pending or decided, if ``who``'s tenant may see it."""
         approval = self.pending.get(approval_id)
@@ -191,10 +217,14 @@ class ApprovalDesk:
         """Approvals ``who`` may see (its tenant's; an admin's: all), oldest first."""
         if state is not None and state not in STATES:
             raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state!r}")
+        tenant = None if who.admin else who.tenant
         if state == "pending":  # live: the store's copy may lag a decision by a write
-            found = [a.to_json() for a in self.pending.values() if who.owns(a.tenant)]
-            return sorted(found, key=lambda doc: doc["created_at"])
-        return await self.store.approvals(None if who.admin else who.tenant, state)
+            found = {a.id: a.to_json() for a in self.pending.values() if who.owns(a.tenant)}
+            if self.store.SHARED:  # and other gateways' requests, as they stored them
+                others = await self.store.approvals(tenant, "pending")
+                found = {doc["id"]: doc for doc in others} | found
+            return sorted(found.values(), key=lambda doc: doc["created_at"])
+        return await self.store.approvals(tenant, state)
 
     async def _settle(
         self, approval: Approval, state: str, who: Principal | None, reason: str | None

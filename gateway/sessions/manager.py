@@ -72,7 +72,6 @@ from .watchers import Watchers
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")
 # Unix socket paths are capped at 107 bytes; the run dir must leave room.
 _MAX_SOCKET_PATH = 100
 
@@ -158,7 +157,7 @@ class SessionManager:
         self.leases.start(on_lost=self._lose)
         await self.store.release_stale_claims(self.leases.owner)
         self.admission.start()
-        await self.gate.desk.close_orphans()
+        await self.gate.desk.close_orphans(self.leases.owner)
         await self.snapshots.sweep()
         self.pool.start()
 
@@ -228,27 +227,6 @@ class SessionManager:
     async def describe(self, session_id: str, who: Principal) -> dict[str, Any]:
         """The API view of a session, live or ended."""
         return public_view(await self.record(session_id, who))
-
-    def list(
-        self,
-        who: Principal,
-        state: str | None = None,
-        metadata: dict[str, str] | None = None,
-        tenant: str | None = None,
-    ) -> list[Session]:
-        """Live sessions ``who`` may see, filtered; an admin sees every tenant's."""
-        if state is not None and state not in LIVE_STATES:
-            raise BadRequest(f"state must be one of {', '.join(LIVE_STATES)}, not {state!r}")
-        found = []
-        for session in self.sessions.values():
-            if not who.owns(session.tenant) or (tenant and session.tenant != tenant):
-                continue
-            if state is not None and session.state != state:
-                continue
-            if metadata and any(str(session.metadata.get(k)) != v for k, v in metadata.items()):
-                continue
-            found.append(session)
-        return sorted(found, key=lambda s: s.created_at)
 
     def check_available(self) -> None:
         """Refuse new work (503) while the database does not answer; work in flight goes on."""

@@ -25,6 +25,8 @@ from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..timestamps import iso, parse_iso
 from ..workspace.files import AsyncWorkspace
 
+LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")  # a session not ended
+
 
 class Relay(Protocol):
     """A live relay of the session's kernel to clients; ending the session closes it."""

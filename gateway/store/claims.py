@@ -53,8 +53,7 @@ class Claims(Repository):
         if db.dialect.claims_lock:
             db.rows(db.dialect.claims_lock)
         db.rows(
-            f"DELETE FROM claims WHERE tenant = ? AND claimed_at < {now} - ?"
-            f" AND NOT ({self.held})",
+            f"DELETE FROM claims WHERE tenant = ? AND claimed_at < {now} - ? AND NOT ({self.held})",
             (tenant, WINDOW),
         )
         row = db.rows(
@@ -62,8 +61,12 @@ class Claims(Repository):
             f" coalesce(sum(disk), 0) FROM claims WHERE tenant = ? AND {self.held}",
             (tenant,),
         )[0]
-        used = {"sessions": int(row[0]), "memory": int(row[1]), "cpus": float(row[2]),
-                "disk": int(row[3])}  # fmt: skip (PostgreSQL sums bigints as numerics)
+        used = {
+            "sessions": int(row[0]),
+            "memory": int(row[1]),
+            "cpus": float(row[2]),
+            "disk": int(row[3]),
+        }  # fmt: skip (PostgreSQL sums bigints as numerics)
         wanted = {"sessions": 1, "memory": claim["memory"], "cpus": claim["cpus"],
                   "disk": claim["disk"]}  # fmt: skip
         if caps.get("per_minute"):

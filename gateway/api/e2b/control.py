@@ -22,6 +22,7 @@ from ...access.sandbox_tokens import SandboxTokens
 from ...errors import BadRequest, Conflict, NotSupported, SnapshotNotFound
 from ...sessions.cpu import CpuShares
 from ...sessions.forks import Forks
+from ...sessions.listing import PAGE_MAX
 from ...sessions.model import Session
 from ...sessions.requests import (
     CreateSession,
@@ -97,21 +98,22 @@ class ControlHandler(E2BHandler):
         return found[start : start + limit]
 
 
-def listed(session: Session) -> dict[str, Any]:
-    """A sandbox as list and get_info show it."""
+def listed(view: dict[str, Any]) -> dict[str, Any]:
+    """A sandbox (a session's view) as list and get_info show it."""
+    limits = view["limits"]
     return {
-        "templateID": session.kernel_name,
-        "alias": session.kernel_name,
-        "sandboxID": session.id,
+        "templateID": view["kernel"],
+        "alias": view["kernel"],
+        "sandboxID": view["id"],
         "clientID": CLIENT_ID,
-        "startedAt": iso(session.created_at),
-        "endAt": iso(session.expires_at),
-        "cpuCount": max(1, math.ceil(session.limits.cpus)),
-        "memoryMB": session.limits.memory // 2**20,
-        "diskSizeMB": session.limits.disk // 2**20,
-        "state": "paused" if session.state == "paused" else "running",
+        "startedAt": view["created_at"],
+        "endAt": view["expires_at"],
+        "cpuCount": max(1, math.ceil(limits["cpus"])),
+        "memoryMB": limits["memory"] // 2**20,
+        "diskSizeMB": limits["disk"] // 2**20,
+        "state": "paused" if view["state"] == "paused" else "running",
         "envdVersion": ENVD_VERSION,
-        "metadata": {k: str(v) for k, v in session.metadata.items()},
+        "metadata": {k: str(v) for k, v in view["metadata"].items()},
     }
 
 
@@ -178,14 +180,15 @@ class SandboxesHandler(ControlHandler):
     async def get(self) -> None:
         metadata = dict(urllib.parse.parse_qsl(self.get_argument("metadata", "")))
         states = set(self.get_argument("state", "running,paused").split(","))
+        views, _ = await self.listing.page(self.principal, metadata=metadata, limit=PAGE_MAX)
         found = [
-            s
-            for s in self.manager.list(self.principal, metadata=metadata)
-            if ("paused" if s.state == "paused" else "running") in states
+            listed(v)
+            for v in views
+            if ("paused" if v["state"] == "paused" else "running") in states
         ]
         if self.request.path.startswith("/v2/"):
             found = self.page(found)
-        self.send([listed(s) for s in found])
+        self.send(found)
 
 
 class SandboxInfoHandler(ControlHandler):
@@ -197,7 +200,7 @@ class SandboxInfoHandler(ControlHandler):
         session = self.manager.get(sandbox_id, self.principal)
         self.send(
             {
-                **listed(session),
+                **listed(session.to_json()),
                 "envdAccessToken": self.tokens.issue(session.id, self.principal.token_id),
             }
         )
