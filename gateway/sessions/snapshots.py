@@ -88,6 +88,9 @@ class Snapshots:
                 "network": session.network.to_json(),
                 "saved": saved.to_json(),
                 "last_execution": await self.store.last_execution(session.id),
+                # Its files stay in this gateway's data dir: another gateway of the
+                # deployment on this host forks or deletes it from there.
+                "where": str(where),
             }
             await self.store.add_snapshot(doc)
         except BaseException:
@@ -143,9 +146,9 @@ class Snapshots:
         return await self.store.snapshots_of_tenant(who.tenant)
 
     async def delete(self, snapshot_id: str, who: Principal) -> None:
-        await self.get(snapshot_id, who)
+        doc = await self.get(snapshot_id, who)
         await self.store.delete_snapshot(snapshot_id)
-        await asyncio.to_thread(shutil.rmtree, self.directory / snapshot_id, True)
+        await asyncio.to_thread(shutil.rmtree, self._files(doc), True)
 
     async def restore_into(self, session: Session, doc: dict[str, Any]) -> dict[str, Any]:
         """Give a new session (its kernel fresh, no user code run) a snapshot's files and state.
@@ -153,7 +156,7 @@ class Snapshots:
         Raises ``StateNotRestored`` when the snapshot's files are damaged or
         gone; the caller ends the half-made session.
         """
-        where = self.directory / doc["id"]
+        where = self._files(doc)
         assert session.workspace is not None
         try:
             await asyncio.to_thread(_unpack, where / WORKSPACE_ARCHIVE, session.workspace.sync)
@@ -169,6 +172,10 @@ class Snapshots:
         saved = SavedState.from_json(doc["saved"])
         return await self.state.restore(session, saved, running, where / STATE_FILE)
 
+    def _files(self, doc: dict[str, Any]) -> Path:
+        """Where a snapshot's files are: the data dir of the gateway that took it."""
+        return Path(doc.get("where") or self.directory / doc["id"])
+
     async def sweep(self) -> None:
         """Remove snapshot directories the store has no record of (a crash mid-snapshot)."""
         await asyncio.to_thread(self.directory.mkdir, 0o700, True, True)
@@ -180,7 +187,9 @@ class Snapshots:
 
 def public(doc: dict[str, Any]) -> dict[str, Any]:
     """A snapshot as the API shows it: without what only restoring it needs."""
-    return {k: v for k, v in doc.items() if k not in ("saved", "last_execution", "secrets")}
+    return {
+        k: v for k, v in doc.items() if k not in ("saved", "last_execution", "secrets", "where")
+    }
 
 
 def _size_of(directory: Path) -> int:

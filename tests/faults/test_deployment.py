@@ -85,6 +85,24 @@ def test_every_gateway_lists_every_session_of_the_deployment(deployment):
                 assert {k["id"] for k in kernels} == set(made), f"gateway {n}'s /api/kernels"
                 e2b = api.get("/v2/sandboxes", headers={"X-API-Key": "agent-token"}).json()
                 assert {s["sandboxID"] for s in e2b} == set(made), f"gateway {n}'s E2B list"
+        # Snapshots and secrets are the deployment's: made through one gateway, used through all.
+        sid0 = next(sid for sid, n in made.items() if n == 0)
+        with client(deployment[0]) as api:
+            run(api, sid0, "open('kept.txt', 'w').write('kept'); x = 6")
+            snap = api.post(f"/v1/sessions/{sid0}/snapshots", json={"name": "base"})
+            assert snap.status_code == 201, snap.text
+            assert api.put("/v1/secrets/TOKEN", json={"value": "s3cret"}).status_code in (200, 201)
+        with client(deployment[2]) as api:
+            e2b = api.get("/snapshots", headers={"X-API-Key": "agent-token"}).json()
+            assert [s["snapshotID"] for s in e2b] == [snap.json()["id"]], e2b
+            assert [s["name"] for s in api.get("/v1/secrets").json()["secrets"]] == ["TOKEN"]
+            fork = api.post("/v1/sessions", json={"from_snapshot": snap.json()["id"]})
+            assert fork.status_code == 201, f"a fork through another gateway: {fork.text}"
+            assert text_of(run(api, fork.json()["id"], "print(x * 7, open('kept.txt').read())")) == (
+                "42 kept\n"
+            )
+            assert api.delete(f"/v1/snapshots/{snap.json()['id']}").status_code == 204
+            assert api.delete("/v1/secrets/TOKEN").status_code == 204
     finally:
         end_all(deployment)
         with client(deployment[0], "other") as api:
