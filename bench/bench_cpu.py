@@ -23,16 +23,9 @@ import time
 from pathlib import Path
 
 from bench_throughput import tree_cpu
-from harness import ROOT, Gateway, median, write_section
+from harness import ROOT, Gateway, drop_worktree, median, worktree, write_section
 
 BODY = {"code": "1 + 1"}
-
-
-def worktree(rev: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="sbx-rev-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-                   check=True, capture_output=True)  # fmt: skip
-    return path
 
 
 def block(gw: Gateway, sid: str, n: int) -> tuple[float, list[float]]:
@@ -79,8 +72,7 @@ def main() -> None:
             gw.stop()
         for tree in trees.values():
             if tree is not None:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               check=False)  # fmt: skip
+                drop_worktree(tree)
 
     rows = [
         "| gateway | CPU ms per execute (median of blocks) | blocks' range | p50 round trip ms "

@@ -7,6 +7,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -50,6 +51,19 @@ class Gateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def worktree(rev: str) -> Path:
+    """A checkout of ``rev`` beside this one (``git worktree``), to run an earlier gateway."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-rev-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+                   check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def drop_worktree(path: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                   check=False)  # fmt: skip
 
 
 def wait_for_line(path: Path, needle: str, timeout: float) -> str:

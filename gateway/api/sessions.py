@@ -29,15 +29,15 @@ class SessionsHandler(JSONHandler):
             for key in self.request.arguments
             if key.startswith("metadata.")
         }
-        sessions, next_page = await self.listing.page(
+        sessions, following = await self.listing.page(
             self.principal,
             state=self.get_argument("state", None),
             metadata=metadata,
             tenant=self.get_argument("tenant", None),
-            after=self.get_argument("page_token", None),
+            after=self.get_argument("after", None),
             limit=self.int_argument("limit", PAGE_MAX),
         )
-        self.send({"sessions": sessions, "next_page": next_page})
+        self.send({"sessions": sessions, "next": following})
 
     async def post(self) -> None:
         request = CreateSession.from_json(self.json_body())

@@ -291,7 +291,7 @@ class BaseClient:
         if state is not None:
             params["state"] = state
         if page is not None:
-            params["page_token"] = page
+            params["after"] = page
         return Call("GET", "/v1/sessions", _session_list, params=params)
 
     def _replay_call(
@@ -380,7 +380,7 @@ def _session_info(response: httpx.Response) -> SessionInfo:
 
 def _session_list(response: httpx.Response) -> tuple[list[SessionInfo], str | None]:
     body = response.json()
-    return [SessionInfo.from_json(doc) for doc in body["sessions"]], body.get("next_page")
+    return [SessionInfo.from_json(doc) for doc in body["sessions"]], body.get("next")
 
 
 C = TypeVar("C", bound=BaseClient)

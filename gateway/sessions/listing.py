@@ -134,5 +134,5 @@ def _cursor(token: str | None) -> tuple[str, str] | None:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         created_at = session_id = ""
     if not created_at or not session_id:
-        raise BadRequest("page_token must be one a page of sessions answered with (next_page)")
+        raise BadRequest("after must be the next cursor a page of sessions answered with")
     return created_at, session_id
