@@ -21,6 +21,7 @@ from .retention import Pruner
 from .secrets import Secrets
 from .sessions import Sessions
 from .snapshots import Snapshots
+from .webhooks import WebhookDeliveries
 
 # The Store protocol's methods, by the repository that serves them.
 METHODS = {
@@ -45,6 +46,10 @@ METHODS = {
         "delete_snapshot",
     ),
     "approvals": ("save_approval", "approvals", "get_approval"),
+    "webhooks": (
+        "add_deliveries", "claim_deliveries", "finish_attempt", "release_deliveries", "deliveries",
+        "get_delivery", "prune_deliveries",
+    ),
     "pruner": ("prune",),
 }  # fmt: skip
 
@@ -70,6 +75,7 @@ class StoreFacade:
             "secrets": Secrets(self.db),
             "snapshots": Snapshots(self.db),
             "approvals": Approvals(self.db),
+            "webhooks": WebhookDeliveries(self.db),
             "pruner": self.pruner,
         }
         for part, names in METHODS.items():

@@ -193,6 +193,33 @@ MIGRATIONS = [
     );
     CREATE INDEX claims_by_tenant ON claims (tenant, claimed_at);
     """,
+    # Lifecycle webhooks (webhooks.py): one row per event and endpoint, each attempt in
+    # its log; claimed by one gateway at a time, in order per session and endpoint.
+    """
+    CREATE TABLE webhook_deliveries (
+        seq {serial} PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        event_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        due_at {real} NOT NULL,
+        claimed_by TEXT,
+        claimed_until {real},
+        created_at {real} NOT NULL,
+        finished_at {real},
+        log TEXT NOT NULL,
+        replay_of TEXT
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, due_at);
+    CREATE INDEX webhook_deliveries_by_tenant ON webhook_deliveries (tenant, seq);
+    CREATE INDEX webhook_deliveries_in_order
+        ON webhook_deliveries (tenant, endpoint, session_id, state);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -1,0 +1,299 @@
+"""Lifecycle webhooks without Docker: signatures, backoff, retries, bounds, restarts, claims.
+
+Receivers are ``httpx.MockTransport`` handlers; the store is SQLite in a temporary
+directory (tests/test_store_postgres.py is where PostgreSQL runs the store's tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+
+import httpx
+import pytest
+
+from gateway.egress.policy import AddressGuard
+from gateway.errors import ConfigError
+from gateway.sessions.events import SessionEvents, event
+from gateway.sessions.webhooks import (
+    Endpoint,
+    WebhookOptions,
+    Webhooks,
+    backoff,
+    read_endpoints,
+    secret_key,
+    sign,
+    verify,
+)
+from gateway.store.sqlite import SQLiteStore
+
+KEY = b"a-secret-of-sixteen+"
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
+
+
+def endpoints(url: str = "http://127.0.0.1:9/hook", **extra) -> dict:
+    return {"acme": (Endpoint("acme", "main", url, KEY, **extra),)}
+
+
+def hooks(store, handler, allow=LOOPBACK, found=None, **options) -> Webhooks:
+    options = {"timeout": 1.0, "backoff": 0.01, "poll": 0.02, "allow_ranges": allow} | options
+    opts = WebhookOptions(**options)
+    guard = AddressGuard(list(opts.allow_ranges), set())
+    return Webhooks(store, found or endpoints(), opts, guard, httpx.MockTransport(handler))
+
+
+def lifecycle(kind: str = "created", session_id: str = "s1", tenant: str = "acme") -> dict:
+    return event(kind, tenant, session_id, "python3", {"state": "idle"})
+
+
+async def opened(path) -> SQLiteStore:
+    store = SQLiteStore(path / "db.sqlite3")
+    await store.open()
+    return store
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+def states(store, tenant="acme"):
+    async def read():
+        page = await store.deliveries(tenant, None, None, 100)
+        return [row["state"] for row in reversed(page)]
+
+    return read
+
+
+def test_a_signature_verifies_and_a_changed_body_an_old_stamp_or_another_key_do_not():
+    body = b'{"type": "sandbox.lifecycle.created"}'
+    now = int(time.time())
+    headers = {"webhook-id": "e1", "webhook-timestamp": str(now),
+               "webhook-signature": sign(KEY, "e1", now, body)}  # fmt: skip
+    verify(KEY, headers, body)
+    for key, wrong_body, at in ((KEY, body + b" ", now), (b"other-key-0123456", body, now),
+                                (KEY, body, now + 301)):  # fmt: skip
+        with pytest.raises(ValueError):
+            verify(key, headers, wrong_body, at)
+    # Standard Webhooks' own test vector: a whsec_ secret is its base64 bytes.
+    key = secret_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    vector = sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}')
+    assert vector == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_backoff_doubles_to_its_cap_with_jitter_in_the_second_half():
+    assert [backoff(n, 5, 60, lambda: 0.0) for n in (1, 2, 3, 4, 5)] == [2.5, 5, 10, 20, 30]
+    assert [backoff(n, 5, 60, lambda: 1.0) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
+
+
+def test_endpoints_are_read_from_the_tokens_file_and_bad_ones_refused(tmp_path):
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        '[[tenants.acme.webhooks]]\nurl = "https://hooks.example/sbx"\n'
+        'secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"\n'
+        'events = ["sandbox.lifecycle.killed"]\n'
+    )
+    (found,) = read_endpoints(str(path))["acme"]
+    assert found.url == "https://hooks.example/sbx" and found.name == "1"
+    assert found.wants("sandbox.lifecycle.killed") and not found.wants("sandbox.lifecycle.created")
+    assert "secret" not in json.dumps(found.to_json())
+    secret = 'secret = "0123456789abcdef"'
+    for bad in (f'url = "file:///etc/passwd"\n{secret}', 'url = "https://h.example"\nsecret = "s"',
+                f'url = "https://h.example"\n{secret}\nevents = ["x"]'):  # fmt: skip
+        path.write_text(f"[[tenants.acme.webhooks]]\n{bad}\n")
+        with pytest.raises(ConfigError):
+            read_endpoints(str(path))
+
+
+def test_events_are_delivered_signed_in_order_after_a_failure_is_retried(tmp_path):
+    got: list[httpx.Request] = []
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        got.append(request)
+        return httpx.Response(503 if len(got) == 1 else 204)
+
+    async def scenario():
+        store = await opened(tmp_path)
+        webhooks = hooks(store, receiver)
+        await webhooks.start("g1")
+        for kind in ("created", "paused", "resumed", "ended"):
+            webhooks.publish(lifecycle(kind))
+        await until(lambda: _all(store, "delivered", 4))
+        await webhooks.stop()
+        page = (await store.deliveries("acme", None, None, 10))[::-1]
+        await store.close()
+        return page
+
+    page = asyncio.run(scenario())
+    types = [json.loads(r.content)["type"] for r in got]
+    assert types == ["sandbox.lifecycle.created"] * 2 + [
+        "sandbox.lifecycle.paused",
+        "sandbox.lifecycle.resumed",
+        "sandbox.lifecycle.killed",
+    ]  # the failed first event held back the rest of its session: order kept
+    for request in got:
+        verify(KEY, request.headers, request.content)
+        assert request.headers["host"] == "127.0.0.1:9" and request.url.path == "/hook"
+    assert [len(r["log"]) for r in page] == [2, 1, 1, 1]
+    assert page[0]["log"][0]["status"] == 503 and page[0]["log"][1]["status"] == 204
+
+
+def test_a_receiver_that_never_answers_does_not_hold_the_publisher_and_is_cut(tmp_path):
+    async def never(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def scenario():
+        store = await opened(tmp_path)
+        webhooks = hooks(store, never, timeout=0.2, concurrency=2, backoff=60)
+        await webhooks.start("g1")
+        started = time.monotonic()
+        for n in range(10):
+            webhooks.publish(lifecycle(session_id=f"s{n}"))
+        published = time.monotonic() - started
+        await asyncio.sleep(0.1)
+        in_flight = len(webhooks.sending)
+        await until(lambda: _count(store, "pending", 10, attempted=True))
+        await webhooks.stop()
+        await store.close()
+        return published, in_flight
+
+    published, in_flight = asyncio.run(scenario())
+    assert published < 0.05  # telling never waits on a receiver
+    assert in_flight == 2  # bounded concurrency
+
+
+def test_attempts_run_out_and_a_replay_sends_the_same_event_again(tmp_path):
+    answers = iter([500, 500, 200])
+    got: list[httpx.Request] = []
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        got.append(request)
+        return httpx.Response(next(answers))
+
+    async def scenario():
+        store = await opened(tmp_path)
+        webhooks = hooks(store, receiver, attempts=2)
+        await webhooks.start("g1")
+        webhooks.publish(lifecycle())
+        await until(lambda: _all(store, "failed", 1))
+        (first,) = (await webhooks.deliveries(_acme(), None, None, None))["deliveries"]
+        again = await webhooks.replay(first["id"], _acme())
+        await until(lambda: _count(store, "delivered", 1))
+        await webhooks.stop()
+        await store.close()
+        return first, again
+
+    first, again = asyncio.run(scenario())
+    assert first["attempts"] == 2 and [a["status"] for a in first["log"]] == [500, 500]
+    assert again["replay_of"] == first["id"]
+    assert len({r.headers["webhook-id"] for r in got}) == 1  # one event, three sends
+
+
+def test_an_endpoint_resolving_to_a_private_address_is_refused_unless_allowed(tmp_path):
+    def receiver(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("the guard let a request through")
+
+    async def scenario():
+        store = await opened(tmp_path)
+        found = endpoints("http://169.254.169.254/latest/meta-data")
+        webhooks = hooks(store, receiver, allow=(), found=found)
+        await webhooks.start("g1")
+        webhooks.publish(lifecycle())
+        await until(lambda: _all(store, "failed", 1))
+        await webhooks.stop()
+        page = await store.deliveries("acme", None, None, 10)
+        await store.close()
+        return page[0]
+
+    row = asyncio.run(scenario())
+    assert row["attempts"] == 1 and "link-local" in row["log"][0]["error"]
+
+
+def test_pending_deliveries_survive_a_restart_and_a_cut_claim_is_sent_again(tmp_path):
+    got: list[str] = []
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        got.append(json.loads(request.content)["session_id"])
+        return httpx.Response(200)
+
+    async def scenario():
+        store = await opened(tmp_path)
+        await store.add_deliveries([_row("d1", "s1"), _row("d2", "s2")], 100)
+        assert len(await store.claim_deliveries("g1", 1, 60)) == 1  # then g1 was killed
+        await store.close()
+        store = await opened(tmp_path)  # the same data dir, the same gateway id
+        webhooks = hooks(store, receiver)
+        await webhooks.start("g1")
+        await until(lambda: _all(store, "delivered", 2))
+        await webhooks.stop()
+        await store.close()
+
+    asyncio.run(scenario())
+    assert sorted(got) == ["s1", "s2"]
+
+
+def test_each_delivery_is_claimed_once_by_gateways_claiming_at_once(tmp_path):
+    async def scenario():
+        store = await opened(tmp_path)
+        await store.add_deliveries([_row(f"d{n}", f"s{n}") for n in range(30)], 100)
+        claims = await asyncio.gather(
+            *(store.claim_deliveries(f"g{n % 3}", 4, 60) for n in range(12))
+        )
+        expired = await store.claim_deliveries("g9", 100, 60)  # nothing is due again yet
+        await store.close()
+        return [row["id"] for found in claims for row in found], expired
+
+    claimed, expired = asyncio.run(scenario())
+    assert len(claimed) == len(set(claimed)) == 30 and expired == []
+
+
+def test_a_full_endpoint_drops_new_deliveries_and_logs_why(tmp_path):
+    async def scenario():
+        store = await opened(tmp_path)
+        await store.add_deliveries([_row(f"d{n}", f"s{n}") for n in range(3)], 2)
+        page = await store.deliveries("acme", None, None, 10)
+        await store.close()
+        return page
+
+    page = asyncio.run(scenario())
+    assert [r["state"] for r in page] == ["dropped", "pending", "pending"]
+    assert "waiting" in page[0]["log"][0]["error"]
+
+
+def test_session_events_say_why_masked_and_carry_no_env(tmp_path):
+    told: list[dict] = []
+    events = SessionEvents()
+    events.tell("created", object())  # type: ignore[arg-type]  # no sink: nothing is built
+    events.sinks.append(told.append)
+    events.approval({"id": "a1", "tenant": "acme", "session_id": "s1", "state": "pending",
+                     "code": "print(1)", "reasons": ["r"]})  # fmt: skip
+    assert told[0]["type"] == "sandbox.approval.pending"
+    assert "code" not in told[0]["eventData"]["approval"]
+
+
+def _acme():
+    from gateway.access.auth import Principal
+
+    return Principal(tenant="acme")
+
+
+def _row(delivery_id: str, session_id: str) -> dict:
+    body = json.dumps(lifecycle(session_id=session_id))
+    return {"id": delivery_id, "event_id": "e" + delivery_id, "type": "sandbox.lifecycle.created",
+            "tenant": "acme", "endpoint": "main", "session_id": session_id,
+            "body": body}  # fmt: skip
+
+
+async def _count(store, state: str, n: int, attempted: bool = False) -> bool:
+    page = await store.deliveries("acme", state, None, 1000)
+    return len([r for r in page if r["attempts"] or not attempted]) >= n
+
+
+async def _all(store, state: str, n: int) -> bool:
+    page = await store.deliveries("acme", None, None, 1000)
+    return len(page) == n and all(r["state"] == state for r in page)
