@@ -71,7 +71,7 @@ from .sessions.locations import Locations
 from .sessions.manager import SessionManager
 from .sessions.model import Session
 from .sessions.networks import NetworkRules
-from .sessions.pool import WarmPool
+from .sessions.pool import PoolTargets, WarmPool
 from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
@@ -356,7 +356,7 @@ def build_manager(
     desk = ApprovalDesk(store, settings.approval_timeout, live=sessions.__contains__)
     pool = WarmPool(
         lifecycle,
-        settings.pool,
+        PoolTargets(settings.pool, settings.pool_max, settings.pool_shrink_after),
         refill_concurrency=settings.pool_refill_concurrency,
         max_sandboxes=settings.max_sessions,
         live=sessions,

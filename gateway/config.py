@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -373,6 +374,17 @@ class Settings:
 
     # -- sessions & limits
     max_sessions: int = _opt(64, "live sessions allowed at once, server-wide", LIMITS)
+    host_max_sessions: int = _opt(
+        0, "live sessions all the gateways on this host may hold together (0: no such cap)",
+        LIMITS,
+    )
+    host_max_memory: int = _opt(
+        "0", "memory limits all the gateways' sessions on this host may add up to (0: no cap)",
+        LIMITS, SIZE,
+    )
+    host_id: str = _opt(
+        "", "this host's name in the host caps' counts (empty: its hostname)", LIMITS
+    )
     default_ttl: float = _opt(
         3600.0, "session lifetime in seconds when none is asked for", LIMITS, SECONDS
     )
@@ -443,6 +455,36 @@ class Settings:
     )
     pool_refill_concurrency: int = _opt(
         1, "pooled kernels started at once while refilling", POOLING
+    )
+    pool_max: Mapping[str, int] = _opt(
+        "",
+        "most ready kernels per kernelspec the pool grows to while creates find it empty, "
+        "e.g. 'python3=8' (one more for each create that found none; a kernelspec not named "
+        "stays at its pool size)",
+        POOLING,
+        POOL,
+    )
+    pool_shrink_after: float = _opt(
+        60.0,
+        "seconds without a create finding the pool empty before a grown pool gives back one "
+        "ready kernel (down to its pool size)",
+        POOLING,
+        SECONDS,
+    )
+    start_concurrency: int = _opt(
+        0, "cold starts at once; the rest wait their turn, fairly by tenant (0: one per CPU)",
+        POOLING,
+    )
+    start_queue: int = _opt(
+        64, "creates that may wait for a cold start; one more is refused (503, Retry-After)",
+        POOLING,
+    )
+    start_queue_per_tenant: int = _opt(
+        16, "of those, the most one tenant may have waiting", POOLING
+    )
+    start_wait: float = _opt(
+        60.0, "seconds a create waits for a cold start before it is refused (503)", POOLING,
+        SECONDS,
     )
 
     # -- kernels & images
@@ -690,6 +732,12 @@ class Settings:
             raise ConfigError("max_sessions must be at least 1")
         if self.pool_refill_concurrency < 1:
             raise ConfigError("pool_refill_concurrency must be at least 1")
+        if min(self.start_queue, self.start_queue_per_tenant, self.start_concurrency + 1) < 1:
+            raise ConfigError("start_queue and start_queue_per_tenant must be at least 1")
+        if min(self.host_max_sessions, self.host_max_memory, self.start_wait) < 0:
+            raise ConfigError("host_max_sessions, host_max_memory and start_wait cannot be < 0")
+        if not self.host_id:
+            self.host_id = socket.gethostname()
         self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now
         self._check_isolation()
         self._check_placement()

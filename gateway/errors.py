@@ -44,6 +44,7 @@ codes themselves. The tree::
         ├── EgressUnavailable             egress_unavailable
         ├── SandboxUnavailable            sandbox_unavailable (a cluster node does not answer)
         ├── OwnerUnavailable              owner_unavailable (the gateway owning a session does not)
+        ├── Overloaded                    overloaded (cold starts queued past their bound)
         └── StoreUnavailable              store_unavailable (the shared database does not answer)
 """
 
@@ -57,9 +58,11 @@ class GatewayError(Exception):
     code = "internal_error"
     retry_after: int | None = None  # seconds worth waiting before a retry (a Retry-After header)
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if retry_after is not None:
+            self.retry_after = retry_after
 
 
 class ConfigError(GatewayError):
@@ -303,6 +306,13 @@ class OwnerUnavailable(Unavailable):
 
     code = "owner_unavailable"
     retry_after = 3
+
+
+class Overloaded(Unavailable):
+    """Creates the warm pool cannot serve wait for a cold start; past the queue's bound, this."""
+
+    code = "overloaded"
+    retry_after = 5
 
 
 class StoreUnavailable(Unavailable):

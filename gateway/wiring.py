@@ -54,6 +54,13 @@ def session_options(settings: Settings) -> SessionOptions:
         idle_action=settings.idle_action,
         kernel_start_timeout=settings.kernel_start_timeout,
         lease_ttl=settings.lease_ttl,
+        start_concurrency=settings.start_concurrency,
+        start_queue=settings.start_queue,
+        start_queue_per_tenant=settings.start_queue_per_tenant,
+        start_wait=settings.start_wait,
+        host_id=settings.host_id,
+        host_max_sessions=settings.host_max_sessions,
+        host_max_memory=settings.host_max_memory,
     )
 
 

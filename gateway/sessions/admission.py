@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -23,6 +24,16 @@ from .model import Session
 
 log = logging.getLogger(__name__)
 
+
+@dataclasses.dataclass(frozen=True)
+class HostCaps:
+    """What all the gateways on one host may hold together (0: no cap)."""
+
+    host: str = ""
+    max_sessions: int = 0
+    max_memory: int = 0
+
+
 UNSHARED_CLAIM = 3600.0  # seconds a claim stays fresh where nobody else counts it (SQLite)
 ADVICE = {
     "sessions": "delete one it no longer needs",
@@ -30,6 +41,8 @@ ADVICE = {
     "cpus": "ask for fewer CPUs or delete a session",
     "disk": "ask for a smaller workspace (limits.disk) or delete a session",
     "per_minute": "try again within a minute",
+    "host_sessions": "try again once sessions end, or another host",
+    "host_memory": "ask for less memory, or try again once sessions end",
 }
 
 
@@ -43,8 +56,10 @@ class Admission:
         max_sessions: int,
         store: Store,
         leases: Leases,
+        host: HostCaps | None = None,
     ) -> None:
         self.sessions = sessions
+        self.host = host or HostCaps()
         self.quota = quota
         self.max_sessions = max_sessions
         self.store = store
@@ -64,7 +79,8 @@ class Admission:
         if len(self.sessions) >= self.max_sessions:
             raise TooManySessions(
                 f"the gateway runs its maximum of {self.max_sessions} sessions; "
-                "delete one you no longer need or try again later"
+                "delete one you no longer need or try again later",
+                retry_after=30,
             )
         self.sessions[new.id] = new
 
@@ -78,8 +94,11 @@ class Admission:
         quota = self.quota(new.tenant)
         caps = {"sessions": quota.max_sessions, "memory": quota.max_memory,
                 "cpus": quota.max_cpus, "disk": quota.max_disk,
-                "per_minute": quota.creates_per_minute}  # fmt: skip
+                "per_minute": quota.creates_per_minute,
+                "host_sessions": self.host.max_sessions,
+                "host_memory": self.host.max_memory}  # fmt: skip
         claim = {"session_id": new.id, "tenant": new.tenant, "owner": self.leases.owner,
+                 "host": self.host.host,
                  "memory": new.limits.memory, "cpus": new.limits.cpus,
                  "disk": new.limits.disk}  # fmt: skip
         try:
@@ -103,6 +122,8 @@ class Admission:
         """The create is over: its session's record holds the claim, or it never started."""
         self._in_flight.discard(session.id)
         if not started:  # shielded: a create cut short still gives its claim back
+            if self.sessions.get(session.id) is session:  # refused before it was ever saved
+                del self.sessions[session.id]
             await asyncio.shield(self.store.release_claim(session.id))
 
     def start(self) -> None:
@@ -131,6 +152,17 @@ def _refusal(new: Session, refused: dict) -> GatewayError:
     tenant = new.tenant
     if what == "id":
         return Conflict(f"session id {new.id} was used before; ids are never reused")
+    if what.startswith("host_"):
+        held = (
+            f"hold {used} live sessions" if what == "host_sessions"
+            else f"would reserve {format_size(used + refused['wanted'])} of memory"
+        )  # fmt: skip
+        limit = f"{cap:g}" if what == "host_sessions" else format_size(cap)
+        return TooManySessions(
+            f"this host's gateways together {held}, its cap of {limit} "
+            f"({what.replace('_', '_max_')}); {ADVICE[what]}",
+            retry_after=30,
+        )
     if what == "sessions":
         held = f"holds {used} live sessions, its quota of {cap:g}"
     elif what == "per_minute":
@@ -141,10 +173,10 @@ def _refusal(new: Session, refused: dict) -> GatewayError:
             f"would use {show(used + refused['wanted'])} of {what}, over its quota of "
             f"{show(cap)} ({show(used)} in use)"
         )
-    error = QuotaExceeded(f"tenant {tenant!r} {held} across the deployment; {ADVICE[what]}")
-    if what == "per_minute":
-        error.retry_after = 60
-    return error
+    return QuotaExceeded(
+        f"tenant {tenant!r} {held} across the deployment; {ADVICE[what]}",
+        retry_after=60 if what == "per_minute" else 30,
+    )
 
 
 def _logged(future: asyncio.Future) -> None:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -50,7 +51,7 @@ from ..policy.gate import Gate
 from ..sandbox.base import DeathCallback
 from ..store.base import Store
 from ..validation import seconds
-from .admission import Admission
+from .admission import Admission, HostCaps
 from .commands import Commands
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
@@ -66,6 +67,7 @@ from .requests import (
     UpdateSession,
 )
 from .snapshots import Snapshots
+from .starts import StartQueue
 from .state import KernelState
 from .tasks import TaskSet
 from .watchers import Watchers
@@ -123,7 +125,16 @@ class SessionManager:
         self.state = state
         self.snapshots = snapshots
         self.leases = leases or Leases(store, settings.lease_ttl)
-        self.admission = Admission(sessions, quota, settings.max_sessions, store, self.leases)
+        host = HostCaps(settings.host_id, settings.host_max_sessions, settings.host_max_memory)
+        self.admission = Admission(
+            sessions, quota, settings.max_sessions, store, self.leases, host
+        )
+        self.starts = StartQueue(
+            settings.start_concurrency or os.cpu_count() or 2,
+            settings.start_queue,
+            settings.start_queue_per_tenant,
+            settings.start_wait,
+        )
         self.tasks = TaskSet()
         self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
@@ -300,14 +311,15 @@ class SessionManager:
             await self.end(session, "another gateway made a session with this id")
             raise Conflict(f"session id {session.id} is taken")
         if not warm:
-            await self.pool.make_room()
-            await self.save(session)
-            try:
-                async with ended_meanwhile(session, "started"):
-                    await self.lifecycle.launch(session)
-            except BaseException as e:
-                await self.end(session, f"kernel failed to start: {e}")  # unless it has ended
-                raise
+            async with self.starts.slot(session.tenant):  # a few cold starts at once
+                await self.pool.make_room()
+                await self.save(session)
+                try:
+                    async with ended_meanwhile(session, "started"):
+                        await self.lifecycle.launch(session)
+                except BaseException as e:
+                    await self.end(session, f"kernel failed to start: {e}")  # unless it ended
+                    raise
         if snapshot is not None:
             await self._fork(session, snapshot)
         await self._enter_working_dir(session)

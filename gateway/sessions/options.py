@@ -24,3 +24,10 @@ class SessionOptions:
     idle_action: str  # "end" or "pause" once the idle timeout passes
     kernel_start_timeout: float
     lease_ttl: float  # how long a lease on a session lasts when gateways share the store
+    start_concurrency: int = 2  # cold starts at once (starts.py)
+    start_queue: int = 64  # creates that may wait for one
+    start_queue_per_tenant: int = 16
+    start_wait: float = 60.0  # seconds a create waits for one
+    host_id: str = ""  # this host, in the claims that count a host's sessions
+    host_max_sessions: int = 0  # live sessions of every gateway on this host (0: no cap)
+    host_max_memory: int = 0  # their memory limits added up (0: no cap)

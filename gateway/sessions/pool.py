@@ -17,6 +17,11 @@ pooled sandboxes count against the server's session limit and give way to
 real sessions when it is reached. A resume takes one the same way, where the
 placement can hand a running sandbox to a session that keeps its id
 (``Placement.hands_over``: docker, not swarm).
+
+Demand moves the sizes (``PoolTargets``): each create that finds a
+kernelspec's pool empty raises its target by one, up to ``pool_max``; once
+``pool_shrink_after`` seconds pass without one, it falls back by one, down
+to its ``pool`` size, and a ready sandbox past the target is removed.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import Counter
-from collections.abc import Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 from .lifecycle import SandboxLifecycle
@@ -40,24 +46,58 @@ log = logging.getLogger(__name__)
 _SET_ENV = {"python": "import os as _o; _o.environ.update({env}); del _o"}
 
 
+class PoolTargets:
+    """Ready sandboxes to keep per kernelspec: its pool size, more while creates find none."""
+
+    def __init__(
+        self,
+        base: Mapping[str, int],
+        most: Mapping[str, int],
+        shrink_after: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.base = dict(base)
+        self.most = {name: max(size, most.get(name, size)) for name, size in base.items()}
+        self.sizes = dict(base)  # the targets now
+        self.shrink_after = shrink_after
+        self.clock = clock
+        self._moved: dict[str, float] = {}  # kernelspec -> when its target last moved
+
+    def missed(self, name: str) -> None:
+        """A create found ``name``'s pool empty: keep one more ready, within its bound."""
+        if name in self.sizes:
+            self.sizes[name] = min(self.most[name], self.sizes[name] + 1)
+            self._moved[name] = self.clock()
+
+    def relax(self) -> None:
+        """Give back one of a grown target where no create has found it empty for a while."""
+        now = self.clock()
+        for name, size in self.sizes.items():
+            if size > self.base[name] and now - self._moved.get(name, now) >= self.shrink_after:
+                self.sizes[name] = size - 1
+                self._moved[name] = now
+
+
 class WarmPool:
     """Ready sandboxes per kernelspec, each claimed by at most one session."""
 
     def __init__(
         self,
         lifecycle: SandboxLifecycle,
-        sizes: dict[str, int],
+        sizes: dict[str, int] | PoolTargets,
         refill_concurrency: int,
         max_sandboxes: int,
         live: Sized,
     ) -> None:
-        """``live`` holds the sessions that share ``max_sandboxes`` with the pool."""
+        """``live`` holds the sessions that share ``max_sandboxes`` with the pool;
+        ``sizes``: fixed sizes, or targets that follow demand."""
         self.lifecycle = lifecycle
-        self.sizes = sizes
+        self.targets = sizes if isinstance(sizes, PoolTargets) else PoolTargets(sizes, {}, 0)
+        self.sizes = self.targets.sizes
         self.max_sandboxes = max_sandboxes
         self.live = live
         self.tasks = TaskSet()  # refills and discards, cancelled by ``stop``
-        self.ready: dict[str, list[Session]] = {name: [] for name in sizes}
+        self.ready: dict[str, list[Session]] = {name: [] for name in self.sizes}
         self.starting: Counter[str] = Counter()
         self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
         self._refills = asyncio.Semaphore(refill_concurrency)
@@ -93,6 +133,8 @@ class WarmPool:
         workspace, with its own limits and env applied.
         """
         entry = self._take(session, request)
+        if entry is None and not self.ready.get(session.kernel_name) and _poolable(request):
+            self.targets.missed(session.kernel_name)
         self._wake.set()
         hit = entry is not None
         if entry is not None:
@@ -162,7 +204,10 @@ class WarmPool:
     async def _fill_forever(self) -> None:
         while True:
             self._wake.clear()
+            self.targets.relax()
             for name, size in self.sizes.items():
+                if len(self.ready[name]) > size:  # demand fell: one fewer kept ready
+                    self.tasks.spawn(self._discard(self.ready[name].pop()))
                 while len(self.ready[name]) + self.starting[name] < size and self._has_room():
                     self.starting[name] += 1
                     self.tasks.spawn(self._refill(name))
@@ -235,6 +280,11 @@ class WarmPool:
             }
             for name in self.sizes
         }
+
+
+def _poolable(request: CreateSession) -> bool:
+    """Whether a pooled sandbox could have served the request, had one been ready."""
+    return request.session_id is None and not request.secrets
 
 
 def _same_box(session: Session, pooled: Session) -> bool:

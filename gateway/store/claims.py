@@ -1,4 +1,4 @@
-"""Tenants' quotas, counted once for a whole deployment: one claim per session.
+"""Tenants' quotas and hosts' caps, counted once for a whole deployment: one claim per session.
 
 Every create claims its share (a session, its memory, CPUs and disk) before
 anything starts; the claim is checked against everything the tenant holds and
@@ -40,9 +40,10 @@ class Claims(Repository):
     ) -> dict[str, Any] | None:
         """Claim ``claim``'s share of its tenant's quota (``caps``) unless that would pass it.
 
-        ``claim``: session_id, tenant, owner, memory, cpus, disk. ``caps``:
-        sessions, memory, cpus, disk, per_minute (0: none). None when granted;
-        else what would pass its cap: {what, used, cap, wanted}.
+        ``claim``: session_id, tenant, owner, host, memory, cpus, disk. ``caps``:
+        sessions, memory, cpus, disk, per_minute, and the host's: host_sessions,
+        host_memory (each 0: none). None when granted; else what would pass
+        its cap: {what, used, cap, wanted}.
         """
         return await self.db.run(self._claim, claim, caps, ttl)
 
@@ -56,17 +57,7 @@ class Claims(Repository):
             f"DELETE FROM claims WHERE tenant = ? AND claimed_at < {now} - ? AND NOT ({self.held})",
             (tenant, WINDOW),
         )
-        row = db.rows(
-            "SELECT count(*), coalesce(sum(memory), 0), coalesce(sum(cpus), 0),"
-            f" coalesce(sum(disk), 0) FROM claims WHERE tenant = ? AND {self.held}",
-            (tenant,),
-        )[0]
-        used = {
-            "sessions": int(row[0]),
-            "memory": int(row[1]),
-            "cpus": float(row[2]),
-            "disk": int(row[3]),
-        }  # fmt: skip (PostgreSQL sums bigints as numerics)
+        used = self._held("tenant", tenant)
         wanted = {"sessions": 1, "memory": claim["memory"], "cpus": claim["cpus"],
                   "disk": claim["disk"]}  # fmt: skip
         if caps.get("per_minute"):
@@ -75,17 +66,36 @@ class Claims(Repository):
                 (tenant, WINDOW),
             )
             used["per_minute"], wanted["per_minute"] = int(recent[0][0]), 1
+        if caps.get("host_sessions") or caps.get("host_memory"):  # 0: that cap is off
+            host = self._held("host", claim["host"])
+            for what, amount in (("sessions", 1), ("memory", claim["memory"])):
+                if caps.get(f"host_{what}"):
+                    used[f"host_{what}"], wanted[f"host_{what}"] = host[what], amount
         for what, amount in wanted.items():
             if used[what] + amount > caps[what]:
                 return {"what": what, "used": used[what], "cap": caps[what], "wanted": amount}
         taken = db.rows(
-            "INSERT INTO claims (session_id, tenant, owner, memory, cpus, disk, claimed_at,"
-            f" expires_at) VALUES (?, ?, ?, ?, ?, ?, {now}, {now} + ?)"
+            "INSERT INTO claims (session_id, tenant, owner, host, memory, cpus, disk, claimed_at,"
+            f" expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, {now}, {now} + ?)"
             " ON CONFLICT (session_id) DO NOTHING RETURNING session_id",
-            (claim["session_id"], tenant, claim["owner"], claim["memory"], claim["cpus"],
-             claim["disk"], ttl),
+            (claim["session_id"], tenant, claim["owner"], claim.get("host", ""), claim["memory"],
+             claim["cpus"], claim["disk"], ttl),
         )  # fmt: skip
         return None if taken else {"what": "id", "used": 0, "cap": 0, "wanted": 1}
+
+    def _held(self, column: str, value: str) -> dict[str, float]:
+        """What the claims that count of a tenant (or a host) add up to."""
+        row = self.db.rows(
+            "SELECT count(*), coalesce(sum(memory), 0), coalesce(sum(cpus), 0),"
+            f" coalesce(sum(disk), 0) FROM claims WHERE {column} = ? AND {self.held}",
+            (value,),
+        )[0]
+        return {
+            "sessions": int(row[0]),
+            "memory": int(row[1]),
+            "cpus": float(row[2]),
+            "disk": int(row[3]),
+        }  # fmt: skip (PostgreSQL sums bigints as numerics)
 
     async def extend_claims(self, session_ids: list[str], ttl: float) -> None:
         """Keep in-flight creates' claims fresh for another ``ttl`` seconds."""

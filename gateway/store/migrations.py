@@ -174,7 +174,7 @@ MIGRATIONS = [
     """,
     # One view of a deployment: each session's tenant as a column (listings page by it),
     # when each lease was last renewed (how fresh another gateway's session is), and
-    # the claims every create makes on its tenant's quota (claims.py).
+    # the claims every create makes on its tenant's quota and its host's caps (claims.py).
     """
     ALTER TABLE sessions ADD COLUMN tenant TEXT;
     UPDATE sessions SET tenant = coalesce({doc_tenant}, 'default');
@@ -184,6 +184,7 @@ MIGRATIONS = [
         session_id TEXT PRIMARY KEY,
         tenant TEXT NOT NULL,
         owner TEXT NOT NULL,
+        host TEXT NOT NULL,
         memory {bigint} NOT NULL,
         cpus {real} NOT NULL,
         disk {bigint} NOT NULL,
@@ -192,6 +193,7 @@ MIGRATIONS = [
         released_at {real}
     );
     CREATE INDEX claims_by_tenant ON claims (tenant, claimed_at);
+    CREATE INDEX claims_by_host ON claims (host) WHERE released_at IS NULL;
     """,
     # Lifecycle webhooks (webhooks.py): one row per event and endpoint, each attempt in
     # its log; claimed by one gateway at a time, in order per session and endpoint.

@@ -214,3 +214,29 @@ def test_a_gateway_killed_mid_create_gives_its_claim_back(start_gateway, postgre
         "the killed gateway's claim was never given back: the tenant stays at its quota"
     )
     print(f"the claim came back {time.monotonic() - killed:.1f} s after the kill")
+
+
+def test_a_hosts_cap_holds_for_all_its_gateways_together(start_gateway, postgres):
+    flags = ("--database-url", postgres.database(), "--lease-ttl", LEASE,
+             "--host-max-sessions", "2")  # fmt: skip
+    gateways = [start_gateway(*flags) for _ in range(2)]
+    go = threading.Barrier(8)
+    answers: list[httpx.Response] = [None] * 8  # type: ignore[list-item]
+
+    def create(n: int) -> None:
+        gw = gateways[n % 2]
+        with httpx.Client(base_url=gw.url, headers=gw.client.headers, timeout=120) as api:
+            go.wait()
+            answers[n] = api.post("/v1/sessions", json={})
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = [r for r in answers if r.status_code == 201]
+    assert len(made) == 2, f"{len(made)} of 8 creates through two gateways on a host capped at 2"
+    for r in answers:
+        if r.status_code != 201:
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_sessions", r.text
+            assert "host_max_sessions" in r.json()["error"]["message"] and r.headers["Retry-After"]

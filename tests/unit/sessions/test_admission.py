@@ -9,7 +9,7 @@ import pytest
 
 from gateway.access.auth import Quota
 from gateway.errors import QuotaExceeded, TooManySessions
-from gateway.sessions.admission import Admission
+from gateway.sessions.admission import Admission, HostCaps
 from gateway.sessions.leases import Leases
 from gateway.sessions.model import Limits
 from gateway.store.sqlite import SQLiteStore
@@ -22,13 +22,17 @@ def session(sid: str, memory: int = GIB, cpus: float = 1.0) -> SimpleNamespace:
     return SimpleNamespace(id=sid, tenant="acme", limits=limits)
 
 
-def admitting(tmp_path, quota: Quota, max_sessions: int = 10):
+def admitting(tmp_path, quota: Quota, max_sessions: int = 10, host: HostCaps | None = None):
     async def go():
         store = SQLiteStore(tmp_path / "db.sqlite3")
         await store.open()
         registry: dict = {}
-        return store, registry, Admission(
-            registry, lambda tenant: quota, max_sessions, store, Leases(store, 3.0)
+        return (
+            store,
+            registry,
+            Admission(
+                registry, lambda tenant: quota, max_sessions, store, Leases(store, 3.0), host
+            ),
         )
 
     return go()
@@ -84,8 +88,13 @@ def test_a_create_that_never_started_gives_its_claim_back_and_a_warm_one_keeps_i
         warm.id = "pooled-1"
         await admission.done(warm, started=True)
         await store.save_session(
-            {"id": "pooled-1", "tenant": "acme", "state": "idle", "created_at": "t",
-             "ended_at": None}  # fmt: skip
+            {
+                "id": "pooled-1",
+                "tenant": "acme",
+                "state": "idle",
+                "created_at": "t",
+                "ended_at": None,
+            }  # fmt: skip
         )
         registry.clear()
         assert await store.release_stale_claims(admission.leases.owner) == 0  # bound to its id
@@ -103,6 +112,30 @@ def test_this_gateways_maximum_is_checked_in_memory_before_any_claim(tmp_path):
         await admit(admission, session("a"))
         with pytest.raises(TooManySessions, match="maximum of 1"):
             admission.reserve(session("b"))
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_hosts_caps_count_every_tenants_sessions_and_say_so_with_a_retry_after(tmp_path):
+    async def scenario():
+        quota = Quota(max_sessions=5, max_memory=8 * GIB, max_disk=100 * GIB)
+        host = HostCaps("h1", max_sessions=2, max_memory=0)
+        store, _, admission = await admitting(tmp_path, quota, host=host)
+        await admit(admission, session("a"))
+        other = SimpleNamespace(**{**vars(session("b")), "tenant": "zeta"})
+        await admit(admission, other)
+        with pytest.raises(TooManySessions) as full:
+            await admit(admission, session("c"))
+        assert not isinstance(full.value, QuotaExceeded)
+        assert (
+            "this host's gateways together hold 2 live sessions, its cap of 2"
+            in (full.value.message)
+            and "host_max_sessions" in full.value.message
+        )
+        assert full.value.status == 429 and full.value.retry_after == 30
+        elsewhere = Admission({}, lambda t: quota, 10, store, Leases(store, 3.0), HostCaps("h2", 2))
+        await admit(elsewhere, session("d"))  # another host's count is its own
         await store.close()
 
     asyncio.run(scenario())
