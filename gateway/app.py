@@ -38,6 +38,7 @@ from .api import (
     sessions,
     snapshots,
     stream,
+    webhooks,
 )
 from .api.base import ApiOptions, NotFoundHandler, log_request
 from .api.edge import Edge
@@ -45,6 +46,7 @@ from .api.forward import Forwarder
 from .config import Settings
 from .egress.npm import NpmCache
 from .egress.packages import Cache, PackageCache, PackageGate, PackagePolicy
+from .egress.policy import AddressGuard
 from .errors import EngineUnavailable
 from .execution.transport.guard import MessageGuard
 from .execution.transport.libzmq import limit_kernel_messages, shared_context
@@ -77,10 +79,17 @@ from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .sessions.upkeep import Upkeep
+from .sessions.webhooks import Webhooks, read_endpoints
 from .sessions.workspaces import Workspaces
 from .store.base import Store
 from .store.datadir import DataDirLock
-from .wiring import isolation_options, make_store, session_options, swarm_options
+from .wiring import (
+    isolation_options,
+    make_store,
+    session_options,
+    swarm_options,
+    webhook_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +123,7 @@ def make_app(
             *audit.routes,
             *secrets.routes,
             *approvals.routes,
+            *webhooks.routes,
             *metrics.routes,
             *jupyter.routes,
             *e2b.routes,
@@ -130,6 +140,7 @@ def make_app(
         sbx_listing=domain.listing,
         sbx_kernelspecs=manager.lifecycle.kernelspecs,
         sbx_desk=manager.gate.desk,
+        sbx_webhooks=domain.webhooks,
         sbx_book=manager.gate.book,
         sbx_snapshots=manager.snapshots,
         sbx_options=ApiOptions(
@@ -220,6 +231,9 @@ class Gateway:
         )
         self.domain = build_domain(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
+        events = self.manager.events
+        events.sinks.append(self.domain.webhooks.publish)
+        self.manager.gate.desk.listeners.append(events.approval)
         lag = self.loop_lag.max_lag
         self.manager.metrics.watch(
             "gauge", "sbx_event_loop_lag_max_seconds",
@@ -229,6 +243,7 @@ class Gateway:
         upkeep = self.domain.upkeep
         await self.manager.start(upkeep.on_death, upkeep.resync)
         upkeep.start()
+        await self.domain.webhooks.start(self.manager.leases.owner)
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
         reuse = self.settings.reuse_port
         sockets = tornado.netutil.bind_sockets(self.settings.port, first, reuse_port=reuse)
@@ -248,6 +263,7 @@ class Gateway:
         manager = self.manager
         egress, hooks = manager.lifecycle.isolation.egress, self.domain.egress
         egress.protect_port(self.port)
+        self.domain.webhooks.guard.own_ports.add(self.port)
         egress.set_redactor(hooks.redact)
         egress.set_connection_hook(hooks.record_connection)
         egress.set_denial_hook(
@@ -288,6 +304,7 @@ class Gateway:
             self.server.stop()
         if self.domain is not None:
             await self.domain.upkeep.stop()
+            await self.domain.webhooks.stop()
         if self.manager is not None:
             await self.manager.stop(
                 end_sessions=self.settings.end_sessions_on_stop,
@@ -395,6 +412,7 @@ class Domain:
     upkeep: Upkeep
     networks: NetworkRules
     previews: Previews
+    webhooks: Webhooks
 
 
 def build_domain(settings: Settings, manager: SessionManager) -> Domain:
@@ -431,6 +449,12 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         previews=Previews(
             lifecycle.placement,
             PreviewCaps(settings.preview_max_connections, settings.preview_max_bytes),
+        ),
+        webhooks=Webhooks(
+            store,
+            read_endpoints(settings.tokens_file),
+            webhook_options(settings),
+            AddressGuard(list(settings.webhook_allow_ranges), set()),
         ),
     )
 

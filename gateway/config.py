@@ -711,6 +711,28 @@ class Settings:
         STORAGE,
         SECONDS,
     )
+    webhook_timeout: float = _opt(
+        5.0, "seconds one lifecycle webhook attempt may take (docs/webhooks.md)", STORAGE, SECONDS
+    )
+    webhook_attempts: int = _opt(8, "attempts at a webhook delivery before it fails", STORAGE)
+    webhook_backoff: float = _opt(
+        5.0, "seconds before a webhook's first retry; doubled for each next one", STORAGE, SECONDS
+    )
+    webhook_concurrency: int = _opt(4, "webhook attempts one gateway makes at once", STORAGE)
+    webhook_queue: int = _opt(
+        1000, "webhook deliveries one endpoint may have waiting; more are dropped (logged)",
+        STORAGE,
+    )  # fmt: skip
+    webhook_log_max_age: float = _opt(
+        604800.0, "seconds finished webhook deliveries stay in the delivery log", STORAGE, SECONDS
+    )
+    webhook_allow_ranges: tuple[IPNetwork, ...] = _opt(
+        "",
+        "private, loopback or link-local ranges webhook endpoints may resolve into (by default "
+        "only public addresses are called, never the gateway's own port)",
+        STORAGE,
+        CIDRS,
+    )
 
     # -- client
     url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use", CLIENT)
@@ -761,6 +783,12 @@ class Settings:
             )
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
+        if min(self.webhook_timeout, self.webhook_attempts, self.webhook_concurrency,
+               self.webhook_queue) <= 0:  # fmt: skip
+            raise ConfigError(
+                "webhook_timeout, webhook_attempts, webhook_concurrency and webhook_queue must "
+                "be positive"
+            )
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
             raise ConfigError(
                 "idle_connection_timeout, body_timeout and loop_lag_warning must be positive"

@@ -17,6 +17,7 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.swarm.placement import SwarmOptions
 from .sessions.options import SessionOptions
+from .sessions.webhooks import WebhookOptions
 from .store.base import Retention, Store
 from .store.sqlite import SQLiteStore
 
@@ -85,4 +86,17 @@ def swarm_options(settings: Settings) -> SwarmOptions:
         registry=settings.registry,
         constraints=settings.swarm_constraints,
         poll_interval=settings.swarm_poll_interval,
+    )
+
+
+def webhook_options(settings: Settings) -> WebhookOptions:
+    """The lifecycle webhooks' delivery settings."""
+    return WebhookOptions(
+        timeout=settings.webhook_timeout,
+        attempts=settings.webhook_attempts,
+        backoff=settings.webhook_backoff,
+        concurrency=settings.webhook_concurrency,
+        queue=settings.webhook_queue,
+        keep=settings.webhook_log_max_age,
+        allow_ranges=settings.webhook_allow_ranges,
     )

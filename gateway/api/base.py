@@ -54,6 +54,7 @@ from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
+from ..sessions.webhooks import Webhooks
 from ..sessions.workspaces import Workspaces
 from .forward import Forwarder, connect_upstream, passed_on, relay_socket
 
@@ -167,6 +168,10 @@ class GatewayHandlerMixin:
     @property
     def listing(self) -> Listing:
         return self.settings["sbx_listing"]
+
+    @property
+    def webhooks(self) -> Webhooks:
+        return self.settings["sbx_webhooks"]
 
     @property
     def kernelspecs(self) -> KernelSpecs:

@@ -53,6 +53,7 @@ from ..store.base import Store
 from ..validation import seconds
 from .admission import Admission, HostCaps
 from .commands import Commands
+from .events import SessionEvents
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .model import Session, check_usable, ended_meanwhile, public_view
@@ -140,9 +141,11 @@ class SessionManager:
         self.metrics = metrics or GatewayMetrics()
         self.commands = Commands(lifecycle.placement, self.tasks)
         self.watchers = Watchers(self.tasks)
+        self.events = SessionEvents()  # told each transition; app adds the webhooks' sink
         self.pausing = Pausing(
-            lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout
-        )
+            lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout,
+            self.events,
+        )  # fmt: skip
         self._saving: set[str] = set()  # sessions whose record is due to be saved
 
     # -- lifecycle of the manager itself -------------------------------------------------
@@ -325,6 +328,7 @@ class SessionManager:
         await self._enter_working_dir(session)
         session.state = "idle"
         await self.save(session)
+        self.events.tell("created", session)
         log.info(
             "session %s started (%s, %s)", session.id, session.image, "warm" if warm else "cold"
         )
@@ -514,6 +518,7 @@ class SessionManager:
                         pass
         await self.lifecycle.teardown(session)
         await self.save(session)
+        self.events.tell("ended", session, reason)
         for tell in list(session.on_end):  # once its record says why, for a client that asks
             tell(reason)
         await self.leases.release(session.id)
@@ -567,6 +572,7 @@ class SessionManager:
             session.kernel.died.set()
         log.warning("session %s died: %s", session.id, reason)
         await self.save(session)
+        self.events.tell("died", session, reason)
 
     async def pause_idle(self, session: Session) -> None:
         """Pause a session past its idle timeout; one that cannot be paused ends as before."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import Conflict, NotPaused, SessionBusy
 from ..sandbox.base import ENGINE_ERRORS
+from .events import SessionEvents
 from .lifecycle import SandboxLifecycle
 from .model import Session, check_usable, ended_meanwhile
 from .pool import WarmPool
@@ -40,14 +41,17 @@ class Pausing:
         snapshots: Snapshots,
         save: Save,
         start_timeout: float,
+        events: SessionEvents,
     ) -> None:
-        """``save`` stores a session's record (the manager's, which knows who owns it)."""
+        """``save`` stores a session's record (the manager's, which knows who owns it);
+        ``events`` hears of each pause and resume."""
         self.lifecycle = lifecycle
         self.state = state
         self.pool = pool
         self.snapshots = snapshots
         self.save = save
         self.start_timeout = start_timeout
+        self.events = events
 
     async def pause(self, session: Session, strategy: str | None) -> dict[str, Any]:
         """Save the kernel's state and remove its sandbox; the workspace stays on disk.
@@ -81,6 +85,7 @@ class Pausing:
         session.state = "paused"
         session.paused = saved.to_json()
         await self.save(session)
+        self.events.tell("paused", session)
         if session.stream is not None:
             session.stream.close()
             session.stream = None
@@ -142,6 +147,7 @@ class Pausing:
         session.state = "idle"
         session.touch()
         await self.save(session)
+        self.events.tell("resumed", session)
         await self.state.forget(session)
         log.info("session %s resumed (%s)", session.id, saved.strategy)
         return report

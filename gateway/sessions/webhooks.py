@@ -226,7 +226,8 @@ class Webhooks:
         released = await self.store.release_deliveries(owner)
         if released:
             log.info("webhooks: %d deliveries cut by the last stop are due again", released)
-        self._task = asyncio.create_task(self._run(), name="sbx-webhooks")
+        if self.endpoints:  # none configured: nothing is ever queued
+            self._task = asyncio.create_task(self._run(), name="sbx-webhooks")
 
     async def stop(self) -> None:
         """Stop claiming; attempts in flight get their timeout, then the client closes."""
@@ -353,12 +354,18 @@ class Webhooks:
         limit = PAGE if limit is None else limit
         if not 1 <= limit <= 1000:
             raise BadRequest("limit must be between 1 and 1000")
+        if before is not None and not 0 < before < 2**63:
+            raise BadRequest("before must be a delivery's seq from an earlier page's next")
         tenant = None if who.admin else who.tenant
         rows = await self.store.deliveries(tenant, state, before, limit)
         nxt = rows[-1]["seq"] if len(rows) == limit else None
-        return {"deliveries": [_public(r) for r in rows], "next": nxt}
+        return {"deliveries": [public_delivery(r) for r in rows], "next": nxt}
 
     async def delivery(self, delivery_id: str, who: Principal) -> dict[str, Any]:
+        """One of ``who``'s deliveries, with every attempt."""
+        return public_delivery(await self._owned(delivery_id, who))
+
+    async def _owned(self, delivery_id: str, who: Principal) -> dict[str, Any]:
         row = await self.store.get_delivery(delivery_id)
         if row is None or not who.owns(row["tenant"]):
             raise NotFound(f"no webhook delivery {delivery_id!r} for this tenant")
@@ -366,7 +373,7 @@ class Webhooks:
 
     async def replay(self, delivery_id: str, who: Principal) -> dict[str, Any]:
         """Send a delivery's event again, as a new delivery (the same ``webhook-id``)."""
-        row = await self.delivery(delivery_id, who)
+        row = await self._owned(delivery_id, who)
         again = {key: row[key] for key in
                  ("event_id", "type", "tenant", "endpoint", "session_id", "body")}  # fmt: skip
         again.update(id=uuid.uuid4().hex, replay_of=row["id"])
@@ -374,10 +381,10 @@ class Webhooks:
         self._wake.set()
         found = await self.store.get_delivery(again["id"])
         assert found is not None
-        return _public(found)
+        return public_delivery(found)
 
 
-def _public(row: dict[str, Any]) -> dict[str, Any]:
+def public_delivery(row: dict[str, Any]) -> dict[str, Any]:
     """A delivery as the API shows it: the event it carries, parsed."""
     doc = {k: v for k, v in row.items() if k not in ("body", "due_at")}
     doc.update(

@@ -127,6 +127,13 @@ SAMPLES = {
     "history_prune_interval": "5",
     "log_level": "debug",
     "loop_lag_warning": "0.25",
+    "webhook_timeout": "2.5",
+    "webhook_attempts": "5",
+    "webhook_backoff": "1",
+    "webhook_concurrency": "8",
+    "webhook_queue": "200",
+    "webhook_log_max_age": "86400",
+    "webhook_allow_ranges": "10.0.0.0/8",
     "url": "http://gateway.example:8765",
 }
 

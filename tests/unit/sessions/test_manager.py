@@ -26,6 +26,7 @@ from gateway.app import build_domain
 from gateway.config import Settings
 from gateway.egress import EgressOptions
 from gateway.errors import StrategyUnavailable
+from gateway.masking import Masker
 from gateway.notebooks.compare import diff_outputs
 from gateway.policy.approvals import ApprovalDesk
 from gateway.policy.book import PolicyBook
@@ -289,3 +290,28 @@ def test_the_pool_serves_a_create_and_its_sandbox_is_never_reused(tmp_path, kern
         assert placement.removed.count(pooled_id) == 1
 
     asyncio.run(scenario())
+
+
+def test_each_transition_is_told_once_with_its_reason_masked(tmp_path, kernels_dir):
+    """The lifecycle events webhooks deliver (sessions/events.py): created, died, killed."""
+    told: list[dict] = []
+
+    async def scenario() -> None:
+        manager, _, store = build(tmp_path, kernels_dir)
+        manager.events.sinks.append(told.append)
+        await started(manager, store)
+        try:
+            session = await manager.create(CreateSession(env={"TOKEN": "s3cr3t-value"}), WHO)
+            session.masker = Masker({"TOKEN": "s3cr3t-value"})
+            await manager.mark_dead(session, "out of memory near s3cr3t-value")
+            await manager.delete(session.id, WHO)
+        finally:
+            await stopped(manager, store)
+
+    asyncio.run(scenario())
+    assert [e["type"] for e in told] == [
+        "sandbox.lifecycle.created", "sandbox.lifecycle.died", "sandbox.lifecycle.killed"
+    ]  # fmt: skip
+    assert told[1]["eventData"]["reason"] == "out of memory near ***TOKEN***"
+    assert told[2]["eventData"]["reason"] == "deleted by client"
+    assert "s3cr3t-value" not in json.dumps(told) and told[0]["tenant"] == "default"
