@@ -30,6 +30,7 @@ pytestmark = pytest.mark.docker
 
 USER_TOKEN = "acme-user-token-5d1e"
 AGENT_TOKEN, APPROVER_TOKEN = "review-agent-token-81c2", "review-approver-token-0b9e"
+HOOK = "http://127.0.0.1:9/hook"  # nothing answers: deliveries wait for retries
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def gw(start_gateway):
         f'[[tokens]]\ntenant = "review"\ntoken = "{AGENT_TOKEN}"\n\n'
         f'[[tokens]]\ntenant = "review"\ntoken = "{APPROVER_TOKEN}"\napprover = true\n\n'
         "[tenants.acme]\nmax_sessions = 1\n"
+        f'[[tenants.acme.webhooks]]\nurl = "{HOOK}"\nsecret = "a-secret-of-16-chars"\n'
     )
     (data_dir / "policies").mkdir()
     (data_dir / "policies" / "review.toml").write_text(
@@ -51,7 +53,7 @@ def gw(start_gateway):
     return start_gateway(
         "--tokens-file", str(tokens_file), "--runtimes", "runc",
         "--max-code-size", "1k", "--max-request-body", "64k", "--interrupt-grace", "1",
-        data_dir=data_dir,
+        "--webhook-allow-ranges", "127.0.0.0/8", data_dir=data_dir,
     )  # fmt: skip
 
 
@@ -546,6 +548,20 @@ def test_network_rules_change_and_their_errors(admin, sid):
     for page in ("network", "history"):  # a cursor past the store's 64-bit ids was a 500
         assert code_of(admin.get(f"/v1/sessions/{sid}/{page}?after={2**64}")) == "bad_request"
     assert admin.patch("/v1/sessions/nope/network", json={"allow": []}).status_code == 404
+
+
+def test_webhook_endpoints_the_delivery_log_and_a_replay(user, admin):
+    assert user.get("/v1/webhooks").json()["endpoints"][0]["url"] == HOOK
+    created = user.post("/v1/sessions", json={"limits": {"disk": "16m"}})
+    assert user.delete(f"/v1/sessions/{created.json()['id']}").status_code == 204
+    page = wait_for(lambda: user.get("/v1/webhooks/deliveries", params={"limit": 1}).json())
+    assert page and page["deliveries"], page
+    delivery = page["deliveries"][0]
+    assert user.get(f"/v1/webhooks/deliveries/{delivery['id']}").json()["id"] == delivery["id"]
+    assert user.post(f"/v1/webhooks/deliveries/{delivery['id']}/replay").status_code == 202
+    assert admin.get("/v1/webhooks/deliveries", params={"before": page["next"]}).status_code == 200
+    assert code_of(user.get("/v1/webhooks/deliveries", params={"state": "x"})) == "bad_request"
+    assert user.get(f"/v1/webhooks/deliveries/{'0' * 32}").status_code == 404
 
 
 def test_every_documented_operation_was_seen_succeeding(contract):
