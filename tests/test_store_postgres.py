@@ -31,6 +31,13 @@ from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL
     test_store_prunes_history_past_its_retention_in_batches,
     test_store_records_executions_as_they_run_and_closes_cut_ones,
 )
+from unit.store.test_webhook_deliveries import (  # noqa: F401 (run again here, on PostgreSQL)
+    delivery,
+    test_a_full_endpoint_drops_new_deliveries_and_logs_why,
+    test_a_restart_releases_what_it_was_sending_and_a_retry_waits_its_turn,
+    test_a_sessions_next_delivery_waits_for_the_one_before_and_a_dead_claim_for_its_lease,
+    test_each_delivery_is_claimed_once_however_many_claim_at_once,
+)
 
 from gateway.store.postgres import PostgresStore
 
@@ -385,3 +392,36 @@ def test_thirty_claims_at_once_from_three_gateways_grant_exactly_the_quota(postg
     assert len(answers) == 30
     assert sum(a is None for a in answers) == 3, answers
     assert all(a is None or a["what"] == "sessions" for a in answers), answers
+
+
+def test_three_gateways_claiming_webhook_deliveries_at_once_send_each_once(postgres, tmp_path):
+    """Each gateway claims on its own connection; a row another took is skipped, not sent twice."""
+    url = postgres.database()
+
+    async def gateway(n: int) -> list[str]:
+        store = PostgresStore(url, tmp_path / f"g{n}")
+        await store.open()
+        try:
+            if n == 0:
+                await store.add_deliveries([delivery(f"d{i}", f"s{i}") for i in range(60)], 100)
+            claimed: list[str] = []
+            for _ in range(40):
+                found = await asyncio.gather(
+                    *(store.claim_deliveries(f"g{n}", 2, 60) for _ in "ab")
+                )
+                claimed += [row["id"] for rows in found for row in rows]
+                await asyncio.sleep(0.005)
+            return claimed
+        finally:
+            await store.close()
+
+    def run_gateway(n: int, out: list) -> None:
+        out.extend(asyncio.run(gateway(n)))
+
+    claimed: list[str] = []
+    threads = [threading.Thread(target=run_gateway, args=(n, claimed)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == sorted(f"d{i}" for i in range(60)), claimed

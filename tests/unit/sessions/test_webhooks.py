@@ -1,7 +1,7 @@
-"""Lifecycle webhooks without Docker: signatures, backoff, retries, bounds, restarts, claims.
+"""Lifecycle webhooks without Docker: signatures, backoff, retries, bounds, restarts.
 
 Receivers are ``httpx.MockTransport`` handlers; the store is SQLite in a temporary
-directory (tests/test_store_postgres.py is where PostgreSQL runs the store's tests).
+directory (its claims: tests/unit/store/test_webhook_deliveries.py).
 """
 
 from __future__ import annotations
@@ -235,34 +235,6 @@ def test_pending_deliveries_survive_a_restart_and_a_cut_claim_is_sent_again(tmp_
 
     asyncio.run(scenario())
     assert sorted(got) == ["s1", "s2"]
-
-
-def test_each_delivery_is_claimed_once_by_gateways_claiming_at_once(tmp_path):
-    async def scenario():
-        store = await opened(tmp_path)
-        await store.add_deliveries([_row(f"d{n}", f"s{n}") for n in range(30)], 100)
-        claims = await asyncio.gather(
-            *(store.claim_deliveries(f"g{n % 3}", 4, 60) for n in range(12))
-        )
-        expired = await store.claim_deliveries("g9", 100, 60)  # nothing is due again yet
-        await store.close()
-        return [row["id"] for found in claims for row in found], expired
-
-    claimed, expired = asyncio.run(scenario())
-    assert len(claimed) == len(set(claimed)) == 30 and expired == []
-
-
-def test_a_full_endpoint_drops_new_deliveries_and_logs_why(tmp_path):
-    async def scenario():
-        store = await opened(tmp_path)
-        await store.add_deliveries([_row(f"d{n}", f"s{n}") for n in range(3)], 2)
-        page = await store.deliveries("acme", None, None, 10)
-        await store.close()
-        return page
-
-    page = asyncio.run(scenario())
-    assert [r["state"] for r in page] == ["dropped", "pending", "pending"]
-    assert "waiting" in page[0]["log"][0]["error"]
 
 
 def test_session_events_say_why_masked_and_carry_no_env(tmp_path):
