@@ -45,8 +45,7 @@ def test_a_burst_ends_each_create_in_a_session_or_a_503_with_retry_after(gw, eng
         go = threading.Barrier(BURST)
         answers: list = [None] * BURST
         threads = [
-            threading.Thread(target=create_and_run, args=(gw, go, answers, n))
-            for n in range(BURST)
+            threading.Thread(target=create_and_run, args=(gw, go, answers, n)) for n in range(BURST)
         ]
         with Canary(gw, canary):
             for t in threads:

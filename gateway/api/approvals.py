@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import BadRequest
 from .base import JSONHandler
+from .forward import passed_on
 
 # Read once at import, like the API document: the page never changes while running.
 _PAGE = (Path(__file__).resolve().parent / "pages" / "approvals.html").read_bytes()
@@ -61,7 +62,11 @@ class ApproveHandler(JSONHandler):
         reason = self.json_body().get("reason")
         desk = self.desk
         session_id = await desk.held_elsewhere(approval_id, self.principal)
-        if session_id is not None and self.locations.may_be_elsewhere(session_id):
+        if (
+            session_id is not None
+            and not passed_on(self.request)
+            and self.locations.may_be_elsewhere(session_id)
+        ):
             await self._pass_on(session_id)  # to the gateway whose execute waits for it
             if self._finished:
                 return

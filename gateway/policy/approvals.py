@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 STATES = ("pending", "approved", "denied")
 MAX_REASON = 2000  # characters of an approver's reason kept
+PENDING_MAX = 10_000  # pending requests read from the store at once
 
 Listener = Callable[[dict[str, Any]], None]  # hears every approval as it changes
 
@@ -101,13 +102,15 @@ class ApprovalDesk:
         # Hears each request and decision, with who made it (the audit log).
         self.on_change: Callable[[dict[str, Any], Principal | None], None] | None = None
 
-    async def close_orphans(self, owner: str) -> int:
+    async def close_orphans(self, owner: str, of: set[str] | None = None) -> int:
         """Deny what a previous process left pending: the executes waiting for it are gone.
 
         Not those of sessions another live gateway (not ``owner``, this one)
-        holds, whose executes still wait: that gateway decides them.
+        holds, whose executes still wait: that gateway decides them. ``of``:
+        only those of these sessions (just taken over from a gateway that died).
         """
-        docs = await self.store.approvals(state="pending", limit=10_000)
+        docs = await self.store.approvals(state="pending", limit=PENDING_MAX)
+        docs = [d for d in docs if of is None or d["session_id"] in of]
         now = iso(self.clock())
         holders = await asyncio.gather(*(self.store.owner_address(d["session_id"]) for d in docs))
         docs = [d for d, held in zip(docs, holders, strict=True) if not held or held[0] == owner]
@@ -221,7 +224,7 @@ class ApprovalDesk:
         if state == "pending":  # live: the store's copy may lag a decision by a write
             found = {a.id: a.to_json() for a in self.pending.values() if who.owns(a.tenant)}
             if self.store.SHARED:  # and other gateways' requests, as they stored them
-                others = await self.store.approvals(tenant, "pending")
+                others = await self.store.approvals(tenant, "pending", PENDING_MAX)
                 found = {doc["id"]: doc for doc in others} | found
             return sorted(found.values(), key=lambda doc: doc["created_at"])
         return await self.store.approvals(tenant, state)

@@ -19,7 +19,7 @@ from typing import Any
 from ..access.auth import Principal
 from ..errors import BadRequest
 from ..store.base import Store
-from ..timestamps import iso
+from ..timestamps import iso, parse_iso
 from .leases import Leases
 from .model import LIVE_STATES, Session, public_view
 
@@ -65,12 +65,19 @@ class Listing:
             if tenant is not None and tenant != who.tenant:
                 return [], None
             tenant = who.tenant
+        if tenant is not None and "\x00" in tenant:
+            raise BadRequest("tenant must be a tenant's name")
         cursor = _cursor(after)
+        # Going busy and back is not recorded: those two are told from the live view.
+        live = state in ("idle", "busy")
+        size = SCAN if metadata or live else limit
         found: list[dict[str, Any]] = []
         while len(found) < limit:
-            batch = await self._open(tenant, state, cursor, SCAN if metadata else limit)
-            found += [v for v in batch if _matches(v, metadata)]
-            if len(batch) < (SCAN if metadata else limit):
+            batch = await self._open(tenant, None if live else state, cursor, size)
+            found += [
+                v for v in batch if _matches(v, metadata) and (state is None or v["state"] == state)
+            ]
+            if len(batch) < size:
                 return found[:limit], None
             cursor = (batch[-1]["created_at"], batch[-1]["id"])
         found = found[:limit]
@@ -131,8 +138,9 @@ def _cursor(token: str | None) -> tuple[str, str] | None:
         return None
     try:
         created_at, _, session_id = base64.urlsafe_b64decode(token).decode().partition("|")
+        parse_iso(created_at)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         created_at = session_id = ""
-    if not created_at or not session_id:
+    if not created_at or not session_id or "\x00" in session_id:
         raise BadRequest("after must be the next cursor a page of sessions answered with")
     return created_at, session_id

@@ -564,6 +564,10 @@ class SessionManager:
         """Run a background task that shutdown cancels instead of leaking (relays use it)."""
         return self.tasks.spawn(coro)
 
+    async def taken_over(self, session_ids: set[str]) -> None:
+        """Executes a dead gateway held for approval died with it: their requests are denied."""
+        await self.gate.desk.close_orphans(self.leases.owner, of=session_ids)
+
     async def mark_dead(self, session: Session, reason: str) -> None:
         """Record that the session's kernel is gone; a restart brings it back."""
         session.state = "dead"

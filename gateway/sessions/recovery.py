@@ -51,6 +51,9 @@ class Registry(Protocol):
 
     async def save(self, session: Session) -> None: ...
 
+    async def taken_over(self, session_ids: set[str]) -> None:
+        """Sessions just taken over: what their last holder left waiting on them is over."""
+
 
 async def recover(
     registry: Registry, store: Store, lifecycle: SandboxLifecycle, leases: Leases
@@ -99,7 +102,7 @@ async def take_back(
                 (doc, runtime)
                 for doc, runtime in orphans
                 # One still starting has no kernel to take over, wherever it was: it ends here.
-                if doc["state"] == "starting" or placement.adoptable(runtime)
+                if (doc["state"] == "starting" and not runtime) or placement.adoptable(runtime)
             ),
         ]
         if doc["id"] not in registry.sessions and doc["id"] not in registry.ending
@@ -110,6 +113,7 @@ async def take_back(
         return set()
     taken = {doc["id"] for doc, _ in left}
     cut = await close_cut_executions(store, taken)
+    await registry.taken_over(taken)
     # Sandboxes are labelled with the gateway that started them: a session this
     # gateway adopted once (its own now) still runs in the first one's.
     containers = await placement.sandboxes(gateway_id, taken)

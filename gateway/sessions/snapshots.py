@@ -90,7 +90,7 @@ class Snapshots:
                 "last_execution": await self.store.last_execution(session.id),
                 # Its files stay in this gateway's data dir: another gateway of the
                 # deployment on this host forks or deletes it from there.
-                "where": str(where),
+                "where": str(where.resolve()),
             }
             await self.store.add_snapshot(doc)
         except BaseException:

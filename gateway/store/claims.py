@@ -9,8 +9,11 @@ number of gateways never pass a quota.
 A claim counts while it is fresh (``expires_at``, extended while its create
 is in flight) or while its session is open; a session's end releases it. A
 gateway that dies mid-create stops extending its claims, and they stop
-counting a lease's time later. Released claims are kept a minute: they are
-the creates per minute.
+counting a lease's time later. A session whose gateway died where no other
+can adopt it (another host) stays open, and counts, until its lease has run
+out ``ORPHANED`` seconds ago: a host that never comes back does not hold its
+tenants' quotas for ever. Released claims are kept a minute: they are the
+creates per minute.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from .database import Repository
 
 WINDOW = 60.0  # seconds: creates are counted per minute
 RELEASE = "UPDATE claims SET released_at = {now} WHERE session_id = ? AND released_at IS NULL"
+ORPHANED = 300.0  # seconds after its lease ran out that nobody's open session stops counting
 HELD = (
     "released_at IS NULL AND (expires_at >= {now} OR EXISTS"
-    " (SELECT 1 FROM sessions WHERE id = claims.session_id AND ended_at IS NULL))"
+    " (SELECT 1 FROM sessions WHERE id = claims.session_id AND ended_at IS NULL)"
+    " AND NOT EXISTS (SELECT 1 FROM leases WHERE session_id = claims.session_id"
+    f" AND expires_at < {{now}} - {ORPHANED:g}))"
 )
 
 

@@ -174,7 +174,8 @@ MIGRATIONS = [
     """,
     # One view of a deployment: each session's tenant as a column (listings page by it),
     # when each lease was last renewed (how fresh another gateway's session is), and
-    # the claims every create makes on its tenant's quota and its host's caps (claims.py).
+    # the claims every create makes on its tenant's quota and its host's caps (claims.py),
+    # the sessions open at the upgrade claimed as they stand.
     """
     ALTER TABLE sessions ADD COLUMN tenant TEXT;
     UPDATE sessions SET tenant = coalesce({doc_tenant}, 'default');
@@ -194,6 +195,10 @@ MIGRATIONS = [
     );
     CREATE INDEX claims_by_tenant ON claims (tenant, claimed_at);
     CREATE INDEX claims_by_host ON claims (host) WHERE released_at IS NULL;
+    INSERT INTO claims (session_id, tenant, owner, host, memory, cpus, disk, claimed_at,
+        expires_at)
+        SELECT id, tenant, '', '', {doc_memory}, {doc_cpus}, {doc_disk}, 0, 0
+        FROM sessions WHERE ended_at IS NULL;
     """,
     # Lifecycle webhooks (webhooks.py): one row per event and endpoint, each attempt in
     # its log; claimed by one gateway at a time, in order per session and endpoint.

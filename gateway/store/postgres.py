@@ -55,6 +55,9 @@ TERMS = {
     "real": "DOUBLE PRECISION",
     "blob": "BYTEA",
     "doc_tenant": "doc::json ->> 'tenant'",
+    "doc_memory": "coalesce((doc::json -> 'limits' ->> 'memory')::bigint, 0)",
+    "doc_cpus": "coalesce((doc::json -> 'limits' ->> 'cpus')::double precision, 0)",
+    "doc_disk": "coalesce((doc::json -> 'limits' ->> 'disk')::bigint, 0)",
 }
 
 

@@ -32,6 +32,9 @@ TERMS = {
     "real": "REAL",
     "blob": "BLOB",
     "doc_tenant": "json_extract(doc, '$.tenant')",
+    "doc_memory": "coalesce(json_extract(doc, '$.limits.memory'), 0)",
+    "doc_cpus": "coalesce(json_extract(doc, '$.limits.cpus'), 0)",
+    "doc_disk": "coalesce(json_extract(doc, '$.limits.disk'), 0)",
 }
 
 

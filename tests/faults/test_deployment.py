@@ -98,9 +98,8 @@ def test_every_gateway_lists_every_session_of_the_deployment(deployment):
             assert [s["name"] for s in api.get("/v1/secrets").json()["secrets"]] == ["TOKEN"]
             fork = api.post("/v1/sessions", json={"from_snapshot": snap.json()["id"]})
             assert fork.status_code == 201, f"a fork through another gateway: {fork.text}"
-            assert text_of(run(api, fork.json()["id"], "print(x * 7, open('kept.txt').read())")) == (
-                "42 kept\n"
-            )
+            forked = run(api, fork.json()["id"], "print(x * 7, open('kept.txt').read())")
+            assert text_of(forked) == "42 kept\n", forked
             assert api.delete(f"/v1/snapshots/{snap.json()['id']}").status_code == 204
             assert api.delete("/v1/secrets/TOKEN").status_code == 204
     finally:
@@ -194,6 +193,7 @@ def test_a_gateway_killed_mid_create_gives_its_claim_back(start_gateway, postgre
         r = api.post("/v1/sessions", json={})
         assert r.status_code == 429, f"a second gateway let the tenant past its quota: {r.text}"
         assert api.delete(f"/v1/sessions/{first}").status_code == 204
+
     def create_on_doomed() -> None:
         with contextlib.suppress(httpx.HTTPError), client(doomed) as api:
             api.post("/v1/sessions", json={})  # never answered: the gateway is killed

@@ -94,7 +94,7 @@ def test_a_create_that_never_started_gives_its_claim_back_and_a_warm_one_keeps_i
                 "state": "idle",
                 "created_at": "t",
                 "ended_at": None,
-            }  # fmt: skip
+            }
         )
         registry.clear()
         assert await store.release_stale_claims(admission.leases.owner) == 0  # bound to its id
@@ -108,7 +108,7 @@ def test_a_create_that_never_started_gives_its_claim_back_and_a_warm_one_keeps_i
 def test_this_gateways_maximum_is_checked_in_memory_before_any_claim(tmp_path):
     async def scenario():
         quota = Quota(max_sessions=5, max_memory=8 * GIB, max_disk=100 * GIB)
-        store, registry, admission = await admitting(tmp_path, quota, max_sessions=1)
+        store, _, admission = await admitting(tmp_path, quota, max_sessions=1)
         await admit(admission, session("a"))
         with pytest.raises(TooManySessions, match="maximum of 1"):
             admission.reserve(session("b"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from types import SimpleNamespace
 
 import pytest
@@ -92,6 +93,15 @@ def test_gateways_sharing_a_store_list_every_ones_sessions_each_with_its_holder(
         assert rest[0]["gateway"] is None and rest[0]["confirmed_at"] is None  # nobody holds it
         assert ids(await lister.page(ADMIN)) == ["s01", "s02", "s03", "s04"]
         assert ids(await lister.page(ACME, metadata={"x": "1"})) == []
+        # Its own session went busy (not recorded as it happens): listed by its live state.
+        assert ids(await lister.page(ACME, state="busy")) == ["s02"]
+        assert ids(await lister.page(ACME, state="idle")) == ["s01", "s04"]
+        for crafted in ("\x00|x", "2026-11-28T00:00:01.000Z|\x00"):  # a 500 on PostgreSQL
+            token = base64.urlsafe_b64encode(crafted.encode()).decode()
+            with pytest.raises(BadRequest):
+                await lister.page(ACME, after=token)
+        with pytest.raises(BadRequest):
+            await lister.page(ADMIN, tenant="a\x00")
         await store.close()
 
     asyncio.run(scenario())

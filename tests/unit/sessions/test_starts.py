@@ -74,7 +74,7 @@ def test_a_create_that_waits_too_long_or_leaves_gives_its_place_back():
         gate = asyncio.Event()
         first = asyncio.create_task(start(queue, "a", [], gate))
         await asyncio.sleep(0.01)
-        with pytest.raises(Overloaded, match="waited 0.05 s"):
+        with pytest.raises(Overloaded, match=r"waited 0\.05 s"):
             async with queue.slot("b"):
                 pass
         leaving = asyncio.create_task(start(queue, "c", [], gate))

@@ -4,11 +4,15 @@ runs them again on PostgreSQL, with gateways claiming at once."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import time
 
 import pytest
 
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.claims import ORPHANED
+from gateway.store.migrations import pending
+from gateway.store.sqlite import TERMS, SQLiteStore
 
 CAPS = {"sessions": 2, "memory": 3 * 2**30, "cpus": 8.0, "disk": 100 * 2**30, "per_minute": 0}
 GIB = 2**30
@@ -129,9 +133,48 @@ def test_open_sessions_are_listed_a_page_at_a_time_with_their_holder(make_store)
         assert [d["id"] for d, _, _ in await store.open_page(None, None, None, 10)] == [
             "s1", "s2", "s3",
         ]  # fmt: skip
-        assert [d["id"] for d, _, _ in await store.open_page("acme", "paused", None, 10)] == [
-            "s3"
-        ]
+        assert [d["id"] for d, _, _ in await store.open_page("acme", "paused", None, 10)] == ["s3"]
         await store.close()
 
     asyncio.run(scenario())
+
+
+def test_an_open_session_nobody_has_held_for_a_long_time_stops_counting(make_store):
+    """Its gateway died on a host no other gateway can adopt from, and never came back."""
+
+    async def scenario():
+        store = await opened(make_store)
+        caps = {**CAPS, "sessions": 1}
+        assert await store.claim_quota(claim("s1"), caps, 0) is None
+        await store.save_session(doc("s1"))
+        assert await store.claim_lease("s1", "gone", -60)  # ran out a minute ago
+        assert (await store.claim_quota(claim("s2"), caps, 60))["what"] == "sessions"
+        assert await store.claim_lease("s1", "gone", -(ORPHANED + 1))
+        assert await store.claim_quota(claim("s2"), caps, 60) is None
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_sessions_open_when_the_claims_came_are_claimed_as_they_stand(tmp_path):
+    before = next(n for n, script in pending(0, TERMS) if "CREATE TABLE claims" in script) - 1
+    db = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    for number, script in pending(0, TERMS):
+        if number <= before:
+            db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+    limits = {"memory": 3 * GIB, "cpus": 2.0, "disk": GIB}
+    db.execute(
+        "INSERT INTO sessions (id, state, created_at, ended_at, doc) VALUES (?, ?, ?, ?, ?)",
+        ("old", "idle", "t0", None, json.dumps({**doc("old"), "limits": limits})),
+    )
+    db.close()
+
+    async def scenario():
+        store = SQLiteStore(tmp_path / "db.sqlite3")
+        await store.open()
+        refused = await store.claim_quota(claim("new"), {**CAPS, "sessions": 5}, 60)
+        await store.close()
+        return refused
+
+    assert asyncio.run(scenario()) == {"what": "memory", "used": 3 * GIB, "cap": 3 * GIB,
+                                       "wanted": GIB}  # fmt: skip
