@@ -783,11 +783,12 @@ class Settings:
             )
         if self.history_prune_interval <= 0:
             raise ConfigError("history_prune_interval must be positive")
-        if min(self.webhook_timeout, self.webhook_attempts, self.webhook_concurrency,
-               self.webhook_queue) <= 0:  # fmt: skip
+        webhooks = (self.webhook_timeout, self.webhook_attempts, self.webhook_concurrency,
+                    self.webhook_queue)  # fmt: skip
+        if self.webhook_backoff < 0 or min(webhooks) <= 0:
             raise ConfigError(
                 "webhook_timeout, webhook_attempts, webhook_concurrency and webhook_queue must "
-                "be positive"
+                "be positive, webhook_backoff at least 0"
             )
         if min(self.idle_connection_timeout, self.body_timeout, self.loop_lag_warning) <= 0:
             raise ConfigError(

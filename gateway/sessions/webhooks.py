@@ -285,7 +285,7 @@ class Webhooks:
                 status = await self._post(endpoint, row)
         except Refused as e:
             final, error = True, str(e)
-        except (httpx.HTTPError, OSError, TimeoutError) as e:
+        except Exception as e:  # whatever the receiver did, the attempt is recorded
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         ok = status is not None and 200 <= status < 300
         if status is not None and not ok:
@@ -296,7 +296,10 @@ class Webhooks:
         if not ok:
             state = "failed" if final or row["attempts"] >= self.options.attempts else "pending"
             retry_in = backoff(row["attempts"], self.options.backoff, self.options.backoff_max)
-        await self.store.finish_attempt(row["id"], attempt, state, retry_in)
+        try:
+            await self.store.finish_attempt(row["id"], attempt, state, retry_in)
+        except Exception as e:  # the database is away: the claim's lease brings it back
+            log.warning("webhooks: attempt at %s not recorded: %s", row["id"], e)
 
     async def _post(self, endpoint: Endpoint, row: dict[str, Any]) -> int:
         """POST a delivery's body, signed now, to the address checked; its status."""
@@ -333,8 +336,8 @@ class Webhooks:
         for address in addresses:
             refusal = self.guard.refusal(address, port)
             if refusal is not None:
-                raise Refused(f"{url.host} resolves to {refusal.split(', which')[0]}; "
-                              "webhook_allow_ranges must allow it")  # fmt: skip
+                raise Refused(f"{url.host} resolves to {address} ({refusal.split(', which')[0]}):"
+                              " not called unless webhook_allow_ranges allows it")  # fmt: skip
         extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
         return url.copy_with(host=str(addresses[0])), extensions
 

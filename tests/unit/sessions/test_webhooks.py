@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import socket
 import time
 
 import httpx
@@ -212,6 +213,46 @@ def test_an_endpoint_resolving_to_a_private_address_is_refused_unless_allowed(tm
 
     row = asyncio.run(scenario())
     assert row["attempts"] == 1 and "link-local" in row["log"][0]["error"]
+
+
+def test_a_name_is_resolved_checked_and_its_checked_address_is_the_one_called(
+    tmp_path, monkeypatch
+):
+    """A name with one private address among public ones is refused; a public one is called
+    at that address, with its name in Host and for TLS (a later DNS answer is never used)."""
+    answers = {"hooks.example": ["93.184.216.34"], "mixed.example": ["93.184.216.34", "10.0.0.7"]}
+    got: list[httpx.Request] = []
+
+    def resolve(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        got.append(request)
+        return httpx.Response(200)
+
+    async def scenario():
+        store = await opened(tmp_path)
+        found = {"acme": (Endpoint("acme", "ok", "https://hooks.example/in", KEY),
+                          Endpoint("acme", "mixed", "https://mixed.example/in", KEY))}  # fmt: skip
+        webhooks = hooks(store, receiver, allow=(), found=found)
+        await webhooks.start("g1")
+        webhooks.publish(lifecycle())
+        await until(lambda: _count(store, "delivered", 1))
+        await until(lambda: _count(store, "failed", 1))
+        await webhooks.stop()
+        failed = await store.deliveries("acme", "failed", None, 10)
+        await store.close()
+        return failed[0]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    failed = asyncio.run(scenario())
+    (request,) = got
+    assert str(request.url) == "https://93.184.216.34/in"
+    assert request.headers["host"] == "hooks.example"
+    assert request.extensions["sni_hostname"] == "hooks.example"
+    assert (
+        failed["endpoint"] == "mixed" and "10.0.0.7 is a private range" in failed["log"][0]["error"]
+    )
 
 
 def test_pending_deliveries_survive_a_restart_and_a_cut_claim_is_sent_again(tmp_path):
