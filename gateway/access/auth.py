@@ -31,6 +31,10 @@ on them. The tokens file::
     package_deny = ["evil-pkg"]
     max_snapshots = 20                     # snapshots it keeps
     max_snapshot_bytes = "10g"             # their sizes on disk, added up
+
+    [[tenants.acme.webhooks]]              # lifecycle webhooks (sessions/webhooks.py reads them)
+    url = "https://hooks.acme.example/in"
+    secret = "..."
 """
 
 from __future__ import annotations

@@ -15,8 +15,11 @@ import time
 import httpx
 import pytest
 
+from gateway.access.auth import Principal
 from gateway.egress.policy import AddressGuard
 from gateway.errors import ConfigError
+from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.model import Decision
 from gateway.sessions.events import SessionEvents, event
 from gateway.sessions.webhooks import (
     Endpoint,
@@ -278,20 +281,33 @@ def test_pending_deliveries_survive_a_restart_and_a_cut_claim_is_sent_again(tmp_
     assert sorted(got) == ["s1", "s2"]
 
 
-def test_session_events_say_why_masked_and_carry_no_env(tmp_path):
+def test_the_approval_desk_tells_a_request_and_its_decision_without_the_code():
     told: list[dict] = []
     events = SessionEvents()
     events.tell("created", object())  # type: ignore[arg-type]  # no sink: nothing is built
     events.sinks.append(told.append)
-    events.approval({"id": "a1", "tenant": "acme", "session_id": "s1", "state": "pending",
-                     "code": "print(1)", "reasons": ["r"]})  # fmt: skip
-    assert told[0]["type"] == "sandbox.approval.pending"
-    assert "code" not in told[0]["eventData"]["approval"]
+
+    class Store:
+        async def save_approval(self, doc) -> None:
+            pass
+
+    async def scenario():
+        desk = ApprovalDesk(Store(), timeout=60, live=lambda session_id: True)
+        desk.listeners.append(events.approval)
+        decision = Decision("hold", "hold", "enforce", ("line 1: shell",))
+        asker = Principal(tenant="acme", token_id="agent")
+        approval = await desk.request("s1", "acme", asker, "!cat ~/.netrc", "python", decision)
+        approver = Principal(tenant="acme", token_id="person", approver=True)
+        await desk.decide(approval.id, approver, False, "no")
+
+    asyncio.run(scenario())
+    assert [e["type"] for e in told] == ["sandbox.approval.pending", "sandbox.approval.decided"]
+    decided = told[1]["eventData"]["approval"]
+    assert decided["state"] == "denied" and decided["reason"] == "no"
+    assert told[1]["session_id"] == "s1" and "netrc" not in json.dumps(told)
 
 
 def _acme():
-    from gateway.access.auth import Principal
-
     return Principal(tenant="acme")
 
 
