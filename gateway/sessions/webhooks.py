@@ -47,6 +47,7 @@ from ..errors import BadRequest, ConfigError, NotFound
 from ..store.base import Store
 from ..timestamps import iso
 from .events import TYPES
+from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,9 @@ class Webhooks:
             trust_env=False,  # a proxy would connect to what the guard never saw
             limits=httpx.Limits(max_connections=options.concurrency),
         )
-        self.sending: set[asyncio.Task] = set()
+        self.tasks = TaskSet()  # the worker and its attempts in flight
+        self.sending = 0  # attempts in flight
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
         self._pruned = 0.0
 
     # -- telling -------------------------------------------------------------------------
@@ -227,16 +228,14 @@ class Webhooks:
         if released:
             log.info("webhooks: %d deliveries cut by the last stop are due again", released)
         if self.endpoints:  # none configured: nothing is ever queued
-            self._task = asyncio.create_task(self._run(), name="sbx-webhooks")
+            self.tasks.spawn(self._run())
 
     async def stop(self) -> None:
-        """Stop claiming; attempts in flight get their timeout, then the client closes."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self.sending:
-            await asyncio.wait(self.sending, timeout=self.options.timeout + 1)
+        """Stop at once: attempts cut short are due again (this gateway's next start, or
+        another's once their lease runs out), then the client closes."""
+        await self.tasks.cancel(timeout=1.0)
+        with contextlib.suppress(Exception):
+            await self.store.release_deliveries(self.owner)
         await self.client.aclose()
 
     async def _run(self) -> None:
@@ -257,20 +256,22 @@ class Webhooks:
         if time.monotonic() - self._pruned > 3600:
             self._pruned = time.monotonic()
             await self.store.prune_deliveries(self.options.keep)
-        free = self.options.concurrency - len(self.sending)
+        free = self.options.concurrency - self.sending
         if free <= 0:
             return 0
         lease = self.options.timeout * 2 + 10  # an attempt ends well within it
         rows = await self.store.claim_deliveries(self.owner, free, lease)
+        self.sending += len(rows)
         for row in rows:
-            task = asyncio.create_task(self.deliver(row))
-            self.sending.add(task)
-            task.add_done_callback(self._sent)
+            self.tasks.spawn(self._in_slot(row))
         return len(rows)
 
-    def _sent(self, task: asyncio.Task) -> None:
-        self.sending.discard(task)
-        self._wake.set()  # a slot is free, and the next event of its session may be due
+    async def _in_slot(self, row: dict[str, Any]) -> None:
+        try:
+            await self.deliver(row)
+        finally:
+            self.sending -= 1
+            self._wake.set()  # a slot is free, and the next event of its session may be due
 
     async def deliver(self, row: dict[str, Any]) -> None:
         """One attempt at a claimed delivery, recorded whatever happens."""

@@ -7,6 +7,7 @@ directory (its claims: tests/unit/store/test_webhook_deliveries.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import socket
@@ -160,15 +161,22 @@ def test_a_receiver_that_never_answers_does_not_hold_the_publisher_and_is_cut(tm
             webhooks.publish(lifecycle(session_id=f"s{n}"))
         published = time.monotonic() - started
         await asyncio.sleep(0.1)
-        in_flight = len(webhooks.sending)
+        in_flight = webhooks.sending
         await until(lambda: _count(store, "pending", 10, attempted=True))
+        webhooks.options = dataclasses.replace(webhooks.options, timeout=3600)
+        webhooks.publish(lifecycle(session_id="cut"))  # its attempt is in flight at the stop
+        await until(lambda: _count(store, "sending", 1))
+        stopping = time.monotonic()
         await webhooks.stop()
+        stopped = time.monotonic() - stopping
+        cut = (await store.deliveries("acme", None, None, 1))[0]
         await store.close()
-        return published, in_flight
+        return published, in_flight, stopped, cut
 
-    published, in_flight = asyncio.run(scenario())
+    published, in_flight, stopped, cut = asyncio.run(scenario())
     assert published < 0.05  # telling never waits on a receiver
     assert in_flight == 2  # bounded concurrency
+    assert stopped < 2 and cut["state"] == "pending"  # a stop waits for no receiver
 
 
 def test_attempts_run_out_and_a_replay_sends_the_same_event_again(tmp_path):
