@@ -231,9 +231,13 @@ class Gateway:
         )
         self.domain = build_domain(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
-        events = self.manager.events
-        events.sinks.append(self.domain.webhooks.publish)
+        events, webhooks = self.manager.events, self.domain.webhooks
+        events.sinks.append(webhooks.publish)
         self.manager.gate.desk.listeners.append(events.approval)
+        self.manager.metrics.watch(
+            "counter", "sbx_webhook_attempts", "Webhook delivery attempts by outcome.",
+            ["outcome"], lambda: {(k,): float(v) for k, v in webhooks.outcomes.items()},
+        )  # fmt: skip
         lag = self.loop_lag.max_lag
         self.manager.metrics.watch(
             "gauge", "sbx_event_loop_lag_max_seconds",

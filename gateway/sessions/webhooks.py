@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -192,6 +193,9 @@ class Webhooks:
         )
         self.tasks = TaskSet()  # the worker and its attempts in flight
         self.sending = 0  # attempts in flight
+        self.outcomes: collections.Counter[str] = (
+            collections.Counter()
+        )  # delivered, retried, failed
         self._wake = asyncio.Event()
         self._pruned = 0.0
 
@@ -297,6 +301,7 @@ class Webhooks:
         if not ok:
             state = "failed" if final or row["attempts"] >= self.options.attempts else "pending"
             retry_in = backoff(row["attempts"], self.options.backoff, self.options.backoff_max)
+        self.outcomes["retried" if state == "pending" else state] += 1
         try:
             await self.store.finish_attempt(row["id"], attempt, state, retry_in)
         except Exception as e:  # the database is away: the claim's lease brings it back

@@ -131,9 +131,10 @@ def test_events_are_delivered_signed_in_order_after_a_failure_is_retried(tmp_pat
         await webhooks.stop()
         page = (await store.deliveries("acme", None, None, 10))[::-1]
         await store.close()
-        return page
+        return page, webhooks.outcomes
 
-    page = asyncio.run(scenario())
+    page, outcomes = asyncio.run(scenario())
+    assert outcomes == {"retried": 1, "delivered": 4}
     types = [json.loads(r.content)["type"] for r in got]
     assert types == ["sandbox.lifecycle.created"] * 2 + [
         "sandbox.lifecycle.paused",
