@@ -47,7 +47,7 @@ class WebhookDeliveries(Repository):
 
         One whose endpoint already has ``cap`` waiting is recorded as ``dropped``.
         """
-        return self.db.submit(self._add, rows, cap, quick=True)
+        return self.db.submit(self._add, rows, cap)  # a count and inserts: never on the loop
 
     def _add(self, rows: list[dict[str, Any]], cap: int) -> None:
         now = self.db.dialect.now
