@@ -75,7 +75,7 @@ class SessionEvents:
             now = session.ended_at or time.time()
             data["execution"] = {
                 "started_at": iso(session.created_at),
-                "vcpu_count": session.limits.cpus,
+                "vcpu_count": _number(session.limits.cpus),  # E2B's is whole; a typed reader's too
                 "memory_mb": session.limits.memory // 2**20,
                 "execution_time": round((now - session.created_at) * 1000),
             }
@@ -92,3 +92,7 @@ class SessionEvents:
     def _send(self, doc: dict[str, Any]) -> None:
         for sink in list(self.sinks):
             sink(doc)
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value

@@ -314,4 +314,5 @@ def test_each_transition_is_told_once_with_its_reason_masked(tmp_path, kernels_d
     ]  # fmt: skip
     assert told[1]["eventData"]["reason"] == "out of memory near ***TOKEN***"
     assert told[2]["eventData"]["reason"] == "deleted by client"
+    assert isinstance(told[2]["eventData"]["execution"]["vcpu_count"], int)
     assert "s3cr3t-value" not in json.dumps(told) and told[0]["tenant"] == "default"
