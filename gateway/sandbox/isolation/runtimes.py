@@ -48,6 +48,9 @@ class Runtimes:
         self.default = default
         self.client = client
         self._engine: set[str] = set()
+        # One question to the engine at a time: a restart adopting thousands of
+        # sessions at once asked it once each.
+        self._asking = asyncio.Lock()
 
     def choose(self, requested: Any, sandbox: dict[str, Any]) -> str:
         """The runtime for a create request; the kernelspec's ``runtimes`` narrows the server's."""
@@ -82,7 +85,9 @@ class Runtimes:
         names = RUNTIMES[runtime]
         name = names.networked if networked else names.isolated
         if name not in self._engine:
-            self._engine = await self._engine_runtimes()  # it may have been added since
+            async with self._asking:
+                if name not in self._engine:  # it may have been added since
+                    self._engine = await self._engine_runtimes()
         if name not in self._engine:
             raise RuntimeUnavailable(
                 f"runtime {runtime!r} is allowed but the Docker engine has no {name!r} runtime; "
