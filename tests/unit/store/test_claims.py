@@ -145,7 +145,7 @@ def test_an_open_session_nobody_has_held_for_a_long_time_stops_counting(make_sto
     async def scenario():
         store = await opened(make_store)
         caps = {**CAPS, "sessions": 1}
-        assert await store.claim_quota(claim("s1"), caps, 0) is None
+        assert await store.claim_quota(claim("s1"), caps, -1) is None  # counts by its session
         await store.save_session(doc("s1"))
         assert await store.claim_lease("s1", "gone", -60)  # ran out a minute ago
         assert (await store.claim_quota(claim("s2"), caps, 60))["what"] == "sessions"
