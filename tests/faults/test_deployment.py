@@ -7,6 +7,7 @@ store, with one atomic claim per create.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import signal
 import threading
@@ -43,9 +44,15 @@ def deployment(start_gateway, postgres):
         "--database-url", database, "--lease-ttl", LEASE, "--tokens-file",
         str(config / "tokens.toml"), "--policies-dir", str(config / "policies"),
     )  # fmt: skip
-    gateways = [start_gateway(*flags) for _ in range(3)]
+    gateways = at_once(start_gateway, flags, 3)
     gateways[0].flags = flags  # for a gateway that joins later
     return gateways
+
+
+def at_once(start_gateway, flags: tuple[str, ...], n: int) -> list:
+    """``n`` gateways with ``flags``, started together (each takes seconds to come up)."""
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: start_gateway(*flags), range(n)))
 
 
 def client(gw, name: str = "agent") -> httpx.Client:
@@ -186,7 +193,7 @@ def test_a_gateway_killed_mid_create_gives_its_claim_back(start_gateway, postgre
     )
     flags = ("--database-url", database, "--lease-ttl", LEASE, "--tokens-file",
              str(config / "tokens.toml"))  # fmt: skip
-    doomed, survivor = start_gateway(*flags), start_gateway(*flags)
+    doomed, survivor = at_once(start_gateway, flags, 2)
     with client(doomed) as api:
         first = api.post("/v1/sessions", json={}).json()["id"]
     with client(survivor) as api:
@@ -219,7 +226,7 @@ def test_a_gateway_killed_mid_create_gives_its_claim_back(start_gateway, postgre
 def test_a_hosts_cap_holds_for_all_its_gateways_together(start_gateway, postgres):
     flags = ("--database-url", postgres.database(), "--lease-ttl", LEASE,
              "--host-max-sessions", "2")  # fmt: skip
-    gateways = [start_gateway(*flags) for _ in range(2)]
+    gateways = at_once(start_gateway, flags, 2)
     go = threading.Barrier(8)
     answers: list[httpx.Response] = [None] * 8  # type: ignore[list-item]
 
