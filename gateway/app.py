@@ -231,12 +231,12 @@ class Gateway:
         )
         self.domain = build_domain(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
-        events, hooks = self.manager.events, self.domain.webhooks
-        events.sinks.append(hooks.publish)
+        events, webhook_sink = self.manager.events, self.domain.webhooks
+        events.sinks.append(webhook_sink.publish)
         self.manager.gate.desk.listeners.append(events.approval)
         self.manager.metrics.watch(
             "counter", "sbx_webhook_attempts", "Webhook delivery attempts by outcome.",
-            ["outcome"], lambda: {(k,): float(v) for k, v in hooks.outcomes.items()},
+            ["outcome"], lambda: {(k,): float(v) for k, v in webhook_sink.outcomes.items()},
         )  # fmt: skip
         lag = self.loop_lag.max_lag
         self.manager.metrics.watch(

@@ -375,15 +375,21 @@ class Settings:
     # -- sessions & limits
     max_sessions: int = _opt(64, "live sessions allowed at once, server-wide", LIMITS)
     host_max_sessions: int = _opt(
-        0, "live sessions all the gateways on this host may hold together (0: no such cap)",
+        0,
+        "open sessions (paused too) all the gateways on this host may hold together (0: none)",
         LIMITS,
     )
     host_max_memory: int = _opt(
-        "0", "memory limits all the gateways' sessions on this host may add up to (0: no cap)",
-        LIMITS, SIZE,
+        "0",
+        "memory limits all the gateways' sessions on this host may add up to (0: no cap)",
+        LIMITS,
+        SIZE,
     )
     host_id: str = _opt(
-        "", "this host's name in the host caps' counts (empty: its hostname)", LIMITS
+        "",
+        "this host's name in the host caps' counts, the same for every gateway on it "
+        "(empty: the hostname, a container's own in a container: set it)",
+        LIMITS,
     )
     default_ttl: float = _opt(
         3600.0, "session lifetime in seconds when none is asked for", LIMITS, SECONDS
@@ -472,18 +478,22 @@ class Settings:
         SECONDS,
     )
     start_concurrency: int = _opt(
-        0, "cold starts at once; the rest wait their turn, fairly by tenant (0: one per CPU)",
+        0,
+        "cold starts at once; the rest wait their turn, fairly by tenant (0: one per CPU)",
         POOLING,
     )
     start_queue: int = _opt(
-        64, "creates that may wait for a cold start; one more is refused (503, Retry-After)",
+        64,
+        "creates that may wait for a cold start; one more is refused (503, Retry-After)",
         POOLING,
     )
     start_queue_per_tenant: int = _opt(
         16, "of those, the most one tenant may have waiting", POOLING
     )
     start_wait: float = _opt(
-        60.0, "seconds a create waits for a cold start before it is refused (503)", POOLING,
+        60.0,
+        "seconds a create waits for a cold start before it is refused (503)",
+        POOLING,
         SECONDS,
     )
 
@@ -755,7 +765,10 @@ class Settings:
         if self.pool_refill_concurrency < 1:
             raise ConfigError("pool_refill_concurrency must be at least 1")
         if min(self.start_queue, self.start_queue_per_tenant, self.start_concurrency + 1) < 1:
-            raise ConfigError("start_queue and start_queue_per_tenant must be at least 1")
+            raise ConfigError(
+                "start_queue and start_queue_per_tenant must be at least 1, start_concurrency 0 "
+                "(one per CPU) or more"
+            )
         if min(self.host_max_sessions, self.host_max_memory, self.start_wait) < 0:
             raise ConfigError("host_max_sessions, host_max_memory and start_wait cannot be < 0")
         if not self.host_id:

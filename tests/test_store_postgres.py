@@ -19,7 +19,7 @@ from unit.store.test_claims import (  # noqa: F401 (run again here, on PostgreSQ
     test_a_restarted_gateway_gives_back_what_it_had_in_flight,
     test_an_open_session_nobody_has_held_for_a_long_time_stops_counting,
     test_claims_hold_a_tenants_quota_and_an_ended_session_gives_its_claim_back,
-    test_creates_per_minute_count_released_claims_too,
+    test_creates_per_minute_count_ended_sessions_but_not_creates_that_never_started,
     test_open_sessions_are_listed_a_page_at_a_time_with_their_holder,
 )
 from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL)

@@ -124,6 +124,7 @@ class Admission:
         if not started:  # shielded: a create cut short still gives its claim back
             if self.sessions.get(session.id) is session:  # refused before it was ever saved
                 del self.sessions[session.id]
+            await asyncio.shield(self.leases.release(session.id))  # if it got one
             await asyncio.shield(self.store.release_claim(session.id))
 
     def start(self) -> None:

@@ -41,6 +41,7 @@ from ..errors import (
     ConfigError,
     Conflict,
     GatewayError,
+    Overloaded,
     SessionEnded,
     SessionNotFound,
     StoreUnavailable,
@@ -127,24 +128,22 @@ class SessionManager:
         self.snapshots = snapshots
         self.leases = leases or Leases(store, settings.lease_ttl)
         host = HostCaps(settings.host_id, settings.host_max_sessions, settings.host_max_memory)
-        self.admission = Admission(
-            sessions, quota, settings.max_sessions, store, self.leases, host
-        )
-        self.starts = StartQueue(
-            settings.start_concurrency or os.cpu_count() or 2,
-            settings.start_queue,
-            settings.start_queue_per_tenant,
-            settings.start_wait,
-        )
+        self.admission = Admission(sessions, quota, settings.max_sessions, store, self.leases, host)
         self.tasks = TaskSet()
         self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
         self.commands = Commands(lifecycle.placement, self.tasks)
         self.watchers = Watchers(self.tasks)
         self.events = SessionEvents()  # told each transition; app adds the webhooks' sink
+        self.starts = StartQueue(
+            settings.start_concurrency or os.cpu_count() or 2,
+            settings.start_queue,
+            settings.start_queue_per_tenant,
+            settings.start_wait,
+        )
         self.pausing = Pausing(
             lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout,
-            self.events,
+            self.events, self.starts,
         )  # fmt: skip
         self._saving: set[str] = set()  # sessions whose record is due to be saved
 
@@ -315,13 +314,20 @@ class SessionManager:
             raise Conflict(f"session id {session.id} is taken")
         if not warm:
             async with self.starts.slot(session.tenant):  # a few cold starts at once
+                if session.state == "deleted":  # ended while it waited its turn
+                    raise SessionEnded(
+                        f"session {session.id} ended while it waited to start ({session.reason})"
+                    )
                 await self.pool.make_room()
                 await self.save(session)
                 try:
                     async with ended_meanwhile(session, "started"):
                         await self.lifecycle.launch(session)
                 except BaseException as e:
-                    await self.end(session, f"kernel failed to start: {e}")  # unless it ended
+                    if session.state == "deleted":  # its end came before its sandbox did
+                        await self.lifecycle.teardown(session)
+                    else:
+                        await self.end(session, f"kernel failed to start: {e}")
                     raise
         if snapshot is not None:
             await self._fork(session, snapshot)
@@ -423,12 +429,17 @@ class SessionManager:
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
-        paused = session.state == "paused"  # no kernel to stop: start one
+        paused, before = session.state == "paused", session.state  # paused: no kernel to stop
         session.state = "starting"
         session.reason = None
+        start = session.kernel.start if paused else session.kernel.restart
         try:
             async with ended_meanwhile(session, "restarted"):
-                await (session.kernel.start() if paused else session.kernel.restart())
+                try:
+                    await self.starts.run(session.tenant, start)  # a cold start takes its turn
+                except Overloaded:
+                    session.state = before  # refused before anything stopped or started
+                    raise
                 if paused:
                     session.paused = None
                     await self.state.forget(session)

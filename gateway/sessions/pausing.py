@@ -11,6 +11,7 @@ who asks and hands the session over; nothing here looks sessions up.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +24,7 @@ from .model import Session, check_usable, ended_meanwhile
 from .pool import WarmPool
 from .requests import TakeSnapshot
 from .snapshots import Snapshots
+from .starts import StartQueue
 from .state import STATE_DIR, KernelState, SavedState
 
 log = logging.getLogger(__name__)
@@ -42,9 +44,10 @@ class Pausing:
         save: Save,
         start_timeout: float,
         events: SessionEvents,
+        starts: StartQueue,
     ) -> None:
         """``save`` stores a session's record (the manager's, which knows who owns it);
-        ``events`` hears of each pause and resume."""
+        ``events`` hears of each pause and resume; a cold resume takes its turn in ``starts``."""
         self.lifecycle = lifecycle
         self.state = state
         self.pool = pool
@@ -52,6 +55,7 @@ class Pausing:
         self.save = save
         self.start_timeout = start_timeout
         self.events = events
+        self.starts = starts
 
     async def pause(self, session: Session, strategy: str | None) -> dict[str, Any]:
         """Save the kernel's state and remove its sandbox; the workspace stays on disk.
@@ -134,7 +138,8 @@ class Pausing:
                 if await self._resume_warm(session, saved):
                     report = await self.state.restore(session, saved, _already_running, loaded=True)
                 else:
-                    report = await self.state.restore(session, saved, session.kernel.start)
+                    start = functools.partial(self.starts.run, session.tenant, session.kernel.start)
+                    report = await self.state.restore(session, saved, start)
                     await self.lifecycle.connect_packages(session)
                 await self.lifecycle.enter_working_dir(session)
         except BaseException:

@@ -99,6 +99,7 @@ class WarmPool:
         self.tasks = TaskSet()  # refills and discards, cancelled by ``stop``
         self.ready: dict[str, list[Session]] = {name: [] for name in self.sizes}
         self.starting: Counter[str] = Counter()
+        self._made: dict[str, Session] = {}  # the last sandbox started per kernelspec
         self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
         self._refills = asyncio.Semaphore(refill_concurrency)
         self._wake = asyncio.Event()
@@ -133,8 +134,9 @@ class WarmPool:
         workspace, with its own limits and env applied.
         """
         entry = self._take(session, request)
-        if entry is None and not self.ready.get(session.kernel_name) and _poolable(request):
-            self.targets.missed(session.kernel_name)
+        made = self._made.get(session.kernel_name)  # what the pool's sandboxes are like
+        if entry is None and made is not None and self._fits(session, request, made):
+            self.targets.missed(session.kernel_name)  # one would have served it: keep more
         self._wake.set()
         hit = entry is not None
         if entry is not None:
@@ -171,22 +173,25 @@ class WarmPool:
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(session.kernel_name)
-        if not ready or request.session_id is not None or session.secret_names:
+        if not ready or not self._fits(session, request, ready[0]):
             return None
-        pooled = ready[0]
+        return ready.pop(0)
+
+    def _fits(self, session: Session, request: CreateSession, pooled: Session) -> bool:
+        """Whether the pooled sandbox can become the session asked for."""
         language = pooled.language_info.get("name", "")
         placement = self.lifecycle.placement
-        if (
-            session.image != pooled.image
+        return not (
+            request.session_id is not None
+            or session.secret_names
+            or session.image != pooled.image
             or session.runtime != pooled.runtime
             or not session.network.is_none
             or session.limits.disk != pooled.limits.disk
             or placement.tmp_bytes(session.limits) != placement.tmp_bytes(pooled.limits)
             or (session.env and language not in _SET_ENV)
             or not (placement.resizes_in_place or _same_box(session, pooled))
-        ):
-            return None
-        return ready.pop(0)
+        )
 
     async def _fit(self, pooled: Session, session: Session) -> None:
         """Apply to the pooled sandbox what ``session`` asked for (its limits, its env)."""
@@ -221,6 +226,7 @@ class WarmPool:
         try:
             async with self._refills:
                 entry = await self._start(name)
+            self._made[name] = entry
             if len(self.live) + len(self) > self.max_sandboxes:
                 await self._discard(entry)  # sessions took the room while it started
             else:
@@ -280,11 +286,6 @@ class WarmPool:
             }
             for name in self.sizes
         }
-
-
-def _poolable(request: CreateSession) -> bool:
-    """Whether a pooled sandbox could have served the request, had one been ready."""
-    return request.session_id is None and not request.secrets
 
 
 def _same_box(session: Session, pooled: Session) -> bool:

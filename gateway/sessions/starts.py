@@ -17,10 +17,12 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from ..errors import Overloaded
 
+T = TypeVar("T")
 START_SECONDS = 2.0  # what a cold start takes on a small host, until one has been timed
 
 
@@ -61,21 +63,32 @@ class StartQueue:
         started = self.clock()
         try:
             yield
-        finally:
+            # Only starts that worked set the pace: one that hung to its timeout (a
+            # sandbox with almost no CPU) must not make every later create look slow.
             self._took = 0.8 * self._took + 0.2 * (self.clock() - started)
+        finally:
             self._release()
+
+    async def run(self, tenant: str, start: Callable[[], Awaitable[T]]) -> T:
+        """``start()`` under a start slot (a resume's or a restart's cold start)."""
+        async with self.slot(tenant):
+            return await start()
 
     async def _wait(self, tenant: str) -> None:
         ahead = self.queued
         mine = len(self._waiting.get(tenant, ()))
-        expected = self._expected(ahead + 1)
+        # Round robin: of each other tenant's waiters, only as many as this tenant's go first.
+        before = mine + sum(
+            min(len(queue), mine + 1) for other, queue in self._waiting.items() if other != tenant
+        )
+        expected = self._expected(before + 1)
         if mine >= self.per_tenant:
             why = f"this tenant already has {mine} creates waiting for a cold start"
         elif ahead >= self.size:
             why = f"{ahead} creates already wait for one of this host's {self.concurrency} starts"
         elif expected > self.max_wait:
             why = (
-                f"the {ahead} creates ahead would take about {expected:.0f} s to start, "
+                f"the {before} creates ahead of it would take about {expected:.0f} s to start, "
                 f"more than the {self.max_wait:g} s a create waits"
             )
         else:
@@ -102,7 +115,7 @@ class StartQueue:
                 raise Overloaded(
                     f"waited {self.max_wait:g} s for a cold start without getting one; "
                     "the host is busy starting sandboxes: try again shortly",
-                    retry_after=max(1, math.ceil(self._expected(self.queued))),
+                    retry_after=max(1, math.ceil(self._expected(self.queued + 1))),
                 ) from None
             raise
 

@@ -144,6 +144,11 @@ class Images:
 
 @pytest.fixture
 def kernels_dir(tmp_path: Path) -> Path:
+    return local_kernels(tmp_path)
+
+
+def local_kernels(tmp_path: Path) -> Path:
+    """A kernelspec directory whose python3 is ipykernel as a local process."""
     spec = tmp_path / "kernels" / "python3"
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]

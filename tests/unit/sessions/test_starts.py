@@ -89,3 +89,39 @@ def test_a_create_that_waits_too_long_or_leaves_gives_its_place_back():
         assert queue.running == 0
 
     asyncio.run(scenario())
+
+
+def test_a_tenants_first_create_is_not_refused_for_another_tenants_queue():
+    """Round robin starts it second, whatever the other tenant has waiting."""
+
+    async def scenario():
+        queue = StartQueue(concurrency=1, size=64, per_tenant=16, max_wait=60, pace=5)
+        gate = asyncio.Event()
+        burst = [asyncio.create_task(start(queue, "burst", [], gate)) for _ in range(13)]
+        await asyncio.sleep(0.01)
+        order: list[str] = []
+        single = asyncio.create_task(start(queue, "single", order, gate))
+        await asyncio.sleep(0.01)
+        assert not single.done(), single  # waiting, not refused
+        gate.set()
+        await asyncio.gather(*burst, single)
+
+    asyncio.run(scenario())
+
+
+def test_a_start_that_fails_does_not_set_the_pace():
+    """A sandbox given almost no CPU hangs to its timeout: that is no measure of a start."""
+
+    async def scenario():
+        now = [0.0]
+        queue = StartQueue(1, 10, 10, 60, clock=lambda: now[0], pace=2.0)
+        with pytest.raises(RuntimeError):
+            async with queue.slot("slow"):
+                now[0] += 300
+                raise RuntimeError("kernel did not answer")
+        queue.running = 1
+        expected = queue._expected(1)
+        queue.running = 0
+        return expected
+
+    assert asyncio.run(scenario()) == 2.0

@@ -102,13 +102,16 @@ def test_a_restarted_gateway_gives_back_what_it_had_in_flight(make_store):
     asyncio.run(scenario())
 
 
-def test_creates_per_minute_count_released_claims_too(make_store):
+def test_creates_per_minute_count_ended_sessions_but_not_creates_that_never_started(make_store):
     async def scenario():
         store = await opened(make_store)
         caps = {**CAPS, "per_minute": 2}
+        assert await store.claim_quota(claim("refused"), caps, 60) is None
+        await store.release_claim("refused")  # refused before it started: no create
         for sid in ("s1", "s2"):
             assert await store.claim_quota(claim(sid), caps, 60) is None
-            await store.release_claim(sid)
+            await store.save_session(doc(sid))
+            await store.save_session(doc(sid, ended=True))
         refused = await store.claim_quota(claim("s3"), caps, 60)
         assert refused == {"what": "per_minute", "used": 2, "cap": 2, "wanted": 1}
         await store.close()
