@@ -37,6 +37,7 @@ from unit.store.test_webhook_deliveries import (  # noqa: F401 (run again here, 
     test_a_full_endpoint_drops_new_deliveries_and_logs_why,
     test_a_restart_releases_what_it_was_sending_and_a_retry_waits_its_turn,
     test_a_sessions_next_delivery_waits_for_the_one_before_and_a_dead_claim_for_its_lease,
+    test_an_endpoint_has_one_attempt_in_flight_and_endpoints_take_turns,
     test_each_delivery_is_claimed_once_however_many_claim_at_once,
 )
 
@@ -404,7 +405,8 @@ def test_three_gateways_claiming_webhook_deliveries_at_once_send_each_once(postg
         await store.open()
         try:
             if n == 0:
-                await store.add_deliveries([delivery(f"d{i}", f"s{i}") for i in range(60)], 100)
+                rows = [delivery(f"d{i}", f"s{i}", f"e{i}") for i in range(60)]
+                await store.add_deliveries(rows, 100)
             claimed: list[str] = []
             for _ in range(40):
                 found = await asyncio.gather(

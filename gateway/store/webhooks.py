@@ -7,7 +7,9 @@ is one ``UPDATE ... WHERE state = 'pending' ... RETURNING``: on PostgreSQL a
 second gateway's update waits for the first one's row lock, then finds the row
 no longer pending, so each attempt is made by one gateway. A row is claimed only
 once every earlier row of its session and endpoint is finished: events arrive in
-order. A claim whose gateway died is due again once its lease runs out.
+order. An endpoint has one attempt in flight at a time, and endpoints take turns
+(each one's oldest due row), so a receiver that never answers holds one slot, not
+every other tenant's. A claim whose gateway died is due again once its lease runs out.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ FIRST_IN_LINE = (
     "NOT EXISTS (SELECT 1 FROM webhook_deliveries o WHERE o.tenant = d.tenant"
     " AND o.endpoint = d.endpoint AND o.session_id = d.session_id AND o.seq < d.seq"
     " AND o.state IN ('pending', 'sending'))"
+)
+IDLE = (  # the endpoint has no attempt in flight (a dead gateway's claim no longer counts)
+    "NOT EXISTS (SELECT 1 FROM webhook_deliveries b WHERE b.tenant = d.tenant"
+    " AND b.endpoint = d.endpoint AND b.state = 'sending' AND b.claimed_until >= {now})"
 )
 
 
@@ -70,14 +76,18 @@ class WebhookDeliveries(Repository):
             )  # fmt: skip
 
     async def claim_deliveries(self, owner: str, limit: int, lease: float) -> list[dict[str, Any]]:
-        """Take up to ``limit`` due deliveries for ``owner`` for ``lease`` seconds, oldest first;
-        each claim counts an attempt."""
+        """Take up to ``limit`` due deliveries for ``owner`` for ``lease`` seconds: the oldest
+        due row of each endpoint with no attempt in flight, oldest first; each claim counts an
+        attempt."""
         now = self.db.dialect.now
         rows = await self.db.select(
             "UPDATE webhook_deliveries SET state = 'sending', claimed_by = ?,"
             f" claimed_until = {now} + ?, attempts = attempts + 1"
-            " WHERE seq IN (SELECT d.seq FROM webhook_deliveries d"
-            f" WHERE {DUE.format(d='d.', now=now)} AND {FIRST_IN_LINE} ORDER BY d.seq LIMIT ?)"
+            " WHERE seq IN (SELECT seq FROM (SELECT d.seq, ROW_NUMBER() OVER"
+            " (PARTITION BY d.tenant, d.endpoint ORDER BY d.seq) AS place"
+            f" FROM webhook_deliveries d WHERE {DUE.format(d='d.', now=now)}"
+            f" AND {FIRST_IN_LINE} AND {IDLE.format(now=now)}) AS firsts"
+            " WHERE place = 1 ORDER BY seq LIMIT ?)"
             f" AND {DUE.format(d='', now=now)} RETURNING {COLUMNS}",
             (owner, lease, limit),
         )

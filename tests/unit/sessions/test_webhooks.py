@@ -7,6 +7,7 @@ directory (its claims: tests/unit/store/test_webhook_deliveries.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -155,7 +156,8 @@ def test_a_receiver_that_never_answers_does_not_hold_the_publisher_and_is_cut(tm
 
     async def scenario():
         store = await opened(tmp_path)
-        webhooks = hooks(store, never, timeout=0.2, concurrency=2, backoff=60)
+        found = {"acme": tuple(Endpoint("acme", n, "http://127.0.0.1:9/", KEY) for n in "abc")}
+        webhooks = hooks(store, never, found=found, timeout=0.2, concurrency=2, backoff=60)
         await webhooks.start("g1")
         started = time.monotonic()
         for n in range(10):
@@ -176,8 +178,43 @@ def test_a_receiver_that_never_answers_does_not_hold_the_publisher_and_is_cut(tm
 
     published, in_flight, stopped, cut = asyncio.run(scenario())
     assert published < 0.05  # telling never waits on a receiver
-    assert in_flight == 2  # bounded concurrency
+    assert in_flight == 2  # bounded concurrency (three endpoints, one attempt each at most)
     assert stopped < 2 and cut["state"] == "pending"  # a stop waits for no receiver
+
+
+def test_a_tenants_receiver_that_never_answers_holds_back_no_other_tenant(tmp_path):
+    """The attacker's repro: 40 events to a silent receiver took every slot, oldest first, so
+    another tenant's event waited about five seconds (ten rounds of timeouts)."""
+    got: dict[str, float] = {}
+
+    async def receiver(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/evil":
+            await asyncio.sleep(10)
+        got[request.url.path] = time.monotonic()
+        return httpx.Response(204)
+
+    async def scenario():
+        store = await opened(tmp_path)
+        found = {"evil": (Endpoint("evil", "e", "http://127.0.0.1:9/evil", KEY),),
+                 "good": (Endpoint("good", "g", "http://127.0.0.1:9/good", KEY),)}  # fmt: skip
+        webhooks = hooks(store, receiver, found=found, timeout=0.5, backoff=0.2, concurrency=4)
+        for n in range(40):
+            webhooks.publish(lifecycle(session_id=f"s{n}", tenant="evil"))
+        await asyncio.sleep(0.1)
+        webhooks.publish(lifecycle(session_id="g1", tenant="good"))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await webhooks.start("g1")
+        with contextlib.suppress(AssertionError):
+            await until(lambda: _count(store, "delivered", 1, tenant="good"), timeout=2.0)
+        in_flight = webhooks.sending
+        await webhooks.stop()
+        await store.close()
+        return started, in_flight
+
+    started, in_flight = asyncio.run(scenario())
+    assert "/good" in got and got["/good"] - started < 1.0, "it waited behind the other tenant"
+    assert in_flight == 1  # the silent receiver's one attempt
 
 
 def test_attempts_run_out_and_a_replay_sends_the_same_event_again(tmp_path):
@@ -327,8 +364,8 @@ def _row(delivery_id: str, session_id: str) -> dict:
             "body": body}  # fmt: skip
 
 
-async def _count(store, state: str, n: int, attempted: bool = False) -> bool:
-    page = await store.deliveries("acme", state, None, 1000)
+async def _count(store, state: str, n: int, attempted: bool = False, tenant: str = "acme") -> bool:
+    page = await store.deliveries(tenant, state, None, 1000)
     return len([r for r in page if r["attempts"] or not attempted]) >= n
 
 

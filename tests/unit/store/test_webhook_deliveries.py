@@ -36,7 +36,8 @@ def ids(rows: list[dict]) -> list[str]:
 def test_each_delivery_is_claimed_once_however_many_claim_at_once(make_store):
     async def scenario():
         store = await opened(make_store)
-        await store.add_deliveries([delivery(f"d{n}", f"s{n}") for n in range(30)], 100)
+        rows = [delivery(f"d{n}", f"s{n}", f"e{n}") for n in range(30)]  # one per endpoint
+        await store.add_deliveries(rows, 100)
         claims = await asyncio.gather(
             *(store.claim_deliveries(f"g{n % 3}", 4, 60) for n in range(12))
         )
@@ -74,7 +75,7 @@ def test_a_sessions_next_delivery_waits_for_the_one_before_and_a_dead_claim_for_
 def test_a_restart_releases_what_it_was_sending_and_a_retry_waits_its_turn(make_store):
     async def scenario():
         store = await opened(make_store)
-        await store.add_deliveries([delivery("d1", "s1"), delivery("d2", "s2")], 100)
+        await store.add_deliveries([delivery("d1", "s1"), delivery("d2", "s2", "other")], 100)
         await store.claim_deliveries("g1", 10, 60)
         await store.finish_attempt("d2", {"status": 500}, "pending", 60)  # retry in a minute
         await store.close()
@@ -99,3 +100,23 @@ def test_a_full_endpoint_drops_new_deliveries_and_logs_why(make_store):
     page, older = asyncio.run(scenario())
     assert [r["state"] for r in page] == ["dropped", "pending", "pending"]
     assert "waiting" in page[0]["log"][0]["error"] and ids(older) == ["d1", "d0"]
+
+
+def test_an_endpoint_has_one_attempt_in_flight_and_endpoints_take_turns(make_store):
+    """One tenant's receiver that never answers holds one slot, not the worker's every slot:
+    the oldest due rows of all tenants were taken, so 40 of its rows held back another's."""
+
+    async def scenario():
+        store = await opened(make_store)
+        slow = [delivery(f"s{n}", f"s{n}", "slow") for n in range(5)]
+        await store.add_deliveries([*slow, delivery("f1", "f1", "fast")], 100)
+        first = ids(await store.claim_deliveries("g1", 4, 60))
+        busy = ids(await store.claim_deliveries("g1", 4, 60))  # both endpoints are in flight
+        await store.finish_attempt("s0", {"status": 500}, "pending", 0)  # a retry, due now
+        await store.finish_attempt("f1", {"status": 204}, "delivered", 0)
+        again = ids(await store.claim_deliveries("g1", 4, 60))
+        await store.close()
+        return first, busy, again
+
+    first, busy, again = asyncio.run(scenario())
+    assert first == ["s0", "f1"] and busy == [] and again == ["s0"]
