@@ -16,7 +16,9 @@ a receiver checks it and refuses old timestamps (replays). An endpoint's URL
 must be http(s); the addresses its name resolves to pass the egress proxy's
 ``AddressGuard`` (no loopback, private, link-local or the gateway's own port
 unless ``webhook_allow_ranges`` says so), and the request goes to exactly the
-address checked.
+address checked. Names are resolved on the webhooks' own few threads, one lookup per
+host at a time: a tenant's name server that never answers holds those, never the
+loop's default executor that every Docker call shares.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import time
 import tomllib
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +195,10 @@ class Webhooks:
             limits=httpx.Limits(max_connections=options.concurrency),
         )
         self.tasks = TaskSet()  # the worker and its attempts in flight
+        self._resolver = ThreadPoolExecutor(
+            options.concurrency, thread_name_prefix="sbx-webhook-dns"
+        )
+        self._resolving: set[str] = set()  # hosts with a lookup running, cut or not
         self.sending = 0  # attempts in flight
         self.outcomes: collections.Counter[str] = (
             collections.Counter()
@@ -241,6 +248,7 @@ class Webhooks:
         with contextlib.suppress(Exception):
             await self.store.release_deliveries(self.owner)
         await self.client.aclose()
+        self._resolver.shutdown(wait=False, cancel_futures=True)  # a lookup may hang for long
 
     async def _run(self) -> None:
         while True:
@@ -333,9 +341,8 @@ class Webhooks:
         """``url`` with its host replaced by an address the guard allows (TLS still checks
         the name): what the name resolves to after this check is never used."""
         port = url.port or (443 if url.scheme == "https" else 80)
-        loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(url.host, port, type=socket.SOCK_STREAM)
+            infos = await self._resolve(url.host, port)
         except socket.gaierror as e:
             raise OSError(f"{url.host} does not resolve ({e})") from e
         addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
@@ -346,6 +353,16 @@ class Webhooks:
                               " not called unless webhook_allow_ranges allows it")  # fmt: skip
         extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
         return url.copy_with(host=str(addresses[0])), extensions
+
+    async def _resolve(self, host: str, port: int) -> list[Any]:
+        """``getaddrinfo`` on the webhooks' own threads; a host whose last lookup still runs
+        (its attempt timed out, not the lookup) fails this attempt, to be retried later."""
+        if host in self._resolving:
+            raise OSError(f"{host} is still being resolved")
+        lookup = self._resolver.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        self._resolving.add(host)
+        lookup.add_done_callback(lambda _: self._resolving.discard(host))  # its thread's end
+        return await asyncio.wrap_future(lookup)
 
     # -- the log -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -302,6 +303,48 @@ def test_a_name_is_resolved_checked_and_its_checked_address_is_the_one_called(
     assert (
         failed["endpoint"] == "mixed" and "10.0.0.7 is a private range" in failed["log"][0]["error"]
     )
+
+
+def test_a_name_server_that_never_answers_holds_only_the_webhooks_own_resolver(
+    tmp_path, monkeypatch
+):
+    """The attacker's repro: lookups ran on the loop's default executor, which every Docker
+    call shares, one per attempt, so a tenant's silent name server could fill it. Now they run
+    on threads of their own, one per host at a time (another attempt meanwhile fails, and is
+    retried later)."""
+    release = threading.Event()
+    lookups: list[str] = []
+
+    def resolve(host, port, *args, **kwargs):
+        lookups.append(threading.current_thread().name)
+        release.wait(10)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))]
+
+    async def scenario():
+        store = await opened(tmp_path)
+        url = "https://hooks.evil.example/in"
+        found = {"acme": tuple(Endpoint("acme", f"e{n}", url, KEY) for n in range(8))}
+        webhooks = hooks(store, lambda r: httpx.Response(204), allow=(), found=found,
+                         timeout=0.3, backoff=60, concurrency=8)  # fmt: skip
+        await webhooks.start("g1")
+        webhooks.publish(lifecycle())
+        await until(lambda: _count(store, "pending", 8, attempted=True))
+        started = time.monotonic()
+        await asyncio.to_thread(lambda: None)  # what a Docker call waits for
+        waited = time.monotonic() - started
+        await webhooks.stop()
+        page = await store.deliveries("acme", None, None, 10)
+        await store.close()
+        return waited, [row["log"][0]["error"] for row in page]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    try:
+        waited, errors = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert waited < 0.5 and lookups == ["sbx-webhook-dns_0"], lookups
+    assert sorted(errors)[0] == "OSError: hooks.evil.example is still being resolved", errors
+    assert sum("still being resolved" in e for e in errors) == 7, errors
 
 
 def test_pending_deliveries_survive_a_restart_and_a_cut_claim_is_sent_again(tmp_path):
