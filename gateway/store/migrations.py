@@ -227,6 +227,12 @@ MIGRATIONS = [
     CREATE INDEX webhook_deliveries_in_order
         ON webhook_deliveries (tenant, endpoint, session_id, state);
     """,
+    # Webhook deliveries: an endpoint's waiting rows counted (its queue cap) and an endpoint
+    # in flight found without reading its whole log; the prune finds old rows by age.
+    """
+    CREATE INDEX webhook_deliveries_waiting ON webhook_deliveries (tenant, endpoint, state);
+    CREATE INDEX webhook_deliveries_by_age ON webhook_deliveries (created_at);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

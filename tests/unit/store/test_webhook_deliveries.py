@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 
@@ -120,3 +121,28 @@ def test_an_endpoint_has_one_attempt_in_flight_and_endpoints_take_turns(make_sto
 
     first, busy, again = asyncio.run(scenario())
     assert first == ["s0", "f1"] and busy == [] and again == ["s0"]
+
+
+def test_the_queue_cap_count_and_the_prune_read_an_index_not_the_whole_log(make_store, tmp_path):
+    """Each delivery queued counted its endpoint's rows of the whole 7-day log, and each prune
+    scanned the table: the plans had no index on (tenant, endpoint, state) or on created_at."""
+
+    async def scenario():
+        store = await opened(make_store)
+        await store.close()
+
+    asyncio.run(scenario())
+    db = sqlite3.connect(tmp_path / "db.sqlite3")
+    waiting = db.execute(
+        "EXPLAIN QUERY PLAN SELECT count(*) FROM webhook_deliveries WHERE tenant = ?"
+        " AND endpoint = ? AND state IN ('pending', 'sending')",
+        ("acme", "main"),
+    ).fetchall()
+    pruned = db.execute(
+        "EXPLAIN QUERY PLAN DELETE FROM webhook_deliveries WHERE created_at < ?"
+        " AND state NOT IN ('pending', 'sending')",
+        (0,),
+    ).fetchall()
+    db.close()
+    assert "webhook_deliveries_waiting (tenant=? AND endpoint=? AND state=?)" in str(waiting)
+    assert "webhook_deliveries_by_age (created_at<?)" in str(pruned)
