@@ -92,10 +92,14 @@ class WebhookOptions:
 
 
 def secret_key(text: str) -> bytes:
-    """The HMAC key of a secret: a ``whsec_`` one is base64 (Standard Webhooks), else its text."""
-    if text.startswith("whsec_"):
-        return base64.b64decode(text.removeprefix("whsec_"))
-    return text.encode()
+    """The HMAC key of a secret: a ``whsec_`` one is base64 (Standard Webhooks) of at least 16
+    bytes (ValueError otherwise: a stray character is no quietly different key), else its text."""
+    if not text.startswith("whsec_"):
+        return text.encode()
+    key = base64.b64decode(text.removeprefix("whsec_"), validate=True)
+    if len(key) < 16:
+        raise ValueError(f"it decodes to {len(key)} bytes, fewer than 16")
+    return key
 
 
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -159,11 +163,13 @@ def _endpoint(tenant: str, n: int, entry: Any, path: str) -> Endpoint:
     if unknown:
         raise ConfigError(f"{where}: unknown events {sorted(map(str, unknown))}; known: "
                           f"{', '.join(TYPES.values())}")  # fmt: skip
+    name = str(entry.get("name", n))
     try:
         key = secret_key(secret)
     except ValueError as e:
-        raise ConfigError(f"{where}: a whsec_ secret must be base64 ({e})") from e
-    return Endpoint(tenant, str(entry.get("name", n)), str(url), key, frozenset(events))
+        raise ConfigError(f"{where} ({name}): a whsec_ secret must be base64 of at least 16"
+                          f" random bytes ({e})") from e  # fmt: skip
+    return Endpoint(tenant, name, str(url), key, frozenset(events))
 
 
 class Refused(Exception):
@@ -225,7 +231,9 @@ class Webhooks:
         queued.add_done_callback(self._queued)
 
     def _queued(self, queued: asyncio.Future) -> None:
-        if queued.cancelled() or queued.exception() is not None:
+        if queued.cancelled():
+            log.warning("webhook events were not queued: cancelled")
+        elif queued.exception() is not None:
             log.warning("webhook events were not queued: %s", queued.exception())
         else:
             self._wake.set()

@@ -7,10 +7,12 @@ directory (its claims: tests/unit/store/test_webhook_deliveries.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import ipaddress
 import json
+import re
 import socket
 import threading
 import time
@@ -114,6 +116,31 @@ def test_endpoints_are_read_from_the_tokens_file_and_bad_ones_refused(tmp_path):
         path.write_text(f"[[tenants.acme.webhooks]]\n{bad}\n")
         with pytest.raises(ConfigError):
             read_endpoints(str(path))
+
+
+def test_a_whsec_secret_must_be_strict_base64_of_at_least_16_bytes(tmp_path):
+    """A whsec_ secret with a stray character decoded quietly to another key, and one of a few
+    bytes passed as long enough (its text had 16 characters)."""
+    path = tmp_path / "tokens.toml"
+    short = "whsec_" + base64.b64encode(b"8 bytes!").decode()  # 18 characters, an 8-byte key
+    for bad in ("whsec_MfKQ9r8G*KYqrTwjUPD8ILPZIo2LaLaSw", short):
+        path.write_text(f'[[tenants.acme.webhooks]]\nname = "ops"\nurl = "https://h.example"\n'
+                        f'secret = "{bad}"\n')  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape("tenants.acme.webhooks #1 (ops)")):
+            read_endpoints(str(path))
+
+
+def test_a_cancelled_queueing_is_logged_not_raised(tmp_path):
+    async def scenario():
+        store = await opened(tmp_path)
+        webhooks = hooks(store, lambda r: httpx.Response(204))
+        queued = asyncio.get_running_loop().create_future()
+        queued.cancel()
+        webhooks._queued(queued)  # raised CancelledError, asking a cancelled future why
+        await webhooks.stop()
+        await store.close()
+
+    asyncio.run(scenario())
 
 
 def test_events_are_delivered_signed_in_order_after_a_failure_is_retried(tmp_path):
