@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -101,15 +102,20 @@ class Listing:
     def _registry(
         self, tenant: str | None, state: str | None, after: tuple[str, str] | None, limit: int
     ) -> list[dict[str, Any]]:
-        views = sorted(
+        # Views of the page's sessions only: building all of 10,000 took 260 ms a page.
+        since = parse_iso(after[0]) - 0.001 if after is not None else None
+        chosen = heapq.nsmallest(
+            limit,
             (
-                self._live(s)
+                s
                 for s in self.sessions.values()
-                if (tenant is None or s.tenant == tenant) and (state is None or s.state == state)
+                if (tenant is None or s.tenant == tenant)
+                and (state is None or s.state == state)
+                and (since is None or (s.created_at >= since and _order(s) > after))
             ),
-            key=_key,
+            key=_order,
         )
-        return [v for v in views if after is None or _key(v) > after][:limit]
+        return [self._live(s) for s in chosen]
 
     def _live(self, session: Session) -> dict[str, Any]:
         return {
@@ -119,8 +125,9 @@ class Listing:
         }
 
 
-def _key(view: dict[str, Any]) -> tuple[str, str]:
-    return view["created_at"], view["id"]
+def _order(session: Session) -> tuple[str, str]:
+    """A live session's place in the list: its view's created_at and id."""
+    return iso(session.created_at), session.id
 
 
 def _matches(view: dict[str, Any], metadata: dict[str, str] | None) -> bool:

@@ -13,6 +13,7 @@ from gateway.errors import BadRequest
 from gateway.sessions.leases import Leases
 from gateway.sessions.listing import Listing
 from gateway.store.sqlite import SQLiteStore
+from gateway.timestamps import parse_iso
 
 ACME = Principal(tenant="acme", token_id="a")
 ADMIN = Principal(tenant="ops", token_id="o", admin=True)
@@ -26,7 +27,11 @@ def view(sid: str, tenant: str = "acme", state: str = "idle", **metadata) -> dic
 def live(doc: dict) -> SimpleNamespace:
     """A live session as the registry holds it (only what the list reads)."""
     return SimpleNamespace(
-        id=doc["id"], tenant=doc["tenant"], state=doc["state"], to_json=lambda: dict(doc)
+        id=doc["id"],
+        tenant=doc["tenant"],
+        state=doc["state"],
+        created_at=parse_iso(doc["created_at"]),
+        to_json=lambda: dict(doc),
     )
 
 
