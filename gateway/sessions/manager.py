@@ -324,10 +324,7 @@ class SessionManager:
                     async with ended_meanwhile(session, "started"):
                         await self.lifecycle.launch(session)
                 except BaseException as e:
-                    if session.state == "deleted":  # its end came before its sandbox did
-                        await self.lifecycle.teardown(session)
-                    else:
-                        await self.end(session, f"kernel failed to start: {e}")
+                    await self.end(session, f"kernel failed to start: {e}")  # unless it ended
                     raise
         if snapshot is not None:
             await self._fork(session, snapshot)
