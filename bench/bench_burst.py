@@ -74,14 +74,19 @@ def refusal(error: Exception) -> str:
     return f"{status} {code}" + (" (Retry-After)" if retry or "retry" in text.lower() else "")
 
 
-def leftovers(gw: Gateway, engine: docker.DockerClient, gateway_id: str) -> int:
-    """Containers of this gateway that neither a live session nor the pool accounts for."""
+def leftovers(gw: Gateway, engine: docker.DockerClient, gateway_id: str, data: str) -> str:
+    """Containers and workspace mounts of this gateway no live session or the pool accounts for."""
     live = {s["id"] for s in gw.client.get("/v1/sessions").json()["sessions"]}
     health = gw.client.get("/healthz").json()
     pooled = sum(health["pool_ready"].values()) + POOL_MAX  # ready, or a refill starting
     mine = engine.containers.list(all=True, filters={"label": f"sbx.gateway={gateway_id}"})
-    unaccounted = [c for c in mine if c.labels.get("sbx.session") not in live]
-    return max(0, len(unaccounted) - pooled)
+    containers = [c for c in mine if c.labels.get("sbx.session") not in live]
+    sessions = os.path.join(os.path.realpath(data), "sessions") + "/"
+    with open("/proc/self/mounts") as f:
+        mounted = {line.split()[1][len(sessions) :].split("/")[0] for line in f
+                   if line.split()[1].startswith(sessions)}  # fmt: skip
+    mounts = mounted - live
+    return f"{max(0, len(containers) - pooled)} containers, {max(0, len(mounts) - pooled)} mounts"
 
 
 def settle(gw: Gateway) -> None:
@@ -132,13 +137,13 @@ def main() -> None:
                 ends = burst(n, create, run)
                 took = [e["ms"] for e in ends if e["ok"]]
                 refused = collections.Counter(e["why"] for e in ends if not e["ok"])
-                lost[name] = leftovers(gw, engine, gateway_id)
+                lost[name] = leftovers(gw, engine, gateway_id, data)
                 grew = _pool_target(gw.client.get("/metrics").text)
                 rows.append((name, took, refused, grew))
         settle(gw)
     body = [
         f"| burst of {n} creates, each then `1 + 1` | sessions | refused | first result p50 ms "
-        "| p95 ms | slowest ms | containers left behind | pool grew to |",
+        "| p95 ms | slowest ms | left behind | pool grew to |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, took, refused, grew in rows:

@@ -176,7 +176,9 @@ def _refusal(new: Session, refused: dict) -> GatewayError:
         )
     return QuotaExceeded(
         f"tenant {tenant!r} {held} across the deployment; {ADVICE[what]}",
-        retry_after=60 if what == "per_minute" else 30,
+        # Only the rate frees itself: a held quota frees when the tenant ends a session
+        # (a Retry-After there made the E2B SDK wait it out before failing).
+        retry_after=60 if what == "per_minute" else None,
     )
 
 
