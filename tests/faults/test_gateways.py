@@ -8,6 +8,7 @@ server started by the tests.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -156,10 +157,16 @@ async def stream_then_resume_elsewhere(first, second, sid: str):
     return "".join(e.get("text", "") for e in seen), seen, done
 
 
+def together(start, n: int = 2) -> list:
+    """``n`` gateways started at once (each takes seconds to come up)."""
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: start(), range(n)))
+
+
 def deployment(start_gateway, database: str) -> list:
     """Two gateways on the store sharing one token, as the gateways of a deployment do."""
     token = "shared-token-of-the-deployment"
-    gateways = [shared(start_gateway, database, env={"SBX_TOKEN": token}) for _ in range(2)]
+    gateways = together(lambda: shared(start_gateway, database, env={"SBX_TOKEN": token}))
     for gw in gateways:
         gw.client.headers["Authorization"] = f"Bearer {token}"
         gw.token = token
@@ -338,9 +345,8 @@ def test_a_killed_gateways_sessions_are_adopted_by_another_with_their_state(
     start_gateway, database, engine
 ):
     token = "shared-token-of-the-deployment"
-    first, second = (
-        shared(start_gateway, database, keep_sessions=True, env={"SBX_TOKEN": token})
-        for _ in range(2)
+    first, second = together(
+        lambda: shared(start_gateway, database, keep_sessions=True, env={"SBX_TOKEN": token})
     )
     for gw in (first, second):
         gw.client.headers["Authorization"] = f"Bearer {token}"
