@@ -116,6 +116,9 @@ def main() -> None:
         "--pool", f"python3={POOL}", "--pool-max", f"python3={POOL_MAX}",
         "--start-queue", str(n), "--start-queue-per-tenant", str(n), "--start-wait", "120",
         "--max-sessions", str(n + POOL_MAX + 8), "--pool-shrink-after", str(SHRINK),
+        # One tenant asks for the whole burst: its quotas must hold it (default 32 sessions).
+        "--tenant-max-sessions", str(n), "--tenant-max-memory", f"{n}g",
+        "--tenant-max-disk", f"{n}g", "--tenant-max-cpus", str(n),
     )  # fmt: skip
     engine = docker.from_env()
     rows, lost = [], {}
