@@ -15,7 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from helpers import full_history, run, run_over_channels, text_of
+from helpers import closed, full_history, run, run_over_channels, text_of
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.docker
@@ -228,7 +228,7 @@ def test_the_agent_stream_shows_only_the_mask(tenants):
         frames = []
         while not frames or json.loads(frames[-1])["type"] != "done":
             frames.append(await asyncio.wait_for(ws.read_message(), 60))
-        ws.close()
+        await closed(ws)
         return frames
 
     try:

@@ -170,6 +170,10 @@ class ExecuteCode:
         return cls(code, timeout, description, env_vars(body.get("env")))
 
 
+# How a paused or snapshotted kernel's state is kept, best first.
+STRATEGIES = ("checkpoint", "namespace", "replay")
+
+
 @dataclasses.dataclass(frozen=True)
 class PauseSession:
     """``POST /v1/sessions/{id}/pause``: how to keep the kernel's state (None: the best)."""
@@ -180,8 +184,8 @@ class PauseSession:
     def from_json(cls, body: Any) -> PauseSession:
         body = _body(body)
         strategy = body.get("strategy")
-        if strategy is not None and not isinstance(strategy, str):
-            raise BadRequest("strategy must be a string such as 'namespace' or 'replay'")
+        if strategy is not None and strategy not in STRATEGIES:
+            raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         return cls(strategy)
 
 

@@ -38,15 +38,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadRequest, StateNotRestored, StateNotSaved, StrategyUnavailable
+from ..errors import StateNotRestored, StateNotSaved, StrategyUnavailable
 from ..execution.outputs import OutputCap
 from ..execution.recorder import ran_in_kernel
 from ..store.base import HISTORY_PAGE_MAX, Store
 from ..workspace.rules import remove_tree
 from .lifecycle import SandboxLifecycle
 from .model import Session
+from .requests import STRATEGIES
 
-STRATEGIES = ("checkpoint", "namespace", "replay")
 CHECKPOINT_UNAVAILABLE = (
     "the checkpoint strategy is not available here: gVisor's runsc refuses to checkpoint a "
     "kernel's sockets (a bound or connected host Unix socket, or a listening one inside the "
@@ -146,8 +146,6 @@ class KernelState:
 
     def choose(self, session: Session, requested: str | None) -> str:
         """The strategy to use: the one asked for, or the best there is; 409 if none fits."""
-        if requested is not None and requested not in STRATEGIES:
-            raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}, not {requested!r}")
         supported = self.strategies(session)
         if not supported:
             raise StrategyUnavailable(

@@ -366,7 +366,10 @@ def test_a_killed_gateways_sessions_are_adopted_by_another_with_their_state(
         "no gateway adopted the killed gateway's session"
     )
     print(f"adopted {time.monotonic() - killed:.1f} s after its gateway was killed")
-    assert answers(ids[1], 1), "the killed gateway's other session was not adopted"
+    # Both are taken over in one sweep, each as soon as its kernel answers.
+    assert wait_for(lambda: answers(ids[1], 1), timeout=10, interval=0.2), (
+        "the killed gateway's other session was not adopted"
+    )
     assert second.client.get(f"/v1/sessions/{ids[0]}/files/kept.txt").content == b"kept"
     with psycopg.connect(database) as db:
         owners = {row[0] for row in db.execute("SELECT owner FROM leases").fetchall()}

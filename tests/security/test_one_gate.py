@@ -155,7 +155,7 @@ def test_silent_executes_and_user_expressions_pass_the_gate(gated):
                 *await exchange(ws, execute_request("print('still here')")),
             )
         finally:
-            ws.close()
+            await closed(ws)
 
     with Canary(gw, canary):
         refused_silent, refused_expressions, after = asyncio.run(scenario())
@@ -222,7 +222,7 @@ def test_the_same_code_over_http_and_the_jupyter_channels_leaves_the_same_record
             [third] = await exchange(ws, execute_request(SLEEP))
             return [first, second, third]
         finally:
-            ws.close()
+            await closed(ws)
 
     with Canary(gw, canary):
         replies = asyncio.run(scenario())
@@ -264,7 +264,7 @@ def test_a_cell_held_over_the_channels_and_denied_gets_a_jupyter_error(gated):
             await denying
             return replies
         finally:
-            ws.close()
+            await closed(ws)
 
     denied, after = asyncio.run(scenario())  # in the order they were answered
     assert denied["execute_reply"]["content"]["ename"] == "Denied", denied

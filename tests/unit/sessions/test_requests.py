@@ -124,8 +124,17 @@ def test_a_pause_and_a_snapshot_take_an_optional_strategy_and_name():
     assert TakeSnapshot.from_json({"name": "before", "strategy": "namespace"}) == TakeSnapshot(
         "before", "namespace"
     )
-    with pytest.raises(BadRequest, match="strategy must be a string"):
+    with pytest.raises(BadRequest, match="strategy must be one of checkpoint, namespace, replay"):
         PauseSession.from_json({"strategy": 1})
+
+
+def test_a_strategy_outside_the_documented_ones_is_refused_before_any_session_is_touched():
+    """Pausing a paused session answers as the pause did, so the name is checked on the way in."""
+    for strategy in ["", "Replay", "snapshot", "namespace\x00"]:
+        for request in (PauseSession, TakeSnapshot):
+            with pytest.raises(BadRequest, match="strategy must be one of") as refused:
+                request.from_json({"strategy": strategy})
+            assert repr(strategy) in refused.value.message
     with pytest.raises(BadRequest, match="name must be a string of at most 200 characters"):
         TakeSnapshot.from_json({"name": "x" * 201})
 
