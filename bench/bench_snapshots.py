@@ -4,6 +4,9 @@ Usage: .venv/bin/python bench/bench_snapshots.py [--rounds 5] [--mib 100]
 
 A python3 session (memory 1g) builds ``--mib`` MiB of objects: a numpy array,
 a pandas frame and a dict of strings. Then, ``--rounds`` times each:
+- the first tier: POST .../pause (frozen) and POST .../resume, an execute on a
+  frozen session until its result, and beside them the floors: the same
+  execute on a running session, and the engine's own pause + unpause;
 - POST .../pause and POST .../resume (the namespace strategy), over HTTP,
   each resume with a pooled container waiting (the resume takes it);
 - the same for a session the pool cannot serve (another workspace size), so
@@ -120,6 +123,8 @@ def main() -> None:
     pauses, resumes, running, paused_mem, disks, states = [], [], [], [], [], []
     cold_pauses, cold_resumes, floor = [], [], []
     snapshots, sizes, forks, bash_pauses, bash_resumes = [], [], [], [], []
+    freezes, thaws, thawed_runs, plain_runs, engine_floor, frozen_mem = [], [], [], [], [], []
+    deep = {"strategy": "namespace"}
     try:
         sid = client.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
         seen = {client.get(f"/v1/sessions/{sid}").json()["container_id"]}
@@ -127,10 +132,32 @@ def main() -> None:
             f"/v1/sessions/{sid}/execute", json={"code": BUILD.format(mib=args.mib)}
         ).json()
         assert built["status"] == "ok", built
+        execute = lambda: client.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})  # noqa: E731
+        for _ in range(args.rounds):
+            took, r = ms(lambda: client.post(f"/v1/sessions/{sid}/pause"))
+            assert r.json()["strategy"] == "freeze", r.json()
+            freezes.append(took)
+            frozen_mem.append(container_mib(engine, sid))
+            took, r = ms(lambda: client.post(f"/v1/sessions/{sid}/resume"))
+            assert r.json()["strategy"] == "freeze" and r.json()["lost"] == [], r.json()
+            thaws.append(took)
+            client.post(f"/v1/sessions/{sid}/pause").raise_for_status()
+            took, r = ms(execute)
+            assert r.json()["resumed"]["strategy"] == "freeze", r.json()
+            thawed_runs.append(took)
+            plain_runs.append(ms(execute)[0])
+            container = (
+                r.json().get("container_id")
+                or client.get(f"/v1/sessions/{sid}").json()["container_id"]
+            )
+            t0 = time.perf_counter()
+            engine.api.pause(container)
+            engine.api.unpause(container)
+            engine_floor.append((time.perf_counter() - t0) * 1000)
         for _ in range(args.rounds):
             running.append(container_mib(engine, sid))
             pool_ready(client)
-            took, r = ms(lambda: client.post(f"/v1/sessions/{sid}/pause"))
+            took, r = ms(lambda: client.post(f"/v1/sessions/{sid}/pause", json=deep))
             assert r.json()["strategy"] == "namespace" and not r.json()["lost"], r.json()
             pauses.append(took)
             paused_mem.append(container_mib(engine, sid))
@@ -160,7 +187,7 @@ def main() -> None:
         assert built["status"] == "ok", built
         for _ in range(args.rounds):
             pool_ready(client)
-            took, r = ms(lambda: client.post(f"/v1/sessions/{cold}/pause"))
+            took, r = ms(lambda: client.post(f"/v1/sessions/{cold}/pause", json=deep))
             cold_pauses.append(took)
             took, r = ms(lambda: client.post(f"/v1/sessions/{cold}/resume"))
             assert client.get("/healthz").json()["pool_ready"]["python3"] == 1, "took the pool's"
@@ -186,7 +213,9 @@ def main() -> None:
         for i in range(20):
             client.post(f"/v1/sessions/{bash}/execute", json={"code": f"v{i}={i}; echo $v{i}"})
         for _ in range(args.rounds):
-            took, _ = ms(lambda: client.post(f"/v1/sessions/{bash}/pause"))
+            took, _ = ms(
+                lambda: client.post(f"/v1/sessions/{bash}/pause", json={"strategy": "replay"})
+            )
             bash_pauses.append(took)
             took, r = ms(lambda: client.post(f"/v1/sessions/{bash}/resume"))
             assert r.json()["strategy"] == "replay" and r.json()["differed"] == [], r.json()
@@ -196,6 +225,12 @@ def main() -> None:
 
     rows = ["| measured | p50 | p95 | max | target |", "| --- | ---: | ---: | ---: | --- |"]
     rows += [
+        row(f"pause, freeze ({args.mib} MB of objects)", freezes),
+        row(f"resume, freeze ({args.mib} MB of objects)", thaws, target="≤ 50 ms"),
+        row("execute `1` on a frozen session → result (its resume included)", thawed_runs),
+        row("floor: execute `1` on a running session → result", plain_runs),
+        row("floor: the engine's own pause + unpause of the container", engine_floor),
+        row("kernel memory on the engine, frozen", frozen_mem, "MiB"),
         row(f"pause, namespace ({args.mib} MB of objects)", pauses, target="≤ 1 s"),
         row(
             f"resume, namespace ({args.mib} MB of objects), into a pooled container",
@@ -209,7 +244,7 @@ def main() -> None:
         row(f"pause, namespace ({args.mib} MB), no pooled container fits", cold_pauses),
         row(f"resume, namespace ({args.mib} MB), cold container start", cold_resumes),
         row("kernel memory on the engine, running", running, "MiB"),
-        row("kernel memory on the engine, paused", paused_mem, "MiB", "0 MiB"),
+        row("kernel memory on the engine, paused deep", paused_mem, "MiB", "0 MiB"),
         row("saved namespace on disk, paused", states, "MiB"),
         row("whole session directory on disk, paused", disks, "MiB"),
         row("snapshot (namespace + workspace archive)", snapshots),
@@ -228,7 +263,10 @@ def main() -> None:
         "array, a pandas frame, a dict of strings), "
         f"{args.rounds} rounds of each, over HTTP on loopback, warm pool python3=1. Pause "
         "and resume are the whole POST; memory is the engine's count for the session's "
-        "containers (none while paused); disk is allocated blocks. A resume takes a pooled "
+        "containers (frozen: all of it held; paused deep: none); disk is allocated blocks. "
+        "A pause freezes the sandbox first (the engine's pause: the cgroup freezer) and a "
+        "resume thaws it, nothing saved and nothing lost; the deep rows name the namespace "
+        "strategy, as a frozen pause does when its time is up. A deep resume takes a pooled "
         "container when one fits (the bench waits for the pool to refill before each): the "
         "namespace loads into its kernel while the workspace is copied in, then the "
         "session's directory and kernel move over, so it costs about the floor (a fresh "

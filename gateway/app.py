@@ -447,7 +447,13 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         listing=Listing(manager.sessions, store, manager.leases, manager.clock),
         egress=EgressHooks(manager.sessions, gate, store),
         upkeep=Upkeep(
-            manager, lifecycle, manager.pool, manager.leases, store, settings.cull_interval
+            manager,
+            lifecycle,
+            manager.pool,
+            manager.leases,
+            store,
+            settings.cull_interval,
+            settings.pause_memory_floor,
         ),
         networks=NetworkRules(manager, gate, lifecycle.isolation.egress),
         previews=Previews(

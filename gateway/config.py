@@ -408,6 +408,21 @@ class Settings:
         LIMITS,
         IDLE_ACTION,
     )
+    pause_frozen_for: float = _opt(
+        300.0,
+        "seconds a pause keeps a sandbox frozen (no CPU, its memory held, a resume in "
+        "milliseconds) before saving its state to disk and freeing the memory (0: every pause "
+        "saves at once; docs/snapshots.md)",
+        LIMITS,
+        SECONDS,
+    )
+    pause_memory_floor: int = _opt(
+        "1g",
+        "below this much available memory on the host, frozen sandboxes are saved to disk, "
+        "the longest frozen first, one a culling interval",
+        LIMITS,
+        SIZE,
+    )
     jupyter_ttl_from: str = _opt(
         "activity",
         "what the ttl of a kernel started through the Jupyter API (/api/kernels) counts "
@@ -771,6 +786,8 @@ class Settings:
             )
         if min(self.host_max_sessions, self.host_max_memory, self.start_wait) < 0:
             raise ConfigError("host_max_sessions, host_max_memory and start_wait cannot be < 0")
+        if min(self.pause_frozen_for, self.pause_memory_floor) < 0:
+            raise ConfigError("pause_frozen_for and pause_memory_floor cannot be < 0")
         if not self.host_id:
             self.host_id = socket.gethostname()
         self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now

@@ -62,6 +62,7 @@ def session_options(settings: Settings) -> SessionOptions:
         host_id=settings.host_id,
         host_max_sessions=settings.host_max_sessions,
         host_max_memory=settings.host_max_memory,
+        pause_frozen_for=settings.pause_frozen_for,
     )
 
 

@@ -252,7 +252,7 @@ def test_pause_resume_and_their_errors(admin, sid):
     assert code_of(refused) == "strategy_unavailable"
     paused = admin.post(f"/v1/sessions/{sid}/pause")
     assert paused.status_code == 200 and paused.json()["state"] == "paused", paused.text
-    assert admin.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "namespace"
+    assert admin.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "freeze"
     assert admin.post(f"/v1/sessions/{sid}/execute", json={"code": "a"}).json()["resumed"]
     assert admin.post(f"/v1/sessions/{sid}/pause", json={"strategy": "replay"}).status_code == 200
     assert admin.post(f"/v1/sessions/{sid}/resume").json()["differed"] == []

@@ -1,4 +1,5 @@
-"""Pause and resume: a paused session holds no kernel memory and comes back as it was."""
+"""Pause and resume: a pause freezes a sandbox first (resumed in milliseconds as it was),
+then saves its state to disk and holds no kernel memory; either way it comes back."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def resume(api, sid: str) -> dict:
 def test_pause_releases_the_kernel_and_resume_brings_its_state_back(api, engine, session):
     sid = session["id"]
     run(api, sid, SETUP)
-    paused = pause(api, sid)
+    paused = pause(api, sid, strategy="namespace")
     assert paused["state"] == "paused" and paused["strategy"] == "namespace", paused
     lost = {entry["name"] for entry in paused["lost"]}
     assert lost == {"gen", "fh"}, f"the generator and the file should be listed: {paused['lost']}"
@@ -73,14 +74,75 @@ def test_pause_releases_the_kernel_and_resume_brings_its_state_back(api, engine,
     assert "resumed" not in reply
 
 
+def test_a_pause_freezes_the_sandbox_and_a_resume_finds_everything_as_it_was(api, engine, session):
+    sid = session["id"]
+    setup = "import socket\na, b = socket.socketpair()\nnext(gen)\nlog = open('log.txt', 'a')"
+    run(api, sid, SETUP + setup)
+    paused = pause(api, sid)
+    assert paused["strategy"] == "freeze" and paused["lost"] == [], paused
+    assert paused["paused"]["deepens_at"] > paused["paused"]["saved_at"], paused
+    (container,) = containers_of(engine, sid)
+    assert container.status == "paused", "the sandbox was not frozen"
+    r = api.post(f"/v1/sessions/{sid}/interrupt")
+    assert r.status_code == 409 and "paused" in r.json()["error"]["message"], r.text
+    resumed = resume(api, sid)
+    assert resumed["strategy"] == "freeze" and resumed["lost"] == [], resumed
+    assert engine.containers.get(container.id).status == "running"
+    # The generator, the open file and the socket pair: what a saved pause loses.
+    reply = run(api, sid, "a.send(b'x'); print(b.recv(1), next(gen), log.closed, f(x))")
+    assert text_of(reply) == "b'x' 1 False 42\n", reply
+    pause(api, sid)
+    assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert containers_of(engine, sid) == [], "a frozen sandbox was left behind its session"
+
+
+def test_a_frozen_session_is_saved_before_a_snapshot_and_dead_if_its_sandbox_went(
+    api, engine, new_session
+):
+    sid, gone = new_session()["id"], new_session()["id"]
+    for each in (sid, gone):
+        run(api, each, "kept = 'yes'")
+        pause(api, each)
+    r = api.post(f"/v1/sessions/{sid}/snapshots", json={})
+    assert r.status_code == 201, r.text
+    view = api.get(f"/v1/sessions/{sid}").json()
+    assert view["state"] == "paused" and view["paused"]["strategy"] == "namespace", view
+    assert containers_of(engine, sid) == [], "the snapshot left the frozen sandbox behind"
+    child = api.post("/v1/sessions", json={"from_snapshot": r.json()["id"]}).json()
+    try:
+        assert text_of(run(api, child["id"], "print(kept)")) == "yes\n"
+    finally:
+        api.delete(f"/v1/sessions/{child['id']}")
+    assert text_of(run(api, sid, "print(kept)")) == "yes\n"
+    engine.containers.get(f"sbx-{gone}").remove(force=True)
+    r = api.post(f"/v1/sessions/{gone}/resume", json={})
+    assert r.status_code == 409 and "restart" in r.json()["error"]["message"], r.text
+    view = api.get(f"/v1/sessions/{gone}").json()
+    assert view["state"] == "dead" and "frozen sandbox is gone" in view["reason"], view
+
+
+def test_a_frozen_pause_is_saved_to_disk_once_its_time_is_up(start_gateway, engine):
+    gw = start_gateway("--pause-frozen-for", "1", "--cull-interval", "0.3")
+    api = gw.client
+    sid = api.post("/v1/sessions", json={}).json()["id"]
+    run(api, sid, "kept = 'yes'")
+    assert pause(api, sid)["strategy"] == "freeze"
+    saved = lambda: api.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "namespace"  # noqa: E731
+    assert wait_for(saved, 20), "the frozen pause was never saved to disk"
+    assert wait_for(lambda: containers_of(engine, sid) == [], 10), "its memory was kept"
+    reply = run(api, sid, "print(kept)")
+    assert text_of(reply) == "yes\n" and reply["resumed"]["strategy"] == "namespace", reply
+
+
 def test_an_execute_on_a_paused_session_resumes_it_first(api, session):
     sid = session["id"]
     run(api, sid, "y = [1, 2, 3]")
-    pause(api, sid)
-    reply = run(api, sid, "print(sum(y))")
-    assert text_of(reply) == "6\n", reply
-    assert reply["resumed"]["strategy"] == "namespace", reply
-    assert reply["execution_count"] == 2, "the execution count should go on where it stopped"
+    for strategy, count in (("freeze", 2), ("namespace", 3)):
+        pause(api, sid, strategy=strategy)
+        reply = run(api, sid, "print(sum(y))")
+        assert text_of(reply) == "6\n", reply
+        assert reply["resumed"]["strategy"] == strategy, reply
+        assert reply["execution_count"] == count, "the count should go on where it stopped"
 
 
 def test_pausing_or_snapshotting_a_busy_session_is_refused(api, session):
@@ -115,7 +177,7 @@ def test_replay_keeps_a_bash_session_and_reports_cells_that_differ(api, engine, 
     sid = new_session(kernel="bash")["id"]
     run(api, sid, "x=5; echo start > log.txt")
     run(api, sid, "date +%s%N")
-    paused = pause(api, sid)
+    paused = pause(api, sid, strategy="replay")
     assert paused["strategy"] == "replay" and paused["lost"] == [], paused
     assert containers_of(engine, sid) == []
     resumed = resume(api, sid)
@@ -126,14 +188,19 @@ def test_replay_keeps_a_bash_session_and_reports_cells_that_differ(api, engine, 
 
 def test_a_paused_session_stays_paused_across_a_gateway_restart(start_gateway, engine):
     first = start_gateway(keep_sessions=True)
-    sid = first.client.post("/v1/sessions", json={}).json()["id"]
-    run(first.client, sid, "kept = 'yes'")
-    pause(first.client, sid)
+    saved, frozen = (first.client.post("/v1/sessions", json={}).json()["id"] for _ in range(2))
+    for sid, strategy in ((saved, "namespace"), (frozen, "freeze")):
+        run(first.client, sid, "kept = 'yes'")
+        pause(first.client, sid, strategy=strategy)
     first.stop()
     second = start_gateway(data_dir=first.data_dir)
-    assert second.client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
-    assert containers_of(engine, sid) == []
-    assert text_of(run(second.client, sid, "print(kept)")) == "yes\n"
+    for sid in (saved, frozen):
+        assert second.client.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    assert containers_of(engine, saved) == []
+    (container,) = containers_of(engine, frozen)
+    assert container.status == "paused", "the frozen sandbox was not kept frozen"
+    for sid in (saved, frozen):
+        assert text_of(run(second.client, sid, "print(kept)")) == "yes\n"
 
 
 def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway):
@@ -162,7 +229,7 @@ def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_g
 
     def pause_and_lose_the_answer() -> None:
         with contextlib.suppress(httpx.HTTPError):  # the gateway dies under the request
-            api.post(f"/v1/sessions/{sid}/pause", json={})
+            api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "namespace"})
 
     paused = threading.Thread(target=pause_and_lose_the_answer)
     paused.start()
@@ -180,7 +247,9 @@ def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_g
 def test_pause_snapshot_and_fork_under_gvisor(api, engine, new_session):
     sid = new_session(runtime="gvisor")["id"]
     run(api, sid, "g = {'under': 'gvisor'}")
-    paused = pause(api, sid)
+    assert pause(api, sid)["strategy"] == "freeze", "runsc freezes as runc does"
+    assert text_of(run(api, sid, "print(g['under'])")) == "gvisor\n"
+    paused = pause(api, sid, strategy="namespace")
     assert paused["strategy"] == "namespace" and containers_of(engine, sid) == [], paused
     assert text_of(run(api, sid, "print(g['under'])")) == "gvisor\n"
     snap = api.post(f"/v1/sessions/{sid}/snapshots", json={}).json()
@@ -218,7 +287,7 @@ def test_a_resume_takes_a_pooled_container_when_one_is_free(start_gateway, engin
     assert wait_for(pool_ready, 60), "the pool never filled"
     sid = api.post("/v1/sessions", json={"limits": {"memory": "512m"}}).json()["id"]
     run(api, sid, SETUP + "\nimport os; os.makedirs('sub/deeper'); os.symlink('note.txt', 'ln')")
-    pause(api, sid)
+    pause(api, sid, strategy="namespace")
     assert wait_for(pool_ready, 60), "the pool never refilled"
     sessions = {s["id"] for s in api.get("/v1/sessions").json()["sessions"]}
     labelled = engine.containers.list(filters={"label": f"sbx.gateway={gateway_id(gw.data_dir)}"})
@@ -273,7 +342,7 @@ def test_paused_and_resumed_sessions_leave_no_kernel_sockets_open(start_gateway,
         assert wait_for(pool_ready, 60), "the pool never filled"
         sid = api.post("/v1/sessions", json={}).json()["id"]
         run(api, sid, "x = 1")
-        pause(api, sid)
+        pause(api, sid, strategy="namespace")
         if resumed:
             assert wait_for(pool_ready, 60), "the pool never refilled"
             resume(api, sid)

@@ -70,7 +70,10 @@ def test_namespace_state_is_refused_with_a_reason_and_a_pause_keeps_no_value(hol
         assert refused.status_code == 409, refused.text
         assert "WAREHOUSE_KEY" in refused.text and "replay" in refused.text, refused.text
     paused = api.post(f"/v1/sessions/{sid}/pause", json={})
-    assert paused.status_code == 200 and paused.json()["strategy"] == "replay", paused.text
+    assert paused.status_code == 200 and paused.json()["strategy"] == "freeze", paused.text
+    # A snapshot saves the frozen session to disk first: by the best strategy it may use.
+    assert api.post(f"/v1/sessions/{sid}/snapshots", json={}).status_code == 201
+    assert api.get(f"/v1/sessions/{sid}").json()["paused"]["strategy"] == "replay"
     session_dir = Path(gw.data_dir) / "sessions" / sid
     assert files_showing(session_dir / "state", VALUE) == [], "the pause keeps the secret"
     assert files_showing(session_dir / "run", VALUE) == []

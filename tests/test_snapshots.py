@@ -163,7 +163,10 @@ def test_the_sdk_pauses_snapshots_and_forks_both_ways(gateway):
     token = getattr(gateway, "token", "")
     with Client(gateway.url, token) as client, client.create_session() as session:
         session.run("n = 10")
-        assert session.pause().state == "paused" and session.info.raw["strategy"] == "namespace"
+        assert session.pause().state == "paused" and session.info.raw["strategy"] == "freeze"
+        assert session.resume().state == "idle"
+        assert session.pause("namespace").state == "paused"
+        assert session.info.raw["strategy"] == "namespace"
         assert session.resume().state == "idle"
         snap = session.snapshot("ten")
         assert (snap.name, snap.strategy, snap.lost) == ("ten", "namespace", [])

@@ -174,9 +174,13 @@ def add_client_commands(commands: Any) -> None:
     frm.add_argument("session", help="session id")
     frm.add_argument("path", help="workspace path")
 
-    pause = _command(commands, "pause", c.pause, "pause a session: its state kept, no memory held")
+    pause = _command(commands, "pause", c.pause, "pause a session: frozen, then saved to disk")
     pause.add_argument("session", help="session id")
-    pause.add_argument("--strategy", help="namespace or replay (default: the best there is)")
+    pause.add_argument(
+        "--strategy",
+        help="freeze (memory held, resumed in milliseconds), namespace or replay (saved to disk)"
+        " (default: freeze where the gateway can, else the best there is)",
+    )
     resume = _command(commands, "resume", c.resume, "resume a paused session")
     resume.add_argument("session", help="session id")
     restart = _command(

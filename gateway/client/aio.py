@@ -445,11 +445,11 @@ class AsyncSession(BaseSession[AsyncClient]):
         return await self.client.call(self._action_call("restart"))
 
     async def pause(self, strategy: str | None = None) -> SessionInfo:
-        """Save the kernel's state, free its memory; ``info.raw["lost"]``: what was not kept."""
+        """Freeze the sandbox, or save its state and free its memory (a strategy named)."""
         return await self.client.call(self._pause_call(strategy))
 
     async def resume(self) -> SessionInfo:
-        """Start a fresh kernel with the paused state (a run resumes by itself too)."""
+        """Thaw the sandbox, or start a kernel with the saved state (a run resumes too)."""
         return await self.client.call(self._action_call("resume"))
 
     async def snapshot(

@@ -407,11 +407,11 @@ class Session(BaseSession[Client]):
         return self.client.call(self._action_call("restart"))
 
     def pause(self, strategy: str | None = None) -> SessionInfo:
-        """Save the kernel's state, free its memory; ``info.raw["lost"]``: what was not kept."""
+        """Freeze the sandbox, or save its state and free its memory (a strategy named)."""
         return self.client.call(self._pause_call(strategy))
 
     def resume(self) -> SessionInfo:
-        """Start a fresh kernel with the paused state (a run resumes by itself too)."""
+        """Thaw the sandbox, or start a kernel with the saved state (a run resumes too)."""
         return self.client.call(self._action_call("resume"))
 
     def snapshot(self, name: str | None = None, *, strategy: str | None = None) -> Snapshot:

@@ -188,6 +188,11 @@ class Kernel:
             self._channels.close()
             self._channels = None
 
+    @property
+    def connected(self) -> bool:
+        """Whether the gateway's channels are open (not yet, after an adoption)."""
+        return self._channels is not None
+
     async def connect(self) -> None:
         """Open the gateway's channels to the kernel (once) and wait until it answers."""
         self.died.clear()

@@ -144,6 +144,8 @@ class Placement(abc.ABC):
     adopts_others = False
     # Whether a running sandbox can be handed to another session (``move_in``).
     hands_over = False
+    # Whether a sandbox can be frozen in place (memory kept, no CPU): a pause's first tier.
+    freezes = False
 
     def __init__(self, sessions_dir: Path, tmp_size: int) -> None:
         self.sessions_dir = sessions_dir  # one directory per session on this host
@@ -317,6 +319,14 @@ class Placement(abc.ABC):
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         """Apply new limits to a running sandbox; callers check ``resizes_in_place`` first."""
         raise TypeError(f"the {self.name} placement cannot change a running sandbox's limits")
+
+    async def freeze(self, sandbox_id: str) -> None:
+        """Stop every process of a sandbox where it is; callers check ``freezes`` first."""
+        raise TypeError(f"the {self.name} placement cannot freeze a sandbox")
+
+    async def thaw(self, sandbox_id: str) -> None:
+        """Let a frozen sandbox's processes run again (an engine error: it is gone)."""
+        raise TypeError(f"the {self.name} placement cannot freeze a sandbox")
 
 
 def write_secret_files(directory: Path, files: dict[str, str], uid: int, gid: int) -> None:

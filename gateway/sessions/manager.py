@@ -143,7 +143,7 @@ class SessionManager:
         )
         self.pausing = Pausing(
             lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout,
-            self.events, self.starts,
+            self.events, self.starts, self.mark_dead, settings.pause_frozen_for, clock,
         )  # fmt: skip
         self._saving: set[str] = set()  # sessions whose record is due to be saved
 
@@ -426,6 +426,7 @@ class SessionManager:
         if session.state == "deleted":
             raise SessionEnded(f"session {session.id} has ended ({session.reason})")
         assert session.kernel is not None
+        await self.pausing.thaw(session)  # frozen: its kernel restarts where it is
         paused, before = session.state == "paused", session.state  # paused: no kernel to stop
         session.state = "starting"
         session.reason = None
@@ -585,6 +586,13 @@ class SessionManager:
         log.warning("session %s died: %s", session.id, reason)
         await self.save(session)
         self.events.tell("died", session, reason)
+
+    async def deepen(self, session: Session) -> None:
+        """Save a frozen session's state to disk (``Pausing.deepen``); a failure is logged."""
+        try:
+            await self.pausing.deepen(session)
+        except GatewayError as e:  # dead (said so) or left idle, its kernel running
+            log.warning("session %s: its frozen state could not be saved: %s", session.id, e)
 
     async def pause_idle(self, session: Session) -> None:
         """Pause a session past its idle timeout; one that cannot be paused ends as before."""

@@ -207,6 +207,15 @@ class Session:
         """The kernel's language (``python``, ``R``...): how its code is scanned."""
         return self.language_info.get("name") or self.kernel_name
 
+    @property
+    def frozen(self) -> bool:
+        """Paused in the first tier: its sandbox is still there, frozen, its memory kept."""
+        return (
+            self.state == "paused"
+            and self.paused is not None
+            and self.paused.get("strategy") == "freeze"
+        )
+
     def touch(self) -> None:
         self.last_activity = time.time()
 

@@ -31,3 +31,4 @@ class SessionOptions:
     host_id: str = ""  # this host, in the claims that count a host's sessions
     host_max_sessions: int = 0  # live sessions of every gateway on this host (0: no cap)
     host_max_memory: int = 0  # their memory limits added up (0: no cap)
+    pause_frozen_for: float = 300.0  # a pause's first tier, frozen (0: saved at once)

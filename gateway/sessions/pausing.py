@@ -1,11 +1,16 @@
 """The paused side of the state machine: idle -> paused -> idle, and snapshots.
 
-A pause saves the kernel's state (``KernelState``, by strategy) and removes
-its sandbox; the workspace stays. A resume starts a kernel (from the warm
-pool when one fits) over the workspace and gives its state back; a failure
-leaves the session paused with its state kept. Snapshots save the same
-state and the workspace while the session carries on. The manager resolves
-who asks and hands the session over; nothing here looks sessions up.
+A pause has two tiers. First it freezes the sandbox where it is (where the
+placement can): no CPU, memory kept, and a resume in milliseconds with every
+object, file and connection as it was. After ``freeze_for`` seconds frozen,
+when the host runs short of memory, or before a snapshot, it deepens: the
+kernel's state is saved (``KernelState``, by strategy) and its sandbox goes;
+the workspace stays. A pause that names a strategy goes deep at once. A deep
+resume starts a kernel (from the warm pool when one fits) over the workspace
+and gives its state back; a failure leaves the session paused with its state
+kept. Snapshots save the same state and the workspace while the session
+carries on. The manager resolves who asks and hands the session over;
+nothing here looks sessions up.
 """
 
 from __future__ import annotations
@@ -13,16 +18,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import Conflict, NotPaused, SessionBusy
+from ..errors import Conflict, KernelStartFailed, NotPaused, SessionBusy, StrategyUnavailable
 from ..sandbox.base import ENGINE_ERRORS
 from .events import SessionEvents
 from .lifecycle import SandboxLifecycle
 from .model import Session, check_usable, ended_meanwhile
 from .pool import WarmPool
-from .requests import TakeSnapshot
+from .requests import FREEZE, TakeSnapshot
 from .snapshots import Snapshots
 from .starts import StartQueue
 from .state import STATE_DIR, KernelState, SavedState
@@ -30,6 +36,7 @@ from .state import STATE_DIR, KernelState, SavedState
 log = logging.getLogger(__name__)
 
 Save = Callable[[Session], Awaitable[None]]
+MarkDead = Callable[[Session, str], Awaitable[None]]
 
 
 class Pausing:
@@ -45,9 +52,14 @@ class Pausing:
         start_timeout: float,
         events: SessionEvents,
         starts: StartQueue,
+        mark_dead: MarkDead,
+        freeze_for: float,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``save`` stores a session's record (the manager's, which knows who owns it);
-        ``events`` hears of each pause and resume; a cold resume takes its turn in ``starts``."""
+        ``events`` hears of each pause and resume; a cold resume takes its turn in ``starts``;
+        ``mark_dead`` records a frozen sandbox found gone; ``freeze_for`` is a pause's first
+        tier in seconds (0: every pause saves at once)."""
         self.lifecycle = lifecycle
         self.state = state
         self.pool = pool
@@ -56,18 +68,22 @@ class Pausing:
         self.start_timeout = start_timeout
         self.events = events
         self.starts = starts
+        self.mark_dead = mark_dead
+        self.freeze_for = freeze_for
+        self.clock = clock
 
     async def pause(self, session: Session, strategy: str | None) -> dict[str, Any]:
-        """Save the kernel's state and remove its sandbox; the workspace stays on disk.
+        """Freeze the sandbox, or save the kernel's state and remove it (a strategy named).
 
         Refused while a cell runs. Pausing a paused session answers as the pause did.
         """
         if session.state == "paused" and session.paused is not None:
             return session.paused
+        freeze = self._freezes(strategy)
         _check_idle(session, session.lock.locked())
         async with session.lock:
             _check_idle(session)
-            saved = await self.paused(session, strategy)
+            saved = await (self._freeze(session) if freeze else self.paused(session, strategy))
         return saved.to_json()
 
     async def pause_idle(self, session: Session) -> None:
@@ -76,10 +92,91 @@ class Pausing:
             return  # an execute just came in
         async with session.lock:
             if session.state == "idle":
-                await self.paused(session, None)
+                await (self._freeze(session) if self._freezes(None) else self.paused(session, None))
 
-    async def paused(self, session: Session, requested: str | None) -> SavedState:
-        """Pause with the session's lock held.
+    def _freezes(self, requested: str | None) -> bool:
+        """Whether a pause asking for ``requested`` freezes first; 409 for a freeze refused."""
+        placement = self.lifecycle.placement
+        if requested == FREEZE and not placement.freezes:
+            raise StrategyUnavailable(
+                f"the {placement.name} placement cannot freeze a sandbox: ask for a strategy "
+                "that saves the state to disk, or for none"
+            )
+        if requested == FREEZE and self.freeze_for <= 0:
+            raise StrategyUnavailable(
+                "this gateway saves every pause to disk at once (pause_frozen_for is 0): ask "
+                "for a strategy that does, or for none"
+            )
+        return requested in (None, FREEZE) and placement.freezes and self.freeze_for > 0
+
+    async def _freeze(self, session: Session) -> SavedState:
+        """The first tier, with the lock held: the sandbox frozen, nothing saved yet.
+
+        An engine that cannot freeze it gets the deep pause instead.
+        """
+        assert session.kernel is not None and session.kernel.container_id is not None
+        try:
+            await self.lifecycle.placement.freeze(session.kernel.container_id)
+        except ENGINE_ERRORS as e:
+            log.warning("session %s: could not freeze its sandbox, saving it: %s", session.id, e)
+            return await self.paused(session, None)
+        now = self.clock()
+        saved = SavedState(FREEZE, [], session.executions, now, now + self.freeze_for)
+        session.state = "paused"
+        session.paused = saved.to_json()
+        await self.save(session)
+        self.events.tell("paused", session)
+        _let_clients_go(session)
+        log.info("session %s paused (frozen)", session.id)
+        return saved
+
+    async def deepen(self, session: Session) -> None:
+        """Save a frozen session's state to disk and free its memory; it stays paused.
+
+        Its time frozen is up, or the host runs short of memory. Skipped while
+        a request holds the session (it is resuming or ending).
+        """
+        if session.lock.locked():
+            return
+        async with session.lock:
+            if session.frozen:
+                await self._deepened(session)
+
+    async def _deepened(self, session: Session) -> None:
+        """Deepen with the lock held; a kernel that cannot be saved is left running, idle."""
+        await self._thaw(session)
+        session.state = "idle"
+        try:
+            await self.paused(session, None, tell=False)
+        except Exception:
+            if session.state == "idle":
+                session.touch()
+                await self.save(session)
+            raise
+
+    async def _thaw(self, session: Session) -> None:
+        """Let a frozen sandbox run again; one found gone leaves the session dead."""
+        assert session.kernel is not None and session.kernel.container_id is not None
+        session.paused = None
+        try:
+            await self.lifecycle.placement.thaw(session.kernel.container_id)
+            if not session.kernel.connected:  # frozen across a gateway restart
+                await session.kernel.connect()
+        except (*ENGINE_ERRORS, KernelStartFailed) as e:
+            await self.mark_dead(session, f"its frozen sandbox is gone ({e})")
+            check_usable(session)
+
+    async def thaw(self, session: Session) -> None:
+        """Thaw a frozen session for a restart; it is idle again."""
+        async with session.lock:
+            if session.frozen:
+                await self._thaw(session)
+                session.state = "idle"
+
+    async def paused(
+        self, session: Session, requested: str | None, tell: bool = True
+    ) -> SavedState:
+        """Pause deep with the session's lock held (``tell``: a pause, not a frozen one deepened).
 
         The record says paused before the sandbox goes: a gateway killed in
         between finds a paused session and removes the leftover container.
@@ -89,12 +186,9 @@ class Pausing:
         session.state = "paused"
         session.paused = saved.to_json()
         await self.save(session)
-        self.events.tell("paused", session)
-        if session.stream is not None:
-            session.stream.close()
-            session.stream = None
-        for relay in list(session.parked.values()):
-            relay.close()
+        if tell:
+            self.events.tell("paused", session)
+        _let_clients_go(session)
         assert session.kernel is not None
         try:
             await session.kernel.stop()
@@ -110,6 +204,8 @@ class Pausing:
         async with session.lock:
             if session.state != "paused":
                 _check_idle(session)
+            if session.frozen:  # a snapshot is kept on disk: so is the pause from now on
+                await self._deepened(session)
             return await self.snapshots.take(
                 session, request.name, request.strategy, self.start_timeout
             )
@@ -130,6 +226,8 @@ class Pausing:
 
     async def resumed(self, session: Session) -> dict[str, Any]:
         """Resume with the session's lock held; a failure leaves it paused, its state kept."""
+        if session.frozen:
+            return await self._thawed(session)
         assert session.paused is not None and session.kernel is not None
         saved = SavedState.from_json(session.paused)
         session.state = "starting"
@@ -157,6 +255,16 @@ class Pausing:
         log.info("session %s resumed (%s)", session.id, saved.strategy)
         return report
 
+    async def _thawed(self, session: Session) -> dict[str, Any]:
+        """Resume a frozen session where it is: nothing was saved, so nothing is lost."""
+        await self._thaw(session)
+        session.state = "idle"
+        session.touch()
+        await self.save(session)
+        self.events.tell("resumed", session)
+        log.info("session %s resumed (thawed)", session.id)
+        return {"strategy": FREEZE, "lost": []}
+
     async def _resume_warm(self, session: Session, saved: SavedState) -> bool:
         """Move a resuming session into a pooled sandbox if one fits; False: start it cold.
 
@@ -167,6 +275,15 @@ class Pausing:
             return False
         loading = self.state.load_pooled(session, saved, pooled)
         return await self.lifecycle.move_in(session, pooled, STATE_DIR, loading)
+
+
+def _let_clients_go(session: Session) -> None:
+    """Close a paused session's stream and Jupyter connections: clients reconnect to resume."""
+    if session.stream is not None:
+        session.stream.close()
+        session.stream = None
+    for relay in list(session.parked.values()):
+        relay.close()
 
 
 def _check_paused(session: Session) -> None:

@@ -1,8 +1,9 @@
 """Take over what a previous gateway process left, so a restart loses nothing.
 
 At start the gateway keeps every paused session paused (its saved state and
-workspace are on disk), reattaches to every open session whose container still
-runs (the kernel, and so its state, carried on without it), marks dead those
+workspace are on disk, or its sandbox frozen), reattaches to every open
+session whose container still runs (the kernel, and so its state, carried on
+without it), marks dead those
 whose container stopped or vanished meanwhile, ends those that expired or
 never finished starting, closes the executions the restart cut short, and
 removes every container and session directory of its own that no open
@@ -145,7 +146,9 @@ async def _take_over(
     if directory and Path(directory).parent != lifecycle.placement.sessions_dir:
         log.info("adopting session %s from a gateway that stopped answering", session.id)
         lifecycle.placement.adopt_directory(session.id, Path(directory))
-    paused = session.state == "paused"  # no sandbox: its state and workspace are on disk
+    # Deep paused: no sandbox, its state and workspace on disk. Frozen: its sandbox is
+    # taken back as a live one's, and stays frozen.
+    paused = session.state == "paused" and not session.frozen
     if not paused and (
         session.state == "starting" or not runtime or not runtime.get("container_id")
     ):
@@ -182,6 +185,8 @@ async def _take_over(
         elif not container.running:
             reason = await lifecycle.placement.stopped_reason(session.limits, container.id)
             await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
+        elif session.frozen:
+            await registry.save(session)
         else:
             await _reattach(registry, session, was_cut)
 

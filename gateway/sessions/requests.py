@@ -170,23 +170,24 @@ class ExecuteCode:
         return cls(code, timeout, description, env_vars(body.get("env")))
 
 
-# How a paused or snapshotted kernel's state is kept, best first.
+# How a paused or snapshotted kernel's state is saved to disk, best first.
 STRATEGIES = ("checkpoint", "namespace", "replay")
+# A pause's first tier: the sandbox frozen where it is, its memory kept; saved later.
+FREEZE = "freeze"
 
 
 @dataclasses.dataclass(frozen=True)
 class PauseSession:
-    """``POST /v1/sessions/{id}/pause``: how to keep the kernel's state (None: the best)."""
+    """``POST /v1/sessions/{id}/pause``: how to keep the kernel's state (None: the best).
+
+    None freezes first where the placement can; a strategy named saves at once.
+    """
 
     strategy: str | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> PauseSession:
-        body = _body(body)
-        strategy = body.get("strategy")
-        if strategy is not None and strategy not in STRATEGIES:
-            raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-        return cls(strategy)
+        return cls(_strategy(_body(body), (FREEZE, *STRATEGIES)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +203,14 @@ class TakeSnapshot:
         name = body.get("name")
         if name is not None and (not isinstance(name, str) or len(name) > 200):
             raise BadRequest("name must be a string of at most 200 characters")
-        return cls(name, PauseSession.from_json(body).strategy)
+        return cls(name, _strategy(body, STRATEGIES))
+
+
+def _strategy(body: Mapping[str, Any], allowed: tuple[str, ...]) -> str | None:
+    strategy = body.get("strategy")
+    if strategy is not None and strategy not in allowed:
+        raise BadRequest(f"strategy must be one of {', '.join(allowed)}, not {strategy!r}")
+    return strategy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,13 +115,20 @@ class SavedState:
     lost: list[dict[str, str]]
     execution_count: int
     saved_at: float
+    deepens_at: float | None = None  # frozen: when its state is saved to disk at the latest
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        if self.deepens_at is None:
+            del doc["deepens_at"]
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> SavedState:
-        return cls(doc["strategy"], doc["lost"], doc["execution_count"], doc["saved_at"])
+        return cls(
+            doc["strategy"], doc["lost"], doc["execution_count"], doc["saved_at"],
+            doc.get("deepens_at"),
+        )  # fmt: skip
 
 
 class KernelState:

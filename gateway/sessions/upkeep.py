@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from ..sandbox.base import ENGINE_ERRORS
 from ..store.base import Store
@@ -37,13 +38,19 @@ class Upkeep:
         leases: Leases,
         store: Store,
         cull_interval: float,
+        memory_floor: int = 0,
+        available_memory: Callable[[], int | None] | None = None,
     ) -> None:
+        """Below ``memory_floor`` bytes of ``available_memory`` (the host's), frozen
+        sessions are saved to disk, one a culling interval."""
         self.sessions = sessions
         self.lifecycle = lifecycle
         self.pool = pool
         self.leases = leases
         self.store = store
         self.cull_interval = cull_interval
+        self.memory_floor = memory_floor
+        self.available_memory = available_memory or host_available_memory
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -131,8 +138,9 @@ class Upkeep:
                 log.exception("culling failed; will retry")
 
     async def cull(self) -> None:
-        """End sessions past their TTL (paused too), and pause or end idle ones."""
+        """End sessions past their TTL (paused too), pause or end idle ones, deepen frozen ones."""
         now = self.sessions.clock()
+        await self._deepen(now)
         for session in list(self.sessions.sessions.values()):
             expired = session.expiry(now)
             if expired is not None:
@@ -147,6 +155,21 @@ class Upkeep:
                 else:
                     await self.sessions.end(session, f"idle for {session.idle_timeout:g} s")
 
+    async def _deepen(self, now: float) -> None:
+        """Save the frozen sessions whose time is up, or the longest frozen if memory is short."""
+        frozen = sorted(
+            (s for s in self.sessions.sessions.values() if s.frozen),
+            key=lambda s: s.paused["saved_at"] if s.paused else 0.0,
+        )
+        due = [s for s in frozen if s.paused and now >= s.paused["deepens_at"]]
+        if frozen and not due:
+            available = self.available_memory()
+            if available is not None and available < self.memory_floor:
+                log.info("%d bytes of memory available: saving a frozen session", available)
+                due = frozen[:1]
+        for session in due:
+            await self.sessions.deepen(session)
+
     async def _take_back_forever(self) -> None:
         """Take back sessions let go of while the database was silent, and adopt dead gateways'.
 
@@ -159,3 +182,12 @@ class Upkeep:
                 await take_back(self.sessions, self.store, self.lifecycle, self.leases)
             except Exception as e:  # the database is still away: next time
                 log.debug("taking sessions back failed: %s", e)
+
+
+def host_available_memory() -> int | None:
+    """The host's available memory (``MemAvailable``); None where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as info:
+        for line in info:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None

@@ -47,6 +47,8 @@ from .provisioner import (
 
 log = logging.getLogger(__name__)
 
+_UP = ("running", "paused")  # a frozen sandbox's processes are all still there
+
 
 class DockerPlacement(Placement):
     """Kernels in containers on this host's engine, workspaces loop-mounted here."""
@@ -56,6 +58,7 @@ class DockerPlacement(Placement):
     secret_files = True
     adopts_others = True  # containers are found by session, sockets and files by path
     hands_over = True
+    freezes = True  # the engine's pause: the cgroup freezer, runc's and runsc's alike
 
     def __init__(
         self,
@@ -201,7 +204,7 @@ class DockerPlacement(Placement):
         containers = await asyncio.to_thread(
             self.docker.api.containers, all=True, filters={"label": label}
         )
-        found = [SandboxState(c["Id"], _session_of(c), c["State"] == "running") for c in containers]
+        found = [SandboxState(c["Id"], _session_of(c), c["State"] in _UP) for c in containers]
         return [
             s
             for s, c in zip(found, containers, strict=True)
@@ -237,6 +240,12 @@ class DockerPlacement(Placement):
 
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         await asyncio.to_thread(update_limits, self.docker, sandbox_id, limits)
+
+    async def freeze(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self.docker.api.pause, sandbox_id)
+
+    async def thaw(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self.docker.api.unpause, sandbox_id)
 
 
 def _memory_peak(container_id: str) -> int | None:

@@ -55,6 +55,8 @@ SAMPLES = {
     "max_sessions": "8",
     "host_max_sessions": "40",
     "host_max_memory": "20g",
+    "pause_frozen_for": "45",
+    "pause_memory_floor": "2g",
     "host_id": "host-a",
     "pool_max": "python3=6",
     "pool_shrink_after": "30",

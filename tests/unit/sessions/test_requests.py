@@ -124,8 +124,11 @@ def test_a_pause_and_a_snapshot_take_an_optional_strategy_and_name():
     assert TakeSnapshot.from_json({"name": "before", "strategy": "namespace"}) == TakeSnapshot(
         "before", "namespace"
     )
-    with pytest.raises(BadRequest, match="strategy must be one of checkpoint, namespace, replay"):
+    assert PauseSession.from_json({"strategy": "freeze"}) == PauseSession("freeze")
+    with pytest.raises(BadRequest, match="one of freeze, checkpoint, namespace, replay, not 1"):
         PauseSession.from_json({"strategy": 1})
+    with pytest.raises(BadRequest, match="one of checkpoint, namespace, replay, not 'freeze'"):
+        TakeSnapshot.from_json({"strategy": "freeze"})  # a snapshot is kept on disk
 
 
 def test_a_strategy_outside_the_documented_ones_is_refused_before_any_session_is_touched():

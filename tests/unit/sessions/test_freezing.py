@@ -1,0 +1,86 @@
+"""A pause's two tiers, above the engine: when a pause freezes, and when a frozen one is saved."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import docker.errors
+import pytest
+
+from gateway.errors import StrategyUnavailable
+from gateway.sessions.pausing import Pausing
+from gateway.sessions.upkeep import Upkeep
+
+
+def pausing(freezes: bool = True, freeze_for: float = 300.0) -> Pausing:
+    placement = SimpleNamespace(name="swarm" if not freezes else "docker", freezes=freezes)
+    lifecycle = SimpleNamespace(placement=placement)
+    return Pausing(lifecycle, None, None, None, None, 30.0, None, None, None, freeze_for)  # type: ignore[arg-type]
+
+
+def test_a_pause_freezes_unless_a_strategy_that_saves_is_named():
+    p = pausing()
+    assert p._freezes(None) and p._freezes("freeze")
+    assert not p._freezes("namespace") and not p._freezes("replay")
+
+
+def test_a_placement_or_a_gateway_that_does_not_freeze_pauses_deep_and_refuses_a_freeze():
+    for p, says in ((pausing(freezes=False), "swarm placement cannot freeze"),
+                    (pausing(freeze_for=0), "pause_frozen_for is 0")):  # fmt: skip
+        assert not p._freezes(None)
+        with pytest.raises(StrategyUnavailable, match=says):
+            p._freezes("freeze")
+
+
+def test_an_engine_that_cannot_freeze_a_sandbox_gets_the_deep_pause():
+    p = pausing()
+
+    async def refuse(sandbox_id: str) -> None:
+        raise docker.errors.APIError("cgroup freezer unavailable")
+
+    p.lifecycle.placement.freeze = refuse
+    deep = object()
+
+    async def paused(session, requested):
+        return deep
+
+    p.paused = paused  # type: ignore[method-assign]
+    session = SimpleNamespace(id="s", kernel=SimpleNamespace(container_id="c"))
+    assert asyncio.run(p._freeze(session)) is deep  # type: ignore[arg-type]
+
+
+class Manager:
+    def __init__(self, sessions: list, now: float) -> None:
+        self.sessions = {s.id: s for s in sessions}
+        self.clock = lambda: now
+        self.deepened: list[str] = []
+
+    async def deepen(self, session) -> None:
+        self.deepened.append(session.id)
+
+
+def frozen(name: str, saved_at: float, deepens_at: float) -> SimpleNamespace:
+    paused = {"strategy": "freeze", "saved_at": saved_at, "deepens_at": deepens_at}
+    return SimpleNamespace(id=name, frozen=True, paused=paused)
+
+
+def deepened(sessions: list, now: float, available: int | None, floor: int = 2**30) -> list:
+    manager = Manager(sessions, now)
+    upkeep = Upkeep(manager, None, None, None, None, 1.0, floor, lambda: available)  # type: ignore[arg-type]
+    asyncio.run(upkeep._deepen(now))
+    return manager.deepened
+
+
+def test_frozen_sessions_are_saved_when_their_time_is_up_or_memory_runs_short():
+    sessions = [
+        frozen("newer", 20.0, 320.0),
+        frozen("older", 10.0, 310.0),
+        SimpleNamespace(id="idle", frozen=False, paused=None),
+    ]
+    assert deepened(sessions, now=100.0, available=8 * 2**30) == []
+    assert deepened(sessions, now=315.0, available=8 * 2**30) == ["older"]
+    assert deepened(sessions, now=400.0, available=None) == ["older", "newer"]
+    # Short of memory: the longest frozen first, one a culling interval.
+    assert deepened(sessions, now=100.0, available=2**29) == ["older"]
+    assert deepened(sessions, now=100.0, available=2**29, floor=0) == []
