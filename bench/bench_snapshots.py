@@ -273,7 +273,9 @@ def main() -> None:
         "Python loading the same namespace, numpy and pandas imports included) plus "
         "the move. A session no pooled container fits (here another workspace size) "
         "resumes cold: a kernel start plus the load. A fork takes a pooled kernel too. "
-        "Bash replays its 20 cells after its own 3 s start.",
+        "Bash replays its 20 cells after its own 3 s start. Published anchors: E2B about "
+        "4 s per GiB to pause and about 1 s to resume; Tencent's CubeSandbox (bare metal, "
+        "microVMs) 558 ms pause, 42 ms resume, 220 ms clone.",
         rows,
     )
 
