@@ -354,3 +354,13 @@ def test_paused_and_resumed_sessions_leave_no_kernel_sockets_open(start_gateway,
     sessions = gw.data_dir / "sessions"
     held = {Path(path).relative_to(sessions).parts[0] for path in unix_sockets_under(str(sessions))}
     assert held <= running, f"sockets still open for sandboxes gone: {held - running}"
+
+
+def test_a_frozen_session_that_ends_leaves_no_kernel_sockets_open(gateway, api, new_session):
+    """Its end skipped the kernel's shutdown as a saved pause's does: its guards stayed open."""
+    sid = new_session()["id"]
+    run(api, sid, "x = 1")
+    assert pause(api, sid)["strategy"] == "freeze"
+    assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    held = lambda: unix_sockets_under(str(gateway.data_dir / "sessions" / sid))  # noqa: E731
+    assert wait_for(lambda: not held(), 5), f"sockets still open for a sandbox gone: {held()}"

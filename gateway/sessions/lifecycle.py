@@ -33,7 +33,7 @@ from ..validation import seconds
 from ..workspace.files import AsyncWorkspace
 from .model import Session
 from .options import SessionOptions
-from .requests import CreateSession
+from .requests import FREEZE, CreateSession
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,10 @@ class SandboxLifecycle:
         """Stop the kernel and remove the sandbox and its directory: the one way out."""
         self._release(session.id)
         kernel = session.kernel
-        if kernel is not None and session.paused is None:  # a paused one has no kernel running
+        kept = (session.paused or {}).get("strategy")  # state is "deleted" by now
+        if kernel is not None and kept == FREEZE:  # frozen: its channels and guards are open
+            await kernel.let_go()
+        elif kernel is not None and kept is None:  # a saved pause has no kernel running
             try:
                 await kernel.shutdown()
             except Exception as e:  # its sandbox is removed below all the same
