@@ -364,3 +364,25 @@ def test_a_frozen_session_that_ends_leaves_no_kernel_sockets_open(gateway, api, 
     assert api.delete(f"/v1/sessions/{sid}").status_code == 204
     held = lambda: unix_sockets_under(str(gateway.data_dir / "sessions" / sid))  # noqa: E731
     assert wait_for(lambda: not held(), 5), f"sockets still open for a sandbox gone: {held()}"
+
+
+def test_a_gateway_killed_between_the_engine_and_the_record_finds_each_sandbox_as_recorded(
+    start_gateway, engine
+):
+    """Killed after a thaw, before its record said so: the sandbox ran on while paused and
+    the resume's thaw of a running one marked it dead. Killed after a freeze, before its
+    record said so: the idle session's frozen kernel never answered and it died."""
+    first = start_gateway(keep_sessions=True)
+    thawed, frozen = (first.client.post("/v1/sessions", json={}).json()["id"] for _ in range(2))
+    for sid in (thawed, frozen):
+        run(first.client, sid, "kept = 'yes'")
+    pause(first.client, thawed)
+    first.stop(signal.SIGKILL)
+    engine.containers.get(f"sbx-{thawed}").unpause()  # what the engine did, not the record
+    engine.containers.get(f"sbx-{frozen}").pause()
+    second = start_gateway(data_dir=first.data_dir)
+    api = second.client
+    assert api.get(f"/v1/sessions/{thawed}").json()["state"] == "paused"
+    assert engine.containers.get(f"sbx-{thawed}").status == "paused", "it runs while paused"
+    for sid in (thawed, frozen):
+        assert text_of(run(api, sid, "print(kept)")) == "yes\n"

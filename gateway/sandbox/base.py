@@ -86,6 +86,7 @@ class SandboxState:
     id: str
     session_id: str
     running: bool
+    frozen: bool = False  # running, its processes stopped where they are (``freeze``)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ gateway holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 
 from ..errors import GatewayError
 from ..execution.recorder import close_cut_executions
-from ..sandbox.base import SandboxState
+from ..sandbox.base import ENGINE_ERRORS, SandboxState
 from ..store.base import Store
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
@@ -186,9 +187,25 @@ async def _take_over(
             reason = await lifecycle.placement.stopped_reason(session.limits, container.id)
             await registry.mark_dead(session, f"{reason} ({_WHILE_DOWN})")
         elif session.frozen:
-            await registry.save(session)
+            await _keep_frozen(registry, lifecycle, session, container)
         else:
+            if container.frozen:  # killed after a freeze, before its record said so
+                with contextlib.suppress(*ENGINE_ERRORS):  # else its kernel does not answer
+                    await lifecycle.placement.thaw(container.id)
             await _reattach(registry, session, was_cut)
+
+
+async def _keep_frozen(
+    registry: Registry, lifecycle: SandboxLifecycle, session: Session, container: SandboxState
+) -> None:
+    """Keep a frozen session frozen: one a thaw left running (killed after the thaw, before
+    its record said so) is frozen again; a resume thaws it either way."""
+    if not container.frozen:
+        try:
+            await lifecycle.placement.freeze(container.id)
+        except ENGINE_ERRORS as e:
+            log.warning("session %s: its sandbox runs, paused: %s", session.id, e)
+    await registry.save(session)
 
 
 def _why(error: Exception) -> str:

@@ -204,7 +204,10 @@ class DockerPlacement(Placement):
         containers = await asyncio.to_thread(
             self.docker.api.containers, all=True, filters={"label": label}
         )
-        found = [SandboxState(c["Id"], _session_of(c), c["State"] in _UP) for c in containers]
+        found = [
+            SandboxState(c["Id"], _session_of(c), c["State"] in _UP, c["State"] == "paused")
+            for c in containers
+        ]
         return [
             s
             for s, c in zip(found, containers, strict=True)
@@ -242,10 +245,20 @@ class DockerPlacement(Placement):
         await asyncio.to_thread(update_limits, self.docker, sandbox_id, limits)
 
     async def freeze(self, sandbox_id: str) -> None:
-        await asyncio.to_thread(self.docker.api.pause, sandbox_id)
+        await _unless_already(self.docker.api.pause, sandbox_id, "is already paused")
 
     async def thaw(self, sandbox_id: str) -> None:
-        await asyncio.to_thread(self.docker.api.unpause, sandbox_id)
+        await _unless_already(self.docker.api.unpause, sandbox_id, "is not paused")
+
+
+async def _unless_already(call: Callable[[str], None], sandbox_id: str, already: str) -> None:
+    """The engine's pause or unpause; a sandbox already so is done (a crash came between
+    the engine's and the record's)."""
+    try:
+        await asyncio.to_thread(call, sandbox_id)
+    except docker.errors.APIError as e:
+        if e.status_code != 409 or already not in str(e.explanation):
+            raise
 
 
 def _memory_peak(container_id: str) -> int | None:
