@@ -155,16 +155,21 @@ class Pausing:
             raise
 
     async def _thaw(self, session: Session) -> None:
-        """Let a frozen sandbox run again; one found gone leaves the session dead."""
+        """Let a frozen sandbox run again; one found gone leaves the session dead.
+
+        One ended meanwhile stays ended (SessionEnded), its end's to remove.
+        """
         assert session.kernel is not None and session.kernel.container_id is not None
-        session.paused = None
         try:
-            await self.lifecycle.placement.thaw(session.kernel.container_id)
-            if not session.kernel.connected:  # frozen across a gateway restart
-                await session.kernel.connect()
+            async with ended_meanwhile(session, "thawed"):
+                await self.lifecycle.placement.thaw(session.kernel.container_id)
+                if not session.kernel.connected:  # frozen across a gateway restart
+                    await session.kernel.connect()
         except (*ENGINE_ERRORS, KernelStartFailed) as e:
+            session.paused = None
             await self.mark_dead(session, f"its frozen sandbox is gone ({e})")
             check_usable(session)
+        session.paused = None
 
     async def thaw(self, session: Session) -> None:
         """Thaw a frozen session for a restart; it is idle again."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 
 import docker.errors
 import pytest
 
-from gateway.errors import StrategyUnavailable
+from gateway.errors import SessionEnded, StrategyUnavailable
+from gateway.limits import Limits
+from gateway.sessions.model import Session
 from gateway.sessions.pausing import Pausing
 from gateway.sessions.upkeep import Upkeep
 
@@ -84,3 +87,53 @@ def test_frozen_sessions_are_saved_when_their_time_is_up_or_memory_runs_short():
     # Short of memory: the longest frozen first, one a culling interval.
     assert deepened(sessions, now=100.0, available=2**29) == ["older"]
     assert deepened(sessions, now=100.0, available=2**29, floor=0) == []
+
+
+class Events:
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def tell(self, kind: str, session, reason: str | None = None) -> None:
+        self.told.append(kind)
+
+
+def thawing(gate: asyncio.Event) -> tuple[Pausing, Session, list[str]]:
+    """A frozen session whose engine thaws it once ``gate`` is set; the records saved."""
+
+    async def thaw(sandbox_id: str) -> None:
+        await gate.wait()
+
+    placement = SimpleNamespace(name="docker", freezes=True, thaw=thaw)
+    saved: list[str] = []
+
+    async def save(session) -> None:
+        saved.append(session.state)
+
+    p = Pausing(SimpleNamespace(placement=placement), None, None, None, save, 30.0, Events(),
+                None, None, 300.0)  # type: ignore[arg-type]  # fmt: skip
+    session = Session("python3", "img", Limits(2**30, 1.0, 64, 2**30, 30.0, 2**20), 60.0, 60.0,
+                      {}, {})  # fmt: skip
+    session.kernel = SimpleNamespace(container_id="c", connected=True)  # type: ignore[assignment]
+    session.state, session.paused = "paused", {"strategy": "freeze", "saved_at": 0.0}
+    return p, session, saved
+
+
+@pytest.mark.parametrize("how", ["resume", "deepen"])
+def test_a_session_ended_while_it_thaws_stays_ended(how):
+    """Its end came while the engine thawed it: the thaw made it idle again, saved so."""
+
+    async def race() -> None:
+        gate = asyncio.Event()
+        p, session, saved = thawing(gate)
+        thawing_task = asyncio.ensure_future(
+            p.resume(session) if how == "resume" else p.deepen(session)
+        )
+        await asyncio.sleep(0.01)
+        session.state, session.reason = "deleted", "deleted by client"  # SessionManager.end
+        gate.set()
+        with contextlib.suppress(SessionEnded):
+            await thawing_task
+        assert session.state == "deleted" and saved == [], saved
+        assert p.events.told == []
+
+    asyncio.run(race())
