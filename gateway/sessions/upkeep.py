@@ -140,7 +140,7 @@ class Upkeep:
     async def cull(self) -> None:
         """End sessions past their TTL (paused too), pause or end idle ones, deepen frozen ones."""
         now = self.sessions.clock()
-        await self._deepen(now)
+        self._deepen(now)
         for session in list(self.sessions.sessions.values()):
             expired = session.expiry(now)
             if expired is not None:
@@ -155,10 +155,19 @@ class Upkeep:
                 else:
                     await self.sessions.end(session, f"idle for {session.idle_timeout:g} s")
 
-    async def _deepen(self, now: float) -> None:
-        """Save the frozen sessions whose time is up, or the longest frozen if memory is short."""
+    def _deepen(self, now: float) -> None:
+        """Save the frozen sessions whose time is up, or the longest frozen if memory is short.
+
+        Each in the background: a save may take the kernel's start timeout, and
+        culling goes on meanwhile. One being saved or resumed is left alone; one
+        past its ttl is ended, not saved.
+        """
         frozen = sorted(
-            (s for s in self.sessions.sessions.values() if s.frozen),
+            (
+                s
+                for s in self.sessions.sessions.values()
+                if s.frozen and not s.lock.locked() and s.expiry(now) is None
+            ),
             key=lambda s: s.paused["saved_at"] if s.paused else 0.0,
         )
         due = [s for s in frozen if s.paused and now >= s.paused["deepens_at"]]
@@ -168,7 +177,7 @@ class Upkeep:
                 log.info("%d bytes of memory available: saving a frozen session", available)
                 due = frozen[:1]
         for session in due:
-            await self.sessions.deepen(session)
+            self.sessions.spawn(self.sessions.deepen(session))
 
     async def _take_back_forever(self) -> None:
         """Take back sessions let go of while the database was silent, and adopt dead gateways'.

@@ -54,24 +54,43 @@ def test_an_engine_that_cannot_freeze_a_sandbox_gets_the_deep_pause():
 
 
 class Manager:
-    def __init__(self, sessions: list, now: float) -> None:
+    def __init__(self, sessions: list, now: float, saving: asyncio.Event | None = None) -> None:
         self.sessions = {s.id: s for s in sessions}
         self.clock = lambda: now
         self.deepened: list[str] = []
+        self.ended: list[str] = []
+        self.saving = saving  # a deepen takes until it is set
 
     async def deepen(self, session) -> None:
         self.deepened.append(session.id)
+        if self.saving is not None:
+            async with session.lock:
+                await self.saving.wait()
+
+    async def end(self, session, reason: str) -> None:
+        self.ended.append(session.id)
+
+    def spawn(self, coro) -> asyncio.Task:
+        return asyncio.ensure_future(coro)
 
 
-def frozen(name: str, saved_at: float, deepens_at: float) -> SimpleNamespace:
+def frozen(name: str, saved_at: float, deepens_at: float, ends: bool = False) -> SimpleNamespace:
     paused = {"strategy": "freeze", "saved_at": saved_at, "deepens_at": deepens_at}
-    return SimpleNamespace(id=name, frozen=True, paused=paused)
+    return SimpleNamespace(
+        id=name, frozen=True, paused=paused, state="paused", lock=asyncio.Lock(),
+        expiry=lambda now: "ttl expired" if ends else None,
+    )  # fmt: skip
 
 
 def deepened(sessions: list, now: float, available: int | None, floor: int = 2**30) -> list:
     manager = Manager(sessions, now)
     upkeep = Upkeep(manager, None, None, None, None, 1.0, floor, lambda: available)  # type: ignore[arg-type]
-    asyncio.run(upkeep._deepen(now))
+
+    async def deepen() -> None:
+        upkeep._deepen(now)
+        await asyncio.sleep(0.01)  # what it started
+
+    asyncio.run(deepen())
     return manager.deepened
 
 
@@ -87,6 +106,25 @@ def test_frozen_sessions_are_saved_when_their_time_is_up_or_memory_runs_short():
     # Short of memory: the longest frozen first, one a culling interval.
     assert deepened(sessions, now=100.0, available=2**29) == ["older"]
     assert deepened(sessions, now=100.0, available=2**29, floor=0) == []
+
+
+def test_the_culler_ends_sessions_while_frozen_ones_are_saved_and_saves_none_that_end():
+    """Each save waited its turn in the culler (a tenant's namespace can take the kernel's
+    start timeout to save): no session of any tenant ended or paused meanwhile."""
+
+    async def cull() -> Manager:
+        saving = asyncio.Event()
+        sessions = [frozen("slow", 10.0, 20.0), frozen("ends", 10.0, 20.0, ends=True)]
+        manager = Manager(sessions, 100.0, saving)
+        upkeep = Upkeep(manager, None, None, None, None, 1.0, 0, lambda: None)  # type: ignore[arg-type]
+        await asyncio.wait_for(upkeep.cull(), 1.0)
+        await asyncio.wait_for(upkeep.cull(), 1.0)  # the next round: still saving
+        saving.set()
+        await asyncio.sleep(0.01)
+        return manager
+
+    manager = asyncio.run(cull())
+    assert manager.ended == ["ends", "ends"] and manager.deepened == ["slow"], vars(manager)
 
 
 class Events:
