@@ -423,6 +423,22 @@ class Settings:
         LIMITS,
         SIZE,
     )
+    checkpoint_idle_after: float = _opt(
+        2.0,
+        "seconds a session that asked to survive crashes stays idle after an execute before "
+        "its kernel's state is checkpointed (docs/snapshots.md)",
+        LIMITS,
+        SECONDS,
+    )
+    checkpoint_every: float = _opt(
+        30.0, "seconds between two checkpoints of one session at least", LIMITS, SECONDS
+    )
+    checkpoint_max_size: int = _opt(
+        "1g",
+        "largest checkpoint of a kernel's namespace; a larger one is refused, the last kept",
+        LIMITS,
+        SIZE,
+    )
     jupyter_ttl_from: str = _opt(
         "activity",
         "what the ttl of a kernel started through the Jupyter API (/api/kernels) counts "
@@ -786,8 +802,10 @@ class Settings:
             )
         if min(self.host_max_sessions, self.host_max_memory, self.start_wait) < 0:
             raise ConfigError("host_max_sessions, host_max_memory and start_wait cannot be < 0")
-        if min(self.pause_frozen_for, self.pause_memory_floor) < 0:
-            raise ConfigError("pause_frozen_for and pause_memory_floor cannot be < 0")
+        if min(self.pause_frozen_for, self.pause_memory_floor, self.checkpoint_idle_after) < 0:
+            raise ConfigError(
+                "pause_frozen_for, pause_memory_floor and checkpoint_idle_after cannot be < 0"
+            )
         if not self.host_id:
             self.host_id = socket.gethostname()
         self.default_limits.resolve({}, self.max_limits)  # defaults above the maximums fail now

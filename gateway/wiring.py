@@ -63,6 +63,9 @@ def session_options(settings: Settings) -> SessionOptions:
         host_max_sessions=settings.host_max_sessions,
         host_max_memory=settings.host_max_memory,
         pause_frozen_for=settings.pause_frozen_for,
+        checkpoint_idle_after=settings.checkpoint_idle_after,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_max_size=settings.checkpoint_max_size,
     )
 
 

@@ -73,6 +73,7 @@ class SessionOptions(TypedDict, total=False):
     ttl: float  # lifetime in seconds from creation
     idle_timeout: float  # seconds without activity before the session ends
     idle_action: str  # what the idle timeout does: "end" (default) or "pause"
+    survive_crashes: bool  # checkpoint the kernel when idle; bring it back if it dies
     from_snapshot: str  # a fork: start holding this snapshot's state (its kernel and image)
     env: dict[str, str]
     secrets: list[str]  # names of the tenant's sealed secrets (POST /v1/secrets)

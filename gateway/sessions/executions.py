@@ -150,12 +150,7 @@ class Executions:
                 )
             if result.status == "dead":
                 turn.kernel_died = True
-                advice = "; restart the session to continue" if session.state == "dead" else ""
-                result.error = {
-                    "ename": "KernelDied",
-                    "evalue": f"{session.reason}{advice}",
-                    "traceback": [],
-                }
+                result.error = _died(session, self.sessions.crashes.what_comes_back(session))
             if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
                 await self.lifecycle.connect_packages(session)
                 await self.lifecycle.enter_working_dir(session)
@@ -163,6 +158,7 @@ class Executions:
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             result.resumed = turn.resumed
             await self.finish(session, recorder, result)
+        self.sessions.crashes.executed(session)
         return result
 
     async def submit(
@@ -453,3 +449,19 @@ def _retrieve(task: asyncio.Task) -> None:
     """Mark a background execute's failure as seen: its caller had its 202 already."""
     if not task.cancelled():
         task.exception()
+
+
+def _died(session: Session, coming: dict[str, Any] | None) -> dict[str, Any]:
+    """The error of a cell whose kernel died: what to do, or what comes back and what not."""
+    if coming is not None:
+        lost = ", ".join(map(str, coming["lost_cells"]))
+        advice = (
+            f"; it comes back with its checkpoint after cell {coming['from_execution']} in "
+            f"a moment: the effects of cells {lost} are lost (the session's 'recovered' says so)"
+        )
+    elif session.state == "dead":
+        advice = "; restart the session to continue"
+    else:
+        advice = ""
+    error = {"ename": "KernelDied", "evalue": f"{session.reason}{advice}", "traceback": []}
+    return error if coming is None else {**error, "recovery": coming}

@@ -48,6 +48,7 @@ class Forks:
             ttl=self.max_ttl if auto_pause else seconds,
             idle_timeout=seconds,
             idle_action=source.idle_action,
+            survive_crashes=source.survive_crashes,
             metadata=source.metadata,
             from_snapshot=doc["id"],
             kernel="",

@@ -113,6 +113,7 @@ class SandboxLifecycle:
             ttl_from=request.ttl_from,
             max_lifetime=s.max_ttl,
             working_dir=self._working_dir(request),
+            survive_crashes=request.survive_crashes,
         )
 
     def _working_dir(self, request: CreateSession) -> str | None:

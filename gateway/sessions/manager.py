@@ -54,6 +54,7 @@ from ..store.base import Store
 from ..validation import seconds
 from .admission import Admission, HostCaps
 from .commands import Commands
+from .crashes import CheckpointOptions, Crashes
 from .events import SessionEvents
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
@@ -144,6 +145,14 @@ class SessionManager:
         self.pausing = Pausing(
             lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout,
             self.events, self.starts, self.mark_dead, settings.pause_frozen_for, clock,
+        )  # fmt: skip
+        self.crashes = Crashes(
+            lifecycle, state, self.starts, self.save, self.spawn,
+            CheckpointOptions(
+                settings.checkpoint_idle_after, settings.checkpoint_every,
+                settings.checkpoint_max_size, settings.kernel_start_timeout,
+            ),
+            clock,
         )  # fmt: skip
         self._saving: set[str] = set()  # sessions whose record is due to be saved
 
@@ -518,6 +527,7 @@ class SessionManager:
     async def _end(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.id, None)
         self._cut_off(session)
+        self.crashes.forget(session)
         if session.kernel is not None:
             session.kernel.died.set()  # lets an in-flight execute return instead of hanging
             # Give that execute a moment to finish and record itself.
@@ -586,6 +596,7 @@ class SessionManager:
         log.warning("session %s died: %s", session.id, reason)
         await self.save(session)
         self.events.tell("died", session, reason)
+        self.crashes.died(session)
 
     async def deepen(self, session: Session) -> None:
         """Save a frozen session's state to disk (``Pausing.deepen``); a failure is logged."""

@@ -59,6 +59,7 @@ class Session:
         max_lifetime: float | None = None,
         working_dir: str | None = None,
         credentials: tuple[Credential, ...] = (),
+        survive_crashes: bool = False,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         # Secrets the egress proxy adds to requests to their hosts; the sandbox holds placeholders.
@@ -82,6 +83,9 @@ class Session:
         self.ttl_from = ttl_from
         self.max_lifetime = ttl if max_lifetime is None else max_lifetime
         self.working_dir = working_dir  # the kernel's directory, relative to the workspace
+        self.survive_crashes = survive_crashes  # checkpointed, and brought back if it dies
+        self.checkpoint: dict[str, Any] | None = None  # the last one's SavedState JSON
+        self.recovered: dict[str, Any] | None = None  # what its last comeback lost
         self.env = env
         self.secret_names = secret_names
         self.secrets_as = secrets_as  # env variables, or files in /run/secrets
@@ -141,8 +145,11 @@ class Session:
             max_lifetime=doc.get("max_lifetime"),
             working_dir=doc.get("working_dir"),
             credentials=parse_credentials(doc.get("credentials")),
+            survive_crashes=doc.get("survive_crashes", False),
         )
         session.paused = doc.get("paused")
+        session.checkpoint = doc.get("checkpoint")
+        session.recovered = doc.get("recovered")
         session.forked_from = doc.get("forked_from")
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
@@ -238,6 +245,9 @@ class Session:
             "max_lifetime": self.max_lifetime,
             "working_dir": self.working_dir,
             "paused": self.paused,
+            "survive_crashes": self.survive_crashes,
+            "checkpoint": self.checkpoint,
+            "recovered": self.recovered,
             "forked_from": self.forked_from,
             "runtime": self.runtime,
             "network": self.network.to_json(),

@@ -32,3 +32,6 @@ class SessionOptions:
     host_max_sessions: int = 0  # live sessions of every gateway on this host (0: no cap)
     host_max_memory: int = 0  # their memory limits added up (0: no cap)
     pause_frozen_for: float = 300.0  # a pause's first tier, frozen (0: saved at once)
+    checkpoint_idle_after: float = 2.0  # survive_crashes: idle seconds before a checkpoint
+    checkpoint_every: float = 30.0  # and seconds between two at least
+    checkpoint_max_size: int = 2**30  # a larger namespace is not checkpointed

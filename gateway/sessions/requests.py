@@ -74,6 +74,7 @@ class CreateSession:
     from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
     ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
     working_dir: str | None = None  # the kernel's directory in the workspace (relative)
+    survive_crashes: bool = False  # checkpoint the kernel's state; bring it back if it dies
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
@@ -98,6 +99,9 @@ class CreateSession:
         if secrets_as not in ("env", "files"):
             raise BadRequest(f"secrets_as must be 'env' or 'files', not {secrets_as!r}")
         credentials = parse_credentials(body.get("credentials"))
+        survive = body.get("survive_crashes", False)
+        if not isinstance(survive, bool):
+            raise BadRequest("survive_crashes must be true or false")
         both = sorted(set(env) & (set(secrets) | {c.secret for c in credentials}))
         if both:
             raise BadRequest(f"{', '.join(both)} named in both env and secrets; name each once")
@@ -119,6 +123,7 @@ class CreateSession:
             metadata=metadata_dict(body.get("metadata")),
             policy=session_policy(body.get("policy")),
             from_snapshot=from_snapshot,
+            survive_crashes=survive,
         )
 
 

@@ -63,9 +63,18 @@ Diff = Callable[[list[dict[str, Any]], list[dict[str, Any]]], str]
 # Run in the kernel. Names IPython keeps for itself (In, Out, _, _i3, _3, dunders)
 # are not the user's; every other name is saved or listed as lost.
 _SAVE = """
-def _sbx_save(path):
+def _sbx_save(path, limit):
     import io, json, os, re, dill
     ip = get_ipython()
+    class Capped:
+        def __init__(self, f):
+            self.f, self.left = f, limit
+        def write(self, data):
+            if self.left is not None:
+                self.left -= len(data)
+                if self.left < 0:
+                    raise OverflowError(f"the namespace is larger than {{limit}} bytes")
+            return self.f.write(data)
     own = re.compile(r"_+|_i+|_i?\\d+|_[io]h|_dh|__\\w+__|_sbx_\\w*")
     names = {{k: v for k, v in ip.user_ns.items()
              if k not in ip.user_ns_hidden and not own.fullmatch(k)}}
@@ -75,21 +84,27 @@ def _sbx_save(path):
     for name, value in list(names.items()):
         if isinstance(value, io.IOBase):
             drop(name, "an open file: open it again after the resume")
-    with open(path + ".tmp", "wb") as f:
-        try:
-            dill.dump(names, f, protocol=5)
-        except Exception:
-            for name, value in list(names.items()):
-                try:
-                    dill.dumps(value, protocol=5)
-                except Exception as e:
-                    drop(name, f"{{type(e).__name__}}: {{e}}"[:300])
-            f.seek(0)
-            f.truncate()
-            dill.dump(names, f, protocol=5)
+    try:
+        with open(path + ".tmp", "wb") as f:
+            try:
+                dill.dump(names, Capped(f), protocol=5)
+            except OverflowError:
+                raise
+            except Exception:
+                for name, value in list(names.items()):
+                    try:
+                        dill.dumps(value, protocol=5)
+                    except Exception as e:
+                        drop(name, f"{{type(e).__name__}}: {{e}}"[:300])
+                f.seek(0)
+                f.truncate()
+                dill.dump(names, Capped(f), protocol=5)
+    except BaseException:
+        os.unlink(path + ".tmp")
+        raise
     os.replace(path + ".tmp", path)
     return json.dumps({{"lost": lost, "execution_count": ip.execution_count}})
-_sbx_saved = _sbx_save({path!r})
+_sbx_saved = _sbx_save({path!r}, {limit!r})
 del _sbx_save
 """
 _LOAD = """
@@ -177,28 +192,33 @@ class KernelState:
         return self.lifecycle.placement.session_dir(session_id) / STATE_DIR
 
     async def save(
-        self, session: Session, strategy: str, timeout: float, target: Path | None = None
+        self,
+        session: Session,
+        strategy: str,
+        timeout: float,
+        target: Path | None = None,
+        limit: int | None = None,
     ) -> SavedState:
         """Save the running kernel's state (it keeps running) to ``target``; raise if it cannot.
 
         ``target`` defaults to the session's state directory (a pause); a
-        snapshot names its own.
+        snapshot names its own. A namespace past ``limit`` bytes is not kept.
         """
         lost: list[dict[str, str]] = []
         count = session.executions
         if strategy == "namespace":
             target = target or self.state_dir(session.id) / STATE_FILE
-            lost, count = await self._save_namespace(session, timeout, target)
+            lost, count = await self._save_namespace(session, timeout, target, limit)
         return SavedState(strategy, lost, count, time.time())
 
     async def _save_namespace(
-        self, session: Session, timeout: float, target: Path
+        self, session: Session, timeout: float, target: Path, limit: int | None
     ) -> tuple[list[dict[str, str]], int]:
         kernel = session.kernel
         exchange = self.lifecycle.placement.kernel_exchange(session.id)
         assert kernel is not None and exchange is not None
         inside, here = exchange
-        code = _SAVE.format(path=f"{inside}/{_EXCHANGED}")
+        code = _SAVE.format(path=f"{inside}/{_EXCHANGED}", limit=limit)
         try:
             text = await kernel.evaluate(code, "get_ipython().user_ns.pop('_sbx_saved')", timeout)
             report = json.loads(ast.literal_eval(text))
@@ -269,11 +289,13 @@ class KernelState:
         start: Callable,
         kept: Path | None = None,
         loaded: bool = False,
+        upto: int | None = None,
     ) -> dict:
         """Start a fresh kernel with ``start()`` and give it the saved state back.
 
         ``kept`` is where the state was saved (default: the session's state
-        directory); ``loaded``: ``load_pooled`` gave the namespace already.
+        directory); ``loaded``: ``load_pooled`` gave the namespace already;
+        ``upto``: replay the cells up to that execution count only.
         Returns what the caller reports: the strategy, and for replay the
         cells whose outputs differed. Raises ``StateNotRestored`` when the saved state
         cannot be read. The saved state is kept until ``forget``, so a gateway
@@ -291,7 +313,7 @@ class KernelState:
         if namespace:
             await self._load_namespace(session, f"{inside}/{_EXCHANGED}", saved.execution_count)
         elif saved.strategy == "replay":
-            report["differed"] = await self._replay(session)
+            report["differed"] = await self._replay(session, upto)
         return report
 
     async def forget(self, session: Session) -> None:
@@ -310,8 +332,8 @@ class KernelState:
                 "delete the session, or start a new one"
             ) from e
 
-    async def _replay(self, session: Session) -> list[dict[str, Any]]:
-        """Run the recorded cells again; report those whose outputs or status differ."""
+    async def _replay(self, session: Session, upto: int | None) -> list[dict[str, Any]]:
+        """Run the recorded cells again (up to ``upto``); report those whose outputs differ."""
         kernel = session.kernel
         assert kernel is not None
         differed = []
@@ -319,6 +341,8 @@ class KernelState:
         while after is not None:
             page = await self.store.history(session.id, after, HISTORY_PAGE_MAX)
             for cell in filter(ran_in_kernel, page.executions):
+                if upto is not None and (cell.get("execution_count") or 0) > upto:
+                    continue
                 result = await kernel.execute(
                     cell["code"],
                     timeout=session.limits.timeout,

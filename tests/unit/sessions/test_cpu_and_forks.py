@@ -48,7 +48,8 @@ class FakeManager:
         self.requests = []
 
     def get(self, session_id, who):
-        return types.SimpleNamespace(idle_action="pause", metadata={"k": "v"})
+        source = {"idle_action": "pause", "metadata": {"k": "v"}, "survive_crashes": True}
+        return types.SimpleNamespace(**source)
 
     async def snapshot(self, session_id, who, request):
         return {"id": "snap1"}
@@ -73,6 +74,7 @@ def test_each_fork_succeeds_or_fails_on_its_own_and_the_snapshot_goes() -> None:
     assert isinstance(forks[2], QuotaExceeded)
     request = manager.requests[0]  # an auto-pausing source: its forks live to max_ttl
     assert (request.ttl, request.idle_timeout, request.from_snapshot) == (3600.0, 60, "snap1")
+    assert request.survive_crashes, "a fork survives crashes as its source does"
 
 
 @pytest.mark.parametrize("count", [0, 21, True, "2", 1.5])

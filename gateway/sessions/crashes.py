@@ -1,0 +1,187 @@
+"""Kernels that come back: checkpoints off the hot path, and a restore when a kernel dies.
+
+A session created with ``survive_crashes`` has its kernel's state
+checkpointed by the pause strategies (``KernelState``: the namespace for
+Python, replay for the rest). Never during an execute: ``idle_after``
+seconds after one ends, if the session is still idle and nothing holds it,
+and no sooner than ``every`` seconds after the last checkpoint, the
+namespace is saved beside the workspace (at most ``max_bytes``; a larger
+one is refused and the previous checkpoint kept). When the kernel dies
+(out of memory, a segfault, ``os._exit``), the session gets a fresh kernel
+with the last checkpoint and says what was lost: the cells that ran since
+it (the one that died among them) and the names the checkpoint could not
+save, in the dying cell's reply, the session view (``recovered``) and so
+the history. Replay checkpoints save nothing: they mark how far a replay
+goes.
+
+Off by default: a checkpoint holds the kernel for as long as its
+namespace takes to save (a next execute waits for it) and keeps a copy of
+the namespace on disk, and a replay re-runs cells whose side effects may
+not bear repeating. A session that wants it asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from ..errors import GatewayError
+from ..limits import format_size
+from .lifecycle import SandboxLifecycle
+from .model import Session, ended_meanwhile
+from .starts import StartQueue
+from .state import KernelState, SavedState
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"  # the file beside the session's workspace
+
+Save = Callable[[Session], Awaitable[None]]
+Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    idle_after: float = 2.0  # seconds idle after an execute before a checkpoint
+    every: float = 30.0  # seconds between two checkpoints at least
+    max_bytes: int = 2**30  # a larger namespace is not checkpointed
+    timeout: float = 120.0  # seconds a checkpoint may take
+
+
+class Crashes:
+    """Checkpoints sessions that asked to survive crashes, and brings their kernels back."""
+
+    def __init__(
+        self,
+        lifecycle: SandboxLifecycle,
+        state: KernelState,
+        starts: StartQueue,
+        save: Save,
+        spawn: Spawn,
+        options: CheckpointOptions,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``save`` stores a session's record; ``spawn`` runs a task shutdown cancels."""
+        self.lifecycle = lifecycle
+        self.state = state
+        self.starts = starts
+        self.save = save
+        self.spawn = spawn
+        self.options = options
+        self.clock = clock
+        self._due: dict[str, asyncio.TimerHandle] = {}
+
+    def path(self, session: Session) -> Path:
+        return self.lifecycle.placement.session_dir(session.id) / CHECKPOINT
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def executed(self, session: Session) -> None:
+        """An execute ended: checkpoint once the session has been idle a while."""
+        if not session.survive_crashes or session.state != "idle":
+            return
+        last = (session.checkpoint or {}).get("saved_at", 0.0)
+        delay = max(self.options.idle_after, last + self.options.every - self.clock())
+        due = self._due.pop(session.id, None)
+        if due is not None:
+            due.cancel()
+        self._due[session.id] = asyncio.get_running_loop().call_later(
+            delay, lambda: self.spawn(self._checkpoint_when_idle(session))
+        )
+
+    async def _checkpoint_when_idle(self, session: Session) -> None:
+        self._due.pop(session.id, None)
+        if session.state != "idle" or session.lock.locked():
+            return  # the next execute schedules another
+        async with session.lock:
+            if session.state == "idle":
+                await self.checkpoint(session)
+
+    async def checkpoint(self, session: Session) -> None:
+        """Checkpoint an idle session's kernel, with its lock held; a failure keeps the last."""
+        try:
+            strategy = self.state.choose(session, None)
+            target = self.path(session)
+            fresh = target.with_name(CHECKPOINT + ".new")
+            saved = await self.state.save(
+                session, strategy, self.options.timeout, fresh, self.options.max_bytes
+            )
+            if strategy == "namespace":
+                await asyncio.to_thread(os.replace, fresh, target)
+        except (GatewayError, OSError) as e:
+            why = getattr(e, "message", None) or str(e)
+            if "OverflowError" in why:
+                why = f"its namespace is larger than {format_size(self.options.max_bytes)}"
+            log.info("session %s: no checkpoint taken: %s", session.id, why)
+            session.checkpoint = {**(session.checkpoint or {}), "refused": why[:500]}
+        else:  # counted as the session counts its executions, not as the kernel numbers cells
+            session.checkpoint = {**saved.to_json(), "execution_count": session.executions}
+        await self.save(session)
+
+    def forget(self, session: Session) -> None:
+        """The session ended: no checkpoint is due any more (its files go with its directory)."""
+        due = self._due.pop(session.id, None)
+        if due is not None:
+            due.cancel()
+
+    # -- coming back --------------------------------------------------------------------
+
+    def what_comes_back(self, session: Session) -> dict[str, Any] | None:
+        """What a dying kernel's session gets back, for the reply of the cell that died."""
+        checkpoint = session.checkpoint or {}
+        if not session.survive_crashes or "strategy" not in checkpoint:
+            return None
+        since = checkpoint["execution_count"]
+        last = session.executions + (1 if session.running else 0)  # the cell that died, if any
+        return {
+            "from_execution": since,
+            "lost_cells": list(range(since + 1, last + 1)),
+            "lost": checkpoint["lost"],
+            "strategy": checkpoint["strategy"],
+        }
+
+    def died(self, session: Session) -> None:
+        """The session's kernel died: bring it back, if it asked and a checkpoint is there."""
+        if self.what_comes_back(session) is not None:
+            self.forget(session)
+            self.spawn(self._come_back(session))
+
+    async def _come_back(self, session: Session) -> None:
+        """Restart the kernel with the last checkpoint once the dying cell's turn is over."""
+        async with session.lock:
+            coming = self.what_comes_back(session)
+            if session.state != "dead" or session.kernel is None or coming is None:
+                return  # restarted, deleted or recovered meanwhile
+            reason = session.reason
+            checkpoint = SavedState.from_json(session.checkpoint or {})
+            # The kernel numbers its next cell after the last one recorded.
+            saved = dataclasses.replace(checkpoint, execution_count=session.executions + 1)
+            start = functools.partial(self.starts.run, session.tenant, session.kernel.restart)
+            session.state = "starting"
+            try:
+                async with ended_meanwhile(session, "brought back"):
+                    await self.state.restore(
+                        session, saved, start, self.path(session), upto=coming["from_execution"]
+                    )
+                    await self.lifecycle.connect_packages(session)
+                    await self.lifecycle.enter_working_dir(session)
+            except GatewayError as e:
+                if session.state == "starting":
+                    session.state = "dead"
+                    session.reason = f"{reason}; it could not come back: {e.message}"
+                    await self.save(session)
+                log.warning("session %s did not come back: %s", session.id, e.message)
+                return
+            session.recovered = {"at": self.clock(), "reason": reason, **coming}
+            session.state = "idle"
+            session.reason = None
+            session.touch()
+            await self.save(session)
+            log.info("session %s came back from its checkpoint (%s)", session.id, reason)

@@ -1,0 +1,45 @@
+"""Kernels that come back: a session that asks survives its kernel's death with its checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import full_history, run, text_of, wait_for
+
+pytestmark = pytest.mark.docker
+
+
+def view(api, sid: str) -> dict:
+    return api.get(f"/v1/sessions/{sid}").json()
+
+
+def test_a_kernel_that_dies_comes_back_with_its_checkpoint_and_says_what_was_lost(api, new_session):
+    sid = new_session(survive_crashes=True, limits={"memory": "256m"})["id"]
+    run(api, sid, "x = 41\ngen = (i for i in range(3))")
+    checkpointed = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
+    assert wait_for(checkpointed, 20), f"no checkpoint was taken: {view(api, sid)['checkpoint']}"
+    run(api, sid, "y = 1")
+    died = api.post(f"/v1/sessions/{sid}/execute", json={"code": "import os; os._exit(1)"}).json()
+    recovery = died["error"]["recovery"]
+    assert recovery["from_execution"] == 1 and recovery["lost_cells"] == [2, 3], died
+    assert [entry["name"] for entry in recovery["lost"]] == ["gen"], recovery
+    assert "comes back with its checkpoint after cell 1" in died["error"]["evalue"], died
+    assert wait_for(lambda: view(api, sid)["state"] == "idle", 60), view(api, sid)
+    recovered = view(api, sid)["recovered"]
+    assert recovered["lost_cells"] == [2, 3] and recovered["reason"], recovered
+    reply = run(api, sid, "print(x + 1, 'y' in globals())")
+    assert text_of(reply) == "42 False\n" and reply["execution_count"] == 4, reply
+    assert full_history(api, sid)[2]["error"]["recovery"]["lost_cells"] == [2, 3]
+    # Out of memory: the same, from the same checkpoint.
+    died = run(api, sid, "b = bytearray(600 * 2**20)")
+    assert died["error"]["recovery"]["lost_cells"] == [2, 3, 4, 5], died
+    assert "memory" in died["error"]["evalue"], died
+    assert wait_for(lambda: view(api, sid)["state"] == "idle", 60), view(api, sid)
+    assert text_of(run(api, sid, "print(x)")) == "41\n"
+
+
+def test_a_session_that_did_not_ask_stays_dead(api, new_session):
+    sid = new_session()["id"]
+    run(api, sid, "x = 1")
+    died = api.post(f"/v1/sessions/{sid}/execute", json={"code": "import os; os._exit(1)"}).json()
+    assert "recovery" not in died["error"] and "restart the session" in died["error"]["evalue"]
+    assert view(api, sid)["state"] == "dead" and view(api, sid)["checkpoint"] is None
