@@ -68,13 +68,13 @@ class Reports:
     async def usage(self, session_id: str, who: Principal) -> dict[str, Any]:
         """What a live session uses now: CPU, memory (now and at peak), network, disk.
 
-        CPU and memory are the sandbox's (None while paused or where the placement
-        cannot tell); network is what passed the egress proxy since this gateway
+        CPU and memory are the sandbox's (None while paused, but frozen: its memory
+        is held, or where the placement cannot tell); network is what passed the egress proxy since this gateway
         started; disk is the workspace's files.
         """
         session = self.sessions.get(session_id, who)
         sandbox: dict[str, Any] = {}
-        if session.state in ("idle", "busy"):
+        if session.state in ("idle", "busy") or session.frozen:
             sandbox = await self.placement.usage(session.id)
         disk = None
         if session.workspace is not None and session.state != "paused":

@@ -13,6 +13,7 @@ from gateway.errors import SessionEnded, StrategyUnavailable
 from gateway.limits import Limits
 from gateway.sessions.model import Session
 from gateway.sessions.pausing import Pausing
+from gateway.sessions.reports import Reports
 from gateway.sessions.upkeep import Upkeep
 
 
@@ -175,3 +176,16 @@ def test_a_session_ended_while_it_thaws_stays_ended(how):
         assert p.events.told == []
 
     asyncio.run(race())
+
+
+def test_a_frozen_sessions_memory_is_reported_as_a_running_ones():
+    """Frozen, it holds its memory: its metrics said none (E2B's: 0 bytes used)."""
+    _, session, _ = thawing(asyncio.Event())
+
+    async def usage(session_id: str) -> dict:
+        return {"cpu_seconds": 1.5, "memory_bytes": 300 * 2**20, "memory_peak_bytes": None}
+
+    manager = SimpleNamespace(get=lambda session_id, who: session)
+    reports = Reports(manager, None, SimpleNamespace(usage=usage), None, None)  # type: ignore[arg-type]
+    report = asyncio.run(reports.usage(session.id, None))  # type: ignore[arg-type]
+    assert report["state"] == "paused" and report["memory_bytes"] == 300 * 2**20, report
