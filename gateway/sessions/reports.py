@@ -69,8 +69,8 @@ class Reports:
         """What a live session uses now: CPU, memory (now and at peak), network, disk.
 
         CPU and memory are the sandbox's (None while paused, but frozen: its memory
-        is held, or where the placement cannot tell); network is what passed the egress proxy since this gateway
-        started; disk is the workspace's files.
+        is held, or where the placement cannot tell); network is what passed the
+        egress proxy since this gateway started; disk is the workspace's files.
         """
         session = self.sessions.get(session_id, who)
         sandbox: dict[str, Any] = {}
