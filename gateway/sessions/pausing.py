@@ -112,11 +112,13 @@ class Pausing:
     async def _freeze(self, session: Session) -> SavedState:
         """The first tier, with the lock held: the sandbox frozen, nothing saved yet.
 
-        An engine that cannot freeze it gets the deep pause instead.
+        An engine that cannot freeze it gets the deep pause instead; one ended
+        meanwhile stays ended (SessionEnded), its end's to remove.
         """
         assert session.kernel is not None and session.kernel.container_id is not None
         try:
-            await self.lifecycle.placement.freeze(session.kernel.container_id)
+            async with ended_meanwhile(session, "froze"):
+                await self.lifecycle.placement.freeze(session.kernel.container_id)
         except ENGINE_ERRORS as e:
             log.warning("session %s: could not freeze its sandbox, saving it: %s", session.id, e)
             return await self.paused(session, None)

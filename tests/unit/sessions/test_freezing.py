@@ -50,7 +50,7 @@ def test_an_engine_that_cannot_freeze_a_sandbox_gets_the_deep_pause():
         return deep
 
     p.paused = paused  # type: ignore[method-assign]
-    session = SimpleNamespace(id="s", kernel=SimpleNamespace(container_id="c"))
+    session = SimpleNamespace(id="s", state="idle", kernel=SimpleNamespace(container_id="c"))
     assert asyncio.run(p._freeze(session)) is deep  # type: ignore[arg-type]
 
 
@@ -189,3 +189,26 @@ def test_a_frozen_sessions_memory_is_reported_as_a_running_ones():
     reports = Reports(manager, None, SimpleNamespace(usage=usage), None, None)  # type: ignore[arg-type]
     report = asyncio.run(reports.usage(session.id, None))  # type: ignore[arg-type]
     assert report["state"] == "paused" and report["memory_bytes"] == 300 * 2**20, report
+
+
+def test_a_session_ended_while_it_freezes_stays_ended():
+    """Its end came while the engine froze it: the pause made it paused again, saved so."""
+
+    async def race() -> None:
+        gate = asyncio.Event()
+        p, session, saved = thawing(gate)
+        session.state, session.paused = "idle", None
+
+        async def freeze(sandbox_id: str) -> None:
+            await gate.wait()
+
+        p.lifecycle.placement.freeze = freeze
+        pausing_task = asyncio.ensure_future(p.pause(session, None))
+        await asyncio.sleep(0.01)
+        session.state, session.reason = "deleted", "deleted by client"  # SessionManager.end
+        gate.set()
+        with pytest.raises(SessionEnded):
+            await pausing_task
+        assert session.state == "deleted" and saved == [] and p.events.told == [], saved
+
+    asyncio.run(race())
