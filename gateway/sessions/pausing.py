@@ -144,12 +144,14 @@ class Pausing:
             if session.frozen:
                 await self._deepened(session)
 
-    async def _deepened(self, session: Session) -> None:
-        """Deepen with the lock held; a kernel that cannot be saved is left running, idle."""
+    async def _deepened(self, session: Session, requested: str | None = None) -> None:
+        """Deepen with the lock held, by ``requested`` (a snapshot's strategy: one refused
+        leaves it frozen); a kernel that cannot be saved is left running, idle."""
+        self.state.choose(session, requested)
         await self._thaw(session)
         session.state = "idle"
         try:
-            await self.paused(session, None, tell=False)
+            await self.paused(session, requested, tell=False)
         except Exception:
             if session.state == "idle":
                 session.touch()
@@ -212,7 +214,7 @@ class Pausing:
             if session.state != "paused":
                 _check_idle(session)
             if session.frozen:  # a snapshot is kept on disk: so is the pause from now on
-                await self._deepened(session)
+                await self._deepened(session, request.strategy)
             return await self.snapshots.take(
                 session, request.name, request.strategy, self.start_timeout
             )

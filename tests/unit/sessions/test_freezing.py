@@ -14,6 +14,7 @@ from gateway.limits import Limits
 from gateway.sessions.model import Session
 from gateway.sessions.pausing import Pausing
 from gateway.sessions.reports import Reports
+from gateway.sessions.requests import TakeSnapshot
 from gateway.sessions.upkeep import Upkeep
 
 
@@ -148,7 +149,8 @@ def thawing(gate: asyncio.Event) -> tuple[Pausing, Session, list[str]]:
     async def save(session) -> None:
         saved.append(session.state)
 
-    p = Pausing(SimpleNamespace(placement=placement), None, None, None, save, 30.0, Events(),
+    state = SimpleNamespace(choose=lambda session, requested: requested or "namespace")
+    p = Pausing(SimpleNamespace(placement=placement), state, None, None, save, 30.0, Events(),
                 None, None, 300.0)  # type: ignore[arg-type]  # fmt: skip
     session = Session("python3", "img", Limits(2**30, 1.0, 64, 2**30, 30.0, 2**20), 60.0, 60.0,
                       {}, {})  # fmt: skip
@@ -212,3 +214,36 @@ def test_a_session_ended_while_it_freezes_stays_ended():
         assert session.state == "deleted" and saved == [] and p.events.told == [], saved
 
     asyncio.run(race())
+
+
+def test_a_snapshot_of_a_frozen_session_saves_it_by_the_strategy_it_asks_for():
+    """Saved by the best strategy, then refused as not the one asked for (or refused after
+    the thaw, the session left running): its live-only state lost for nothing."""
+
+    def chosen(session, requested):
+        if requested == "checkpoint":
+            raise StrategyUnavailable("checkpoint is not available on this gateway")
+        return requested or "namespace"
+
+    async def snapshot(strategy: str) -> list:
+        p, session, _ = thawing(asyncio.Event())
+        thawed: list[str] = []
+
+        async def thaw(sandbox_id: str) -> None:
+            thawed.append(sandbox_id)
+
+        async def paused(session, requested, tell=True):
+            thawed.append(f"saved by {requested}")
+
+        async def take(session, name, requested, timeout):
+            return {}
+
+        p.lifecycle.placement.thaw, p.paused = thaw, paused  # type: ignore[method-assign]
+        p.state = SimpleNamespace(choose=chosen)  # type: ignore[assignment]
+        p.snapshots = SimpleNamespace(take=take)  # type: ignore[assignment]
+        with contextlib.suppress(StrategyUnavailable):
+            await p.snapshot(session, TakeSnapshot(None, strategy))
+        return [*thawed, session.state, session.frozen]
+
+    assert asyncio.run(snapshot("replay")) == ["c", "saved by replay", "idle", False]
+    assert asyncio.run(snapshot("checkpoint")) == ["paused", True], "refused, it stays frozen"
