@@ -386,3 +386,12 @@ def test_a_gateway_killed_between_the_engine_and_the_record_finds_each_sandbox_a
     assert engine.containers.get(f"sbx-{thawed}").status == "paused", "it runs while paused"
     for sid in (thawed, frozen):
         assert text_of(run(api, sid, "print(kept)")) == "yes\n"
+
+
+def test_a_frozen_session_whose_sandbox_went_restarts(api, engine, session):
+    sid = session["id"]
+    pause(api, sid)
+    engine.containers.get(f"sbx-{sid}").remove(force=True)
+    r = api.post(f"/v1/sessions/{sid}/restart")
+    assert r.status_code == 200 and r.json()["state"] == "idle", r.text
+    assert text_of(run(api, sid, "print(6 * 7)")) == "42\n"

@@ -22,7 +22,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import Conflict, KernelStartFailed, NotPaused, SessionBusy, StrategyUnavailable
+from ..errors import (
+    Conflict,
+    KernelDied,
+    KernelStartFailed,
+    NotPaused,
+    SessionBusy,
+    StrategyUnavailable,
+)
 from ..sandbox.base import ENGINE_ERRORS
 from .events import SessionEvents
 from .lifecycle import SandboxLifecycle
@@ -176,11 +183,13 @@ class Pausing:
         session.paused = None
 
     async def thaw(self, session: Session) -> None:
-        """Thaw a frozen session for a restart; it is idle again."""
+        """Thaw a frozen session for a restart; it is idle again, or dead (its sandbox went:
+        the restart starts another all the same)."""
         async with session.lock:
             if session.frozen:
-                await self._thaw(session)
-                session.state = "idle"
+                with contextlib.suppress(KernelDied):
+                    await self._thaw(session)
+                    session.state = "idle"
 
     async def paused(
         self, session: Session, requested: str | None, tell: bool = True

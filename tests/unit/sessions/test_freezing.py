@@ -247,3 +247,23 @@ def test_a_snapshot_of_a_frozen_session_saves_it_by_the_strategy_it_asks_for():
 
     assert asyncio.run(snapshot("replay")) == ["c", "saved by replay", "idle", False]
     assert asyncio.run(snapshot("checkpoint")) == ["paused", True], "refused, it stays frozen"
+
+
+def test_a_restart_of_a_frozen_session_whose_sandbox_went_restarts_it():
+    """Its thaw found the sandbox gone and refused the restart, telling to restart it."""
+
+    async def restart_thaw() -> Session:
+        p, session, _ = thawing(asyncio.Event())
+
+        async def gone(sandbox_id: str) -> None:
+            raise docker.errors.NotFound("No such container: c")
+
+        async def mark_dead(session, reason: str) -> None:
+            session.state, session.reason = "dead", reason
+
+        p.lifecycle.placement.thaw, p.mark_dead = gone, mark_dead
+        await p.thaw(session)  # SessionManager.restart, before it starts a kernel
+        return session
+
+    session = asyncio.run(restart_thaw())
+    assert session.state == "dead" and session.paused is None, session.reason
