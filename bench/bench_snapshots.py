@@ -20,7 +20,11 @@ a pandas frame and a dict of strings. Then, ``--rounds`` times each:
   allocated blocks;
 - POST .../snapshots, and a fork: POST /v1/sessions {"from_snapshot"} until
   the first execute's result (the warm pool may supply the container);
-- the replay strategy beside it: a bash session of 20 cells paused and resumed.
+- the replay strategy beside it: a bash session of 20 cells paused and resumed;
+- a session that survives crashes, holding the same objects: an execute on it
+  (its checkpoint is taken while idle, so none is in the way), and its
+  kernel killed (``os._exit``) until the next execute's result, the
+  checkpoint loaded.
 Prints a table and replaces the "Pause, resume, snapshots and forks" section
 of docs/PERFORMANCE.md.
 """
@@ -125,6 +129,7 @@ def main() -> None:
     snapshots, sizes, forks, bash_pauses, bash_resumes = [], [], [], [], []
     freezes, thaws, thawed_runs, plain_runs, engine_floor, frozen_mem = [], [], [], [], [], []
     deep = {"strategy": "namespace"}
+    survivor_runs, comebacks = [], []
     try:
         sid = client.post("/v1/sessions", json={"limits": {"memory": "1g"}}).json()["id"]
         seen = {client.get(f"/v1/sessions/{sid}").json()["container_id"]}
@@ -209,6 +214,28 @@ def main() -> None:
             client.delete(f"/v1/sessions/{child.json()['id']}")
             client.delete(f"/v1/snapshots/{snap['id']}")
             time.sleep(2)  # let the pool refill: a fork takes a pooled container when one waits
+        body = {"limits": {"memory": "1g"}, "survive_crashes": True}
+        survivor = client.post("/v1/sessions", json=body).json()["id"]
+        run_on = lambda code: client.post(  # noqa: E731
+            f"/v1/sessions/{survivor}/execute", json={"code": code}
+        )
+        assert run_on(BUILD.format(mib=args.mib)).json()["status"] == "ok"
+        deadline = time.monotonic() + 120
+        while not (client.get(f"/v1/sessions/{survivor}").json()["checkpoint"] or {}).get(
+            "strategy"
+        ):
+            if time.monotonic() > deadline:
+                raise SystemExit("no checkpoint in 2 minutes")
+            time.sleep(0.2)
+        for _ in range(args.rounds):
+            survivor_runs.append(ms(lambda: run_on("1"))[0])
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            died = run_on("import os; os._exit(1)").json()
+            assert died["error"]["recovery"]["from_execution"] == 1, died
+            assert run_on("array.size").json()["status"] == "ok"
+            comebacks.append((time.perf_counter() - t0) * 1000)
+        client.delete(f"/v1/sessions/{survivor}")
         bash = client.post("/v1/sessions", json={"kernel": "bash"}).json()["id"]
         for i in range(20):
             client.post(f"/v1/sessions/{bash}/execute", json={"code": f"v{i}={i}; echo $v{i}"})
@@ -230,6 +257,11 @@ def main() -> None:
         row("execute `1` on a frozen session → result (its resume included)", thawed_runs),
         row("floor: execute `1` on a running session → result", plain_runs),
         row("floor: the engine's own pause + unpause of the container", engine_floor),
+        row("execute `1` on a session that survives crashes → result", survivor_runs),
+        row(
+            f"its kernel killed → the next result, its checkpoint ({args.mib} MB) loaded",
+            comebacks,
+        ),
         row("kernel memory on the engine, frozen", frozen_mem, "MiB"),
         row(f"pause, namespace ({args.mib} MB of objects)", pauses, target="≤ 1 s"),
         row(

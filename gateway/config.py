@@ -802,9 +802,10 @@ class Settings:
             )
         if min(self.host_max_sessions, self.host_max_memory, self.start_wait) < 0:
             raise ConfigError("host_max_sessions, host_max_memory and start_wait cannot be < 0")
-        if min(self.pause_frozen_for, self.pause_memory_floor, self.checkpoint_idle_after) < 0:
+        pausing = (self.pause_frozen_for, self.pause_memory_floor, self.checkpoint_idle_after)
+        if min(*pausing, self.checkpoint_every, self.checkpoint_max_size) < 0:
             raise ConfigError(
-                "pause_frozen_for, pause_memory_floor and checkpoint_idle_after cannot be < 0"
+                "pause_frozen_for, pause_memory_floor and the checkpoint_* options cannot be < 0"
             )
         if not self.host_id:
             self.host_id = socket.gethostname()

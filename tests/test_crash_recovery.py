@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import full_history, run, text_of, wait_for
+from helpers import Canary, canary_session, full_history, run, text_of, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -43,3 +43,23 @@ def test_a_session_that_did_not_ask_stays_dead(api, new_session):
     died = api.post(f"/v1/sessions/{sid}/execute", json={"code": "import os; os._exit(1)"}).json()
     assert "recovery" not in died["error"] and "restart the session" in died["error"]["evalue"]
     assert view(api, sid)["state"] == "dead" and view(api, sid)["checkpoint"] is None
+
+
+def test_a_checkpoint_past_its_bound_is_refused_and_the_last_one_kept(start_gateway):
+    gw = start_gateway("--checkpoint-max-size", "1m", "--checkpoint-every", "0")
+    api = gw.client
+    sid = api.post("/v1/sessions", json={"survive_crashes": True}).json()["id"]
+    with canary_session(gw) as canary, Canary(gw, canary):
+        run(api, sid, "x = 41")
+        first = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
+        assert wait_for(first, 20), view(api, sid)["checkpoint"]
+        run(api, sid, "big = bytes(8 * 2**20)")
+        refused = lambda: "refused" in (view(api, sid)["checkpoint"] or {})  # noqa: E731
+        assert wait_for(refused, 20), view(api, sid)["checkpoint"]
+        checkpoint = view(api, sid)["checkpoint"]
+        assert checkpoint["refused"] == "its namespace is larger than 1 MiB", checkpoint
+        assert checkpoint["execution_count"] == 1, "the last checkpoint was not kept"
+        died = run(api, sid, "import os; os._exit(1)")
+        assert died["error"]["recovery"]["lost_cells"] == [2, 3], died
+        assert wait_for(lambda: view(api, sid)["state"] == "idle", 60), view(api, sid)
+        assert text_of(run(api, sid, "print(x, 'big' in globals())")) == "41 False\n"
