@@ -395,3 +395,24 @@ def test_a_frozen_session_whose_sandbox_went_restarts(api, engine, session):
     r = api.post(f"/v1/sessions/{sid}/restart")
     assert r.status_code == 200 and r.json()["state"] == "idle", r.text
     assert text_of(run(api, sid, "print(6 * 7)")) == "42\n"
+
+
+def test_a_command_running_when_its_sandbox_freezes_still_ends_at_its_timeout(api, session):
+    """Its kill at the timeout met a frozen sandbox: a 500, and it ran on once resumed."""
+    sid = session["id"]
+    answers: list = []
+
+    def command() -> None:
+        body = {"command": "sleep 30", "timeout": 2}
+        answers.append(api.post(f"/v1/sessions/{sid}/commands", json=body, timeout=30))
+
+    running = threading.Thread(target=command)
+    running.start()
+    time.sleep(0.5)
+    pause(api, sid)
+    running.join(30)
+    (r,) = answers
+    assert r.status_code == 200 and r.json()["timed_out"], r.text
+    resume(api, sid)
+    ps = lambda: api.post(f"/v1/sessions/{sid}/commands", json={"command": "ps -eo args"})  # noqa: E731
+    assert wait_for(lambda: "sleep 30" not in ps().json()["stdout"], 5), "it outlived its timeout"

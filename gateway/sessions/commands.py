@@ -14,18 +14,20 @@ whole (``Masker.pieces``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import Conflict, LimitExceeded, NotFound
 from ..masking import NO_SECRETS, Masker
-from ..sandbox.base import Placement, SandboxProcess
+from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxProcess
 from .requests import StartCommand
 from .tasks import TaskSet
 
 MAX_COMMANDS = 32  # running at once in one session
 LISTEN_QUEUE = 16  # output pieces waiting for one listener
+KILL_RETRY = 1.0  # seconds between tries to kill a command its frozen sandbox holds
 
 
 class Command:
@@ -45,6 +47,7 @@ class Command:
         self.started = time.monotonic()
         self._listeners: set[asyncio.Queue[tuple[str, bytes] | None]] = set()
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._tasks = tasks
         tasks.spawn(self._pump())
 
     @property
@@ -82,8 +85,32 @@ class Command:
         await self.process.close_stdin()
 
     async def signal(self, signum: int) -> None:
+        """Signal it; 409 while its sandbox cannot be reached (frozen by a pause, or gone)."""
         if self.running:
-            await self.process.signal(signum)
+            try:
+                await self.process.signal(signum)
+            except ENGINE_ERRORS as e:
+                raise Conflict(
+                    f"command {self.pid} cannot be signalled now ({e}); its session may be "
+                    "paused: resume it, then signal the command"
+                ) from e
+
+    async def kill(self) -> bool:
+        """SIGKILL it now (True), or else as soon as its sandbox thaws (a removed one's
+        commands end with it): a command frozen past its timeout must not outlive it."""
+        try:
+            await self.signal(9)
+            return True
+        except Conflict:
+            self._tasks.spawn(self._kill_later())
+            return False
+
+    async def _kill_later(self) -> None:
+        while self.running:
+            await asyncio.sleep(KILL_RETRY)
+            with contextlib.suppress(Conflict):
+                await self.signal(9)
+                return
 
     async def resize(self, rows: int, cols: int) -> None:
         if self.request.tty is None:
@@ -180,15 +207,17 @@ class Commands:
                 output["stderr" if kind == "stderr" else "stdout"] += data[:room]
                 kept += len(data)
 
+        killed = True
         try:
             await asyncio.wait_for(collect(), timeout)
         except TimeoutError:
             timed_out = True
-            await command.signal(9)
-        exit_code = await asyncio.wait_for(asyncio.shield(command.exit_code), 10)
+            killed = await command.kill()  # not yet: its sandbox is frozen, no exit to wait for
+        if killed:
+            await asyncio.wait_for(asyncio.shield(command.exit_code), 10)
         return {
             "pid": command.pid,
-            "exit_code": None if timed_out else exit_code,
+            "exit_code": None if timed_out else command.exit_code.result(),
             "stdout": output["stdout"].decode(errors="replace"),
             "stderr": output["stderr"].decode(errors="replace"),
             "truncated": kept > cap,
