@@ -42,6 +42,10 @@ from .state import KernelState, SavedState
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint"  # the file beside the session's workspace
+# A kernel that keeps dying (its checkpoint's own code kills it) comes back this
+# often in COMEBACK_WINDOW seconds at most, then stays dead until restarted.
+COMEBACKS = 3
+COMEBACK_WINDOW = 600.0
 
 Save = Callable[[Session], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
@@ -77,6 +81,7 @@ class Crashes:
         self.options = options
         self.clock = clock
         self._due: dict[str, asyncio.TimerHandle] = {}
+        self._comebacks: dict[str, list[float]] = {}  # when each session last came back
 
     def path(self, session: Session) -> Path:
         return self.lifecycle.placement.session_dir(session.id) / CHECKPOINT
@@ -89,9 +94,7 @@ class Crashes:
             return
         last = (session.checkpoint or {}).get("saved_at", 0.0)
         delay = max(self.options.idle_after, last + self.options.every - self.clock())
-        due = self._due.pop(session.id, None)
-        if due is not None:
-            due.cancel()
+        self._cancel(session)
         self._due[session.id] = asyncio.get_running_loop().call_later(
             delay, lambda: self.spawn(self._checkpoint_when_idle(session))
         )
@@ -127,6 +130,10 @@ class Crashes:
 
     def forget(self, session: Session) -> None:
         """The session ended: no checkpoint is due any more (its files go with its directory)."""
+        self._cancel(session)
+        self._comebacks.pop(session.id, None)
+
+    def _cancel(self, session: Session) -> None:
         due = self._due.pop(session.id, None)
         if due is not None:
             due.cancel()
@@ -136,7 +143,7 @@ class Crashes:
     def what_comes_back(self, session: Session) -> dict[str, Any] | None:
         """What a dying kernel's session gets back, for the reply of the cell that died."""
         checkpoint = session.checkpoint or {}
-        if not session.survive_crashes or "strategy" not in checkpoint:
+        if not session.survive_crashes or "strategy" not in checkpoint or self._dying(session):
             return None
         since = checkpoint["execution_count"]
         last = session.executions + (1 if session.running else 0)  # the cell that died, if any
@@ -147,11 +154,26 @@ class Crashes:
             "strategy": checkpoint["strategy"],
         }
 
+    def _dying(self, session: Session) -> bool:
+        """Whether the session came back too often lately to come back again."""
+        since = self.clock() - COMEBACK_WINDOW
+        recent = [t for t in self._comebacks.get(session.id, ()) if t > since]
+        self._comebacks[session.id] = recent
+        return len(recent) >= COMEBACKS
+
     def died(self, session: Session) -> None:
         """The session's kernel died: bring it back, if it asked and a checkpoint is there."""
+        if not session.survive_crashes:
+            return
         if self.what_comes_back(session) is not None:
-            self.forget(session)
+            self._cancel(session)
             self.spawn(self._come_back(session))
+        elif self._dying(session):
+            session.reason = (
+                f"{session.reason}; it died {COMEBACKS} times in {COMEBACK_WINDOW / 60:g} "
+                "minutes after coming back, so it stays dead: restart it"
+            )
+            self.spawn(self.save(session))
 
     async def _come_back(self, session: Session) -> None:
         """Restart the kernel with the last checkpoint once the dying cell's turn is over."""
@@ -179,6 +201,7 @@ class Crashes:
                     await self.save(session)
                 log.warning("session %s did not come back: %s", session.id, e.message)
                 return
+            self._comebacks.setdefault(session.id, []).append(self.clock())
             session.recovered = {"at": self.clock(), "reason": reason, **coming}
             session.state = "idle"
             session.reason = None

@@ -113,3 +113,21 @@ def test_a_crash_loses_the_cells_since_the_checkpoint_and_the_names_it_could_not
     assert c.what_comes_back(session(checkpoint=None)) is None, "no checkpoint: nothing comes back"
     assert c.what_comes_back(session(checkpoint=checkpoint, survive_crashes=False)) is None
     assert c.what_comes_back(session(checkpoint={"refused": "too big"})) is None
+
+
+def test_a_kernel_that_keeps_dying_after_coming_back_stays_dead_with_the_reason():
+    c, saved = crashes(Path("."), State(), now=1000.0)
+    checkpoint = {"strategy": "namespace", "lost": [], "execution_count": 2, "saved_at": 10.0}
+    s = session(checkpoint=checkpoint, state="dead", reason="out of memory")
+    c._comebacks[s.id] = [300.0, 700.0, 900.0]  # the first is older than the window
+
+    async def die() -> None:
+        c.died(s)  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+
+    assert c.what_comes_back(s) is not None, "two comebacks in ten minutes: it comes back"
+    c._comebacks[s.id].append(950.0)
+    assert c.what_comes_back(s) is None
+    asyncio.run(die())
+    assert s.reason.startswith("out of memory; it died 3 times in 10 minutes"), s.reason
+    assert "restart it" in s.reason and saved, "the reason is recorded"
