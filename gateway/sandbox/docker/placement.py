@@ -244,21 +244,26 @@ class DockerPlacement(Placement):
     async def update_limits(self, sandbox_id: str, limits: Limits) -> None:
         await asyncio.to_thread(update_limits, self.docker, sandbox_id, limits)
 
+    # A sandbox frozen or thawed already is done: a crash came between the engine's
+    # freeze or thaw and the record saying so.
+
     async def freeze(self, sandbox_id: str) -> None:
-        await _unless_already(self.docker.api.pause, sandbox_id, "is already paused")
+        try:
+            await asyncio.to_thread(self.docker.api.pause, sandbox_id)
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or "already paused" not in str(e.explanation):
+                raise
 
     async def thaw(self, sandbox_id: str) -> None:
-        await _unless_already(self.docker.api.unpause, sandbox_id, "is not paused")
+        try:
+            await asyncio.to_thread(self.docker.api.unpause, sandbox_id)
+        except docker.errors.APIError as e:  # not paused: running, or stopped meanwhile
+            if e.status_code != 409 or not await self._running(sandbox_id):
+                raise
 
-
-async def _unless_already(call: Callable[[str], None], sandbox_id: str, already: str) -> None:
-    """The engine's pause or unpause; a sandbox already so is done (a crash came between
-    the engine's and the record's)."""
-    try:
-        await asyncio.to_thread(call, sandbox_id)
-    except docker.errors.APIError as e:
-        if e.status_code != 409 or already not in str(e.explanation):
-            raise
+    async def _running(self, sandbox_id: str) -> bool:
+        info = await asyncio.to_thread(self.docker.api.inspect_container, sandbox_id)
+        return bool(info["State"].get("Running")) and not info["State"].get("Paused")
 
 
 def _memory_peak(container_id: str) -> int | None:

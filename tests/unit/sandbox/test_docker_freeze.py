@@ -29,14 +29,30 @@ def placement(tmp_path: Path, **api) -> DockerPlacement:
     return DockerPlacement(client, None, tmp_path, 0, 0)  # type: ignore[arg-type]
 
 
+def inspected(running: bool):
+    return lambda sandbox_id: {"State": {"Running": running, "Paused": False}}
+
+
 def test_a_thaw_or_freeze_of_a_sandbox_already_so_is_no_error(tmp_path):
     p = placement(
         tmp_path,
         unpause=refusing(409, "Container c is not paused"),
         pause=refusing(409, "Container c is already paused"),
+        inspect_container=inspected(running=True),
     )
     asyncio.run(p.thaw("c"))
     asyncio.run(p.freeze("c"))
+
+
+def test_a_thaw_of_a_sandbox_that_stopped_meanwhile_is_an_error(tmp_path):
+    """Not paused because it exited (stopped from outside while frozen): it is gone."""
+    p = placement(
+        tmp_path,
+        unpause=refusing(409, "Container c is not paused"),
+        inspect_container=inspected(running=False),
+    )
+    with pytest.raises(docker.errors.APIError, match="not paused"):
+        asyncio.run(p.thaw("c"))
 
 
 def test_a_thaw_or_freeze_the_engine_refuses_otherwise_is_raised(tmp_path):
