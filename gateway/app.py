@@ -381,6 +381,7 @@ def build_manager(
         refill_concurrency=settings.pool_refill_concurrency,
         max_sandboxes=settings.max_sessions,
         live=sessions,
+        imports=settings.pool_imports,
     )
     state = KernelState(lifecycle, store, diff_outputs, settings.interrupt_grace)
     kept = Snapshots(

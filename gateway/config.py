@@ -75,6 +75,9 @@ class SeccompProfile:
         return cls(source, text)
 
 
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 def _items(value: Any) -> list[Any]:
     """A list option's entries: from ``a, b`` text, or a TOML array (or tuple) as it is."""
     if isinstance(value, str):
@@ -490,6 +493,14 @@ class Settings:
         POOLING,
         POOL,
     )
+    pool_imports: tuple[str, ...] = _opt(
+        "",
+        "Python modules each pooled Python kernel imports ahead, e.g. 'numpy,pandas': a "
+        "session's first import of them, and a resume or fork whose saved objects need them, "
+        "take none of their import time (they count toward each such session's memory)",
+        POOLING,
+        NAMES,
+    )
     pool_refill_concurrency: int = _opt(
         1, "pooled kernels started at once while refilling", POOLING
     )
@@ -795,6 +806,9 @@ class Settings:
             raise ConfigError("max_sessions must be at least 1")
         if self.pool_refill_concurrency < 1:
             raise ConfigError("pool_refill_concurrency must be at least 1")
+        for module in self.pool_imports:
+            if not _MODULE.fullmatch(module):
+                raise ConfigError(f"pool_imports: {module!r} is not a Python module name")
         if min(self.start_queue, self.start_queue_per_tenant, self.start_concurrency + 1) < 1:
             raise ConfigError(
                 "start_queue and start_queue_per_tenant must be at least 1, start_concurrency 0 "

@@ -33,7 +33,9 @@ def claims(gw) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def pooled(start_gateway):
-    return start_gateway("--pool", "python3=1", "--max-sessions", "3")
+    return start_gateway(
+        "--pool", "python3=1", "--max-sessions", "3", "--pool-imports", "numpy,no_such_module"
+    )
 
 
 def test_a_claim_gets_the_warm_kernel_fitted_to_the_request(pooled, engine):
@@ -62,6 +64,17 @@ def test_a_claim_gets_the_warm_kernel_fitted_to_the_request(pooled, engine):
     assert warm not in pooled_containers(engine, pooled)
     pooled.client.delete(f"/v1/sessions/{session['id']}")
     assert not engine.containers.list(all=True, filters={"id": warm})
+
+
+def test_a_pooled_python_kernel_has_imported_what_it_was_told_and_named_nothing(pooled):
+    assert ready(pooled), "the pool never filled"
+    sid = pooled.client.post("/v1/sessions", json={}).json()["id"]
+    try:
+        code = "import sys; print(sorted({'numpy', 'no_such_module'} & set(sys.modules)), dir())"
+        assert text_of(run(pooled.client, sid, code)).startswith("['numpy'] ['In', 'Out', ")
+        assert "_sbx_module" not in text_of(run(pooled.client, sid, "print(dir())"))
+    finally:
+        pooled.client.delete(f"/v1/sessions/{sid}")
 
 
 def test_a_memory_limit_applied_on_claim_is_enforced(pooled):

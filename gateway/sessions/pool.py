@@ -78,6 +78,17 @@ class PoolTargets:
                 self._moved[name] = now
 
 
+# Imported for their cache (sys.modules); no name is left in the user's namespace.
+_IMPORTS = """
+for _sbx_module in {modules!r}:
+    try:
+        __import__(_sbx_module)
+    except ImportError:
+        pass
+del _sbx_module
+"""
+
+
 class WarmPool:
     """Ready sandboxes per kernelspec, each claimed by at most one session."""
 
@@ -88,14 +99,17 @@ class WarmPool:
         refill_concurrency: int,
         max_sandboxes: int,
         live: Sized,
+        imports: tuple[str, ...] = (),
     ) -> None:
         """``live`` holds the sessions that share ``max_sandboxes`` with the pool;
-        ``sizes``: fixed sizes, or targets that follow demand."""
+        ``sizes``: fixed sizes, or targets that follow demand; ``imports``: modules each
+        pooled Python kernel imports ahead (one its image lacks is skipped)."""
         self.lifecycle = lifecycle
         self.targets = sizes if isinstance(sizes, PoolTargets) else PoolTargets(sizes, {}, 0)
         self.sizes = self.targets.sizes
         self.max_sandboxes = max_sandboxes
         self.live = live
+        self.imports = imports
         self.tasks = TaskSet()  # refills and discards, cancelled by ``stop``
         self.ready: dict[str, list[Session]] = {name: [] for name in self.sizes}
         self.starting: Counter[str] = Counter()
@@ -244,6 +258,9 @@ class WarmPool:
         entry.state = "pooled"
         try:
             await self.lifecycle.launch(entry)
+            if self.imports and entry.language_info.get("name") == "python":
+                assert entry.kernel is not None
+                await entry.kernel.run_silently(_IMPORTS.format(modules=list(self.imports)))
         except BaseException:
             await self._discard(entry)
             raise

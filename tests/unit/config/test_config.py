@@ -63,6 +63,7 @@ SAMPLES = {
     "host_id": "host-a",
     "pool_max": "python3=6",
     "pool_shrink_after": "30",
+    "pool_imports": "numpy,pandas",
     "start_concurrency": "3",
     "start_queue": "20",
     "start_queue_per_tenant": "5",
@@ -324,3 +325,16 @@ def test_settings_layers_env_over_file_and_flags_over_env(tmp_path):
         Settings.load(None, {"SBX_MAX_SESSIONS": "many"})
     with pytest.raises(LimitExceeded):
         Settings.load(None, {"SBX_DEFAULT_MEMORY": "64g"})
+
+
+def test_pool_imports_are_module_names_and_pause_and_checkpoint_times_are_not_negative():
+    assert Settings.from_mapping({"pool_imports": "numpy, pandas.io"}).pool_imports == (
+        "numpy",
+        "pandas.io",
+    )
+    for value in ("os; import shutil", "../x", "numpy-extra"):
+        with pytest.raises(ConfigError, match="is not a Python module name"):
+            Settings.from_mapping({"pool_imports": value})
+    for name in ("pause_frozen_for", "checkpoint_every", "checkpoint_idle_after"):
+        with pytest.raises(ConfigError, match="cannot be < 0"):
+            Settings.from_mapping({name: "-1"})
