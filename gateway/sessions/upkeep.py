@@ -25,6 +25,8 @@ from .recovery import take_back
 log = logging.getLogger(__name__)
 
 _NOT_RUNNING = ("starting", "deleted", "paused")  # a sandbox's death is no news then
+# Frozen sessions saved at once: each thaws its sandbox and serializes its namespace.
+DEEPENS_AT_ONCE = 2
 
 
 class Upkeep:
@@ -52,6 +54,7 @@ class Upkeep:
         self.memory_floor = memory_floor
         self.available_memory = available_memory or host_available_memory
         self._tasks: list[asyncio.Task] = []
+        self._deepening: set[str] = set()  # frozen sessions being saved
 
     def start(self) -> None:
         """Cull, and take sessions back when the store is shared (after the manager started)."""
@@ -158,9 +161,9 @@ class Upkeep:
     def _deepen(self, now: float) -> None:
         """Save the frozen sessions whose time is up, or the longest frozen if memory is short.
 
-        Each in the background: a save may take the kernel's start timeout, and
-        culling goes on meanwhile. One being saved or resumed is left alone; one
-        past its ttl is ended, not saved.
+        In the background, ``DEEPENS_AT_ONCE`` at most (one when memory is short):
+        a save may take the kernel's start timeout, and culling goes on meanwhile.
+        One being saved or resumed is left alone; one past its ttl is ended, not saved.
         """
         frozen = sorted(
             (
@@ -171,13 +174,20 @@ class Upkeep:
             key=lambda s: s.paused["saved_at"] if s.paused else 0.0,
         )
         due = [s for s in frozen if s.paused and now >= s.paused["deepens_at"]]
-        if frozen and not due:
+        if frozen and not due and not self._deepening:
             available = self.available_memory()
             if available is not None and available < self.memory_floor:
                 log.info("%d bytes of memory available: saving a frozen session", available)
                 due = frozen[:1]
-        for session in due:
-            self.sessions.spawn(self.sessions.deepen(session))
+        for session in due[: max(0, DEEPENS_AT_ONCE - len(self._deepening))]:
+            self._deepening.add(session.id)
+            self.sessions.spawn(self._deepened(session))
+
+    async def _deepened(self, session: Session) -> None:
+        try:
+            await self.sessions.deepen(session)
+        finally:
+            self._deepening.discard(session.id)
 
     async def _take_back_forever(self) -> None:
         """Take back sessions let go of while the database was silent, and adopt dead gateways'.

@@ -267,3 +267,23 @@ def test_a_restart_of_a_frozen_session_whose_sandbox_went_restarts_it():
 
     session = asyncio.run(restart_thaw())
     assert session.state == "dead" and session.paused is None, session.reason
+
+
+def test_frozen_sessions_are_saved_a_few_at_a_time_and_one_at_a_time_when_memory_is_short():
+    """Saved in the background, a save a culling interval started while the others went on:
+    each thaws a sandbox and serializes its namespace, in memory the host is short of."""
+
+    async def cull(available: int, deepens_at: float) -> list:
+        saving = asyncio.Event()
+        sessions = [frozen(f"s{i}", float(i), deepens_at) for i in range(4)]
+        manager = Manager(sessions, 100.0, saving)
+        upkeep = Upkeep(manager, None, None, None, None, 1.0, 2**30, lambda: available)  # type: ignore[arg-type]
+        for _ in range(3):
+            await upkeep.cull()
+            await asyncio.sleep(0.01)
+        saving.set()
+        await asyncio.sleep(0.01)
+        return manager.deepened
+
+    assert asyncio.run(cull(2**29, 500.0)) == ["s0"], "memory short: one at a time"
+    assert asyncio.run(cull(2**33, 50.0)) == ["s0", "s1"], "time up: a few at a time"
