@@ -82,8 +82,13 @@ class Pausing:
     async def pause(self, session: Session, strategy: str | None) -> dict[str, Any]:
         """Freeze the sandbox, or save the kernel's state and remove it (a strategy named).
 
-        Refused while a cell runs. Pausing a paused session answers as the pause did.
+        Refused while a cell runs. Pausing a paused session answers as the pause did;
+        a frozen one asked for a strategy that saves is saved to disk first.
         """
+        if session.frozen and strategy not in (None, FREEZE):
+            async with session.lock:
+                if session.frozen:
+                    await self._deepened(session, strategy)
         if session.state == "paused" and session.paused is not None:
             return session.paused
         freeze = self._freezes(strategy)

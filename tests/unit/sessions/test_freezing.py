@@ -287,3 +287,24 @@ def test_frozen_sessions_are_saved_a_few_at_a_time_and_one_at_a_time_when_memory
 
     assert asyncio.run(cull(2**29, 500.0)) == ["s0"], "memory short: one at a time"
     assert asyncio.run(cull(2**33, 50.0)) == ["s0", "s1"], "time up: a few at a time"
+
+
+def test_a_pause_naming_a_strategy_saves_a_frozen_session_to_disk():
+    """It answered as the freeze had, the memory still held, though a named strategy saves."""
+
+    async def pause_again() -> list:
+        p, session, _ = thawing(asyncio.Event())
+        saved: list = []
+
+        async def thaw(sandbox_id: str) -> None:
+            pass
+
+        async def paused(session, requested, tell=True):
+            saved.append(requested)
+            session.state, session.paused = "paused", {"strategy": requested}
+
+        p.lifecycle.placement.thaw, p.paused = thaw, paused  # type: ignore[method-assign]
+        answer = await p.pause(session, "replay")
+        return [*saved, answer["strategy"], await p.pause(session, None) == answer]
+
+    assert asyncio.run(pause_again()) == ["replay", "replay", True]
