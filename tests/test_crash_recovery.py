@@ -63,3 +63,19 @@ def test_a_checkpoint_past_its_bound_is_refused_and_the_last_one_kept(start_gate
         assert died["error"]["recovery"]["lost_cells"] == [2, 3], died
         assert wait_for(lambda: view(api, sid)["state"] == "idle", 60), view(api, sid)
         assert text_of(run(api, sid, "print(x, 'big' in globals())")) == "41 False\n"
+
+
+@pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for crashes.py and manager.py")
+def test_a_restart_drops_the_checkpoint_so_a_later_death_brings_back_nothing_from_before(
+    api, new_session
+):
+    sid = new_session(survive_crashes=True)["id"]
+    run(api, sid, "x = 41")
+    checkpointed = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
+    assert wait_for(checkpointed, 20), view(api, sid)["checkpoint"]
+    assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
+    assert view(api, sid)["checkpoint"] is None, "the restart threw the state away"
+    died = run(api, sid, "import os; os._exit(1)")
+    assert "recovery" not in died["error"], f"the state a restart discarded came back: {died}"
+    assert "restart the session" in died["error"]["evalue"], died
+    assert view(api, sid)["state"] == "dead", view(api, sid)
