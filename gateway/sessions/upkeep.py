@@ -186,6 +186,8 @@ class Upkeep:
     async def _deepened(self, session: Session) -> None:
         try:
             await self.sessions.deepen(session)
+        except Exception:  # in the background: nobody else hears of it
+            log.exception("session %s: saving its frozen state failed", session.id)
         finally:
             self._deepening.discard(session.id)
 

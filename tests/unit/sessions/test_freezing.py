@@ -308,3 +308,22 @@ def test_a_pause_naming_a_strategy_saves_a_frozen_session_to_disk():
         return [*saved, answer["strategy"], await p.pause(session, None) == answer]
 
     assert asyncio.run(pause_again()) == ["replay", "replay", True]
+
+
+def test_a_save_of_a_frozen_session_that_fails_unexpectedly_is_logged(caplog):
+    """In the background, an unexpected error went to no one (the culler had logged it)."""
+
+    class Failing(Manager):
+        async def deepen(self, session) -> None:
+            raise RuntimeError("the state directory vanished")
+
+    async def cull() -> None:
+        manager = Failing([frozen("s", 1.0, 2.0)], 100.0)
+        upkeep = Upkeep(manager, None, None, None, None, 1.0, 0, lambda: None)  # type: ignore[arg-type]
+        await upkeep.cull()
+        await asyncio.sleep(0.01)
+        assert not upkeep._deepening, "a failed save still counts as one in flight"
+
+    asyncio.run(cull())
+    said = [r for r in caplog.records if r.name == "gateway.sessions.upkeep" and r.exc_info]
+    assert said and "the state directory vanished" in caplog.text, caplog.text
