@@ -79,3 +79,23 @@ def test_a_restart_drops_the_checkpoint_so_a_later_death_brings_back_nothing_fro
     assert "recovery" not in died["error"], f"the state a restart discarded came back: {died}"
     assert "restart the session" in died["error"]["evalue"], died
     assert view(api, sid)["state"] == "dead", view(api, sid)
+
+
+def test_a_checkpoint_whose_load_kills_the_kernel_leaves_it_dead_at_once_with_the_reason(
+    api, new_session
+):
+    sid = new_session(survive_crashes=True)["id"]
+    run(
+        api,
+        sid,
+        "import os\nclass Bomb:\n    def __reduce__(self): return (os._exit, (3,))\nb = Bomb()",
+    )
+    checkpointed = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
+    assert wait_for(checkpointed, 20), view(api, sid)["checkpoint"]
+    died = run(api, sid, "import os; os._exit(1)")
+    assert died["error"]["recovery"]["from_execution"] == 1, died
+    # It was 'starting' for 300 s, holding every execute sent meanwhile.
+    assert wait_for(lambda: view(api, sid)["state"] == "dead", 20), view(api, sid)
+    assert "could not come back" in view(api, sid)["reason"], view(api, sid)
+    assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
+    assert text_of(run(api, sid, "print('b' in globals())")) == "False\n"

@@ -82,6 +82,7 @@ _CELL_BEGUN = {"execute_input", "stream", "display_data", "execute_result", "err
 _SILENT_START = 1.0
 # How long an execution waits for a kernel connection dropped before it to be made again.
 _RECONNECT_WAIT = 2.0
+_ALIVE_EVERY = 1.0  # seconds between two looks at a silent kernel running the gateway's code
 
 
 class Kernel:
@@ -280,7 +281,11 @@ class Kernel:
         kernel's error when either fails, ``TimeoutError`` when no reply comes.
         """
         content = _execute_content(code, silent=True, user_expressions={"value": expression})
-        reply = await self._reply(self._request("execute_request", content), timeout)
+        request = self._request("execute_request", content)
+        try:
+            reply = await self._reply_while_alive(request, timeout)
+        finally:
+            request.close()
         if reply is None:
             raise TimeoutError(f"the kernel gave no answer within {timeout:g} s")
         value = reply.get("user_expressions", {}).get("value", {})
@@ -288,6 +293,29 @@ class Kernel:
             if answer.get("status") != "ok":
                 raise RuntimeError(f"{answer.get('ename')}: {answer.get('evalue')}")
         return str(value.get("data", {}).get("text/plain", ""))
+
+    async def _reply_while_alive(self, request: Request, timeout: float) -> Message | None:
+        """The reply, None if late; raises as soon as the kernel is seen dead.
+
+        A death while the gateway's code runs (a namespace whose load kills the
+        kernel, a dump out of memory) is reported by nobody while a session is
+        starting, and would hold it, and every request queued behind it, to ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            reply = await request.wait_reply(min(left, _ALIVE_EVERY))
+            if reply is not None or request.reply.done():  # answered, or its channels closed
+                return reply
+            if self.died.is_set() or not await self._alive():
+                raise RuntimeError("the kernel died while it ran the gateway's code")
+        return None
+
+    async def _alive(self) -> bool:
+        """Whether the kernel runs; yes when the engine cannot say (its reply may still come)."""
+        try:
+            return await self.manager.is_alive()
+        except OSError:  # the engine unreachable: docker's and requests' errors are OSErrors
+            return True
 
     def environment(self, env: Mapping[str, str]) -> contextlib.AbstractAsyncContextManager:
         """Run one execution with ``env`` set in a Python kernel's ``os.environ``, then undo it."""
