@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 from helpers import Canary, canary_session, full_history, run, text_of, wait_for
 
@@ -99,3 +102,24 @@ def test_a_checkpoint_whose_load_kills_the_kernel_leaves_it_dead_at_once_with_th
     assert "could not come back" in view(api, sid)["reason"], view(api, sid)
     assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
     assert text_of(run(api, sid, "print('b' in globals())")) == "False\n"
+
+
+@pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for crashes.py and manager.py")
+def test_a_gateway_killed_while_a_kernel_comes_back_keeps_the_session(start_gateway):
+    gw = start_gateway("--checkpoint-every", "0", keep_sessions=True)
+    api = gw.client
+    sid = api.post("/v1/sessions", json={"survive_crashes": True}).json()["id"]
+    slow = "import time\nclass Slow:\n    def __reduce__(self): return (time.sleep, (8,))"
+    run(api, sid, f"x = 41\n{slow}\ns = Slow()")  # its load takes 8 s
+    checkpointed = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
+    assert wait_for(checkpointed, 20), view(api, sid)["checkpoint"]
+    died = run(api, sid, "import os; os._exit(1)")
+    assert died["error"]["recovery"]["from_execution"] == 1, died
+    assert wait_for(lambda: view(api, sid)["state"] == "starting", 10), view(api, sid)
+    time.sleep(3)  # the dying execute's record is saved within 1 s, the comeback under way
+    gw.stop(signal.SIGKILL)
+    again = start_gateway(data_dir=gw.data_dir, keep_sessions=True)
+    session = again.client.get(f"/v1/sessions/{sid}").json()
+    # It was ended, its workspace removed: recovery took it for a create cut short.
+    assert session["state"] == "dead", f"the restart ended a session coming back: {session}"
+    assert again.client.post(f"/v1/sessions/{sid}/restart").status_code == 200
