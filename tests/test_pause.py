@@ -416,3 +416,15 @@ def test_a_command_running_when_its_sandbox_freezes_still_ends_at_its_timeout(ap
     resume(api, sid)
     ps = lambda: api.post(f"/v1/sessions/{sid}/commands", json={"command": "ps -eo args"})  # noqa: E731
     assert wait_for(lambda: "sleep 30" not in ps().json()["stdout"], 5), "it outlived its timeout"
+
+
+def test_a_command_on_a_paused_session_resumes_it_first(api, session):
+    """As an execute does: E2B's auto_resume wakes a sandbox for its commands too."""
+    sid = session["id"]
+    run(api, sid, "x = 5")
+    for strategy in ("freeze", "namespace"):
+        pause(api, sid, strategy=strategy)
+        r = api.post(f"/v1/sessions/{sid}/commands", json={"command": "echo hi"})
+        assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
+        assert api.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+    assert text_of(run(api, sid, "print(x)")) == "5\n"

@@ -296,10 +296,12 @@ class Executions:
         A command is a shell: the policy's ``shell`` rule decides it, and its
         patterns for shells are matched against the command line (its
         environment written before it, as ``env A=1 cmd``). It is recorded in
-        the history as a ``command`` with its exit code.
+        the history as a ``command`` with its exit code. A paused session resumes
+        for it once it passes the gate, as for an execute (E2B's ``auto_resume``).
         """
         session = self.sessions.get(session_id, who)
-        check_usable(session)
+        if session.state != "paused":
+            check_usable(session)
         line = shlex.join(request.argv)
         if request.env:  # what it runs with is judged, held and recorded with it
             line = f"env {_assignments(request.env)} {line}"
@@ -312,6 +314,7 @@ class Executions:
             review["approval"] = await self._hold(
                 session, who, line, None, review, decision, on_hold
             )
+        await self.sessions.wake(session_id, who)
         check_usable(session)
         if session.kernel is None or session.kernel.container_id is None:
             raise Conflict(f"session {session_id} is still starting; retry in a moment")

@@ -353,7 +353,7 @@ class MetricsHandler(ControlHandler):
     Memory is the container's use; ``cpuUsedPct`` is the CPU time used since
     the previous sample this gateway answered for the sandbox (the first:
     since it was created), as a share of its CPU limit, as E2B's is over its
-    sampling interval. A paused sandbox uses none.
+    sampling interval. A frozen sandbox holds its memory; a saved one uses none.
     """
 
     async def get(self, sandbox_id: str) -> None:
