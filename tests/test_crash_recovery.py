@@ -68,7 +68,6 @@ def test_a_checkpoint_past_its_bound_is_refused_and_the_last_one_kept(start_gate
         assert text_of(run(api, sid, "print(x, 'big' in globals())")) == "41 False\n"
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for crashes.py and manager.py")
 def test_a_restart_drops_the_checkpoint_so_a_later_death_brings_back_nothing_from_before(
     api, new_session
 ):
@@ -104,7 +103,6 @@ def test_a_checkpoint_whose_load_kills_the_kernel_leaves_it_dead_at_once_with_th
     assert text_of(run(api, sid, "print('b' in globals())")) == "False\n"
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for crashes.py and manager.py")
 def test_a_gateway_killed_while_a_kernel_comes_back_keeps_the_session(start_gateway):
     gw = start_gateway("--checkpoint-every", "0", keep_sessions=True)
     api = gw.client
@@ -127,7 +125,6 @@ def test_a_gateway_killed_while_a_kernel_comes_back_keeps_the_session(start_gate
     assert text_of(run(again.client, sid, "print(x)")) == "41\n"
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for crashes.py and state.py")
 def test_a_session_paused_and_resumed_still_comes_back_after_a_death(api, new_session):
     sid = new_session(survive_crashes=True)["id"]
     run(api, sid, "x = 41")

@@ -5,8 +5,10 @@ checkpointed by the pause strategies (``KernelState``: the namespace for
 Python, replay for the rest). Never during an execute: ``idle_after``
 seconds after one ends, if the session is still idle and nothing holds it,
 and no sooner than ``every`` seconds after the last checkpoint, the
-namespace is saved beside the workspace (at most ``max_bytes``; a larger
-one is refused and the previous checkpoint kept). When the kernel dies
+namespace is saved in the session's state directory, which a resume into a
+pooled sandbox carries along (at most ``max_bytes``, checked in the kernel
+and again on the host; a larger one is refused and the previous one kept).
+A restart drops it. When the kernel dies
 (out of memory, a segfault, ``os._exit``), the session gets a fresh kernel
 with the last checkpoint and says what was lost: the cells that ran since
 it (the one that died among them) and the names the checkpoint could not
@@ -37,11 +39,10 @@ from ..limits import format_size
 from .lifecycle import SandboxLifecycle
 from .model import Session, ended_meanwhile
 from .starts import StartQueue
-from .state import KernelState, SavedState
+from .state import CHECKPOINT_FILE, KernelState, SavedState
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint"  # the file beside the session's workspace
 # A kernel that keeps dying (its checkpoint's own code kills it) comes back this
 # often in COMEBACK_WINDOW seconds at most, then stays dead until restarted.
 COMEBACKS = 3
@@ -82,9 +83,19 @@ class Crashes:
         self.clock = clock
         self._due: dict[str, asyncio.TimerHandle] = {}
         self._comebacks: dict[str, list[float]] = {}  # when each session last came back
+        self._coming: set[str] = set()  # sessions coming back: their record still says dead
+
+    def coming_back(self, session: Session) -> bool:
+        """Whether the session's record must stay as its death left it while it starts.
+
+        A gateway killed mid-comeback then finds it dead, not 'starting' (which
+        recovery takes for a create cut short, and ends).
+        """
+        return session.id in self._coming
 
     def path(self, session: Session) -> Path:
-        return self.lifecycle.placement.session_dir(session.id) / CHECKPOINT
+        """In the state directory: a resume in a pooled sandbox carries it along."""
+        return self.state.state_dir(session.id) / CHECKPOINT_FILE
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -112,7 +123,7 @@ class Crashes:
         try:
             strategy = self.state.choose(session, None)
             target = self.path(session)
-            fresh = target.with_name(CHECKPOINT + ".new")
+            fresh = target.with_name(CHECKPOINT_FILE + ".new")
             saved = await self.state.save(
                 session, strategy, self.options.timeout, fresh, self.options.max_bytes
             )
@@ -127,6 +138,12 @@ class Crashes:
         else:  # counted as the session counts its executions, not as the kernel numbers cells
             session.checkpoint = {**saved.to_json(), "execution_count": session.executions}
         await self.save(session)
+
+    async def restarted(self, session: Session) -> None:
+        """A restart throws the kernel's state away: its checkpoint goes too, never to come back."""
+        self._cancel(session)
+        session.checkpoint = None
+        await asyncio.to_thread(self.path(session).unlink, True)
 
     def forget(self, session: Session) -> None:
         """The session ended: no checkpoint is due any more (its files go with its directory)."""
@@ -187,13 +204,17 @@ class Crashes:
             saved = dataclasses.replace(checkpoint, execution_count=session.executions + 1)
             start = functools.partial(self.starts.run, session.tenant, session.kernel.restart)
             session.state = "starting"
+            self._coming.add(session.id)
             try:
-                async with ended_meanwhile(session, "brought back"):
-                    await self.state.restore(
-                        session, saved, start, self.path(session), upto=coming["from_execution"]
-                    )
-                    await self.lifecycle.connect_packages(session)
-                    await self.lifecycle.enter_working_dir(session)
+                try:
+                    async with ended_meanwhile(session, "brought back"):
+                        await self.state.restore(
+                            session, saved, start, self.path(session), upto=coming["from_execution"]
+                        )
+                        await self.lifecycle.connect_packages(session)
+                        await self.lifecycle.enter_working_dir(session)
+                finally:  # cancelled too (a shutdown): the record stays as the death left it
+                    self._coming.discard(session.id)
             except GatewayError as e:
                 if session.state == "starting":
                     session.state = "dead"

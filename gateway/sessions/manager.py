@@ -176,6 +176,9 @@ class SessionManager:
         # Watch before recovering, so a container dying meanwhile is not missed.
         await placement.start(self.lifecycle.gateway_id, on_death, on_resync)
         await recover(self, self.store, self.lifecycle, self.leases)
+        for session in list(self.sessions.values()):  # a comeback the restart cut short
+            if session.state == "dead":
+                self.crashes.died(session)
         self.leases.start(on_lost=self._lose)
         await self.store.release_stale_claims(self.leases.owner)
         self.admission.start()
@@ -439,6 +442,7 @@ class SessionManager:
         paused, before = session.state == "paused", session.state  # paused: no kernel to stop
         session.state = "starting"
         session.reason = None
+        await self.crashes.restarted(session)  # a later death must not bring back the old state
         start = session.kernel.start if paused else session.kernel.restart
         try:
             async with ended_meanwhile(session, "restarted"):
@@ -616,6 +620,8 @@ class SessionManager:
         """Store the session's record, and its kernel's runtime info while it is open."""
         if not self.leases.holds(session.id):
             return  # another gateway's record now
+        if session.state == "starting" and self.crashes.coming_back(session):
+            return  # dead until it is back: recovery would end a session found 'starting'
         runtime = session.kernel.runtime_info() if session.kernel is not None else None
         await self.store.save_session(session.record(), runtime)
 

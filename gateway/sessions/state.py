@@ -55,6 +55,7 @@ CHECKPOINT_UNAVAILABLE = (
 )
 STATE_DIR = "state"  # in the session's directory, out of the sandbox's reach
 STATE_FILE = "namespace.pkl"  # in the session's state directory
+CHECKPOINT_FILE = "checkpoint"  # beside it: a crash checkpoint (``crashes``), kept by a resume
 _EXCHANGED = ".sbx-namespace.pkl"  # the same file in the kernel's exchange directory
 _MAX_LOST = 1000
 # Compares a recorded cell's outputs with a replayed one's: a diff, empty when alike.
@@ -234,8 +235,15 @@ class KernelState:
             ) from e
         try:
             await asyncio.to_thread(_take, here / _EXCHANGED, target)
+            size = (await asyncio.to_thread(os.lstat, target)).st_size
         except OSError as e:
             raise StateNotSaved(f"the saved namespace could not be kept ({e})") from e
+        if limit is not None and size > limit:  # the cap in the kernel is the sandbox's to lift
+            await asyncio.to_thread(target.unlink)
+            raise StateNotSaved(
+                f"the kernel could not save its namespace (OverflowError: the namespace is "
+                f"larger than {limit} bytes)"
+            )
         return lost, count
 
     async def copy_paused(
@@ -317,8 +325,11 @@ class KernelState:
         return report
 
     async def forget(self, session: Session) -> None:
-        """Remove a resumed session's saved state, once its record says it runs again."""
-        await asyncio.to_thread(shutil.rmtree, self.state_dir(session.id), True)
+        """Remove a resumed session's saved state, once its record says it runs again.
+
+        Its crash checkpoint stays, in the directory a resume in a pooled sandbox carries.
+        """
+        await asyncio.to_thread(_forget, self.state_dir(session.id))
 
     async def _load_namespace(self, session: Session, path: str, count: int) -> None:
         kernel = session.kernel
@@ -338,10 +349,14 @@ class KernelState:
         assert kernel is not None
         differed = []
         after: int | None = 0
+        seen = 0  # executions as the session counts them (commands, denied cells too)
         while after is not None:
             page = await self.store.history(session.id, after, HISTORY_PAGE_MAX)
-            for cell in filter(ran_in_kernel, page.executions):
-                if upto is not None and (cell.get("execution_count") or 0) > upto:
+            for cell in page.executions:
+                seen += 1
+                if upto is not None and seen > upto:
+                    return differed
+                if not ran_in_kernel(cell):
                     continue
                 result = await kernel.execute(
                     cell["code"],
@@ -399,6 +414,17 @@ def _remove(path: Path) -> None:
             os.unlink(path.name, dir_fd=parent)
     finally:
         os.close(parent)
+
+
+def _forget(state_dir: Path) -> None:
+    """Remove what a pause kept, whatever it is, all but the crash checkpoint."""
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name != CHECKPOINT_FILE:
+            _remove(state_dir / name)
 
 
 def _copy_regular(source: Path, target: Path) -> None:

@@ -12,9 +12,6 @@ from gateway.errors import StateNotSaved
 from gateway.sessions.state import _EXCHANGED, KernelState
 from gateway.store.base import HistoryPage
 
-# Fixed in the lead's files (the diffs are in the review's report): strict, so a fix shows.
-PROPOSED = pytest.mark.xfail(strict=True, reason="fixed by the diff proposed for state.py")
-
 
 class Kernel:
     """Runs nothing: records each cell it is given; ``evaluate`` runs ``write`` (a dump)."""
@@ -54,7 +51,6 @@ def row(code: str, count: int | None, kind: str = "cell", status: str = "ok") ->
             "review": {"kind": kind}}  # fmt: skip
 
 
-@PROPOSED
 def test_a_comeback_by_replay_runs_only_the_executions_its_checkpoint_covers(tmp_path):
     # The session counts every execution (a command, a denied cell); its kernel numbers only
     # the cells it ran. The checkpoint covers the session's first three executions.
@@ -70,7 +66,6 @@ def test_a_comeback_by_replay_runs_only_the_executions_its_checkpoint_covers(tmp
     assert kernel.ran == ["x = 1"], f"cells past the checkpoint ran again: {kernel.ran}"
 
 
-@PROPOSED
 def test_a_checkpoint_the_sandbox_grew_past_its_bound_is_refused_on_the_host(tmp_path):
     # Code in the namespace (a __reduce__) can lift the in-kernel cap (gc finds the writer)
     # or write to the dump's file itself: the gateway must not trust the kernel for the bound.

@@ -18,6 +18,10 @@ class State:
     def __init__(self, fails: str | None = None) -> None:
         self.fails = fails
         self.saved: list[tuple[str, int | None]] = []
+        self.dir = Path(".")
+
+    def state_dir(self, session_id):
+        return self.dir
 
     def choose(self, session, requested):
         return "namespace"
@@ -33,6 +37,7 @@ class State:
 def crashes(tmp_path: Path, state: State, now: float = 100.0) -> tuple[Crashes, list]:
     saved: list = []
     placement = SimpleNamespace(session_dir=lambda sid: tmp_path)
+    state.dir = tmp_path
 
     async def save(session) -> None:
         saved.append(dict(session.checkpoint or {}))
