@@ -163,10 +163,11 @@ def test_exec_keeps_state_between_calls(gateway, cli_session, tmp_path):
 
 def test_pause_resume_snapshot_and_fork(gateway, sdk, cli_session):
     assert sbx("exec", cli_session.id, "kept = 21", gateway=gateway).returncode == 0
-    paused = sbx("pause", cli_session.id, gateway=gateway)
-    assert paused.returncode == 0 and "paused (namespace)" in paused.stderr, paused.stderr
-    resumed = sbx("resume", cli_session.id, gateway=gateway)
-    assert resumed.returncode == 0 and "idle (namespace)" in resumed.stderr, resumed.stderr
+    for how, args in (("freeze", ()), ("namespace", ("--strategy", "namespace"))):
+        paused = sbx("pause", cli_session.id, *args, gateway=gateway)
+        assert paused.returncode == 0 and f"paused ({how})" in paused.stderr, paused.stderr
+        resumed = sbx("resume", cli_session.id, gateway=gateway)
+        assert resumed.returncode == 0 and f"idle ({how})" in resumed.stderr, resumed.stderr
     taken = sbx("snapshot", cli_session.id, "--name", "cli", gateway=gateway)
     assert taken.returncode == 0, taken.stderr
     snapshot_id = taken.stdout.strip()
