@@ -98,7 +98,9 @@ def test_bash_snapshots_replay_and_other_kernels_are_refused(api, new_session):
 def test_a_paused_session_is_snapshotted_and_stays_paused(api, session):
     sid = session["id"]
     run(api, sid, "asleep = 'kept'")
-    assert api.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    # Saved to disk (a frozen one is saved by the strategy its snapshot asks for: test_pause).
+    pause = api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "namespace"})
+    assert pause.status_code == 200
     r = api.post(f"/v1/sessions/{sid}/snapshots", json={"strategy": "replay"})
     assert r.status_code == 409 and "resume it" in r.json()["error"]["message"], r.text
     snap = snapshot(api, sid)
