@@ -104,17 +104,19 @@ def test_a_checkpoint_whose_load_kills_the_kernel_leaves_it_dead_at_once_with_th
 
 
 def test_a_gateway_killed_while_a_kernel_comes_back_keeps_the_session(start_gateway):
-    gw = start_gateway("--checkpoint-every", "0", keep_sessions=True)
+    gw = start_gateway(
+        "--checkpoint-every", "0", "--checkpoint-idle-after", "0.2", keep_sessions=True
+    )
     api = gw.client
     sid = api.post("/v1/sessions", json={"survive_crashes": True}).json()["id"]
-    slow = "import time\nclass Slow:\n    def __reduce__(self): return (time.sleep, (8,))"
-    run(api, sid, f"x = 41\n{slow}\ns = Slow()")  # its load takes 8 s
+    slow = "import time\nclass Slow:\n    def __reduce__(self): return (time.sleep, (4,))"
+    run(api, sid, f"x = 41\n{slow}\ns = Slow()")  # its load takes 4 s
     checkpointed = lambda: (view(api, sid)["checkpoint"] or {}).get("execution_count") == 1  # noqa: E731
     assert wait_for(checkpointed, 20), view(api, sid)["checkpoint"]
     died = run(api, sid, "import os; os._exit(1)")
     assert died["error"]["recovery"]["from_execution"] == 1, died
     assert wait_for(lambda: view(api, sid)["state"] == "starting", 10), view(api, sid)
-    time.sleep(3)  # the dying execute's record is saved within 1 s, the comeback under way
+    time.sleep(1.5)  # the dying execute's record is saved within 1 s, the comeback under way
     gw.stop(signal.SIGKILL)
     again = start_gateway(data_dir=gw.data_dir, keep_sessions=True)
     session = again.client.get(f"/v1/sessions/{sid}").json()

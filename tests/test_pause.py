@@ -206,8 +206,9 @@ def test_a_paused_session_stays_paused_across_a_gateway_restart(start_gateway, e
 def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway):
     gw = start_gateway("--cull-interval", "0.3", "--idle-action", "pause")
     api = gw.client
-    # The ttl outlasts the pause, the resume and the second pause (6.6 s at load 5), no more.
-    sid = api.post("/v1/sessions", json={"idle_timeout": 1, "ttl": 14}).json()["id"]
+    # The ttl outlasts the pause, the resume and the second pause (frozen: milliseconds each,
+    # after a second idle), no more.
+    sid = api.post("/v1/sessions", json={"idle_timeout": 1, "ttl": 8}).json()["id"]
     ends = api.post("/v1/sessions", json={"idle_timeout": 1, "idle_action": "end"}).json()
     assert ends["idle_action"] == "end"
     run(api, sid, "v = 3")
@@ -218,7 +219,7 @@ def test_idle_sessions_pause_when_told_and_the_ttl_still_ends_them(start_gateway
     doc = wait_for(
         lambda: (d := api.get(f"/v1/sessions/{sid}").json())["state"] == "deleted" and d, 25
     )
-    assert doc and doc["reason"] == "ttl expired after 14 s", doc
+    assert doc and doc["reason"] == "ttl expired after 8 s", doc
 
 
 def test_a_gateway_killed_mid_pause_leaves_the_session_running_or_paused(start_gateway):

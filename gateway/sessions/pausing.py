@@ -189,7 +189,10 @@ class Pausing:
 
     async def thaw(self, session: Session) -> None:
         """Thaw a frozen session for a restart; it is idle again, or dead (its sandbox went:
-        the restart starts another all the same)."""
+        the restart starts another all the same). Anything else is left as it is, at
+        once: a restart interrupts a running cell, it does not wait for its lock."""
+        if not session.frozen:
+            return
         async with session.lock:
             if session.frozen:
                 with contextlib.suppress(KernelDied):

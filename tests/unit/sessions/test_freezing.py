@@ -327,3 +327,15 @@ def test_a_save_of_a_frozen_session_that_fails_unexpectedly_is_logged(caplog):
     asyncio.run(cull())
     said = [r for r in caplog.records if r.name == "gateway.sessions.upkeep" and r.exc_info]
     assert said and "the state directory vanished" in caplog.text, caplog.text
+
+
+def test_a_restart_does_not_wait_for_a_running_cell_to_thaw_nothing():
+    """Restarting a busy session interrupts its cell; the thaw before it took its lock first."""
+    p = pausing()
+    session = SimpleNamespace(frozen=False, lock=asyncio.Lock())
+
+    async def restart_while_busy() -> None:
+        async with session.lock:  # a cell is running
+            await asyncio.wait_for(p.thaw(session), 1)  # type: ignore[arg-type]
+
+    asyncio.run(restart_while_busy())
