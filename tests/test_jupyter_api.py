@@ -100,9 +100,11 @@ def test_a_warm_kernel_moves_to_its_working_dir_and_stays_there_through_a_pause(
     try:
         cwd = "import os; print(os.getcwd())"
         assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
-        assert api.post(f"/v1/sessions/{kernel_id}/pause", json={}).status_code == 200
-        assert api.post(f"/v1/sessions/{kernel_id}/resume", json={}).status_code == 200
-        assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
+        for strategy in ("freeze", "namespace"):  # thawed where it was, or a kernel anew
+            pause = api.post(f"/v1/sessions/{kernel_id}/pause", json={"strategy": strategy})
+            assert pause.status_code == 200, pause.text
+            assert api.post(f"/v1/sessions/{kernel_id}/resume", json={}).status_code == 200
+            assert _output(gateway, kernel_id, cwd) == "/workspace/notes\n"
     finally:
         api.delete(f"/api/kernels/{kernel_id}")
 

@@ -114,11 +114,14 @@ def test_gc_leaves_alone_a_kept_session_that_resumed_in_a_pooled_container(own_e
     try:
         pool_ready = lambda: gw.client.get("/healthz").json()["pool_ready"]["python3"]  # noqa: E731
         assert wait_for(pool_ready, 60), "the warm pool did not fill"
-        sid = gw.client.post("/v1/sessions", json={}).json()["id"]
+        created = gw.client.post("/v1/sessions", json={}).json()
+        sid = created["id"]
         assert run(gw.client, sid, "x = 7")["status"] == "ok"
-        assert gw.client.post(f"/v1/sessions/{sid}/pause", json={}).status_code == 200
+        saved = {"strategy": "namespace"}  # a frozen one would resume in its own container
+        assert gw.client.post(f"/v1/sessions/{sid}/pause", json=saved).status_code == 200
         assert wait_for(pool_ready, 60), "the warm pool did not refill"
         resumed = gw.client.post(f"/v1/sessions/{sid}/resume", json={}).json()
+        assert resumed["container_id"] != created["container_id"], "not resumed in the pool's"
         gw.stop()  # keeps the session; its container still bears the pooled id in its label
         listed = sbx_gc(own_engine, "--under", str(data_dir))
         assert resumed["container_id"][:12] not in listed, f"gc lists a kept session:\n{listed}"
