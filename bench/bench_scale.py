@@ -72,7 +72,8 @@ def populate(gw: Gateway, live: int, paused: int) -> tuple[list[str], list[str],
         ids = list(workers.map(lambda _: create(gw), range(live + paused)))
     for sid in ids[live:]:
         gw.client.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 42"}).raise_for_status()
-        gw.client.post(f"/v1/sessions/{sid}/pause", json={}).raise_for_status()
+        saved = {"strategy": "namespace"}  # paused to disk, as the copies are: no memory held
+        gw.client.post(f"/v1/sessions/{sid}/pause", json=saved).raise_for_status()
     return ids[:live], ids[live:], time.monotonic() - t0
 
 
