@@ -24,6 +24,7 @@ from ..policy.model import Policy, session_policy
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..timestamps import iso, parse_iso
 from ..workspace.files import AsyncWorkspace
+from .requests import FREEZE
 
 LIVE_STATES = ("starting", "idle", "busy", "dead", "paused")  # a session not ended
 
@@ -220,7 +221,7 @@ class Session:
         return (
             self.state == "paused"
             and self.paused is not None
-            and self.paused.get("strategy") == "freeze"
+            and self.paused.get("strategy") == FREEZE
         )
 
     def touch(self) -> None:

@@ -44,7 +44,7 @@ class Upkeep:
         available_memory: Callable[[], int | None] | None = None,
     ) -> None:
         """Below ``memory_floor`` bytes of ``available_memory`` (the host's), frozen
-        sessions are saved to disk, one a culling interval."""
+        sessions are saved to disk, the longest frozen first, one at a time."""
         self.sessions = sessions
         self.lifecycle = lifecycle
         self.pool = pool
