@@ -73,6 +73,7 @@ from .snapshots import Snapshots
 from .starts import StartQueue
 from .state import KernelState
 from .tasks import TaskSet
+from .templates import Templates
 from .watchers import Watchers
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         *,
         gate: Gate,
+        templates: Templates | None = None,
         leases: Leases | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
@@ -119,6 +121,7 @@ class SessionManager:
         """
         self.settings = settings
         self.gate = gate
+        self.templates = templates  # tenants' templates, which creates start from by name
         self.lifecycle = lifecycle
         self.store = store
         self.pool = pool
@@ -291,6 +294,10 @@ class SessionManager:
 
     async def _create(self, request: CreateSession, who: Principal) -> tuple[Session, bool]:
         """Create, and say whether a warm kernel served it."""
+        if request.template is not None:
+            if self.templates is None:
+                raise BadRequest("this gateway builds no templates; name a kernel instead")
+            request = await self.templates.session_request(request, who.tenant)
         snapshot = None
         if request.from_snapshot is not None:
             snapshot = await self.snapshots.get(request.from_snapshot, who)

@@ -50,6 +50,15 @@ def idle_action(value: Any) -> str | None:
     return value
 
 
+def template_of(value: Any) -> str | None:
+    """A template's reference, read in full when it is resolved (``sessions/templates.py``)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BadRequest(
+            "template must name one of your templates, like 'geo-stack' or 'geo-stack:2'"
+        )
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class CreateSession:
     """``POST /v1/sessions`` (and a Jupyter client's kernel start)."""
@@ -72,6 +81,7 @@ class CreateSession:
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policy: Policy | None = None  # tightens the tenant's policy, never loosens it
     from_snapshot: str | None = None  # a fork: the kernel and image are the snapshot's
+    template: str | None = None  # a tenant's template: its kernel and image (templates.py)
     ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
     working_dir: str | None = None  # the kernel's directory in the workspace (relative)
     survive_crashes: bool = False  # checkpoint the kernel's state; bring it back if it dies
@@ -123,6 +133,7 @@ class CreateSession:
             metadata=metadata_dict(body.get("metadata")),
             policy=session_policy(body.get("policy")),
             from_snapshot=from_snapshot,
+            template=template_of(body.get("template")),
             survive_crashes=survive,
         )
 

@@ -21,6 +21,7 @@ from .retention import Pruner
 from .secrets import Secrets
 from .sessions import Sessions
 from .snapshots import Snapshots
+from .templates import Templates
 from .webhooks import WebhookDeliveries
 
 # The Store protocol's methods, by the repository that serves them.
@@ -46,6 +47,10 @@ METHODS = {
         "delete_snapshot",
     ),
     "approvals": ("save_approval", "approvals", "get_approval"),
+    "templates": (
+        "save_template", "template_versions", "templates_of_tenant", "templates_in_status",
+        "delete_template_version",
+    ),
     "webhooks": (
         "add_deliveries", "claim_deliveries", "finish_attempt", "release_deliveries", "deliveries",
         "get_delivery", "prune_deliveries",
@@ -75,6 +80,7 @@ class StoreFacade:
             "secrets": Secrets(self.db),
             "snapshots": Snapshots(self.db),
             "approvals": Approvals(self.db),
+            "templates": Templates(self.db),
             "webhooks": WebhookDeliveries(self.db),
             "pruner": self.pruner,
         }

@@ -233,6 +233,19 @@ MIGRATIONS = [
     CREATE INDEX webhook_deliveries_waiting ON webhook_deliveries (tenant, endpoint, state);
     CREATE INDEX webhook_deliveries_by_age ON webhook_deliveries (created_at);
     """,
+    # Templates (templates.py): each build of a tenant's template is a version of its name.
+    """
+    CREATE TABLE templates (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        created_at {real} NOT NULL,
+        doc TEXT NOT NULL,
+        UNIQUE (tenant, name, version)
+    );
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

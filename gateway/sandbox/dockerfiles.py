@@ -1,0 +1,184 @@
+"""A tenant's Dockerfile, read strictly before the engine sees it.
+
+A template is built on this host with no registry, so every ``FROM`` must
+name a base the host holds; the builder rewrites each to that image's id so
+nothing is ever pulled. The builder runs on the daemon's side, so what a
+Dockerfile could make the daemon itself fetch or read is refused: ``ADD``
+of a URL (fetched from the host's network, which reaches the gateway's
+ports), ``COPY --from=`` an image (another tenant's template, say) rather
+than an earlier stage, ``ONBUILD`` (a trigger for someone else's build), and
+variables in ``FROM``. Pure: no engine, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+
+from ..errors import BadRequest
+
+MAX_DOCKERFILE = 256 * 1024
+_FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
+_URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.I)
+_STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
+
+
+class DockerfileRefused(BadRequest):
+    """A Dockerfile this host will not build, with the line and what to do instead."""
+
+    code = "dockerfile_refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    line: int  # 1-based, where the instruction starts
+    keyword: str  # upper case
+    text: str  # the arguments, continuation lines joined
+
+
+def instructions(source: str) -> list[Instruction]:
+    """The instructions of a Dockerfile, comments and blank lines dropped, continuations joined."""
+    if len(source.encode()) > MAX_DOCKERFILE:
+        raise DockerfileRefused(f"the Dockerfile is larger than {MAX_DOCKERFILE // 1024} KiB")
+    if "\x00" in source:
+        raise DockerfileRefused("the Dockerfile holds a NUL byte; send it as UTF-8 text")
+    lines = source.splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if not lines[i].strip() or lines[i].lstrip().startswith("#"):
+            i += 1
+            continue
+        start, parts = i + 1, []
+        while i < len(lines):
+            line = lines[i].rstrip()
+            i += 1
+            if not line.endswith("\\"):
+                parts.append(line)
+                break
+            parts.append(line[:-1])
+            while i < len(lines) and lines[i].lstrip().startswith("#"):
+                i += 1  # a comment inside a continued instruction
+        keyword, _, text = " ".join(p.strip() for p in parts).strip().partition(" ")
+        found.append(Instruction(start, keyword.upper(), text.strip()))
+    return found
+
+
+def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str]) -> tuple[str, str]:
+    """The Dockerfile with every ``FROM`` naming a local image, and its last stage's base.
+
+    ``base_of`` maps a name the tenant may build from to an image (None: not
+    one); ``bases`` lists those names for the error. The base returned is
+    the name as written, an earlier stage followed back to its own.
+    """
+    stages: dict[str, str] = {}  # stage -> the base it starts from, as written
+    last = ""
+    out: list[str] = []
+    seen_from = False
+    for ins in instructions(source):
+        where = f"line {ins.line}"
+        if ins.keyword == "FROM":
+            seen_from = True
+            line, last = _from(ins, where, stages, base_of, bases)
+            out.append(f"FROM {line}")
+            continue
+        if ins.keyword == "ARG" and not seen_from:
+            raise DockerfileRefused(
+                f"{where}: ARG before FROM: a base is named directly here ({', '.join(bases)})"
+            )
+        if not seen_from:
+            raise DockerfileRefused(f"{where}: {ins.keyword} before the first FROM")
+        if ins.keyword == "ONBUILD":
+            raise DockerfileRefused(f"{where}: ONBUILD is not supported in templates")
+        if ins.keyword in ("ADD", "COPY"):
+            _copy(ins, where, stages)
+        if ins.keyword == "RUN" and _flags(ins.text)[0]:
+            raise DockerfileRefused(f"{where}: RUN takes no flags here (--mount, --network)")
+        out.append(f"{ins.keyword} {ins.text}")
+    if not seen_from:
+        raise DockerfileRefused(
+            f"the Dockerfile has no FROM; build from one of: {', '.join(bases)}"
+        )
+    return "\n".join(out) + "\n", last
+
+
+def _flags(text: str) -> tuple[dict[str, str], str]:
+    """Leading ``--name[=value]`` flags of an instruction, and the rest."""
+    flags: dict[str, str] = {}
+    rest = text
+    while rest.startswith("--"):
+        word, _, rest = rest.partition(" ")
+        match = _FLAG.fullmatch(word)
+        if match is None:
+            raise DockerfileRefused(f"unreadable flag {word[:40]!r}")
+        flags[match.group(1)] = match.group(2) or ""
+        rest = rest.lstrip()
+    return flags, rest
+
+
+def _from(
+    ins: Instruction,
+    where: str,
+    stages: dict[str, str],
+    base_of: Callable[[str], str | None],
+    bases: list[str],
+) -> tuple[str, str]:
+    flags, rest = _flags(ins.text)
+    if flags:
+        raise DockerfileRefused(f"{where}: FROM takes no flags here ({', '.join(flags)})")
+    words = rest.split()
+    if len(words) not in (1, 3) or (len(words) == 3 and words[1].upper() != "AS"):
+        raise DockerfileRefused(f"{where}: write FROM <base> [AS <stage>]")
+    name = words[0]
+    if "$" in name:
+        raise DockerfileRefused(
+            f"{where}: FROM takes no variables; name one of: {', '.join(bases)}"
+        )
+    if name in stages:
+        image, root = name, stages[name]
+    else:
+        root = name
+        image = base_of(name) or ""
+        if not image:
+            raise DockerfileRefused(
+                f"{where}: no base {name[:200]!r} on this host, and nothing is pulled here "
+                f"(there is no registry); build from one of: {', '.join(bases)}"
+            )
+    if len(words) == 3:
+        if not _STAGE.fullmatch(words[2]):
+            raise DockerfileRefused(f"{where}: stage name {words[2][:64]!r} is not a plain name")
+        stages[words[2]] = root
+        return f"{image} AS {words[2]}", root
+    stages[str(len(stages))] = root
+    return image, root
+
+
+def _copy(ins: Instruction, where: str, stages: dict[str, str]) -> None:
+    flags, rest = _flags(ins.text)
+    unknown = set(flags) - {"from", "chown", "chmod"}
+    if unknown:
+        raise DockerfileRefused(
+            f"{where}: {ins.keyword} flag --{sorted(unknown)[0]} is not supported"
+        )
+    source = flags.get("from")
+    if source is not None and source not in stages:
+        raise DockerfileRefused(
+            f"{where}: {ins.keyword} --from must name an earlier stage of this Dockerfile "
+            f"({', '.join(s for s in stages if not s.isdigit()) or 'none'}), not an image"
+        )
+    if ins.keyword == "ADD" and any(_URL.match(s) for s in _sources(rest)):
+        raise DockerfileRefused(
+            f"{where}: ADD of a URL is not supported (the build has no network); put the file "
+            "in the build context and COPY it"
+        )
+
+
+def _sources(rest: str) -> list[str]:
+    if rest.startswith("["):
+        try:
+            words = json.loads(rest)
+        except ValueError:
+            raise DockerfileRefused(f"unreadable JSON form {rest[:80]!r}") from None
+        return [str(w) for w in words[:-1]]
+    return rest.split()[:-1]

@@ -1,0 +1,307 @@
+"""Template images built on this host from a tenant's Dockerfile, then hardened.
+
+Two builds per template, both with the engine's classic builder, no network
+(a RUN step reaches nothing: not the gateway, not a registry), one CPU, a
+memory cap, and a watchdog that kills a step running past the time bound
+or writing more than the disk bound. The first is the tenant's Dockerfile
+(``dockerfiles.resolve`` has pinned every ``FROM`` to a local image); the
+second is the gateway's own layer on top: setuid/setgid bits and file
+capabilities stripped, the sandbox's user, ``/workspace``, and the kernel
+image's entrypoint and command back, whatever the Dockerfile set. Run
+time hardening (``docker/provisioner.py``) does not depend on this layer;
+it makes the image hold nothing a hardened sandbox could misuse either.
+Blocking by design: the sessions layer runs it on threads of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+
+import docker
+import docker.errors
+
+from ..errors import BadRequest, GatewayError
+
+DOCKERFILE = ".sbx-template.Dockerfile"  # the name the resolved Dockerfile takes in the context
+LABEL = "sbx.template"
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_RUNNING = re.compile(r"Running in ([0-9a-f]{12,64})")
+# Strips what a hardened sandbox must not find: setuid/setgid bits, file capabilities.
+_STRIP_CAPS = (
+    "import os\n"
+    "for top, dirs, files in os.walk('/'):\n"
+    "    dirs[:] = [d for d in dirs if top + d not in ('/proc', '/sys', '/dev')]\n"
+    "    for f in files:\n"
+    "        p = os.path.join(top, f)\n"
+    "        try:\n"
+    "            if 'security.capability' in os.listxattr(p, follow_symlinks=False):\n"
+    "                os.removexattr(p, 'security.capability', follow_symlinks=False)\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+class TemplateContextRefused(BadRequest):
+    """A build context this host will not build from."""
+
+    code = "template_context_refused"
+
+
+class BuildFailed(GatewayError):
+    """A template build that failed: at which step, and why (``reason``)."""
+
+    code = "template_build_failed"
+
+    def __init__(self, step: str, reason: str) -> None:
+        super().__init__(f"{step}: {reason}" if step else reason)
+        self.step = step
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildLimits:
+    """What one build may take: memory and disk in bytes, time in seconds, one CPU core."""
+
+    memory: int = 2 << 30
+    disk: int = 4 << 30  # written by any one step, and added by the whole build
+    timeout: float = 900.0
+    context: int = 64 << 20  # the build context, unpacked
+    context_files: int = 10_000
+    log_lines: int = 2000  # kept per build (the last ones)
+
+
+def context_tar(context: bytes | None, dockerfile: str, limits: BuildLimits) -> bytes:
+    """The tenant's context (a tar, gzip allowed) with the resolved Dockerfile added.
+
+    Only files, directories and links inside the context; bounded in size and
+    count before anything is unpacked (a header's size is read, not trusted
+    after the fact).
+    """
+    out = io.BytesIO()
+    total = count = 0
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        if context:
+            try:
+                source = tarfile.open(fileobj=io.BytesIO(context), mode="r:*")
+            except tarfile.TarError as e:
+                raise TemplateContextRefused(f"the build context is not a tar archive: {e}") from e
+            with source:
+                for member in _members(source):
+                    count += 1
+                    total += member.size
+                    if count > limits.context_files or total > limits.context:
+                        raise TemplateContextRefused(
+                            f"the build context is larger than {limits.context >> 20} MiB or "
+                            f"{limits.context_files} files; send only what the Dockerfile copies"
+                        )
+                    data = source.extractfile(member) if member.isfile() else None
+                    tar.addfile(member, data)
+        info = tarfile.TarInfo(DOCKERFILE)
+        raw = dockerfile.encode()
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+    return out.getvalue()
+
+
+def _members(source: tarfile.TarFile):
+    while True:
+        try:
+            member = source.next()
+        except tarfile.TarError as e:
+            raise TemplateContextRefused(f"the build context is not a readable tar: {e}") from e
+        if member is None:
+            return
+        name = member.name
+        if name.startswith("/") or ".." in name.split("/") or "\x00" in name:
+            raise TemplateContextRefused(
+                f"the build context holds a path outside it: {name[:200]!r}"
+            )
+        if not (member.isfile() or member.isdir() or member.issym()):
+            raise TemplateContextRefused(
+                f"the build context holds {name[:200]!r}, which is neither a file, a directory "
+                "nor a symbolic link"
+            )
+        if name == DOCKERFILE:
+            continue
+        yield member
+
+
+class TemplateEngine:
+    """Builds, inspects and removes template images with the docker SDK (blocking)."""
+
+    def __init__(self, client: docker.DockerClient, limits: BuildLimits) -> None:
+        self.client = client
+        self.limits = limits
+
+    def image_id(self, ref: str) -> str | None:
+        try:
+            return self.client.images.get(ref).id
+        except docker.errors.ImageNotFound:
+            return None
+
+    def build(
+        self,
+        tag: str,
+        dockerfile: str,
+        context: bytes | None,
+        kernel_image: str,
+        user: str,
+        log: Callable[[str], None],
+    ) -> str:
+        """The tenant's image, then the gateway's layer as ``tag``; return its id."""
+        stage = f"{tag}-user"
+        deadline = time.monotonic() + self.limits.timeout
+        try:
+            self._build(stage, context_tar(context, dockerfile, self.limits), log, "", deadline)
+            kernel = self.client.images.get(kernel_image).attrs["Config"]
+            layer = _gateway_layer(stage, kernel, user, tag)
+            layer_context = context_tar(None, layer, self.limits)
+            self._build(tag, layer_context, log, "gateway layer", deadline)
+        finally:
+            self.remove(stage)
+        image = self.client.images.get(tag)
+        base = self.client.images.get(kernel_image).attrs.get("Size", 0)
+        if image.attrs.get("Size", 0) - base > self.limits.disk:
+            self.remove(tag)
+            raise BuildFailed(
+                "", f"the image grew past the disk bound of {self.limits.disk >> 20} MiB"
+            )
+        return image.id
+
+    def _build(
+        self, tag: str, context: bytes, log: Callable[[str], None], phase: str, deadline: float
+    ) -> None:
+        step = [phase]
+        watch = _Watchdog(self.client, self.limits, deadline)
+        watch.start()
+        try:
+            stream = self.client.api.build(
+                fileobj=io.BytesIO(context),
+                custom_context=True,
+                dockerfile=DOCKERFILE,
+                tag=tag,
+                network_mode="none",
+                pull=False,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                use_config_proxy=False,
+                container_limits={
+                    "memory": self.limits.memory,
+                    "memswap": self.limits.memory,
+                    "cpusetcpus": "0",
+                },
+                labels={LABEL: tag},
+            )
+            for chunk in stream:
+                if "error" in chunk:
+                    raise BuildFailed(step[0], watch.verdict or chunk["error"].strip())
+                for line in chunk.get("stream", "").splitlines():
+                    self._note(line, step, watch, phase, log)
+        except docker.errors.APIError as e:
+            raise BuildFailed(step[0], watch.verdict or str(e.explanation or e)) from None
+        finally:
+            watch.stop()
+        if watch.verdict:
+            raise BuildFailed(step[0], watch.verdict)
+
+    @staticmethod
+    def _note(line: str, step: list[str], watch: _Watchdog, phase: str, log: Callable) -> None:
+        line = line.rstrip()
+        if not line:
+            return
+        log(line)
+        found = _STEP.match(line)
+        if found:
+            step[0] = (
+                f"{phase + ' ' if phase else ''}step {found.group(1)} ({found.group(3)[:200]})"
+            )
+        running = _RUNNING.search(line)
+        if running:
+            watch.container = running.group(1)
+
+    def remove(self, ref: str) -> bool:
+        """Remove an image; False when a container still uses it (it stays)."""
+        try:
+            self.client.images.remove(ref, noprune=False)
+        except docker.errors.ImageNotFound:
+            return True
+        except docker.errors.APIError as e:
+            if e.status_code == 409:
+                return False
+            raise
+        return True
+
+
+def _gateway_layer(stage: str, kernel: dict, user: str, tag: str) -> str:
+    """The Dockerfile of the gateway's layer over the tenant's image ``stage``."""
+    uid, _, gid = user.partition(":")
+    lines = [
+        f"FROM {stage}",
+        "USER 0:0",
+        "RUN find / -xdev \\( -perm -4000 -o -perm -2000 \\) -type f -exec chmod ug-s {} + ; "
+        f"if command -v python3 >/dev/null; then python3 -c {json.dumps(_STRIP_CAPS)}; fi; "
+        f"mkdir -p /workspace && chown {uid}:{gid} /workspace",
+        f"USER {user}",
+        "WORKDIR /workspace",
+        f"ENTRYPOINT {json.dumps(kernel.get('Entrypoint') or [])}",
+        f"CMD {json.dumps(kernel.get('Cmd') or [])}",
+        f"LABEL {LABEL}={json.dumps(tag)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class _Watchdog:
+    """Kills the running step of a build past its time or writing past its disk bound."""
+
+    def __init__(self, client: docker.DockerClient, limits: BuildLimits, deadline: float) -> None:
+        self.client = client
+        self.limits = limits
+        self.deadline = deadline  # time.monotonic() past which the build is stopped
+        self.container: str | None = None
+        self.verdict: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sbx-template-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.5):
+            if time.monotonic() > self.deadline:
+                self._kill(
+                    f"the build ran past its time bound of {self.limits.timeout:g} s "
+                    "and was stopped"
+                )
+                continue
+            if self.container is None:
+                continue
+            try:
+                size = self.client.api.inspect_container(self.container, size=True).get("SizeRw")
+            except docker.errors.APIError:
+                continue
+            if size is not None and size > self.limits.disk:
+                self._kill(
+                    f"the step wrote more than the disk bound of {self.limits.disk >> 20} MiB "
+                    "and was stopped"
+                )
+
+    def _kill(self, verdict: str) -> None:
+        self.verdict = self.verdict or verdict
+        if self.container is None:
+            return
+        try:
+            self.client.api.kill(self.container)
+        except docker.errors.APIError:
+            pass

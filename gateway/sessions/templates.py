@@ -1,0 +1,333 @@
+"""Tenants' templates: images built from their Dockerfiles, versioned, started by name.
+
+A template is a tenant's name; each build of it is a new version, and the
+name resolves to its newest ready version (``name:3`` to one). Builds run in
+the background on threads of their own, a bounded number at a time and a
+bounded number waiting, so a build never holds the event loop or the
+threads sessions' creates use; a build's log and status are read while it
+runs. A template is only ever looked up within its tenant: another tenant's
+name is a 404 like a name nobody has. Its image is named under ``sbxt/``,
+which the ``image`` a session asks for can never name (``validation.image_ref``
+takes ``sbx/`` images only), so a template is reached by its tenant alone.
+Deleting a template marks its versions; their images go once no session
+uses them (checked at each delete and build, and at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..errors import BadRequest, Conflict, NotFound, Overloaded
+from ..sandbox.dockerfiles import resolve
+from ..sandbox.images import ImageBuilder
+from ..sandbox.kernelspecs import KernelSpecs
+from ..sandbox.templates import BuildFailed, TemplateEngine
+from ..store.base import Store
+from .requests import CreateSession
+from .tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
+MAX_NAME = 63
+REPO = "sbxt"  # template images: never a name a session's ``image`` may give
+BUILDING, READY, FAILED, DELETED = "building", "ready", "failed", "deleted"
+# What E2B's SDK builds from by default, and Debian bases, mapped onto kernel images.
+ALIASES = {"e2bdev/base": "python", "e2bdev/code-interpreter": "python"}
+
+
+class TemplateNotFound(NotFound):
+    code = "template_not_found"
+
+
+def template_name(value: Any) -> str:
+    """A template's name: lower-case letters and digits, single ``-`` or ``_`` between."""
+    if not isinstance(value, str) or not value:
+        raise BadRequest("a template needs a name, like 'geo-stack'")
+    if len(value) > MAX_NAME or not NAME.fullmatch(value):
+        raise BadRequest(
+            f"template name {value[:80]!r}{'...' if len(value) > 80 else ''} is not valid: "
+            f"use at most {MAX_NAME} lower-case letters and digits, with single '-' or '_' "
+            "between them (like 'geo-stack')"
+        )
+    return value
+
+
+def template_ref(value: Any) -> tuple[str, int | None]:
+    """``name`` (its newest ready version) or ``name:version``."""
+    if not isinstance(value, str):
+        raise BadRequest("template must be a template's name, like 'geo-stack' or 'geo-stack:2'")
+    name, colon, version = value.partition(":")
+    if not colon:
+        return template_name(name), None
+    if not version.isdigit() or len(version) > 9 or int(version) < 1:
+        raise BadRequest(f"template version {version[:20]!r} must be a number such as 1")
+    return template_name(name), int(version)
+
+
+class Base(NamedTuple):
+    """An image a template may build from: the kernel image it descends from, its kernel."""
+
+    image: str
+    image_dir: str  # the kernel image directory (gateway/images/<dir>) at its root
+    kernel: str | None  # a template's kernel (None: a kernel image's, chosen by the build)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildBounds:
+    """How many builds run at once (each on its own thread), and how many may wait."""
+
+    running: int = 1
+    waiting: int = 4
+    per_tenant: int = 2  # running and waiting, of one tenant
+
+
+class Templates:
+    """Builds, lists, inspects, resolves and deletes tenants' templates."""
+
+    def __init__(
+        self,
+        store: Store,
+        engine: TemplateEngine,
+        kernelspecs: KernelSpecs,
+        images: ImageBuilder,
+        in_use: Callable[[str], bool],
+        bounds: BuildBounds = BuildBounds(),
+    ) -> None:
+        """``in_use``: whether a live session's sandbox runs an image (it is kept)."""
+        self.store = store
+        self.engine = engine
+        self.kernelspecs = kernelspecs
+        self.images = images
+        self.in_use = in_use
+        self.bounds = bounds
+        self.threads = concurrent.futures.ThreadPoolExecutor(
+            bounds.running, thread_name_prefix="sbx-template-build"
+        )
+        self.slots = asyncio.Semaphore(bounds.running)
+        self.live: dict[str, dict[str, Any]] = {}  # builds under way, by id: logs as they come
+        self.tasks = TaskSet()
+        self._naming = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Builds a stopped gateway cut short failed; remove images nothing uses any more.
+
+        With a shared store, another gateway's build is failed only once it is
+        past its time bound (it would have been stopped by then).
+        """
+        past = time.time() - self.engine.limits.timeout - 60
+        for doc in await self.store.templates_in_status(BUILDING):
+            if doc["id"] not in self.live and (not self.store.SHARED or doc["created_at"] < past):
+                await self._finish(doc, FAILED, error=("", "the gateway stopped during the build"))
+        await self.sweep()
+
+    async def stop(self) -> None:
+        await self.tasks.cancel(5.0)
+        self.threads.shutdown(wait=False, cancel_futures=True)
+
+    async def build(
+        self,
+        tenant: str,
+        name: str,
+        dockerfile: Any,
+        context: bytes | None = None,
+        kernel: str | None = None,
+        tags: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """Start building a new version of ``name``; return its record (status building)."""
+        template_name(name)
+        if not isinstance(dockerfile, str) or not dockerfile.strip():
+            raise BadRequest("dockerfile must be the Dockerfile's text")
+        if context is not None and len(context) > self.engine.limits.context:
+            raise BadRequest(
+                f"the build context is larger than {self.engine.limits.context >> 20} MiB; "
+                "send only what the Dockerfile copies"
+            )
+        mine = [d for d in self.live.values() if d["tenant"] == tenant]
+        if len(mine) >= self.bounds.per_tenant:
+            raise Overloaded(
+                f"{len(mine)} of your template builds are under way; retry once one ends"
+            )
+        if len(self.live) >= self.bounds.running + self.bounds.waiting:
+            raise Overloaded("the gateway's template builds are all busy; retry in a minute")
+        bases = await self._bases(tenant)
+        text, root = resolve(
+            dockerfile, lambda n: bases[n].image if n in bases else None, sorted(bases)
+        )
+        kernel = self._kernel(kernel, bases[root])
+        async with self._naming:
+            versions = await self.store.template_versions(tenant, name)
+            version = max((d["version"] for d in versions), default=0) + 1
+            doc = {
+                "id": uuid.uuid4().hex,
+                "tenant": tenant,
+                "name": name,
+                "version": version,
+                "status": BUILDING,
+                "created_at": time.time(),
+                "finished_at": None,
+                "kernel": kernel,
+                "base": root,
+                "image": f"{REPO}/{_tenant_key(tenant)}-{name}:{version}",
+                "tags": list(tags),
+                "logs": [],
+                "error": None,
+            }
+            self.live[doc["id"]] = doc
+            await self.store.save_template(doc)
+        self.tasks.spawn(self._run(doc, text, context))
+        return doc
+
+    async def _bases(self, tenant: str) -> dict[str, Base]:
+        """What a tenant may build from, by the name a ``FROM`` gives it."""
+        specs = self.kernelspecs
+        dirs = sorted({specs.sandbox(k).get("image", k) for k in specs.names()})
+        tags = {d: self.images.tag_for(d) for d in dirs}
+        built = await asyncio.to_thread(lambda: [d for d in dirs if self.images.exists(tags[d])])
+        bases: dict[str, Base] = {}
+        for d in built:
+            for alias in (f"sbx/{d}", f"sbx/{d}:latest", tags[d]):
+                bases[alias] = Base(tags[d], d, None)
+        bases.update({a: Base(tags[d], d, None) for a, d in ALIASES.items() if d in built})
+        for doc in await self.store.templates_of_tenant(tenant):
+            if doc["status"] == READY:
+                base = Base(doc["image"], specs.sandbox(doc["kernel"]).get("image"), doc["kernel"])
+                bases[f"{doc['name']}:{doc['version']}"] = base
+                bases.setdefault(doc["name"], base)  # newest first: the bare name's newest
+        return bases
+
+    def _kernel(self, asked: str | None, root: Base) -> str:
+        """The kernel a template runs: asked for, its base template's, or its image's default."""
+        specs = self.kernelspecs
+        offered = [k for k in specs.names() if specs.sandbox(k).get("image", k) == root.image_dir]
+        if asked is not None:
+            if asked not in offered:
+                raise BadRequest(
+                    f"kernel {asked!r} does not run in a template built from the "
+                    f"{root.image_dir} image; its kernels: {', '.join(offered)}"
+                )
+            return asked
+        if root.kernel is not None:
+            return root.kernel
+        return specs.default if specs.default in offered else offered[0]
+
+    async def _run(self, doc: dict[str, Any], dockerfile: str, context: bytes | None) -> None:
+        lines: collections.deque[str] = collections.deque(maxlen=self.engine.limits.log_lines)
+        doc["logs"] = lines
+        user = self.kernelspecs.sandbox(doc["kernel"]).get("user", "1000:1000")
+        kernel_image = self.images.tag_for(
+            self.kernelspecs.sandbox(doc["kernel"]).get("image", doc["kernel"])
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            async with self.slots:
+                await loop.run_in_executor(
+                    self.threads,
+                    self.engine.build,
+                    doc["image"],
+                    dockerfile,
+                    context,
+                    kernel_image,
+                    user,
+                    lines.append,
+                )
+        except BuildFailed as e:
+            await self._finish(doc, FAILED, error=(e.step, e.reason))
+        except Exception as e:  # the engine's own failure: the build failed, the gateway goes on
+            log.warning("template build %s failed: %s", doc["id"], e)
+            await self._finish(doc, FAILED, error=("", f"the container engine failed: {e}"))
+        else:
+            await self._finish(doc, READY)
+        await self.sweep()
+
+    async def _finish(
+        self, doc: dict[str, Any], status: str, error: tuple[str, str] | None = None
+    ) -> None:
+        doc.update(
+            status=status,
+            finished_at=time.time(),
+            logs=list(doc["logs"]),
+            error=None if error is None else {"step": error[0], "reason": error[1]},
+        )
+        try:
+            await self.store.save_template(doc)
+        finally:
+            self.live.pop(doc["id"], None)
+
+    async def versions(self, tenant: str, name: str) -> list[dict[str, Any]]:
+        """Every build of a tenant's template, newest first (a 404 when it has none)."""
+        template_name(name)
+        docs = [
+            self.live.get(d["id"], d)
+            for d in await self.store.template_versions(tenant, name)
+            if d["status"] != DELETED
+        ]
+        if not docs:
+            raise TemplateNotFound(f"you have no template {name!r}; GET /v1/templates lists yours")
+        return docs
+
+    async def list(self, tenant: str) -> list[dict[str, Any]]:
+        """A tenant's templates' builds, newest first per name."""
+        docs = await self.store.templates_of_tenant(tenant)
+        return [self.live.get(d["id"], d) for d in docs if d["status"] != DELETED]
+
+    async def resolve(self, tenant: str, ref: str) -> dict[str, Any]:
+        """The ready build ``ref`` names (``name``: the newest ready; ``name:version``)."""
+        name, version = template_ref(ref)
+        docs = await self.versions(tenant, name)
+        if version is None:
+            ready = [d for d in docs if d["status"] == READY]
+            if not ready:
+                raise Conflict(
+                    f"template {name!r} has no ready version yet "
+                    f"(newest: {docs[0]['version']}, {docs[0]['status']})"
+                )
+            return ready[0]
+        found = next((d for d in docs if d["version"] == version), None)
+        if found is None:
+            raise TemplateNotFound(f"template {name!r} has no version {version}")
+        if found["status"] != READY:
+            raise Conflict(f"template {name}:{version} is {found['status']}, not ready")
+        return found
+
+    async def session_request(self, request: CreateSession, tenant: str) -> CreateSession:
+        """A create request naming a template, as the kernel and image it runs."""
+        assert request.template is not None
+        doc = await self.resolve(tenant, request.template)
+        if request.image is not None:
+            raise BadRequest("name a template or an image, not both")
+        return dataclasses.replace(request, kernel=doc["kernel"], image=doc["image"], template=None)
+
+    async def delete(self, tenant: str, name: str) -> int:
+        """Delete every version of a tenant's template; return how many there were."""
+        docs = await self.versions(tenant, name)
+        if any(d["status"] == BUILDING for d in docs):
+            raise Conflict(f"template {name!r} is building; delete it once the build ends")
+        for doc in docs:
+            doc.update(status=DELETED)
+            await self.store.save_template(doc)
+        await self.sweep()
+        return len(docs)
+
+    async def sweep(self) -> None:
+        """Remove the images of deleted versions no session uses, and then their records."""
+        for doc in await self.store.templates_in_status(DELETED):
+            if self.in_use(doc["image"]):
+                continue
+            if await asyncio.to_thread(self.engine.remove, doc["image"]):
+                await self.store.delete_template_version(doc["id"])
+
+
+def _tenant_key(tenant: str) -> str:
+    """A tenant's part of its templates' image names: fixed length, lower-case, no name leaks."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:16]

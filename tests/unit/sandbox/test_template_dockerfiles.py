@@ -1,0 +1,129 @@
+"""A tenant's Dockerfile is read strictly: bases only from this host, nothing the daemon fetches."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from gateway.sandbox.dockerfiles import DockerfileRefused, instructions, resolve
+from gateway.sandbox.templates import (
+    DOCKERFILE,
+    BuildLimits,
+    TemplateContextRefused,
+    _gateway_layer,
+    context_tar,
+)
+
+BASES = {"sbx/python": "sbx/python:abc", "geo": "sbxt/t-geo:2"}
+
+
+def _resolve(text: str) -> tuple[str, str]:
+    return resolve(text, BASES.get, sorted(BASES))
+
+
+def test_from_is_pinned_to_the_local_image_and_the_root_base_is_followed_through_stages():
+    text, root = _resolve(
+        "# a comment\nFROM sbx/python AS build\nRUN echo a \\\n  && echo b\n"
+        "FROM build\nCOPY --from=build /x /y\n"
+    )
+    assert text.splitlines() == [
+        "FROM sbx/python:abc AS build",
+        "RUN echo a && echo b",
+        "FROM build",
+        "COPY --from=build /x /y",
+    ]
+    assert root == "sbx/python"
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "says"),
+    [
+        ("FROM python:3.11\n", "no base 'python:3.11' on this host"),
+        ("FROM ubuntu\nRUN true\n", "build from one of: geo, sbx/python"),
+        ("ARG B=sbx/python\nFROM ${B}\n", "ARG before FROM"),
+        ("FROM $X\n", "FROM takes no variables"),
+        ("RUN true\n", "before the first FROM"),
+        ("# nothing\n", "has no FROM"),
+        ("FROM sbx/python\nCOPY --from=sbxt/other-secret:1 /etc/shadow /x\n", "earlier stage"),
+        ("FROM sbx/python\nADD https://169.254.169.254/latest /x\n", "ADD of a URL"),
+        ("FROM sbx/python\nADD [\"http://127.0.0.1:8765/v1\", \"/x\"]\n", "ADD of a URL"),
+        ("FROM sbx/python\nONBUILD RUN id\n", "ONBUILD"),
+        ("FROM sbx/python\nRUN --network=host curl x\n", "RUN takes no flags"),
+        ("FROM --platform=linux/arm64 sbx/python\n", "FROM takes no flags"),
+        ("FROM sbx/python\x00\n", "NUL"),
+        ("FROM sbx/python\n" + "#" * 300_000, "larger than"),
+    ],
+)  # fmt: skip
+def test_what_the_daemon_would_fetch_or_read_for_the_tenant_is_refused_with_a_reason(
+    dockerfile, says
+):
+    with pytest.raises(DockerfileRefused) as refused:
+        _resolve(dockerfile)
+    assert says in refused.value.message
+    assert refused.value.status == 400
+
+
+def test_instructions_keep_the_line_they_start_on():
+    found = instructions("\n# c\nFROM a\n\nRUN x \\\n# inside\n y\nUSER root\n")
+    assert [(i.line, i.keyword, i.text) for i in found] == [
+        (3, "FROM", "a"),
+        (5, "RUN", "x y"),
+        (8, "USER", "root"),
+    ]
+
+
+def _tar(members: dict[str, bytes], mode: str = "w") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode=mode) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_the_context_gets_the_resolved_dockerfile_and_keeps_the_tenants_files():
+    built = context_tar(
+        _tar({"req.txt": b"x", DOCKERFILE: b"FROM evil"}, "w:gz"), "FROM a\n", BuildLimits()
+    )
+    with tarfile.open(fileobj=io.BytesIO(built)) as tar:
+        names = tar.getnames()
+        assert sorted(names) == sorted(["req.txt", DOCKERFILE])
+        assert tar.extractfile(DOCKERFILE).read() == b"FROM a\n"
+
+
+@pytest.mark.parametrize(
+    ("members", "says"),
+    [
+        ({"../etc/passwd": b"x"}, "outside it"),
+        ({"/abs": b"x"}, "outside it"),
+        ({"big": b"x" * 2048}, "larger than"),
+    ],
+)
+def test_a_context_with_paths_outside_it_or_past_its_bound_is_refused(members, says):
+    with pytest.raises(TemplateContextRefused) as refused:
+        context_tar(_tar(members), "FROM a\n", BuildLimits(context=1024))
+    assert says in refused.value.message
+
+
+def test_a_context_that_is_no_tar_is_refused():
+    with pytest.raises(TemplateContextRefused, match="not a tar"):
+        context_tar(b"not a tar at all" * 100, "FROM a\n", BuildLimits())
+
+
+def test_the_gateway_layer_undoes_user_root_setuid_and_puts_the_kernels_entrypoint_back():
+    layer = _gateway_layer(
+        "sbxt/t-x:1-user", {"Entrypoint": ["/usr/local/bin/sbx-entrypoint"], "Cmd": ["python"]},
+        "1000:1000", "sbxt/t-x:1",
+    )  # fmt: skip
+    lines = layer.splitlines()
+    assert lines[0] == "FROM sbxt/t-x:1-user"
+    assert "chmod ug-s" in layer and "security.capability" in layer
+    assert lines[-5:-1] == [
+        "USER 1000:1000",
+        "WORKDIR /workspace",
+        'ENTRYPOINT ["/usr/local/bin/sbx-entrypoint"]',
+        'CMD ["python"]',
+    ]

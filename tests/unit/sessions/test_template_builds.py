@@ -1,0 +1,247 @@
+"""Tenants' templates: versions, lookups within a tenant, failed builds, deletes, bounds.
+
+The engine is faked at its boundary (``TemplateEngine.build``/``remove``); the
+store is the real SQLite one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import BadRequest, Conflict, Overloaded
+from gateway.sandbox.images import ImageBuilder
+from gateway.sandbox.kernelspecs import KernelSpecs
+from gateway.sandbox.templates import BuildFailed, BuildLimits
+from gateway.sessions.requests import CreateSession
+from gateway.sessions.templates import BuildBounds, TemplateNotFound, Templates
+from gateway.store.sqlite import SQLiteStore
+
+GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
+PY = "FROM sbx/python\nRUN pip install nothing\n"
+
+
+class FakeImages(ImageBuilder):
+    """Tags from the real image directories; every kernel image counts as built."""
+
+    def __init__(self) -> None:
+        super().__init__(None, GATEWAY / "images")  # type: ignore[arg-type]
+
+    def exists(self, ref: str) -> bool:
+        return True
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.limits = BuildLimits()
+        self.built: list[tuple[str, str, str, str]] = []
+        self.removed: list[str] = []
+        self.fail: BuildFailed | None = None
+        self.hold = threading.Event()
+        self.hold.set()
+        self.threads: set[str] = set()
+
+    def build(self, tag, dockerfile, context, kernel_image, user, log) -> str:
+        self.threads.add(threading.current_thread().name)
+        self.hold.wait(10)
+        log("Step 1/2 : FROM x")
+        if self.fail is not None:
+            raise self.fail
+        self.built.append((tag, dockerfile, kernel_image, user))
+        return "sha256:1"
+
+    def remove(self, ref: str) -> bool:
+        self.removed.append(ref)
+        return True
+
+
+@pytest.fixture
+def templates(tmp_path):
+    made = []
+
+    async def make(in_use=lambda image: False, bounds: BuildBounds | None = None) -> Templates:
+        store = SQLiteStore(tmp_path / "db.sqlite3")
+        await store.open()
+        kept = Templates(
+            store,
+            FakeEngine(),
+            KernelSpecs(GATEWAY / "kernels"),
+            FakeImages(),
+            in_use,
+            bounds or BuildBounds(),
+        )
+        await kept.start()
+        made.append(kept)
+        return kept
+
+    return make
+
+
+async def _settled(templates: Templates) -> None:
+    """Until no build is under way."""
+    for _ in range(1000):
+        if not templates.live:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("builds did not end")
+
+
+async def _built(templates: Templates, tenant: str, name: str, dockerfile: str = PY) -> dict:
+    doc = await templates.build(tenant, name, dockerfile)
+    assert doc["status"] == "building"
+    await _settled(templates)
+    return (await templates.versions(tenant, name))[0]
+
+
+def test_each_build_is_a_new_version_and_the_name_resolves_to_the_newest_ready(templates):
+    async def scenario():
+        t = await templates()
+        one = await _built(t, "alice", "geo")
+        two = await _built(t, "alice", "geo")
+        assert (one["version"], two["version"]) == (1, 2)
+        assert two["status"] == "ready" and two["kernel"] == "python3"
+        assert two["logs"] == ["Step 1/2 : FROM x"]
+        assert (await t.resolve("alice", "geo"))["version"] == 2
+        assert (await t.resolve("alice", "geo:1"))["image"] == one["image"]
+        assert one["image"].startswith("sbxt/") and "alice" not in one["image"]
+        tag, dockerfile, kernel_image, user = t.engine.built[0]
+        assert dockerfile.startswith("FROM sbx/python:") and kernel_image.startswith("sbx/python:")
+        assert user == "1000:1000"
+        request = await t.session_request(CreateSession(template="geo:1"), "alice")
+        assert (request.kernel, request.image, request.template) == ("python3", tag, None)
+
+    asyncio.run(scenario())
+
+
+def test_a_template_builds_from_the_tenants_own_template_and_keeps_its_kernel(templates):
+    async def scenario():
+        t = await templates()
+        await t.build("alice", "r-base", "FROM sbx/r\n")
+        await _settled(t)
+        derived = await _built(t, "alice", "r-more", "FROM r-base\nRUN true\n")
+        assert derived["kernel"] == "ir" and derived["base"] == "r-base"
+        with pytest.raises(BadRequest, match="no base 'r-base'"):
+            await t.build("bob", "mine", "FROM r-base\n")  # another tenant's name is no base
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "name", ["..", "a/../b", "a\x00b", "x" * 10_000, "Geo", "-geo", "geo-", "a--b", ""]
+)
+def test_bad_names_get_a_clear_400(templates, name):
+    async def scenario():
+        t = await templates()
+        with pytest.raises(BadRequest) as refused:
+            await t.build("alice", name, PY)
+        assert refused.value.status == 400
+        assert len(refused.value.message) < 400
+        with pytest.raises(BadRequest):
+            await t.resolve("alice", name)
+
+    asyncio.run(scenario())
+
+
+def test_another_tenants_template_is_a_404_like_one_nobody_has(templates):
+    async def scenario():
+        t = await templates()
+        await _built(t, "alice", "geo")
+        with pytest.raises(TemplateNotFound) as theirs:
+            await t.resolve("bob", "geo")
+        with pytest.raises(TemplateNotFound) as nobodys:
+            await t.resolve("bob", "nobody")
+        assert theirs.value.status == 404
+        assert theirs.value.message.replace("geo", "X") == nobodys.value.message.replace(
+            "nobody", "X"
+        )
+        assert await t.list("bob") == []
+        with pytest.raises(TemplateNotFound):
+            await t.delete("bob", "geo")
+        assert (await t.resolve("alice", "geo"))["status"] == "ready"
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_build_says_which_step_failed_and_why_and_is_never_resolved(templates):
+    async def scenario():
+        t = await templates()
+        t.engine.fail = BuildFailed(
+            "step 2 (RUN pip install nothing)", "returned a non-zero code: 1"
+        )
+        failed = await _built(t, "alice", "geo")
+        assert failed["status"] == "failed"
+        assert failed["error"] == {
+            "step": "step 2 (RUN pip install nothing)",
+            "reason": "returned a non-zero code: 1",
+        }
+        with pytest.raises(Conflict, match="no ready version"):
+            await t.resolve("alice", "geo")
+        with pytest.raises(Conflict, match="failed"):
+            await t.resolve("alice", "geo:1")
+
+    asyncio.run(scenario())
+
+
+def test_delete_removes_images_once_no_session_uses_them(templates):
+    async def scenario():
+        used: set[str] = set()
+        t = await templates(in_use=used.__contains__)
+        one = await _built(t, "alice", "geo")
+        two = await _built(t, "alice", "geo")
+        used.add(one["image"])
+        assert await t.delete("alice", "geo") == 2
+        assert t.engine.removed == [two["image"]]
+        with pytest.raises(TemplateNotFound):
+            await t.resolve("alice", "geo")
+        used.clear()
+        await t.sweep()
+        assert t.engine.removed == [two["image"], one["image"]]
+        assert await t.store.templates_in_status("deleted") == []
+
+    asyncio.run(scenario())
+
+
+def test_builds_are_bounded_per_tenant_and_run_off_the_loop_while_it_answers(templates):
+    async def scenario():
+        t = await templates(bounds=BuildBounds(running=1, waiting=4, per_tenant=2))
+        t.engine.hold.clear()
+        await t.build("alice", "a", PY)
+        await t.build("alice", "b", PY)
+        with pytest.raises(Overloaded, match="2 of your template builds"):
+            await t.build("alice", "c", PY)
+        other = await t.build("bob", "c", PY)  # another tenant still builds
+        with pytest.raises(Conflict, match="building"):
+            await t.delete("alice", "a")
+        # The loop keeps answering while a build holds its thread.
+        started = time.monotonic()
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+        assert time.monotonic() - started < 0.5
+        assert (await t.versions("bob", "c"))[0]["status"] == "building"
+        t.engine.hold.set()
+        await _settled(t)
+        assert (await t.resolve("bob", "c"))["id"] == other["id"]
+        assert t.engine.threads == {"sbx-template-build_0"}
+
+    asyncio.run(scenario())
+
+
+def test_a_build_a_stopped_gateway_cut_short_is_failed_at_the_next_start(templates):
+    async def scenario():
+        t = await templates()
+        t.engine.hold.clear()
+        doc = await t.build("alice", "geo", PY)
+        fresh = Templates(t.store, t.engine, t.kernelspecs, t.images, lambda image: False)
+        await fresh.start()
+        (found,) = await fresh.versions("alice", "geo")
+        assert (
+            found["status"] == "failed" and "stopped during the build" in found["error"]["reason"]
+        )
+        assert found["id"] == doc["id"]
+        t.engine.hold.set()
+
+    asyncio.run(scenario())
