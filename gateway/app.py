@@ -38,6 +38,7 @@ from .api import (
     sessions,
     snapshots,
     stream,
+    volumes,
     webhooks,
 )
 from .api.base import ApiOptions, NotFoundHandler, log_request
@@ -79,6 +80,7 @@ from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .sessions.upkeep import Upkeep
+from .sessions.volumes import Volumes
 from .sessions.webhooks import Webhooks, read_endpoints
 from .sessions.workspaces import Workspaces
 from .store.base import Store
@@ -88,6 +90,7 @@ from .wiring import (
     make_store,
     session_options,
     swarm_options,
+    volume_options,
     webhook_options,
 )
 
@@ -114,6 +117,7 @@ def make_app(
             *previews.host_routes,  # a PORT-ID.DOMAIN Host is a preview, whatever its path
             *sessions.routes,
             *snapshots.routes,
+            *volumes.routes,
             *stream.routes,
             *files.routes,
             *notebooks.routes,
@@ -143,6 +147,7 @@ def make_app(
         sbx_webhooks=domain.webhooks,
         sbx_book=manager.gate.book,
         sbx_snapshots=manager.snapshots,
+        sbx_volumes=manager.volumes,
         sbx_options=ApiOptions(
             cors_origins=settings.cors_origins,
             max_timeout=settings.max_timeout,
@@ -388,6 +393,7 @@ def build_manager(
         Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
     )
     gate = Gate(policies, Scanner(), desk)
+    named_volumes = Volumes(store, quota, gate, volume_options(settings))
     observed = GatewayMetrics()
     watch_sessions(observed, sessions, pool)
     return SessionManager(
@@ -401,6 +407,7 @@ def build_manager(
         kept,
         gate=gate,
         metrics=observed,
+        volumes=named_volumes,
     )
 
 

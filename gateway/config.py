@@ -367,6 +367,11 @@ class Settings:
     tenant_max_snapshot_bytes: int = _opt(
         "16g", "disk one tenant's snapshots may take, added up", AUTH, SIZE
     )
+    tenant_max_volumes: int = _opt(16, "named volumes one tenant may keep", AUTH)
+    volume_size: int = _opt(
+        "1g", "a new volume's size when its create names none (ENOSPC past it)", AUTH, SIZE
+    )
+    max_volume_size: int = _opt("64g", "the largest volume a create may ask for", AUTH, SIZE)
     token: str = _opt(
         "",
         "API token: the one the SDK, client commands and `sbx mcp` send (their --token), "

@@ -132,6 +132,15 @@ class SnapshotNotFound(NotFound):
         )
 
 
+class VolumeNotFound(NotFound):
+    code = "volume_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no volume {name!r}: it never existed or was deleted; GET /v1/volumes lists yours"
+        )
+
+
 class KernelNotFound(NotFound):
     code = "kernel_not_found"
 
@@ -188,6 +197,12 @@ class StateNotRestored(Conflict):
     """A saved kernel state is missing or unreadable; nothing was changed."""
 
     code = "state_not_restored"
+
+
+class VolumeInUse(Conflict):
+    """A volume another session's mount holds (a delete, or a mount that would conflict)."""
+
+    code = "volume_in_use"
 
 
 class NotAFile(Conflict):

@@ -17,6 +17,7 @@ from .sandbox.isolation import seccomp
 from .sandbox.isolation.manager import IsolationOptions
 from .sandbox.swarm.placement import SwarmOptions
 from .sessions.options import SessionOptions
+from .sessions.volumes import VolumeOptions
 from .sessions.webhooks import WebhookOptions
 from .store.base import Retention, Store
 from .store.sqlite import SQLiteStore
@@ -66,6 +67,16 @@ def session_options(settings: Settings) -> SessionOptions:
         checkpoint_idle_after=settings.checkpoint_idle_after,
         checkpoint_every=settings.checkpoint_every,
         checkpoint_max_size=settings.checkpoint_max_size,
+    )
+
+
+def volume_options(settings: Settings) -> VolumeOptions:
+    """Where named volumes live (the data dir's ``volumes``), their sizes, their host."""
+    return VolumeOptions(
+        root=Path(settings.data_dir) / "volumes",
+        default_size=settings.volume_size,
+        max_size=settings.max_volume_size,
+        host=settings.host_id,
     )
 
 

@@ -24,13 +24,14 @@ on them. The tokens file::
     [tenants.acme]                         # quotas; defaults come from settings
     max_sessions = 10
     max_memory = "8g"
-    max_disk = "40g"                       # the sum of its sessions' workspace sizes
+    max_disk = "40g"                       # the sum of its sessions' workspace sizes and volumes
     max_cpus = 16                          # the sum of its sessions' CPU quotas
     creates_per_minute = 60                # sessions it may create a minute (0: any number)
     package_allow = ["numpy", "pandas==2.2.3"]   # from the package cache; empty: any
     package_deny = ["evil-pkg"]
     max_snapshots = 20                     # snapshots it keeps
     max_snapshot_bytes = "10g"             # their sizes on disk, added up
+    max_volumes = 8                        # named volumes it keeps (docs/volumes.md)
 
     [[tenants.acme.webhooks]]              # lifecycle webhooks (sessions/webhooks.py reads them)
     url = "https://hooks.acme.example/in"
@@ -91,6 +92,7 @@ class Quota:
     package_deny: tuple[str, ...] = ()
     max_snapshots: int = 64  # snapshots it keeps (they outlive sessions)
     max_snapshot_bytes: int = 16 * 2**30  # their sizes on disk, added up
+    max_volumes: int = 16  # named volumes it keeps (their sizes count in max_disk)
 
 
 def digest(token: str) -> str:
@@ -127,6 +129,7 @@ class Authenticator:
             package_deny=settings.package_deny,
             max_snapshots=settings.tenant_max_snapshots,
             max_snapshot_bytes=settings.tenant_max_snapshot_bytes,
+            max_volumes=settings.tenant_max_volumes,
         )
         if settings.auth == "none":
             return cls(None, {}, default_quota)
@@ -220,6 +223,7 @@ def _read_tokens_file(path: Path, default: Quota) -> tuple[dict[str, Principal],
             max_snapshot_bytes=parse_size(
                 values.get("max_snapshot_bytes", default.max_snapshot_bytes), "max_snapshot_bytes"
             ),
+            max_volumes=int(values.get("max_volumes", default.max_volumes)),
         )
     return principals, quotas
 

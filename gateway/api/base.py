@@ -54,6 +54,7 @@ from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
+from ..sessions.volumes import Volumes
 from ..sessions.webhooks import Webhooks
 from ..sessions.workspaces import Workspaces
 from .forward import Forwarder, connect_upstream, passed_on, relay_socket
@@ -160,6 +161,10 @@ class GatewayHandlerMixin:
     @property
     def workspaces(self) -> Workspaces:
         return self.settings["sbx_workspaces"]
+
+    @property
+    def volumes(self) -> Volumes:
+        return self.settings["sbx_volumes"]
 
     @property
     def locations(self) -> Locations:

@@ -68,11 +68,11 @@ async def _send_archive(
     name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
     name += ".tar.gz" if fmt == "tar" else ".zip"
     handler.set_header("Content-Type", "application/gzip" if fmt == "tar" else "application/zip")
-    _attachment(handler, name)
+    attachment(handler, name)
     await stream_file(handler, source)
 
 
-def _attachment(handler: JSONHandler, name: str) -> None:
+def attachment(handler: JSONHandler, name: str) -> None:
     """Name the download; any name, as RFC 6266 says, with an ASCII fallback for old clients."""
     ascii_name = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
     quoted = urllib.parse.quote(name, safe="", errors="replace")
@@ -222,7 +222,7 @@ class FileHandler(StreamedUpload, JSONHandler):
             raise
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
-        _attachment(self, path.rsplit("/", 1)[-1])
+        attachment(self, path.rsplit("/", 1)[-1])
         await stream_file(self, source)
 
     async def delete(self, session_id: str, path: str) -> None:

@@ -90,6 +90,17 @@ class SandboxState:
 
 
 @dataclasses.dataclass(frozen=True)
+class VolumeMount:
+    """A named volume's mounted filesystem on the host, bound at a directory of the workspace."""
+
+    volume_id: str
+    name: str
+    source: str  # the host directory its filesystem is mounted at
+    target: str  # relative to the workspace, already checked: no '..', not absolute
+    read_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class SandboxRequest:
     """What one session's sandbox is made of, as the sessions layer asks for it."""
 
@@ -102,6 +113,7 @@ class SandboxRequest:
     start_timeout: float  # seconds the kernel may take to answer
     # Sealed secrets given as files in SECRETS_MOUNT, by name (not in env).
     secret_files: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    volumes: tuple[VolumeMount, ...] = ()  # named volumes bound under the workspace
 
 
 # Hands a placement the kernel's provisioner once it exists (a swarm workspace
@@ -141,6 +153,8 @@ class Placement(abc.ABC):
     resizes_in_place = False
     # Whether secrets can be given as files on a tmpfs (the host's, bind-mounted).
     secret_files = False
+    # Whether named volumes (this host's loop-mounted filesystems) can be bound in.
+    mounts_volumes = False
     # Whether a session another gateway started can be adopted (failover; ``adoptable``).
     adopts_others = False
     # Whether a running sandbox can be handed to another session (``move_in``).

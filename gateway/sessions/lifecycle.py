@@ -170,6 +170,7 @@ class SandboxLifecycle:
             isolation=session.isolation,
             user=sandbox_cfg.get("user", "1000:1000"),
             start_timeout=session.start_timeout or self.settings.kernel_start_timeout,
+            volumes=session.volumes,
         )
         spec = self.placement.sandbox(request, self.gateway_id)
         kernel = Kernel(session.kernel_name, self.kernelspecs.manager, spec, request.start_timeout)

@@ -41,6 +41,7 @@ from ..errors import (
     ConfigError,
     Conflict,
     GatewayError,
+    NotAllowed,
     Overloaded,
     SessionEnded,
     SessionNotFound,
@@ -49,7 +50,7 @@ from ..errors import (
 from ..hosts import NetworkPolicy
 from ..observe.metrics import GatewayMetrics
 from ..policy.gate import Gate
-from ..sandbox.base import DeathCallback
+from ..sandbox.base import DeathCallback, VolumeMount
 from ..store.base import Store
 from ..validation import seconds
 from .admission import Admission, HostCaps
@@ -74,6 +75,7 @@ from .starts import StartQueue
 from .state import KernelState
 from .tasks import TaskSet
 from .templates import Templates
+from .volumes import Volumes
 from .watchers import Watchers
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,7 @@ class SessionManager:
         templates: Templates | None = None,
         leases: Leases | None = None,
         metrics: GatewayMetrics | None = None,
+        volumes: Volumes | None = None,
     ) -> None:
         """``sessions`` starts empty; the pool is handed the same dict to count them.
 
@@ -118,6 +121,7 @@ class SessionManager:
         ``state`` saves and restores kernels' state for pause and resume;
         ``snapshots`` keeps snapshots, and forks start from them.
         ``metrics`` hears of every create and execution (a fresh one by default).
+        ``volumes``: the tenants' named volumes a create mounts (None: none can be).
         """
         self.settings = settings
         self.gate = gate
@@ -130,6 +134,7 @@ class SessionManager:
         self.sessions = sessions
         self.state = state
         self.snapshots = snapshots
+        self.volumes = volumes
         self.leases = leases or Leases(store, settings.lease_ttl)
         host = HostCaps(settings.host_id, settings.host_max_sessions, settings.host_max_memory)
         self.admission = Admission(sessions, quota, settings.max_sessions, store, self.leases, host)
@@ -311,11 +316,26 @@ class SessionManager:
         await self.admission.claim(session)
         started = False
         try:
+            session.volumes = await self._mount_volumes(session, request, who)
             warm = await self._start(session, request, snapshot)
             started = True
         finally:
             await self.admission.done(session, started)
         return session, warm
+
+    async def _mount_volumes(
+        self, session: Session, request: CreateSession, who: Principal
+    ) -> tuple[VolumeMount, ...]:
+        """Take the volumes a create names; its quota claim holds them until it ends."""
+        if not request.volumes:
+            return ()
+        if self.volumes is None or not self.lifecycle.placement.mounts_volumes:
+            raise NotAllowed(
+                f"the {self.lifecycle.placement.name} placement cannot mount named volumes "
+                "(a Swarm node does not hold this host's volumes); create the session without "
+                "volumes and copy files in"
+            )
+        return await self.volumes.mount(session.id, who, request.volumes)
 
     async def _start(
         self, session: Session, request: CreateSession, snapshot: dict[str, Any] | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ from ..execution.recorder import ExecutionRecorder
 from ..limits import Limits
 from ..masking import NO_SECRETS, Masker
 from ..policy.model import Policy, session_policy
+from ..sandbox.base import VolumeMount
 from ..sandbox.isolation.manager import NetworkPolicy, baseline_isolation
 from ..timestamps import iso, parse_iso
 from ..workspace.files import AsyncWorkspace
@@ -85,6 +87,9 @@ class Session:
         self.max_lifetime = ttl if max_lifetime is None else max_lifetime
         self.working_dir = working_dir  # the kernel's directory, relative to the workspace
         self.survive_crashes = survive_crashes  # checkpointed, and brought back if it dies
+        # Named volumes bound under its workspace (``volumes.Volumes.mount``), kept through
+        # pauses and restarts; their claim is held while the session is open.
+        self.volumes: tuple[VolumeMount, ...] = ()
         self.checkpoint: dict[str, Any] | None = None  # the last one's SavedState JSON
         self.recovered: dict[str, Any] | None = None  # what its last comeback lost
         self.env = env
@@ -152,6 +157,7 @@ class Session:
         session.checkpoint = doc.get("checkpoint")
         session.recovered = doc.get("recovered")
         session.forked_from = doc.get("forked_from")
+        session.volumes = tuple(VolumeMount(**m) for m in doc.get("volume_mounts", ()))
         session.created_at = parse_iso(doc["created_at"])
         session.last_activity = parse_iso(doc["last_activity"])
         session.state = doc["state"]
@@ -264,6 +270,9 @@ class Session:
             "ended_at": iso(self.ended_at),
             "executions": self.executions,
             "output_bytes": self.output_bytes,
+            "volumes": [
+                {"name": v.name, "path": v.target, "read_only": v.read_only} for v in self.volumes
+            ],
             "container_id": self.kernel.container_id if self.kernel else None,
         }
 
@@ -271,12 +280,15 @@ class Session:
         """What the store keeps: the API view plus env values, the image's package list
         and the session's own policy."""
         policy = self.policy.to_json() if self.policy is not None else None
-        return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy}
+        mounts = [dataclasses.asdict(v) for v in self.volumes]
+        return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy,
+                "volume_mounts": mounts}  # fmt: skip
 
 
 def public_view(record: dict[str, Any]) -> dict[str, Any]:
-    """A stored session record as the API shows it: no package list, policy or env values."""
-    view = {k: v for k, v in record.items() if k not in ("packages", "policy")}
+    """A stored session record as the API shows it: no package list, policy, env values
+    or volumes' host paths."""
+    view = {k: v for k, v in record.items() if k not in ("packages", "policy", "volume_mounts")}
     view["env"] = sorted(view.get("env", ()))
     view.setdefault("secrets", [])
     return view

@@ -198,6 +198,7 @@ class WarmPool:
         return not (
             request.session_id is not None
             or session.secret_names
+            or session.volumes  # bound when its container is made: a cold start
             or session.image != pooled.image
             or session.runtime != pooled.runtime
             or not session.network.is_none

@@ -9,7 +9,9 @@ values against the server's defaults, maxima and quotas.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -85,6 +87,7 @@ class CreateSession:
     ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
     working_dir: str | None = None  # the kernel's directory in the workspace (relative)
     survive_crashes: bool = False  # checkpoint the kernel's state; bring it back if it dies
+    volumes: tuple[MountVolume, ...] = ()  # the tenant's named volumes, under the workspace
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
@@ -135,6 +138,7 @@ class CreateSession:
             from_snapshot=from_snapshot,
             template=template_of(body.get("template")),
             survive_crashes=survive,
+            volumes=MountVolume.parse_all(body.get("volumes")),
         )
 
 
@@ -258,3 +262,81 @@ class StartCommand:
             cwd=cwd,
             timeout=seconds_of(body.get("timeout"), "timeout"),
         )
+
+
+VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+MAX_MOUNTS = 8  # volumes one session mounts
+
+
+def volume_name(value: Any) -> str:
+    """A volume's name: 1 to 63 letters, digits, ``_ . -``, starting with a letter or digit."""
+    if not isinstance(value, str) or not VOLUME_NAME.fullmatch(value) or ".." in value:
+        shown = (
+            repr(value[:40]) + ("..." if len(value) > 40 else "")
+            if isinstance(value, str)
+            else type(value).__name__
+        )
+        raise BadRequest(
+            f"volume name {shown} is not valid: use 1 to 63 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit, without '..' (e.g. 'datasets-2026')"
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateVolume:
+    """``POST /v1/volumes``: a name and a size (None: the server's default)."""
+
+    name: str
+    size: int | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> CreateVolume:
+        body = _body(body)
+        unknown = sorted(set(body) - {"name", "size"})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {unknown}; a volume takes name and size")
+        size = body.get("size")
+        return cls(
+            volume_name(body.get("name")), None if size is None else parse_size(size, "size")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class MountVolume:
+    """One volume a session mounts: its name, a directory under the workspace, read-only."""
+
+    name: str
+    path: str
+    read_only: bool = False
+
+    @classmethod
+    def parse_all(cls, value: Any) -> tuple[MountVolume, ...]:
+        """``[{"name", "path", "read_only"}]``; each path once, none inside another."""
+        if value is None:
+            return ()
+        if not isinstance(value, list) or len(value) > MAX_MOUNTS:
+            raise BadRequest(
+                f'volumes must be a list of at most {MAX_MOUNTS} {{"name": ..., "path": ...}}'
+            )
+        mounts = tuple(cls.from_json(item) for item in value)
+        paths = sorted(m.path for m in mounts)
+        for a, b in itertools.pairwise(paths):
+            if b == a or b.startswith(a + "/"):
+                raise BadRequest(f"volume paths {a!r} and {b!r} overlap; mount each elsewhere")
+        return mounts
+
+    @classmethod
+    def from_json(cls, item: Any) -> MountVolume:
+        item = _body(item)
+        unknown = sorted(set(item) - {"name", "path", "read_only"})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {unknown} in a volume mount")
+        path = item.get("path")
+        if not isinstance(path, str):
+            raise BadRequest('a volume mount needs a path under the workspace, e.g. "data"')
+        parts = clean_path(path)  # no '..', not absolute, no NUL: it stays in the workspace
+        read_only = item.get("read_only", False)
+        if not isinstance(read_only, bool):
+            raise BadRequest("a volume mount's read_only must be true or false")
+        return cls(volume_name(item.get("name")), "/".join(parts), read_only)

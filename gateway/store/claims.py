@@ -33,6 +33,9 @@ HELD = (
     f" AND expires_at < {{now}} - {ORPHANED:g}))"
 )
 
+# A tenant's volumes' sizes (store/volumes.py): they count toward its disk quota too.
+VOLUME_BYTES = "(SELECT coalesce(sum(size_bytes), 0) FROM volumes WHERE tenant = ?)"
+
 
 class Claims(Repository):
     """The ``claims`` table."""
@@ -64,6 +67,7 @@ class Claims(Repository):
             (tenant, WINDOW),
         )
         used = self._held("tenant", tenant)
+        used["disk"] += int(db.rows(f"SELECT {VOLUME_BYTES}", (tenant,))[0][0])
         wanted = {"sessions": 1, "memory": claim["memory"], "cpus": claim["cpus"],
                   "disk": claim["disk"]}  # fmt: skip
         if caps.get("per_minute"):

@@ -22,6 +22,7 @@ from .secrets import Secrets
 from .sessions import Sessions
 from .snapshots import Snapshots
 from .templates import Templates
+from .volumes import Volumes
 from .webhooks import WebhookDeliveries
 
 # The Store protocol's methods, by the repository that serves them.
@@ -50,6 +51,10 @@ METHODS = {
     "templates": (
         "save_template", "template_versions", "templates_of_tenant", "templates_in_status",
         "delete_template_version",
+    ),
+    "volumes": (
+        "add_volume", "get_volume", "volumes_of_tenant", "volume_holders", "delete_volume",
+        "mount_volumes", "unmount_volumes",
     ),
     "webhooks": (
         "add_deliveries", "claim_deliveries", "finish_attempt", "release_deliveries", "deliveries",
@@ -81,6 +86,7 @@ class StoreFacade:
             "snapshots": Snapshots(self.db),
             "approvals": Approvals(self.db),
             "templates": Templates(self.db),
+            "volumes": Volumes(self.db),
             "webhooks": WebhookDeliveries(self.db),
             "pruner": self.pruner,
         }

@@ -246,6 +246,26 @@ MIGRATIONS = [
         UNIQUE (tenant, name, version)
     );
     """,
+    # Named volumes (volumes.py): a tenant's, by name, outliving sessions; a mount holds
+    # while its session's quota claim does.
+    """
+    CREATE TABLE volumes (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size_bytes {bigint} NOT NULL,
+        created_at TEXT NOT NULL,
+        doc TEXT NOT NULL,
+        UNIQUE (tenant, name)
+    );
+    CREATE TABLE volume_mounts (
+        volume_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        read_only {flag} NOT NULL,
+        PRIMARY KEY (volume_id, session_id)
+    );
+    CREATE INDEX volume_mounts_by_session ON volume_mounts (session_id);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -56,6 +56,7 @@ class DockerPlacement(Placement):
     name = "docker"
     resizes_in_place = True
     secret_files = True
+    mounts_volumes = True
     adopts_others = True  # containers are found by session, sockets and files by path
     hands_over = True
     freezes = True  # the engine's pause: the cgroup freezer, runc's and runsc's alike
@@ -111,6 +112,7 @@ class DockerPlacement(Placement):
             user=request.user,
             isolation=request.isolation,
             secret_files=request.secret_files,
+            volumes=request.volumes,
         )
 
     def workspace(self, spec: SandboxSpec, provisioner: ProvisionerRef) -> Workspace:
@@ -123,6 +125,8 @@ class DockerPlacement(Placement):
         await asyncio.to_thread(
             volume.create, self.session_dir(spec.session_id), spec.limits.disk, uid, gid
         )
+        if spec.volumes:  # their mount points, made by the path rules: never through a link
+            await asyncio.to_thread(_volume_mount_points, self.workspace(spec, lambda: None), spec)
         if spec.secrets_dir is not None:
             await asyncio.to_thread(
                 write_secret_files, spec.secrets_dir, spec.secret_files, uid, gid
@@ -291,3 +295,8 @@ def _session_of(container: dict[str, Any]) -> str:
     names = [n.lstrip("/") for n in container.get("Names") or ()]
     named = next((n for n in names if n.startswith("sbx-")), None)
     return named.removeprefix("sbx-") if named else container["Labels"].get(LABEL_SESSION, "?")
+
+
+def _volume_mount_points(workspace: Workspace, spec: SandboxSpec) -> None:
+    for mount in spec.volumes:
+        workspace.make_dir(mount.target)

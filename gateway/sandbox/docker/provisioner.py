@@ -43,7 +43,15 @@ from jupyter_core.paths import secure_write
 from ...egress.credentials import CA_PATH
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
-from ..base import AS_BATCH, SECRETS_MOUNT, SECRETS_TMPFS, GuardFactory, Isolation, KernelGuard
+from ..base import (
+    AS_BATCH,
+    SECRETS_MOUNT,
+    SECRETS_TMPFS,
+    GuardFactory,
+    Isolation,
+    KernelGuard,
+    VolumeMount,
+)
 
 LABEL_GATEWAY = "sbx.gateway"
 LABEL_SESSION = "sbx.session"
@@ -76,6 +84,7 @@ class SandboxSpec:
     max_message: int  # largest kernel message the guards let through (0: no guards)
     guard: GuardFactory | None = None  # the guard put before each kernel socket
     user: str = "1000:1000"
+    volumes: tuple[VolumeMount, ...] = ()  # named volumes bound under the workspace
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
     secret_files: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
@@ -139,6 +148,11 @@ class SandboxSpec:
             Mount(CONTAINER_RUN_DIR, str(self.run_dir), type="bind"),
             Mount(CONTAINER_KERNEL_DIR, str(self.kernel_dir), type="bind", read_only=True),
             Mount(self.workdir, str(self.workspace), type="bind"),
+        ]
+        # Named volumes after the workspace they sit in; their filesystems are nosuid,nodev.
+        mounts += [
+            Mount(f"{self.workdir}/{v.target}", v.source, type="bind", read_only=v.read_only)
+            for v in self.volumes
         ]
         if self.secrets_dir is not None:
             mounts.append(Mount(SECRETS_MOUNT, str(self.secrets_dir), type="bind", read_only=True))
