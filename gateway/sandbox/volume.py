@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..workspace.rules import remove_tree
 
+READ_ONLY_VIEW = "read-only"  # beside a named volume's ``workspace`` (``read_only_view``)
 COPY_DEPTH = 64  # deeper workspaces are not copied into a pooled sandbox: they resume cold
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _AT_FDCWD = -100
@@ -59,6 +60,24 @@ def _mount(image: Path, mountpoint: Path) -> None:
     _run("mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
 
 
+def read_only_view(session_dir: Path) -> Path:
+    """A read-only, nosuid, nodev view of the filesystem ``create`` made (a named volume's).
+
+    A container's read-only bind is remounted read-only by the runtime, which
+    drops the source's nosuid and nodev; a plain bind of this view keeps all
+    three. Without loop mounts it is the directory itself (the runtime's
+    read-only bind then stands alone).
+    """
+    view = session_dir / READ_ONLY_VIEW
+    if not loop_mounts_available():
+        return session_dir / "workspace"
+    if not os.path.ismount(view):
+        view.mkdir(mode=0o755, exist_ok=True)
+        _run("mount", "--bind", str(session_dir / "workspace"), str(view))
+        _run("mount", "-o", "remount,bind,ro,nosuid,nodev", str(view))
+    return view
+
+
 def destroy(session_dir: Path) -> None:
     """Unmount and delete a workspace made by ``create`` (safe to call twice).
 
@@ -66,9 +85,12 @@ def destroy(session_dir: Path) -> None:
     rest (a plain workspace, the run directory the kernel can write) is removed
     from directory descriptors, never following a link, iteratively however deep.
     """
-    mountpoint = session_dir / "workspace"
-    if os.path.ismount(mountpoint):
-        _run("umount", "-l", str(mountpoint))
+    for name in (READ_ONLY_VIEW, "workspace"):  # a view first: it holds the filesystem too
+        mountpoint = session_dir / name
+        for _ in range(8):  # views made by two mounts at once are stacked
+            if not os.path.ismount(mountpoint):
+                break
+            _run("umount", "-l", str(mountpoint))
     try:
         parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:

@@ -20,7 +20,7 @@ from ..access.secrets import secret_names
 from ..egress import NetworkPolicy
 from ..egress.credentials import Credential, parse_credentials
 from ..errors import BadRequest
-from ..limits import Limits
+from ..limits import Limits, parse_size
 from ..policy.model import Policy, session_policy
 from ..sandbox.isolation.runtimes import RUNTIMES
 from ..validation import env_vars, image_ref, metadata_dict

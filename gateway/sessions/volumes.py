@@ -161,10 +161,17 @@ class Volumes:
                 "any number of sessions may mount a volume read-only, or one alone read-write"
             )
         return tuple(
-            VolumeMount(doc["id"], doc["name"], str(Path(doc["where"]) / "workspace"), m.path,
-                        m.read_only)
-            for doc, m in zip(docs, mounts, strict=True)
+            [VolumeMount(doc["id"], doc["name"], await self._source(doc, m), m.path, m.read_only)
+             for doc, m in zip(docs, mounts, strict=True)]
         )  # fmt: skip
+
+    @staticmethod
+    async def _source(doc: dict[str, Any], mount: MountVolume) -> str:
+        """What the sandbox binds: the volume's filesystem, or its read-only view."""
+        where = Path(doc["where"])
+        if mount.read_only:
+            return str(await asyncio.to_thread(volume.read_only_view, where))
+        return str(where / "workspace")
 
     async def release(self, session_id: str) -> None:
         """Drop an ended session's mounts (its ended claim already stopped them counting)."""

@@ -149,11 +149,10 @@ class SandboxSpec:
             Mount(CONTAINER_KERNEL_DIR, str(self.kernel_dir), type="bind", read_only=True),
             Mount(self.workdir, str(self.workspace), type="bind"),
         ]
-        # Named volumes after the workspace they sit in; their filesystems are nosuid,nodev.
-        mounts += [
-            Mount(f"{self.workdir}/{v.target}", v.source, type="bind", read_only=v.read_only)
-            for v in self.volumes
-        ]
+        # Named volumes after the workspace they sit in, bound as they are on the host:
+        # nosuid,nodev, and a read-only one through its read-only view (a read-only bind
+        # here would be remounted by the runtime without nosuid and nodev).
+        mounts += [Mount(f"{self.workdir}/{v.target}", v.source, type="bind") for v in self.volumes]
         if self.secrets_dir is not None:
             mounts.append(Mount(SECRETS_MOUNT, str(self.secrets_dir), type="bind", read_only=True))
         if isolation.resolv_conf is not None:

@@ -1,0 +1,95 @@
+"""Named volumes on a real engine and kernel: mounted at create, filled to ENOSPC, shared.
+
+One gateway for the module, two tenants; each test makes its own volume.
+The domain's rules (names, quotas, holders) are tested without an engine in
+tests/unit/sessions/test_named_volumes.py and tests/unit/store/test_volume_records.py.
+"""
+
+from __future__ import annotations
+
+from helpers import run, text_of
+
+TOKENS = {"acme": "acme-volumes-token-5d1e", "zeta": "zeta-volumes-token-9b3a"}
+TENANTS = '[tenants.acme]\nmax_volumes = 3\nmax_disk = "8g"\n'
+
+MOUNT_INFO = """
+for line in open('/proc/self/mountinfo'):
+    fields = line.split()
+    if fields[4] == '/workspace/' + PATH:
+        print(fields[5])
+"""
+
+
+def _session(client, **body) -> dict:
+    r = client.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_a_volume_is_written_without_a_session_mounted_filled_to_enospc_and_outlives_it(tenants):
+    _gw, clients = tenants
+    acme, zeta = clients["acme"], clients["zeta"]
+    r = acme.post("/v1/volumes", json={"name": "ds", "size": "16m"})
+    assert r.status_code == 201, r.text
+    volume = r.json()
+    for bad in ("a..b", "a\x00b", "x" * 10_000, "a/b"):
+        r = acme.post("/v1/volumes", json={"name": bad})
+        assert r.status_code == 400 and "1 to 63 letters" in r.text, r.text
+        assert len(r.content) < 1000
+    for ref in ("ds", volume["id"]):
+        assert zeta.get(f"/v1/volumes/{ref}").status_code == 404  # never a leak
+        assert zeta.delete(f"/v1/volumes/{ref}").status_code == 404
+        assert zeta.get(f"/v1/volumes/{ref}/files/in/data.csv").status_code == 404
+    assert acme.put("/v1/volumes/ds/files/in/data.csv", content=b"a,b\n1,2\n").status_code == 201
+
+    writer = _session(acme, volumes=[{"name": "ds", "path": "data"}])
+    assert writer["volumes"] == [{"name": "ds", "path": "data", "read_only": False}]
+    assert "where" not in str(writer) and "/volumes/" not in str(writer)
+    canary = _session(zeta)
+    run(zeta, canary["id"], "alive = 42")
+
+    fill = """
+import errno
+try:
+    with open('data/fill', 'wb') as f:
+        for _ in range(64):
+            f.write(b'x' * 2**20)
+            f.flush()
+except OSError as e:
+    print('errno', e.errno, errno.errorcode[e.errno])
+print(open('data/in/data.csv').read().splitlines()[1])
+"""
+    reply = run(acme, writer["id"], fill)
+    assert reply["status"] == "ok", reply
+    assert "errno 28 ENOSPC" in text_of(reply) and "1,2" in text_of(reply)
+    assert run(zeta, canary["id"], "print(alive)")["outputs"][0]["text"] == "42\n"
+    view = acme.get("/v1/volumes/ds").json()
+    assert view["used_bytes"] > 8 * 2**20
+    assert view["mounted_by"] == [{"session_id": writer["id"], "read_only": False}]
+    r = acme.put("/v1/volumes/ds/files/more.bin", content=b"y" * 8 * 2**20)
+    assert r.status_code == 413, r.text  # full: the upload is refused, nothing is left
+
+    flags = text_of(run(acme, writer["id"], "PATH = 'data'" + MOUNT_INFO)).split(",")
+    assert {"rw", "nosuid", "nodev"} <= set(flags), flags
+
+    r = acme.post(
+        "/v1/sessions", json={"volumes": [{"name": "ds", "path": "d", "read_only": True}]}
+    )
+    assert r.status_code == 409 and writer["id"] in r.text, r.text  # a writer is alone
+    r = acme.delete("/v1/volumes/ds")
+    assert r.status_code == 409 and "volume_in_use" in r.text and writer["id"] in r.text
+
+    assert acme.delete(f"/v1/sessions/{writer['id']}").status_code == 204
+    assert acme.get("/v1/volumes/ds/files/fill").status_code == 200  # it outlived the session
+    assert acme.delete("/v1/volumes/ds/files/fill").status_code == 204
+    readers = [
+        _session(acme, volumes=[{"name": "ds", "path": "in", "read_only": True}]) for _ in (1, 2)
+    ]
+    reply = run(acme, readers[0]["id"], "open('in/in/data.csv', 'a').write('3,4')")
+    assert reply["status"] == "error" and "Read-only file system" in reply["error"]["evalue"]
+    flags = text_of(run(acme, readers[1]["id"], "PATH = 'in'" + MOUNT_INFO)).split(",")
+    assert {"ro", "nosuid", "nodev"} <= set(flags), flags
+    for s in (*readers, canary):
+        (acme if s in readers else zeta).delete(f"/v1/sessions/{s['id']}")
+    assert acme.delete("/v1/volumes/ds").status_code == 204
+    assert acme.get("/v1/volumes/ds").status_code == 404
