@@ -34,6 +34,7 @@ codes themselves. The tree::
     │   └── FileTooLarge                  file_too_large
     ├── TooManySessions               429 too_many_sessions
     │   └── QuotaExceeded                 quota_exceeded (a tenant's quota)
+    ├── TooManyContexts               429 too_many_contexts (a session's code contexts)
     ├── TooManyWatchers               429 too_many_watchers (a session's or a tenant's watches)
     ├── NotSupported                  501 not_supported (a feature this gateway does not offer yet)
     └── Unavailable                   503
@@ -247,6 +248,13 @@ class QuotaExceeded(TooManySessions):
     """A tenant holds as many sessions, or as much memory, as its quota allows."""
 
     code = "quota_exceeded"
+
+
+class TooManyContexts(GatewayError):
+    """A session holds as many code contexts as it may (``sessions.contexts``)."""
+
+    status = 429
+    code = "too_many_contexts"
 
 
 class TooManyWatchers(GatewayError):

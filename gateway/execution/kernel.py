@@ -46,6 +46,7 @@ class ExecutionResult:
     artifacts_truncated: bool = False  # the workspace walk stopped at its bounds
     files: list[dict[str, Any]] = field(default_factory=list)  # created, modified, deleted
     resumed: dict[str, Any] | None = None  # the session was paused: how it was resumed first
+    context: dict[str, Any] | None = None  # the code context it ran in, if not the default
 
     @classmethod
     def collected(cls, status: str, collector: OutputCollector, started: float) -> ExecutionResult:
@@ -62,8 +63,10 @@ class ExecutionResult:
 
     def to_json(self) -> dict[str, Any]:
         resumed = {} if self.resumed is None else {"resumed": self.resumed}
+        context = {} if self.context is None else {"context": self.context}
         return {
             **resumed,
+            **context,
             "status": self.status,
             "execution_count": self.execution_count,
             "outputs": self.outputs,

@@ -35,9 +35,15 @@ def kind_of(entry: dict[str, Any]) -> str:
     return (entry.get("review") or {}).get("kind", CELL)
 
 
+def context_of(entry: dict[str, Any]) -> str | None:
+    """The code context a recorded execution ran in; None: the session's own kernel."""
+    return (entry.get("review") or {}).get("context")
+
+
 def ran_in_kernel(entry: dict[str, Any]) -> bool:
-    """Whether a recorded execution's code reached the kernel (a replay of its state runs it)."""
-    return entry.get("status") != "denied" and kind_of(entry) != COMMAND
+    """Whether a recorded execution's code reached the session's own kernel (a replay of
+    its state runs it); a code context's ran in a kernel of its own."""
+    return entry.get("status") != "denied" and kind_of(entry) != COMMAND and not context_of(entry)
 
 
 class ExecutionRecorder:

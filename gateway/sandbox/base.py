@@ -276,6 +276,26 @@ class Placement(abc.ABC):
             "kernel instead (subprocess in run_code), or on a gateway with the docker placement"
         )
 
+    def context_sandbox(
+        self,
+        spec: Any,
+        container_id: str,
+        context_id: str,
+        cwd: str,
+        on_exit: Callable[[int], None],
+    ) -> Any:
+        """The provisioner spec of one more kernel in a session's running sandbox (a code context).
+
+        ``spec`` is the session's own: the kernel runs beside its kernel, as the
+        same user under the same limits, its sockets named by ``context_id``;
+        ``cwd`` is relative to the workspace; ``on_exit(code)`` hears the kernel
+        stop when the gateway did not stop it. ``Contexts`` calls it.
+        """
+        raise NotSupported(
+            f"code contexts are not offered by the {self.name} placement; start another "
+            "session for another kernel"
+        )
+
     @abc.abstractmethod
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         """The digest and package list of a running sandbox's image, for notebooks."""

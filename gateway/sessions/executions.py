@@ -43,7 +43,7 @@ from .commands import Command, Commands
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
-from .model import Session, check_usable
+from .model import CodeContext, Session, check_usable
 from .requests import ExecuteCode, StartCommand
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,17 @@ class Executions:
         code = request.code
         self._check_size(code)
         limit = seconds(request.timeout, "timeout", session.limits.timeout, self.limits.max_timeout)
-        if request.env and session.language_info.get("name") != "python":
+        context = self.sessions.contexts.find(session, request.context)
+        language = session.language if context is None else context.language
+        if request.env and language.lower() != "python":
             raise BadRequest("environment variables for one run are offered for Python kernels")
-        decision = await self.gate.review(session.tenant, session.policy, session.language, code)
+        decision = await self.gate.review(session.tenant, session.policy, language, code)
         if request.env and decision.action == "hold":  # the approver sees all that runs
             note = session.masker.text(f"it runs with the environment {_assignments(request.env)}")
             decision = dataclasses.replace(decision, reasons=(*decision.reasons, note))
         review: dict[str, Any] = {"decision": decision.to_json()}
+        if context is not None:  # recorded with it: its history is a notebook of its own
+            review["context"] = context.id
         if decision.action == "deny":
             raise await self._refuse(session, code, request.description, review, decision)
         _check_not_held(session)
@@ -136,10 +140,11 @@ class Executions:
                 review["approval"] = await self._hold(
                     session, who, code, request.description, review, decision, on_hold
                 )
+            kernel, restarted = await self.sessions.contexts.kernel(session, context)
             recorder = self.begin(session, code, request.description, review)
             await session.workspace.baseline()
-            async with session.kernel.environment(request.env):
-                result = await session.kernel.execute(
+            async with kernel.environment(request.env):
+                result = await kernel.execute(
                     code,
                     timeout=limit,
                     cap=self.output_cap(session),
@@ -148,17 +153,21 @@ class Executions:
                     on_start=on_start,
                     mask=session.masker,
                 )
-            if result.status == "dead":
+            if context is not None:
+                context.executions += 1
+                result.context = _in_context(context, restarted, result)
+            elif result.status == "dead":
                 turn.kernel_died = True
                 result.error = _died(session, self.sessions.crashes.what_comes_back(session))
-            if (result.error or {}).get("kernel_restarted"):  # a fresh kernel: no relay yet
+            if context is None and (result.error or {}).get("kernel_restarted"):  # no relay yet
                 await self.lifecycle.connect_packages(session)
                 await self.lifecycle.enter_working_dir(session)
             result.files, result.artifacts_truncated = await session.workspace.changes()
             result.artifacts = [c for c in result.files if c["change"] != "deleted"]
             result.resumed = turn.resumed
             await self.finish(session, recorder, result)
-        self.sessions.crashes.executed(session)
+        if context is None:
+            self.sessions.crashes.executed(session)
         return result
 
     async def submit(
@@ -452,6 +461,21 @@ def _retrieve(task: asyncio.Task) -> None:
     """Mark a background execute's failure as seen: its caller had its 202 already."""
     if not task.cancelled():
         task.exception()
+
+
+def _in_context(
+    context: CodeContext, restarted: str | None, result: ExecutionResult
+) -> dict[str, Any]:
+    """What a reply says of the code context it ran in: its id, whether its kernel started
+    empty for it (and why), and, if its kernel died under it, what the next execute does."""
+    if result.status == "dead":
+        result.error = {
+            "ename": "KernelDied",
+            "evalue": f"the context's kernel stopped ({context.stopped or 'no reason known'}); "
+            "the next execute in it starts it again, empty",
+            "traceback": [],
+        }
+    return {"id": context.id, "kernel": context.kernel_name, "restarted": restarted}
 
 
 def _died(session: Session, coming: dict[str, Any] | None) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from ..store.base import Store
 from ..validation import seconds
 from .admission import Admission, HostCaps
 from .commands import Commands
+from .contexts import Contexts
 from .crashes import CheckpointOptions, Crashes
 from .events import SessionEvents
 from .leases import Leases
@@ -150,6 +151,7 @@ class SessionManager:
             settings.start_queue_per_tenant,
             settings.start_wait,
         )
+        self.contexts = Contexts(lifecycle, self.starts, self.turn, self.save, self.spawn)
         self.pausing = Pausing(
             lifecycle, state, pool, snapshots, self.save, settings.kernel_start_timeout,
             self.events, self.starts, self.mark_dead, settings.pause_frozen_for, clock,
@@ -234,6 +236,7 @@ class SessionManager:
             relay.close()
         self.commands.end(session.id)
         self.watchers.end(session.id)
+        await self.contexts.close(session)
         kernel.detach()
         await self.save(session)
 
@@ -566,6 +569,7 @@ class SessionManager:
                 async with asyncio.timeout(1.0):
                     async with session.lock:
                         pass
+        await self.contexts.close(session)  # their processes go with the sandbox
         await self.lifecycle.teardown(session)
         await self.save(session)
         self.events.tell("ended", session, reason)
@@ -608,6 +612,7 @@ class SessionManager:
             async with asyncio.timeout(5.0):
                 async with session.lock:
                     pass
+        await self.contexts.close(session)
         session.kernel.detach()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -625,6 +630,7 @@ class SessionManager:
         if session.kernel is not None:
             session.kernel.died.set()
         log.warning("session %s died: %s", session.id, reason)
+        await self.contexts.sandbox_gone(session, f"the session's kernel died ({reason})")
         await self.save(session)
         self.events.tell("died", session, reason)
         self.crashes.died(session)

@@ -127,6 +127,8 @@ class Session:
         self.parked: dict[str, Relay] = {}
         # Connected Jupyter clients, each told (its WebSocket closed) when the session ends.
         self.on_end: set[Callable[[str], None]] = set()
+        # Code contexts besides its own kernel (``contexts.Contexts``), by id.
+        self.contexts: dict[str, CodeContext] = {}
 
     @classmethod
     def from_record(cls, doc: dict[str, Any]) -> Session:
@@ -168,6 +170,7 @@ class Session:
         session.display_name = doc.get("display_name") or session.kernel_name
         session.executions = doc.get("executions", 0)
         session.output_bytes = doc.get("output_bytes", 0)
+        session.contexts = {c["id"]: CodeContext.from_record(c) for c in doc.get("contexts", ())}
         return session
 
     def take_sandbox(self, pooled: Session) -> None:
@@ -274,6 +277,7 @@ class Session:
                 {"name": v.name, "path": v.target, "read_only": v.read_only} for v in self.volumes
             ],
             "container_id": self.kernel.container_id if self.kernel else None,
+            "contexts": [c.to_json() for c in self.contexts.values()],
         }
 
     def record(self) -> dict[str, Any]:
@@ -327,3 +331,47 @@ async def ended_meanwhile(session: Session, doing: str) -> AsyncIterator[None]:
         raise
     if session.state == "deleted":
         raise ended()
+
+class CodeContext:
+    """One more kernel in a session's sandbox: a namespace of its own over the same files.
+
+    Its kernel lives as long as the sandbox it was started in; ``stopped`` says
+    why it is not running, and the next execute in it starts it empty.
+    """
+
+    def __init__(
+        self, context_id: str, kernel_name: str, language: str, cwd: str, created_at: float
+    ) -> None:
+        self.id = context_id
+        self.kernel_name = kernel_name
+        self.language = language
+        self.cwd = cwd  # relative to the workspace; "" is the workspace
+        self.created_at = created_at
+        self.kernel: Kernel | None = None
+        self.executions = 0
+        self.stopped: str | None = None  # why its kernel is not running (it starts when used)
+        self.restarted: str | None = None  # why its last start was empty, its variables gone
+        self.leftover = False  # a previous gateway's kernel of it may still run in the sandbox
+
+    @classmethod
+    def from_record(cls, doc: dict[str, Any]) -> CodeContext:
+        """A context a previous gateway process ran: defined, its kernel not this one's."""
+        cwd = doc["cwd"].removeprefix("/workspace").lstrip("/")  # its view's, as recorded
+        context = cls(doc["id"], doc["kernel"], doc["language"], cwd, parse_iso(doc["created_at"]))
+        context.executions = doc.get("executions", 0)
+        context.stopped = "the gateway restarted; the next execute starts it empty"
+        context.leftover = True
+        return context
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kernel": self.kernel_name,
+            "language": self.language,
+            "cwd": "/workspace" + (f"/{self.cwd}" if self.cwd else ""),
+            "state": "stopped" if self.kernel is None else "running",
+            "stopped": self.stopped,
+            "restarted": self.restarted,
+            "created_at": iso(self.created_at),
+            "executions": self.executions,
+        }

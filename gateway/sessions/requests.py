@@ -176,6 +176,7 @@ class ExecuteCode:
     timeout: float | None = None
     description: str | None = None  # the caller's markdown narrative for this step
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for this run only
+    context: str | None = None  # the code context it runs in; None: the session's own kernel
 
     @classmethod
     def from_json(cls, body: Any) -> ExecuteCode:
@@ -187,7 +188,10 @@ class ExecuteCode:
         if description is not None and not isinstance(description, str):
             raise BadRequest("description must be a markdown string")
         timeout = seconds_of(body.get("timeout"), "timeout")
-        return cls(code, timeout, description, env_vars(body.get("env")))
+        context = body.get("context")
+        if context is not None and not isinstance(context, str):
+            raise BadRequest("context must be a code context's id (GET .../contexts lists them)")
+        return cls(code, timeout, description, env_vars(body.get("env")), context)
 
 
 # How a paused or snapshotted kernel's state is saved to disk, best first.

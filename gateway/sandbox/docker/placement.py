@@ -34,6 +34,7 @@ from ..base import (
     write_secret_files,
 )
 from ..images import ImageBuilder
+from .contexts import ContextSpec
 from .events import ContainerWatcher
 from .exec import DockerProcess
 from .provisioner import (
@@ -173,6 +174,16 @@ class DockerPlacement(Placement):
         tty: tuple[int, int] | None,
     ) -> DockerProcess:
         return await DockerProcess.start(self.docker, sandbox_id, argv, env, cwd, tty)
+
+    def context_sandbox(
+        self,
+        spec: SandboxSpec,
+        container_id: str,
+        context_id: str,
+        cwd: str,
+        on_exit: Callable[[int], None],
+    ) -> ContextSpec:
+        return ContextSpec.beside(spec, container_id, context_id, cwd, on_exit)
 
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         facts = self._image_facts.get(image)

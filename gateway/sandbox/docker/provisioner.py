@@ -88,6 +88,10 @@ class SandboxSpec:
     workdir: str = "/workspace"
     isolation: Isolation = dataclasses.field(default_factory=Isolation)
     secret_files: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    # The kernel's socket names (prefix-port) and its copy of the connection file; a code
+    # context's kernel beside it has its own (``contexts.ContextSpec``).
+    prefix = "k"
+    kernel_connection_name = KERNEL_CONNECTION_FILE
 
     @property
     def secrets_dir(self) -> Path | None:
@@ -116,7 +120,7 @@ class SandboxSpec:
     @property
     def sockets(self) -> Path:
         """The prefix of the ipc sockets the gateway connects to: the guards', or the kernel's."""
-        return (self.guard_dir if self.max_message else self.run_dir) / "k"
+        return (self.guard_dir if self.max_message else self.run_dir) / self.prefix
 
     def direct_sockets(self, shell_port: int, iopub_port: int) -> tuple[str, str, int] | None:
         """The kernel's own shell and iopub sockets, and the bound on a message, for the
@@ -124,7 +128,9 @@ class SandboxSpec:
         do (gateway.execution.transport.zmtp). None with the guards off: libzmq's sockets then."""
         if not self.max_message:
             return None
-        shell, iopub = (str(self.run_dir / f"k-{port}") for port in (shell_port, iopub_port))
+        shell, iopub = (
+            str(self.run_dir / f"{self.prefix}-{port}") for port in (shell_port, iopub_port)
+        )
         return shell, iopub, self.max_message
 
     def manager_options(self) -> dict[str, Any]:
@@ -276,8 +282,8 @@ class DockerProvisioner(SandboxProvisioner):
             return
         spec.guard_dir.mkdir(mode=0o700, exist_ok=True)
         guards = tuple(
-            spec.guard(spec.guard_dir / f"k-{port}", spec.run_dir / f"k-{port}", spec.max_message)
-            for port in km.ports
+            spec.guard(spec.guard_dir / name, spec.run_dir / name, spec.max_message)
+            for name in (f"{spec.prefix}-{port}" for port in km.ports)
         )
         for guard in guards:
             await guard.start()
@@ -307,7 +313,7 @@ class DockerProvisioner(SandboxProvisioner):
         os.chown(spec.run_dir, *spec.uid_gid)  # the kernel binds its sockets there
         await self._guard()
         cmd = [
-            arg.replace(km.connection_file, f"{CONTAINER_KERNEL_DIR}/{KERNEL_CONNECTION_FILE}")
+            arg.replace(km.connection_file, f"{CONTAINER_KERNEL_DIR}/{spec.kernel_connection_name}")
             for arg in km.format_kernel_cmd(extra_arguments=kwargs.pop("extra_arguments", []))
         ]
         env = {**self.kernel_spec.env, **spec.env}
@@ -439,7 +445,7 @@ def _write_kernel_connection_file(info: dict[str, Any], spec: SandboxSpec) -> No
         "ip": f"{CONTAINER_RUN_DIR}/{Path(info['ip']).name}",
     }
     spec.kernel_dir.mkdir(mode=0o755, exist_ok=True)
-    path = spec.kernel_dir / KERNEL_CONNECTION_FILE
+    path = spec.kernel_dir / spec.kernel_connection_name
     with secure_write(str(path)) as f:  # it holds the session's key
         json.dump(info, f)
     os.chown(path, *spec.uid_gid)
