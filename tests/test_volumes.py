@@ -7,6 +7,8 @@ tests/unit/sessions/test_named_volumes.py and tests/unit/store/test_volume_recor
 
 from __future__ import annotations
 
+import subprocess
+
 from helpers import run, text_of
 
 TOKENS = {"acme": "acme-volumes-token-5d1e", "zeta": "zeta-volumes-token-9b3a"}
@@ -93,3 +95,53 @@ print(open('data/in/data.csv').read().splitlines()[1])
         (acme if s in readers else zeta).delete(f"/v1/sessions/{s['id']}")
     assert acme.delete("/v1/volumes/ds").status_code == 204
     assert acme.get("/v1/volumes/ds").status_code == 404
+
+
+def test_a_paused_session_holds_its_volume_and_a_fork_mounts_it_read_only(tenants):
+    _gw, clients = tenants
+    acme = clients["acme"]
+    assert acme.post("/v1/volumes", json={"name": "kept", "size": "16m"}).status_code == 201
+    source = _session(acme, volumes=[{"name": "kept", "path": "v"}])["id"]
+    run(acme, source, "open('v/a.txt', 'w').write('hello'); x = 1")
+    snap = acme.post(f"/v1/sessions/{source}/snapshots", json={}).json()
+    assert snap["volumes"] == [{"name": "kept", "path": "v", "read_only": False}]
+    r = acme.post("/v1/sessions", json={"from_snapshot": snap["id"]})
+    assert r.status_code == 409 and source in r.text, r.text  # the writer holds it
+    bare = _session(acme, from_snapshot=snap["id"], volumes=[])["id"]
+    reply = run(acme, bare, "import os; print(x, os.path.exists('v/a.txt'))")
+    assert text_of(reply) == "1 False\n"  # a snapshot holds no volume's files
+
+    r = acme.post(f"/v1/sessions/{source}/pause", json={"strategy": "namespace"})
+    assert r.status_code == 200, r.text
+    r = acme.post("/v1/sessions", json={"volumes": [{"name": "kept", "path": "w"}]})
+    assert r.status_code == 409 and source in r.text  # a paused session keeps its mount
+    assert acme.post(f"/v1/sessions/{source}/resume").status_code == 200
+    assert text_of(run(acme, source, "print(open('v/a.txt').read(), x)")) == "hello 1\n"
+
+    assert acme.delete(f"/v1/sessions/{source}").status_code == 204
+    fork = _session(acme, from_snapshot=snap["id"])
+    assert fork["volumes"] == [{"name": "kept", "path": "v", "read_only": True}]
+    reply = run(acme, fork["id"], "print(open('v/a.txt').read(), x); open('v/b', 'w')")
+    assert text_of(reply) == "hello 1\n" and "Read-only file system" in reply["error"]["evalue"]
+    for sid in (bare, fork["id"]):
+        acme.delete(f"/v1/sessions/{sid}")
+    acme.delete(f"/v1/snapshots/{snap['id']}")
+    assert acme.delete("/v1/volumes/kept").status_code == 204
+
+
+def test_volumes_outlive_a_gateway_restart_and_a_host_reboot_unmounting_them(start_gateway):
+    gw = start_gateway()
+    data_dir = gw.data_dir
+    assert gw.client.post("/v1/volumes", json={"name": "ds", "size": "16m"}).status_code == 201
+    assert gw.client.put("/v1/volumes/ds/files/a.txt", content=b"kept").status_code == 201
+    where = data_dir / "volumes" / gw.client.get("/v1/volumes/ds").json()["id"]
+    gw.stop()
+    subprocess.run(["umount", str(where / "workspace")], check=True)  # as a reboot would
+    gw = start_gateway(data_dir=data_dir)
+    assert gw.client.get("/v1/volumes/ds/files/a.txt").content == b"kept"
+    sid = gw.client.post("/v1/sessions", json={"volumes": [{"name": "ds", "path": "d"}]})
+    assert sid.status_code == 201, sid.text
+    assert text_of(run(gw.client, sid.json()["id"], "print(open('d/a.txt').read())")) == "kept\n"
+    gw.client.delete(f"/v1/sessions/{sid.json()['id']}")
+    assert gw.client.delete("/v1/volumes/ds").status_code == 204
+    assert not where.exists()

@@ -67,6 +67,7 @@ from .pool import WarmPool
 from .recovery import recover
 from .requests import (
     CreateSession,
+    MountVolume,
     PauseSession,
     TakeSnapshot,
     UpdateSession,
@@ -679,6 +680,11 @@ def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSes
     network = request.network
     if network.is_none and "network" in snapshot:
         network = NetworkPolicy.parse(snapshot["network"])
+    volumes = request.volumes
+    if volumes is None:  # the source's volumes, read-only: their files were never snapshotted
+        volumes = tuple(
+            MountVolume(v["name"], v["path"], read_only=True) for v in snapshot.get("volumes", ())
+        )
     return dataclasses.replace(
         request,
         kernel=snapshot["kernel"],
@@ -686,4 +692,5 @@ def _fork_request(request: CreateSession, snapshot: dict[str, Any]) -> CreateSes
         secrets=tuple(name for name in secrets if name not in bound),
         credentials=credentials,
         network=network,
+        volumes=volumes,
     )

@@ -87,7 +87,8 @@ class CreateSession:
     ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
     working_dir: str | None = None  # the kernel's directory in the workspace (relative)
     survive_crashes: bool = False  # checkpoint the kernel's state; bring it back if it dies
-    volumes: tuple[MountVolume, ...] = ()  # the tenant's named volumes, under the workspace
+    # The tenant's named volumes under the workspace; None: none (a fork: its source's).
+    volumes: tuple[MountVolume, ...] | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> CreateSession:
@@ -315,10 +316,10 @@ class MountVolume:
     read_only: bool = False
 
     @classmethod
-    def parse_all(cls, value: Any) -> tuple[MountVolume, ...]:
+    def parse_all(cls, value: Any) -> tuple[MountVolume, ...] | None:
         """``[{"name", "path", "read_only"}]``; each path once, none inside another."""
         if value is None:
-            return ()
+            return None
         if not isinstance(value, list) or len(value) > MAX_MOUNTS:
             raise BadRequest(
                 f'volumes must be a list of at most {MAX_MOUNTS} {{"name": ..., "path": ...}}'

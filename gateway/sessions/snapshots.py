@@ -86,6 +86,11 @@ class Snapshots:
                 # a fork gets these too: a brokered secret's value never enters its sandbox
                 "credentials": [c.to_json() for c in session.credentials],
                 "network": session.network.to_json(),
+                # the mounts, not their files: a fork mounts the same volumes read-only
+                "volumes": [
+                    {"name": v.name, "path": v.target, "read_only": v.read_only}
+                    for v in session.volumes
+                ],
                 "saved": saved.to_json(),
                 "last_execution": await self.store.last_execution(session.id),
                 # Its files stay in this gateway's data dir: another gateway of the

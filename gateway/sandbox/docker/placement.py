@@ -309,5 +309,10 @@ def _session_of(container: dict[str, Any]) -> str:
 
 
 def _volume_mount_points(workspace: Workspace, spec: SandboxSpec) -> None:
+    """Each volume mounted on the host (a reboot unmounts them), and its mount point made."""
     for mount in spec.volumes:
+        where = Path(mount.source).parent
+        volume.mount_again(where)
+        if mount.read_only:
+            volume.read_only_view(where)
         workspace.make_dir(mount.target)

@@ -121,21 +121,29 @@ def test_sizes_and_counts_are_held_to_the_servers_bounds_and_the_tenants_quota(t
                                   max_volumes=2))  # fmt: skip
 
 
+def _fill(root: Path) -> int:
+    """Write past a mounted volume's size as a sandbox would; the errno it met, then clean up."""
+    assert os.path.ismount(root)
+    try:
+        with open(root / "big", "wb") as f:
+            for _ in range(64):
+                f.write(b"\0" * MIB)
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as e:
+        return e.errno
+    finally:
+        os.unlink(root / "big")
+    return 0
+
+
 @pytest.mark.skipif(not LOOPS, reason="a volume's cap needs loop mounts (root)")
 def test_a_full_volume_is_enospc_to_a_writer_and_a_413_to_an_upload_never_an_error(tmp_path):
     async def scenario(volumes, store):
         doc = await volumes.create(ACME, CreateVolume("full", 16 * MIB))
         files = await volumes.files(ACME, "full")
         root = Path(doc["where"]) / "workspace"
-        assert os.path.ismount(root)
-        with pytest.raises(OSError) as caught:  # what the kernel's code meets
-            with open(root / "big", "wb") as f:
-                for _ in range(64):
-                    f.write(b"\0" * MIB)
-                    f.flush()
-                    os.fsync(f.fileno())
-        assert caught.value.errno == errno.ENOSPC
-        os.unlink(root / "big")
+        assert await asyncio.to_thread(_fill, root) == errno.ENOSPC  # what the kernel's code meets
         upload = await files.open_write("again")
         with pytest.raises(OSError) as caught:
             for _ in range(64):
@@ -179,9 +187,11 @@ def test_readers_share_a_volume_a_writer_is_alone_and_a_mounted_volume_is_not_de
             assert await store.claim_quota(claim, caps, 60) is None
         mounts = await volumes.mount("r1", ACME, (MountVolume("ds", "data", True),))
         assert mounts[0].target == "data" and mounts[0].read_only
-        assert (
-            Path(mounts[0].source) == Path((await volumes.get(ACME, "ds"))["where"]) / "workspace"
-        )
+        where = Path((await volumes.get(ACME, "ds"))["where"])
+        if LOOPS:  # a read-only, nosuid, nodev view: what a read-only bind keeps in the sandbox
+            assert Path(mounts[0].source) == where / "read-only"
+            flags = os.statvfs(mounts[0].source).f_flag
+            assert flags & os.ST_RDONLY and flags & os.ST_NOSUID and flags & os.ST_NODEV
         await volumes.mount("r2", ACME, (MountVolume("ds", "in", True),))
         with pytest.raises(VolumeInUse) as caught:
             await volumes.mount("w1", ACME, (MountVolume("ds", "data", False),))
@@ -192,9 +202,11 @@ def test_readers_share_a_volume_a_writer_is_alone_and_a_mounted_volume_is_not_de
             await volumes.mount("w1", ZETA, (MountVolume("ds", "data", False),))
         await store.release_claim("r1")
         await volumes.release("r2")
-        await volumes.mount("w1", ACME, (MountVolume("ds", "data", False),))
+        writer = await volumes.mount("w1", ACME, (MountVolume("ds", "data", False),))
+        assert Path(writer[0].source) == where / "workspace"
         await volumes.release("w1")
         await volumes.delete(ACME, "ds")
+        assert not await asyncio.to_thread(where.exists)  # its view unmounted with it
         with pytest.raises(VolumeNotFound):
             await volumes.get(ACME, "ds")
 
@@ -217,3 +229,33 @@ def test_uploads_to_a_volume_past_its_free_space_are_refused_up_front(tmp_path):
     if not LOOPS:
         pytest.skip("free space is the host's without loop mounts")
     run(tmp_path, scenario)
+
+
+def test_a_fork_mounts_its_sources_volumes_read_only_unless_it_names_its_own():
+    from gateway.sessions.manager import _fork_request
+
+    snapshot = {"id": "s", "kernel": "python3", "image": "img",
+                "volumes": [{"name": "ds", "path": "data", "read_only": False}]}  # fmt: skip
+    fork = _fork_request(CreateSession.from_json({"from_snapshot": "s"}), snapshot)
+    assert fork.volumes == (MountVolume("ds", "data", read_only=True),)
+    bare = _fork_request(CreateSession.from_json({"from_snapshot": "s", "volumes": []}), snapshot)
+    assert bare.volumes == ()
+
+
+def test_a_placement_that_cannot_bind_this_hosts_volumes_refuses_a_create_naming_them():
+    from types import SimpleNamespace
+
+    from gateway.errors import NotAllowed
+    from gateway.sandbox.docker.placement import DockerPlacement
+    from gateway.sandbox.swarm.placement import SwarmPlacement
+    from gateway.sessions.manager import SessionManager
+
+    assert DockerPlacement.mounts_volumes and not SwarmPlacement.mounts_volumes
+    manager = SimpleNamespace(
+        volumes=object(), lifecycle=SimpleNamespace(placement=SimpleNamespace(
+            name="swarm", mounts_volumes=False)),
+    )  # fmt: skip
+    request = CreateSession.from_json({"volumes": [{"name": "ds", "path": "data"}]})
+    with pytest.raises(NotAllowed, match="swarm placement cannot mount named volumes"):
+        asyncio.run(SessionManager._mount_volumes(manager, None, request, ACME))
+    assert asyncio.run(SessionManager._mount_volumes(manager, None, CreateSession(), ACME)) == ()
