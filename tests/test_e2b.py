@@ -174,19 +174,53 @@ def test_another_sandboxs_token_is_refused(sandbox: Sandbox, gateway: GatewayPro
         other.kill()
 
 
-def test_contexts_map_onto_the_sandbox_kernel(sandbox: Sandbox) -> None:
-    context = sandbox.create_code_context(language="python")
-    assert context.language == "python" and context.cwd == "/home/user"
-    assert [c.id for c in sandbox.list_code_contexts()] == [context.id]
-    sandbox.run_code("kept = 1", context=context)
-    assert sandbox.run_code("kept").text == "1"
+RUNNING = """
+import os
+def running(name):
+    found = False
+    for pid in os.listdir('/proc'):
+        try:
+            found |= name in open(f'/proc/{pid}/cmdline').read()
+        except OSError:
+            pass
+    return found
+"""
+
+
+def test_code_contexts_are_kernels_of_their_own_in_one_sandbox(sandbox: Sandbox) -> None:
+    sandbox.run_code("x = 'default'\nopen('shared.txt', 'w').write('from default')\n" + RUNNING)
+    context = sandbox.create_code_context(language="python", cwd="/home/user/sub")
+    assert context.language == "python" and context.cwd == "/home/user/sub"
+    assert [c.id for c in sandbox.list_code_contexts()] == [sandbox.sandbox_id, context.id]
+    assert sandbox.run_code("'x' in dir()", context=context).text == "False"
+    here = "import os\n(os.getcwd(), open('../shared.txt').read())"
+    assert sandbox.run_code(here, context=context).text == "('/workspace/sub', 'from default')"
+    sandbox.run_code("x = 'context'", context=context)
+    assert sandbox.run_code("x").text == "'default'"
     sandbox.restart_code_context(context)
-    assert sandbox.run_code("'kept' in dir()").text == "False"
-    with pytest.raises(SandboxException, match="does not run 'r'"):
+    assert sandbox.run_code("'x' in dir()", context=context).text == "False"
+
+    # Another kernel the image holds; a language it lacks is refused, naming what it has.
+    xeus = sandbox.create_code_context(language="xpython")
+    assert sandbox.run_code("x = 3\nx", context=xeus).text == "3"
+    with pytest.raises(SandboxException, match=r"400.*holds no language 'r'.*python \(python3\)"):
         sandbox.create_code_context(language="r")
-    with pytest.raises(SandboxException, match="does not run 'javascript'"):
+    with pytest.raises(SandboxException, match="holds no language 'javascript'"):
         sandbox.run_code("1", language="javascript")
+
+    # Code in one context that kills another's kernel: that one starts empty next time.
+    pid = sandbox.run_code("import os\nos.getpid()", context=context).text
+    sandbox.run_code(f"import os, signal\nos.kill({pid}, signal.SIGKILL)")
+    time.sleep(1)  # the gateway hears of it when the exec's stream ends
+    assert sandbox.run_code("'x' in dir()", context=context).text == "False"
+
+    # Removed: gone from the list and from the sandbox's processes.
     sandbox.remove_code_context(context)
+    assert [c.id for c in sandbox.list_code_contexts()] == [sandbox.sandbox_id, xeus.id]
+    with pytest.raises(NotFoundException, match="does not exist"):
+        sandbox.run_code("1", context=context)
+    assert sandbox.run_code(f"running({context.id!r})").text == "False"
+    assert sandbox.run_code("x").text == "'default'"
 
 
 def test_a_client_that_goes_away_interrupts_the_kernel(sandbox: Sandbox) -> None:

@@ -6,9 +6,12 @@ under its E2B name, the rest in ``extra``), ``error``, then
 ``number_of_executions``. A client that goes away mid-run interrupts the
 kernel; the session stays usable.
 
-A sandbox is one session with one kernel, so it has one context: the
-default one, in its kernel's language. Creating a context in that language
-answers with it (state is shared); another language needs a sandbox of its own.
+A sandbox is one session; its default context is the session's own kernel
+(its id is the sandbox's). ``create_code_context`` starts another kernel in
+the same sandbox (``sessions.contexts``): same files, its own variables, in
+any language the sandbox's image holds. ``run_code(language=...)`` in another
+language than the default context's runs in that language's first context,
+made on first use, as E2B does.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import time
 from typing import Any
 
 from ...access.audit import code_facts
-from ...errors import BadRequest, NotFound
+from ...errors import BadRequest
+from ...sessions.model import CodeContext, Session
 from ...sessions.requests import ExecuteCode
 from ...validation import env_vars
 from .base import JUPYTER_PORT, SandboxHandler
-from .templates import HOME, check_language, language_of
+from .templates import HOME, LANGUAGES, language_of
 
 # nbformat MIME types by the name the SDK's Result takes them under.
 MIME_NAMES = {
@@ -80,29 +84,53 @@ def error_event(error: dict[str, Any]) -> dict[str, Any]:
 class InterpreterHandler(SandboxHandler):
     port = JUPYTER_PORT
 
-    def context(self) -> dict[str, Any]:
-        session = self.manager.get(self.sandbox_id, self.principal)
-        return {"id": session.id, "language": language_of(session.kernel_name), "cwd": HOME}
+    def session(self) -> Session:
+        return self.manager.get(self.sandbox_id, self.principal)
 
-    def check_context(self, context_id: str | None) -> None:
-        if context_id is not None and context_id != self.sandbox_id:
-            raise NotFound(f"context {context_id!r} does not exist in this sandbox")
+    def context_id(self, context_id: str | None) -> str | None:
+        """The domain's id of a context the SDK names (the sandbox's id: its default one)."""
+        return None if context_id == self.sandbox_id else context_id
+
+    def view(self, session: Session, context: CodeContext | None) -> dict[str, Any]:
+        """A context in the SDK's shape (its cwd under the SDK's home)."""
+        if context is None:
+            return {"id": session.id, "language": language_of(session.kernel_name), "cwd": HOME}
+        cwd = HOME + (f"/{context.cwd}" if context.cwd else "")
+        return {"id": context.id, "language": context.language, "cwd": cwd}
+
+    async def context_for(self, session: Session, context_id: Any, language: Any) -> str | None:
+        """The context an execute runs in: the one named, else the first of its language
+        (made on first use), else the default one."""
+        if context_id is not None:
+            return self.context_id(str(context_id))
+        if language is None or LANGUAGES.get(str(language).lower()) == session.kernel_name:
+            return None
+        wanted = _language(language)
+        if wanted == language_of(session.kernel_name):
+            return None
+        contexts = self.manager.contexts
+        found = next((c for c in session.contexts.values() if c.language == wanted), None)
+        if found is None:
+            found = await contexts.create(session, language=wanted)
+        return found.id
 
 
 class ExecuteHandler(InterpreterHandler):
     actions = {"POST": "session.execute"}
     running = False
     gone = False
+    ran_in: str | None = None  # the context it runs in (None: the default one)
 
     async def post(self) -> None:
         body = self.json_body()
-        session = self.manager.get(self.sandbox_id, self.principal)
-        self.check_context(body.get("context_id"))
-        check_language(body.get("language"), session.kernel_name)
+        session = self.session()
         if not isinstance(body.get("code"), str):
             raise BadRequest("code must be a string of source code")
+        context = await self.context_for(session, body.get("context_id"), body.get("language"))
         self.audit_detail.update(code_facts(body["code"]))
-        request = ExecuteCode(body["code"], env=env_vars(body.get("env_vars")))
+        env = env_vars(body.get("env_vars"))
+        request = ExecuteCode(body["code"], env=env, context=context)
+        self.ran_in = context
         self.set_header("Content-Type", "application/x-ndjson")
         self.running = True
         try:
@@ -135,29 +163,38 @@ class ExecuteHandler(InterpreterHandler):
         """The client went away: stop its code, as E2B does, so the sandbox is free again."""
         self.gone = True
         if self.running:
-            self.manager.spawn(self.manager.interrupt(self.sandbox_id, self.principal))
+            interrupt = self.manager.contexts.interrupt(self.session(), self.ran_in)
+            self.manager.spawn(interrupt)
 
 
 class ContextsHandler(InterpreterHandler):
+    actions = {"POST": "session.context"}
+
     async def get(self) -> None:
-        self.send([self.context()])
+        session = self.session()
+        self.send(
+            [self.view(session, None), *(self.view(session, c) for c in session.contexts.values())]
+        )
 
     async def post(self) -> None:
         body = self.json_body()
-        session = self.manager.get(self.sandbox_id, self.principal)
-        check_language(body.get("language"), session.kernel_name)
-        cwd = body.get("cwd")
-        if cwd not in (None, HOME, HOME + "/"):
-            raise BadRequest(f"contexts start in {HOME} (the sandbox's workspace), not {cwd!r}")
-        self.send(self.context())
+        language = body.get("language")
+        context = await self.manager.contexts.create(
+            self.session(),
+            language=None if language is None else _language(language),
+            cwd=body.get("cwd"),
+        )
+        self.send(self.view(self.session(), context))
 
 
 class ContextHandler(InterpreterHandler):
-    """Removing the sandbox's one context leaves it as it is: it lives as long as the sandbox."""
+    """Removing the default context leaves it as it is: it lives as long as the sandbox."""
 
     async def delete(self, context_id: str) -> None:
-        self.check_context(context_id)
-        self.manager.get(self.sandbox_id, self.principal)
+        session = self.session()
+        found = self.context_id(context_id)
+        if found is not None:
+            await self.manager.contexts.remove(session, found)
         self.set_status(204)
         self.finish()
 
@@ -166,10 +203,21 @@ class ContextRestartHandler(InterpreterHandler):
     actions = {"POST": "session.restart"}
 
     async def post(self, context_id: str) -> None:
-        self.check_context(context_id)
-        await self.manager.restart(self.sandbox_id, self.principal)
+        found = self.context_id(context_id)
+        if found is None:
+            await self.manager.restart(self.sandbox_id, self.principal)
+        else:
+            await self.manager.contexts.restart(self.session(), found)
         self.set_status(204)
         self.finish()
+
+
+def _language(language: Any) -> str:
+    """An SDK language as the kernelspecs name it (``js`` is JavaScript)."""
+    if not isinstance(language, str):
+        raise BadRequest("language must be a string such as 'python', 'r', 'javascript', 'bash'")
+    name = language.lower()
+    return "javascript" if name == "js" else name
 
 
 routes = [

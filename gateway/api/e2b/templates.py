@@ -6,8 +6,6 @@ its image, ``kernels/*/kernel.json``). A kernelspec's own name is a template too
 
 from __future__ import annotations
 
-from ...errors import BadRequest
-
 # What the SDK's defaults and E2B's public templates ask for, by kernel.
 TEMPLATES = {
     "code-interpreter-v1": "python3",  # e2b_code_interpreter.Sandbox's default
@@ -37,18 +35,3 @@ def kernel_for_template(template: str) -> str:
 def language_of(kernel: str) -> str:
     """The E2B language a kernel speaks (its first name in ``LANGUAGES``)."""
     return next((lang for lang, k in LANGUAGES.items() if k == kernel), kernel)
-
-
-def check_language(language: str | None, kernel: str) -> None:
-    """Refuse code in a language the sandbox's kernel does not speak."""
-    if language is None or LANGUAGES.get(language.lower()) == kernel:
-        return
-    template = next((t for t, k in TEMPLATES.items() if k == LANGUAGES.get(language.lower())), None)
-    advice = (
-        f"create a sandbox from template {template!r} for it"
-        if template
-        else (f"languages offered: {', '.join(sorted(LANGUAGES))}")
-    )
-    raise BadRequest(
-        f"this sandbox runs one {kernel} kernel, which does not run {language!r}; {advice}"
-    )
