@@ -38,6 +38,7 @@ from .api import (
     sessions,
     snapshots,
     stream,
+    tools,
     volumes,
     webhooks,
 )
@@ -79,12 +80,14 @@ from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
+from .sessions.tools import SessionTools
 from .sessions.upkeep import Upkeep
 from .sessions.volumes import Volumes
 from .sessions.webhooks import Webhooks, read_endpoints
 from .sessions.workspaces import Workspaces
 from .store.base import Store
 from .store.datadir import DataDirLock
+from .tools.specs import CallLimits
 from .wiring import (
     isolation_options,
     make_store,
@@ -132,6 +135,7 @@ def make_app(
             *jupyter.routes,
             *e2b.routes,
             *previews.routes,
+            *tools.routes,
         ],
         default_handler_class=NotFoundHandler,
         log_function=log_request,
@@ -171,6 +175,7 @@ def make_app(
         sbx_e2b_forks=Forks(manager, settings.max_ttl),
         sbx_e2b_cpu=CpuShares(),
         sbx_previews=domain.previews,
+        sbx_tools=domain.tools,
         sbx_preview_links=PreviewLinks(e2b_credentials.tokens),
         websocket_ping_interval=settings.ws_ping_interval,
         websocket_ping_timeout=settings.ws_ping_interval,
@@ -236,6 +241,9 @@ class Gateway:
         )
         self.domain = build_domain(self.settings, self.manager)
         self.manager.gate.desk.on_change = audit_log.approval
+        self.domain.tools.on_call = lambda session_id, who, outcome, call: audit_log.record(
+            "tool.call", who, outcome, session_id=session_id, detail=call
+        )
         events, webhook_sink = self.manager.events, self.domain.webhooks
         events.sinks.append(webhook_sink.publish)
         self.manager.gate.desk.listeners.append(events.approval)
@@ -324,6 +332,7 @@ class Gateway:
                 gate.stop()
         if self.domain is not None:
             self.domain.previews.stop()
+            await self.domain.tools.stop()
         await asyncio.gather(*(cache.stop() for cache in self.package_caches))
         if self.audit is not None:
             self.audit.close()
@@ -425,6 +434,7 @@ class Domain:
     networks: NetworkRules
     previews: Previews
     webhooks: Webhooks
+    tools: SessionTools
 
 
 def build_domain(settings: Settings, manager: SessionManager) -> Domain:
@@ -436,6 +446,7 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         session_output_bytes=settings.session_output_bytes,
     )
     lifecycle, store, gate = manager.lifecycle, manager.store, manager.gate
+    session_tools = SessionTools(manager, gate, lifecycle.secrets, CallLimits())
     return Domain(
         executions=Executions(
             manager,
@@ -446,6 +457,7 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
             manager.leases,
             manager.metrics,
             limits,
+            session_tools,
         ),
         reports=Reports(
             manager, store, lifecycle.placement, manager.snapshots, manager.pool, manager.clock
@@ -474,6 +486,7 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
             webhook_options(settings),
             AddressGuard(list(settings.webhook_allow_ranges), set()),
         ),
+        tools=session_tools,
     )
 
 

@@ -54,6 +54,7 @@ from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
+from ..sessions.tools import SessionTools
 from ..sessions.volumes import Volumes
 from ..sessions.webhooks import Webhooks
 from ..sessions.workspaces import Workspaces
@@ -165,6 +166,10 @@ class GatewayHandlerMixin:
     @property
     def volumes(self) -> Volumes:
         return self.settings["sbx_volumes"]
+
+    @property
+    def tools(self) -> SessionTools:
+        return self.settings["sbx_tools"]
 
     @property
     def locations(self) -> Locations:

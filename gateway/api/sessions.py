@@ -41,7 +41,7 @@ class SessionsHandler(JSONHandler):
 
     async def post(self) -> None:
         request = CreateSession.from_json(self.json_body())
-        session = await self.manager.create(request, self.principal)
+        session = await self.tools.create(request, self.principal)
         self.audit_session = session.id
         self.set_header("Location", f"/v1/sessions/{session.id}")
         self.send(session.to_json(), status=201)

@@ -62,6 +62,8 @@ class ExecutionRecorder:
         ``review``: what the policy made of the code (findings, decision, approval).
         """
         self.store = store
+        self.review = review
+        self.tool_calls: list[dict[str, Any]] = []  # what its code called, kept with its review
         record = {
             "code": code,
             "description": description,
@@ -95,6 +97,8 @@ class ExecutionRecorder:
         if self._begun.done() and self._begun.exception() is not None:
             log.error("execution %s was never recorded: %s", self.id, self._begun.exception())
         record = {**result.to_json(), "ended_at": iso(time.time())}
+        if self.tool_calls:
+            record["review"] = {**(self.review or {}), "tools": self.tool_calls}
         return self.store.finish_execution(self.id, record)
 
 

@@ -148,6 +148,8 @@ def _code_cell(execution: dict[str, Any]) -> Any:
     review = execution.get("review")
     if review and (review["decision"]["findings"] or review["decision"]["reasons"]):
         sbx["review"] = review  # the policy's findings and decision, and who approved
+    if review and review.get("tools"):
+        sbx["tools"] = review["tools"]  # the tool calls its code made, each as decided
     cell.metadata["sbx"] = sbx
     return cell
 

@@ -126,6 +126,14 @@ class Gate:
         shell = Finding("shell", "SBX300", 1, "runs a command in the sandbox")
         return await self.review(tenant, session_policy, "bash", line, (shell,))
 
+    def review_tool(
+        self, tenant: str, session_policy: Policy | None, tool: str, action: str
+    ) -> Decision:
+        """A tool call from a session's code: the action its tool rule (or, unset, its MCP
+        annotations) gives, whatever the policy's mode: an agent builder chose it per tool."""
+        reasons = () if action == "allow" else (f"the session's rule for tool {tool} is {action}",)
+        return Decision(action, action, "enforce", reasons)
+
     def check_file(self, tenant: str, session_policy: Policy | None, op: str, size: int = 0) -> int:
         """Refuse a files API ``op`` the policy forbids (Denied); the download limit in force.
 

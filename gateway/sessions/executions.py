@@ -13,6 +13,7 @@ around by another route.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shlex
@@ -29,7 +30,7 @@ from ..errors import (
     SessionBusy,
     StoreUnavailable,
 )
-from ..execution.kernel import ExecutionResult
+from ..execution.kernel import ExecutionResult, Kernel
 from ..execution.outputs import OutputCap, OutputListener
 from ..execution.recorder import COMMAND, SILENT, ExecutionRecorder
 from ..limits import format_size
@@ -45,6 +46,7 @@ from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
 from .model import CodeContext, Session, check_usable
 from .requests import ExecuteCode, StartCommand
+from .tools import SessionTools
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +86,11 @@ class Executions:
         leases: Leases,
         metrics: GatewayMetrics,
         limits: ExecutionLimits,
+        tools: SessionTools | None = None,
     ) -> None:
+        """``tools``: sessions' tools, whose calls an execute's code may make while it runs."""
         self.sessions = sessions
+        self.tools = tools
         self.gate = gate
         self.store = store
         self.lifecycle = lifecycle
@@ -143,7 +148,10 @@ class Executions:
             kernel, restarted = await self.sessions.contexts.kernel(session, context)
             recorder = self.begin(session, code, request.description, review)
             await session.workspace.baseline()
-            async with kernel.environment(request.env):
+            async with (
+                self._tool_turn(session, who, recorder, kernel),
+                kernel.environment(request.env),
+            ):
                 result = await kernel.execute(
                     code,
                     timeout=limit,
@@ -363,6 +371,14 @@ class Executions:
         duration = (time.monotonic() - command.started) * 1000
         result = ExecutionResult("ok" if code == 0 else "error", None, [], error, duration)
         await self.finish(session, recorder, result)
+
+    def _tool_turn(
+        self, session: Session, who: Principal, recorder: ExecutionRecorder, kernel: Kernel | None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """The window in which the execute's code may call the session's tools."""
+        if self.tools is None:
+            return contextlib.nullcontext()
+        return self.tools.turn(session, who, recorder, kernel)
 
     # -- the gate's outcomes ----------------------------------------------------------------
 

@@ -37,6 +37,12 @@ class Relay(Protocol):
     def close(self) -> None: ...
 
 
+class Viewed(Protocol):
+    """Something of the session's shown in its view (its tools)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class Session:
     """One sandboxed kernel and what the gateway knows about it."""
 
@@ -122,6 +128,7 @@ class Session:
         self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.egress_bytes = [0, 0]  # sent, received through it since this gateway started
         self.stream: Relay | None = None  # the agent stream, made on first use
+        self.tools: Viewed | None = None  # its Toolbox (sessions/tools.py), shown in its view
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
         self.parked: dict[str, Relay] = {}
@@ -277,6 +284,7 @@ class Session:
                 {"name": v.name, "path": v.target, "read_only": v.read_only} for v in self.volumes
             ],
             "container_id": self.kernel.container_id if self.kernel else None,
+            "tools": self.tools.to_json() if self.tools is not None else None,
             "contexts": [c.to_json() for c in self.contexts.values()],
         }
 
@@ -331,6 +339,7 @@ async def ended_meanwhile(session: Session, doing: str) -> AsyncIterator[None]:
         raise
     if session.state == "deleted":
         raise ended()
+
 
 class CodeContext:
     """One more kernel in a session's sandbox: a namespace of its own over the same files.

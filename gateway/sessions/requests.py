@@ -23,6 +23,7 @@ from ..errors import BadRequest
 from ..limits import Limits, parse_size
 from ..policy.model import Policy, session_policy
 from ..sandbox.isolation.runtimes import RUNTIMES
+from ..tools.specs import ToolsConfig, parse_tools
 from ..validation import env_vars, image_ref, metadata_dict
 from ..workspace.rules import clean_path
 
@@ -87,6 +88,7 @@ class CreateSession:
     ttl_from: str = "created"  # or "activity" (Jupyter kernels: Settings.jupyter_ttl_from)
     working_dir: str | None = None  # the kernel's directory in the workspace (relative)
     survive_crashes: bool = False  # checkpoint the kernel's state; bring it back if it dies
+    tools: ToolsConfig | None = None  # MCP servers its code calls (sessions/tools.py)
     # The tenant's named volumes under the workspace; None: none (a fork: its source's).
     volumes: tuple[MountVolume, ...] | None = None
 
@@ -139,6 +141,7 @@ class CreateSession:
             from_snapshot=from_snapshot,
             template=template_of(body.get("template")),
             survive_crashes=survive,
+            tools=None if body.get("tools") is None else parse_tools(body["tools"]),
             volumes=MountVolume.parse_all(body.get("volumes")),
         )
 
@@ -167,6 +170,17 @@ class UpdateSession:
             idle_timeout=seconds_of(body.get("idle_timeout"), "idle_timeout"),
             expires_in=seconds_of(body.get("expires_in"), "expires_in"),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class SetTools:
+    """``PUT /v1/sessions/{id}/tools``: the session's tools from now on (``{}``: none)."""
+
+    tools: ToolsConfig
+
+    @classmethod
+    def from_json(cls, body: Any) -> SetTools:
+        return cls(parse_tools(_body(body)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,10 +113,14 @@ class Executions:
         dropped: they would be deleted in the same transaction. Nothing in
         between was committed, so a crash loses no more than before. If that
         insert fails, the returned write fails with it, as the update would.
+        A ``review`` in ``record`` replaces the one it began with (it adds the
+        tool calls its code made).
         """
         unwritten = self._unwritten.pop(execution_id, None)
+        review = json.dumps(record["review"]) if record.get("review") else None  # + tool calls
         if unwritten is not None:
-            values = (*unwritten.started, *_execution_values(record))
+            started = unwritten.started if review is None else (*unwritten.started[:5], review)
+            values = (*started, *_execution_values(record))
             failed: list[Exception] = []
 
             def insert() -> None:
@@ -138,11 +142,12 @@ class Executions:
             return self.db.submit(confirm, quick=True)
 
         def update() -> None:  # one transaction with the rest of its batch
+            reviewed = () if review is None else ("review",)
             self.db.cursor(
                 "UPDATE executions SET "
-                + ", ".join(f"{c} = ?" for c in _EXECUTION_COLUMNS)
+                + ", ".join(f"{c} = ?" for c in (*_EXECUTION_COLUMNS, *reviewed))
                 + " WHERE id = ?",
-                (*_execution_values(record), execution_id),
+                (*_execution_values(record), *(() if review is None else (review,)), execution_id),
             )
             self.db.cursor("DELETE FROM running_outputs WHERE execution_id = ?", (execution_id,))
             self._chain(execution_id, execution_id + 1)

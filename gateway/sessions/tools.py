@@ -1,0 +1,423 @@
+"""Tools called from a session's code: each call through the policy gate, into the record.
+
+A session is given tools (``ToolsConfig``) at create or later; the gateway
+connects to each MCP server as a client (``tools/mcp_servers.py``), lists its
+tools, and serves the session's tool socket (``tools/endpoint.py``). Code in
+the kernel calls them as functions (``tools/sbx_tools.py``, put in a Python
+kernel's ``sys.modules`` before its first execute).
+
+A call is taken only while an execute of the session runs (its ``ToolTurn``,
+opened by ``Executions``): outside one it is refused, and calls still open
+when the execute ends are cut. Each call is judged by the gate
+(``Gate.review_tool``: allow, hold for an approver, deny), counted against
+the execute's ``calls_per_execute``, bounded in time and result size, and
+recorded (tool, masked arguments, size, duration, decision) in the
+execution's review, which the history and the notebook export show, and in
+the audit log. One approval covers the next ``approval_covers`` calls of its
+tool in that execute; calls of the tool made while it is pending wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from ..access.auth import Principal
+from ..access.secrets import SecretVault
+from ..errors import BadRequest, NotSupported, Unavailable
+from ..execution.kernel import Kernel
+from ..execution.recorder import ExecutionRecorder
+from ..masking import Masker
+from ..policy.gate import Gate
+from ..tools.endpoint import CallRefused, ToolEndpoint
+from ..tools.mcp_servers import McpConnection, ToolFailed
+from ..tools.specs import CallLimits, McpServer, Rule, Tool, ToolsConfig, default_action
+from .manager import SessionManager
+from .model import Session
+from .requests import CreateSession
+
+log = logging.getLogger(__name__)
+
+SOURCE = (Path(__file__).parent.parent / "tools" / "sbx_tools.py").read_text()
+INJECT = (
+    "import sys as _s, types as _t\n"
+    "_m = _t.ModuleType('sbx_tools', 'Tools of this session (the gateway put it here).')\n"
+    "_m.__file__ = 'sbx_tools.py'\n"
+    f"exec(compile({SOURCE!r}, 'sbx_tools.py', 'exec'), _m.__dict__)\n"
+    "_s.modules['sbx_tools'] = _m\n"
+    "del _s, _t, _m\n"
+)
+MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
+
+Connect = Callable[[McpServer, dict[str, str], int], McpConnection]
+CallHook = Callable[[str, Principal, str, dict[str, Any]], None]
+
+
+class ToolServerFailed(Unavailable):
+    """An MCP server a session is to be given does not answer as one."""
+
+    status = 502
+    code = "tool_server_failed"
+
+
+@dataclasses.dataclass
+class ToolTurn:
+    """One execute's window for tool calls: who ran it, what it called, what was approved."""
+
+    who: Principal
+    recorder: ExecutionRecorder
+    calls: int = 0
+    granted: dict[str, int] = dataclasses.field(default_factory=dict)  # calls left, by tool
+    pending: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+@dataclasses.dataclass
+class Toolbox:
+    """A session's tools, its connections to their servers, and its open turn."""
+
+    config: ToolsConfig
+    limits: CallLimits
+    tools: dict[str, tuple[Tool, McpConnection]]
+    masker: Masker  # the header secrets' values: never sent into the sandbox
+    slots: asyncio.Semaphore
+    turn: ToolTurn | None = None
+    injected: tuple[int, int] | None = None  # (kernel, its restarts) the module was put in
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mcp": [server.to_json() for server in self.config.mcp],
+            "tools": [tool.to_json() for tool, _ in self.tools.values()],
+            "limits": self.limits.to_json(),
+        }
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [
+            {k: v for k, v in tool.to_json().items() if k != "approval_covers"}
+            for tool, _ in self.tools.values()
+        ]
+
+    async def close(self) -> None:
+        connections = {id(c): c for _, c in self.tools.values()}
+        await asyncio.gather(*(c.close() for c in connections.values()))
+
+
+class SessionTools:
+    """Every session's tools: giving them, serving their socket, and each call's way through."""
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        gate: Gate,
+        secrets: SecretVault | None,
+        ceiling: CallLimits,
+        connect: Connect = McpConnection,
+    ) -> None:
+        """``ceiling``: the most a session may ask for; ``connect``: makes a server's client."""
+        self.manager = manager
+        self.gate = gate
+        self.secrets = secrets
+        self.ceiling = ceiling
+        self.connect = connect
+        self.endpoint = ToolEndpoint(self._listing, self.call)
+        self.on_call: CallHook | None = None  # the audit log hears each call
+        self._boxes: dict[str, Toolbox] = {}
+
+    # -- giving tools ---------------------------------------------------------------------
+
+    async def create(self, request: CreateSession, who: Principal) -> Session:
+        """Create a session with the tools it asks for; their servers are reached first, so a
+        create naming one that does not answer fails before a sandbox is made."""
+        if request.tools is None:
+            return await self.manager.create(request, who)
+        box = await self._prepare(request.tools, who.tenant)
+        try:
+            session = await self.manager.create(request, who)
+            await self._install(session, box)
+        except BaseException:
+            await box.close()
+            raise
+        return session
+
+    async def give(self, session_id: str, who: Principal, config: ToolsConfig) -> Session:
+        """Replace a live session's tools (``PUT .../tools``); an empty config takes them away."""
+        session = self.manager.get(session_id, who)
+        box = await self._prepare(config, session.tenant)
+        try:
+            await self._install(session, box)
+        except BaseException:
+            await box.close()
+            raise
+        return session
+
+    def view(self, session_id: str, who: Principal) -> dict[str, Any]:
+        self.manager.get(session_id, who)
+        box = self._boxes.get(session_id)
+        return box.to_json() if box is not None else {"mcp": [], "tools": [], "limits": None}
+
+    async def _prepare(self, config: ToolsConfig, tenant: str) -> Toolbox:
+        """Connect to each server (header secrets unsealed) and list its tools."""
+        values: dict[str, str] = {}
+        if config.secrets:
+            if self.secrets is None:
+                raise BadRequest("this gateway offers no sealed secrets for tool headers")
+            values = await self.secrets.unseal(tenant, config.secrets)
+        limits = (config.limits or self.ceiling).within(self.ceiling)
+        room = 2 * limits.result_bytes + (64 << 10)  # content and structured copies, JSON-RPC
+        connections: list[McpConnection] = []
+        tools: dict[str, tuple[Tool, McpConnection]] = {}
+        try:
+            for server in config.mcp:
+                headers = {h.name: h.resolve(values) for h in server.headers}
+                connection = self.connect(server, headers, room)
+                try:
+                    listed = await connection.open()
+                except ToolFailed as e:
+                    raise ToolServerFailed(
+                        f"MCP server {server.name} ({server.url}) did not answer as a "
+                        f"streamable-HTTP MCP server: {e}; check its url and that it runs"
+                    ) from None
+                connections.append(connection)
+                for spec in listed:
+                    tools[spec["name"]] = (_tool(spec, server.name, config), connection)
+        except BaseException:
+            await asyncio.gather(*(c.close() for c in connections))
+            raise
+        unknown = sorted(set(config.rules) - set(tools))
+        if unknown:
+            await asyncio.gather(*(c.close() for c in connections))
+            raise BadRequest(f"tools.rules names tools no server lists: {', '.join(unknown)}")
+        return Toolbox(config, limits, tools, Masker(values), asyncio.Semaphore(limits.concurrent))
+
+    async def _install(self, session: Session, box: Toolbox) -> None:
+        """Make ``box`` the session's tools, serving its socket; the old one's servers closed."""
+        run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
+        if run_dir is None:
+            raise NotSupported(
+                "tools need the docker placement (a run directory the gateway serves); this "
+                "session's sandbox runs on another host"
+            )
+        old = self._boxes.pop(session.id, None)
+        if old is not None:
+            box.turn, box.injected = old.turn, old.injected  # a running execute keeps its turn
+            await old.close()
+        self._boxes[session.id] = box
+        session.tools = box
+        if not self.endpoint.serves(session.id):
+            await self.endpoint.open(session.id, run_dir)
+            session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
+
+    async def close(self, session_id: str) -> None:
+        """Stop serving a session's tools (it ended)."""
+        self.endpoint.close(session_id)
+        box = self._boxes.pop(session_id, None)
+        if box is not None:
+            if box.turn is not None:
+                box.turn.ended.set()
+            await box.close()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(self.close(session_id) for session_id in list(self._boxes)))
+
+    # -- an execute's turn ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, session: Session, who: Principal, recorder: ExecutionRecorder, kernel: Kernel | None
+    ) -> AsyncIterator[None]:
+        """Take the session's tool calls while the block (an execute in ``kernel``) runs; cut
+        them after. A Python kernel is given ``sbx_tools`` first (again after a restart)."""
+        box = self._boxes.get(session.id)
+        if box is None:
+            yield
+            return
+        if kernel is not None and session.language == "python":
+            mark = (id(kernel), kernel.restarts)
+            if box.injected != mark:
+                await kernel.run_silently(INJECT)
+                box.injected = mark
+        turn = box.turn = ToolTurn(who, recorder)
+        try:
+            yield
+        finally:
+            turn.ended.set()
+            current = self._boxes.get(session.id)
+            if current is not None and current.turn is turn:
+                current.turn = None
+
+    # -- a call from the sandbox ------------------------------------------------------------
+
+    def _listing(self, session_id: str) -> list[dict[str, Any]]:
+        box = self._boxes.get(session_id)
+        return box.listing() if box is not None else []
+
+    async def call(self, session_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A call from the session's tool socket: judged, held, made, bounded and recorded."""
+        box = self._boxes.get(session_id)
+        session = self.manager.sessions.get(session_id)
+        if box is None or session is None:
+            raise CallRefused(404, "no_tools", "this session has no tools")
+        turn = box.turn
+        if turn is None:
+            why = "tools are called from code while an execute runs; this call came outside one"
+            raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")
+        if name not in box.tools:
+            why = f"this session has no tool {name!r}; sbx_tools.tools() lists the ones it has"
+            raise CallRefused(404, "unknown_tool", why)
+        limits = box.limits
+        if turn.calls >= limits.calls_per_execute:
+            why = f"more than {limits.calls_per_execute} tool calls in one execute"
+            raise CallRefused(429, "too_many_calls", f"{why} (calls_per_execute); split the work")
+        turn.calls += 1
+        tool, connection = box.tools[name]
+        entry = _entry(tool, session.masker.tree(box.masker.tree(arguments)))
+        started = time.monotonic()
+        work = asyncio.ensure_future(self._make(session, box, turn, tool, connection, arguments))
+        ending = asyncio.ensure_future(turn.ended.wait())
+        try:
+            await asyncio.wait((work, ending), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                why = f"the execute that called {name} ended before it was answered"
+                raise CallRefused(409, "execute_ended", f"{why}; call tools while the cell runs")
+            answer = work.result()
+            entry.update(status="ok", bytes=answer.pop("bytes"))
+            return answer
+        except CallRefused as e:
+            entry.update(status=e.code, error=e.message)
+            raise
+        finally:
+            ending.cancel()
+            if not work.done():
+                work.cancel()
+            entry["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
+            turn.recorder.tool_calls.append(entry)
+            if self.on_call is not None:
+                outcome = "ok" if entry["status"] == "ok" else "denied"
+                self.on_call(session_id, turn.who, outcome, entry)
+
+    async def _make(
+        self,
+        session: Session,
+        box: Toolbox,
+        turn: ToolTurn,
+        tool: Tool,
+        connection: McpConnection,
+        arguments: dict[str, Any],
+    ) -> dict[str, Any]:
+        decision = self.gate.review_tool(
+            session.tenant, session.policy, tool.name, tool.rule.action
+        )
+        if decision.action == "deny":
+            raise CallRefused(
+                403, "denied", f"the policy refuses {tool.name}: " + "; ".join(decision.reasons)
+            )
+        if decision.action == "hold":
+            await self._approved(session, box, turn, tool, arguments, decision)
+        async with box.slots:
+            try:
+                answer = await connection.call(tool.name, arguments, box.limits.call_timeout)
+            except ToolFailed as e:
+                status = 504 if "did not answer within" in str(e) else 502
+                raise CallRefused(status, "tool_failed", str(e)) from None
+        size = len(json.dumps(answer, separators=(",", ":")))
+        if size > box.limits.result_bytes:
+            why = f"{tool.name} answered {size} bytes, over the {box.limits.result_bytes}"
+            raise CallRefused(502, "too_large", f"{why} of result_bytes; ask for less")
+        answer = session.masker.tree(box.masker.tree(answer))
+        if answer["is_error"]:
+            raise CallRefused(502, "tool_error", f"{tool.name} failed: {_text(answer)[:2000]}")
+        return {"result": _value(answer), "content": answer["content"], "bytes": size}
+
+    async def _approved(
+        self,
+        session: Session,
+        box: Toolbox,
+        turn: ToolTurn,
+        tool: Tool,
+        arguments: dict[str, Any],
+        decision: Any,
+    ) -> None:
+        """Wait for an approver unless an approval covers this call; CallRefused if denied."""
+        while True:
+            if turn.granted.get(tool.name, 0) > 0:
+                turn.granted[tool.name] -= 1
+                return
+            waiting = turn.pending.get(tool.name)
+            if waiting is None:
+                break
+            if not await asyncio.shield(waiting):
+                raise CallRefused(403, "denied", f"an approval of {tool.name} was denied")
+        decided = turn.pending[tool.name] = asyncio.get_running_loop().create_future()
+        shown = json.dumps(session.masker.tree(box.masker.tree(arguments)))[:2000]
+        covers = tool.rule.approval_covers
+        text = f"call {tool.name}({shown})" + (
+            f"\n# approving covers the next {covers} calls of {tool.name} in this execute"
+            if covers > 1
+            else ""
+        )
+        desk = self.gate.desk
+        approved = False
+        try:
+            approval = await desk.request(
+                session.id, session.tenant, turn.who, text, "tool", decision
+            )
+            assert session.kernel is not None
+            await desk.wait(approval, session.kernel.died)
+            approved = approval.state == "approved"
+            if not approved:
+                why = approval.reason or "no reason given"
+                raise CallRefused(
+                    403, "denied", f"approval {approval.id} of {tool.name} was denied: {why}"
+                )
+            turn.granted[tool.name] = covers - 1
+        finally:
+            del turn.pending[tool.name]
+            decided.set_result(approved)
+
+
+def _tool(spec: dict[str, Any], server: str, config: ToolsConfig) -> Tool:
+    rule = config.rules.get(spec["name"]) or Rule(default_action(spec["annotations"]))
+    return Tool(
+        spec["name"], server, spec["description"], spec["input_schema"], spec["annotations"], rule
+    )
+
+
+def _entry(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call's record: its arguments kept as JSON text, cut at MAX_RECORDED_ARGUMENTS."""
+    text = json.dumps(arguments, separators=(",", ":"))
+    if len(text) > MAX_RECORDED_ARGUMENTS:
+        text = text[:MAX_RECORDED_ARGUMENTS] + "…"
+    return {
+        "tool": tool.name,
+        "server": tool.server,
+        "arguments": text,
+        "decision": tool.rule.action,
+        "bytes": 0,
+    }
+
+
+def _text(answer: dict[str, Any]) -> str:
+    return "\n".join(c.get("text", "") for c in answer["content"] if c.get("type") == "text")
+
+
+def _value(answer: dict[str, Any]) -> Any:
+    """A tool's answer as one Python value: its structured content (unwrapped from the
+    ``{"result": ...}`` MCP servers wrap a non-object in), else its text (JSON if it is)."""
+    structured = answer["structured"]
+    if isinstance(structured, dict):
+        return structured["result"] if set(structured) == {"result"} else structured
+    content = answer["content"]
+    if len(content) == 1 and content[0].get("type") == "text":
+        try:
+            return json.loads(content[0]["text"])
+        except ValueError:
+            return content[0]["text"]
+    return content

@@ -1,0 +1,112 @@
+"""Tools called from code, end to end: a real kernel calls a real local MCP server's tools.
+
+One warehouse MCP server (examples/tools/warehouse_mcp.py) serves the module;
+the shared gateway connects to it as an MCP client, and code in the sandbox
+(``--network none``) calls its tools through the session's tool socket.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run
+
+ROOT = Path(__file__).resolve().parent.parent
+LOOP = """
+from sbx_tools import query_warehouse
+totals = {}
+for day in range(1, 101):
+    rows = query_warehouse("SELECT region, SUM(quantity * price) AS revenue FROM orders"
+                           f" WHERE day = {day} GROUP BY region")
+    for row in rows:
+        totals[row["region"]] = totals.get(row["region"], 0) + row["revenue"]
+{region: round(total, 2) for region, total in sorted(totals.items())}
+"""
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory) -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path_factory.mktemp("warehouse") / "warehouse.db"
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples/tools/warehouse_mcp.py"),
+         "--port", str(port), "--db", str(db)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.kill()
+    server.wait()
+
+
+def test_code_calls_an_mcp_tool_a_hundred_times_in_one_execute_recorded_in_the_notebook(
+    api, new_session, warehouse
+):
+    session = new_session(tools={"mcp": [{"url": warehouse, "name": "warehouse"}]})
+    sid = session["id"]
+    listed = {t["name"]: t["action"] for t in session["tools"]["tools"]}
+    assert listed == {"query_warehouse": "allow", "list_tables": "allow", "drop_orders": "hold"}
+
+    reply = run(api, sid, LOOP)
+    assert reply["status"] == "ok", reply
+    summary = reply["outputs"][0]["data"]["text/plain"]
+    assert "'north'" in summary and "'west'" in summary
+
+    reply = run(api, sid, "import inspect, sbx_tools\nprint(inspect.signature("
+                "sbx_tools.query_warehouse), sbx_tools.list_tables())")  # fmt: skip
+    assert reply["outputs"][0]["text"] == "(sql, *, limit=100) ['orders']\n"
+
+    history = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    calls = history[0]["review"]["tools"]
+    assert len(calls) == 100 and {c["status"] for c in calls} == {"ok"}
+    assert calls[0]["tool"] == "query_warehouse" and calls[0]["decision"] == "allow"
+    notebook = api.get(f"/v1/sessions/{sid}/notebook").json()
+    assert len(notebook["cells"][0]["metadata"]["sbx"]["tools"]) == 100
+
+
+def test_refusals_reach_the_kernel_as_exceptions_and_a_thread_left_running_is_refused(
+    api, new_session, warehouse
+):
+    tools = {"mcp": [{"url": warehouse, "name": "warehouse"}], "rules": {"drop_orders": "deny"}}
+    sid = new_session(tools=tools)["id"]
+    reply = run(api, sid, "import sbx_tools\ntry:\n    sbx_tools.drop_orders('north')\n"
+                "except sbx_tools.ToolRefused as e:\n    print(type(e).__name__, e)")  # fmt: skip
+    assert reply["outputs"][0]["text"].startswith("ToolRefused the policy refuses drop_orders")
+    reply = run(api, sid, "try:\n    sbx_tools.query_warehouse('SELECT nope')\n"
+                "except sbx_tools.ToolError as e:\n    print(type(e).__name__, e)")  # fmt: skip
+    assert reply["outputs"][0]["text"].startswith("ToolError query_warehouse failed")
+    run(api, sid, "import threading, time\nlate = []\ndef later():\n    time.sleep(0.5)\n"
+        "    try:\n        sbx_tools.list_tables()\n    except Exception as e:\n"
+        "        late.append(repr(e))\nthreading.Thread(target=later).start()")  # fmt: skip
+    time.sleep(1.5)
+    reply = run(api, sid, "print(late)")
+    assert "ToolRefused" in reply["outputs"][0]["text"] and "outside" in reply["outputs"][0]["text"]
+
+
+def test_tools_are_given_to_a_live_session_and_other_kernels_reach_the_socket(
+    api, new_session, warehouse
+):
+    sid = new_session()["id"]
+    r = api.put(f"/v1/sessions/{sid}/tools", json={"mcp": [{"url": warehouse, "name": "wh"}]})
+    assert r.status_code == 200, r.text
+    assert api.get(f"/v1/sessions/{sid}").json()["tools"]["mcp"][0]["name"] == "wh"
+    code = ("import http.client, socket, json\nc = http.client.HTTPConnection('t')\n"
+            "c.sock = socket.socket(socket.AF_UNIX); c.sock.connect('/run/sbx/tools.sock')\n"
+            "c.request('GET', '/tools'); print(sorted(t['name'] for t in "
+            "json.loads(c.getresponse().read())['tools']))")  # fmt: skip
+    assert run(api, sid, code)["outputs"][0]["text"].startswith("['drop_orders', 'list_tables'")
+    r = api.put(f"/v1/sessions/{sid}/tools", json={"mcp": [{"url": "http://127.0.0.1:9/mcp"}]})
+    assert r.status_code == 502 and "did not answer" in r.json()["error"]["message"]
+    assert api.get(f"/v1/sessions/{sid}/tools").json()["mcp"][0]["name"] == "wh"  # kept

@@ -1,0 +1,442 @@
+"""Tool calls from a session's code: each judged, held, bounded and recorded (``SessionTools``).
+
+A real ``SessionTools`` with the real gate's ``review_tool`` and a real
+``ApprovalDesk`` (over a store that keeps approvals in a dict), its socket
+served in a temporary run directory; the session, its kernel and the MCP
+servers are stand-ins at the boundary (``FakeServer`` answers as an MCP
+connection does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.access.auth import Principal
+from gateway.masking import NO_SECRETS, Masker
+from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.gate import Gate
+from gateway.sessions import tools as tools_module
+from gateway.sessions.tools import SessionTools, ToolServerFailed
+from gateway.tools.endpoint import CallRefused
+from gateway.tools.mcp_servers import ToolFailed
+from gateway.tools.specs import CallLimits, McpServer, parse_tools
+
+AGENT = Principal(tenant="t1", token_id="agent")
+APPROVER = Principal(tenant="t1", token_id="person", approver=True)
+LISTED = [
+    {"name": "query", "description": "Read.", "input_schema": {"type": "object"},
+     "annotations": {"readOnlyHint": True}},
+    {"name": "drop", "description": "Delete.", "input_schema": {"type": "object"},
+     "annotations": {"destructiveHint": True}},
+    {"name": "unsaid", "description": "Says nothing.", "input_schema": {"type": "object"},
+     "annotations": {}},
+]  # fmt: skip
+
+
+class FakeServer:
+    """An MCP connection's stand-in: lists LISTED, answers each call as ``answer`` says."""
+
+    made: list[FakeServer] = []
+
+    def __init__(self, server: McpServer, headers: dict[str, str], max_bytes: int) -> None:
+        self.server, self.headers, self.calls, self.closed = server, headers, [], False
+        self.answer = lambda name, arguments: {
+            "content": [{"type": "text", "text": "x"}],
+            "structured": {"result": {"name": name, "arguments": arguments}},
+            "is_error": False,
+        }
+        self.gate: asyncio.Event | None = None
+        FakeServer.made.append(self)
+
+    async def open(self) -> list[dict[str, Any]]:
+        if "down" in self.server.url:
+            raise ToolFailed("All connection attempts failed")
+        return LISTED
+
+    async def call(self, name: str, arguments: dict, timeout: float) -> dict[str, Any]:
+        self.calls.append((name, arguments))
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.answer(name, arguments)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeKernel:
+    def __init__(self, run_dir: Path) -> None:
+        self.sandbox = type("Spec", (), {"run_dir": run_dir})()
+        self.died = asyncio.Event()
+        self.restarts = 0
+        self.silent: list[str] = []
+
+    async def run_silently(self, code: str) -> None:
+        self.silent.append(code)
+
+
+class FakeSession:
+    def __init__(self, run_dir: Path) -> None:
+        self.id, self.tenant, self.policy = "s1", "t1", None
+        self.kernel = FakeKernel(run_dir)
+        self.language = "python"
+        self.masker = NO_SECRETS
+        self.on_end: set = set()
+        self.tools = None
+
+
+class FakeManager:
+    def __init__(self, session: FakeSession) -> None:
+        self.sessions = {session.id: session}
+        self.created = 0
+
+    def get(self, session_id: str, who: Principal) -> FakeSession:
+        return self.sessions[session_id]
+
+    async def create(self, request, who) -> FakeSession:
+        self.created += 1
+        return self.sessions["s1"]
+
+    def spawn(self, coro):
+        return asyncio.ensure_future(coro)
+
+
+class ApprovalStore:
+    def __init__(self) -> None:
+        self.docs: dict[str, dict] = {}
+
+    async def save_approval(self, doc: dict) -> None:
+        self.docs[doc["id"]] = doc
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.tool_calls: list[dict] = []
+
+
+class Secrets:
+    async def unseal(self, tenant: str, names: tuple[str, ...], strict: bool = True) -> dict:
+        return {name: "s3cret-value-0042" for name in names}
+
+
+class World:
+    def __init__(self, run_dir: Path) -> None:
+        self.session = FakeSession(run_dir)
+        self.manager = FakeManager(self.session)
+        self.desk = ApprovalDesk(ApprovalStore(), timeout=5, live=lambda sid: True)
+        self.tools = SessionTools(
+            self.manager, Gate(None, None, self.desk), Secrets(), CallLimits(), FakeServer
+        )
+        self.audited: list[tuple] = []
+        self.tools.on_call = lambda *event: self.audited.append(event)
+
+    async def give(self, **config: Any) -> None:
+        body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh"}], **config}
+        await self.tools.give("s1", AGENT, parse_tools(body))
+
+    async def pending(self, count: int = 1) -> list:
+        for _ in range(200):
+            if len(self.desk.pending) >= count:
+                return list(self.desk.pending.values())
+            await asyncio.sleep(0.01)
+        raise AssertionError("no approval was requested")
+
+
+def run(test):
+    directory = Path(tempfile.mkdtemp(prefix="t38", dir="/tmp"))
+    (directory / "run").mkdir()
+    FakeServer.made.clear()
+
+    async def main():
+        world = World(directory / "run")
+        try:
+            await test(world)
+        finally:
+            await world.tools.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_tools_are_listed_with_actions_from_their_annotations_and_rules():
+    async def test(w: World):
+        await w.give(rules={"unsaid": "allow"})
+        view = w.session.tools.to_json()
+        actions = {t["name"]: t["action"] for t in view["tools"]}
+        assert actions == {"query": "allow", "drop": "hold", "unsaid": "allow"}
+        assert view["mcp"] == [{"name": "wh", "url": "http://127.0.0.1:9/mcp", "headers": []}]
+        assert (w.session.kernel.sandbox.run_dir / "tools.sock").is_socket()
+
+    run(test)
+
+
+def test_a_tool_without_annotations_is_held_as_mcp_counts_it_destructive():
+    async def test(w: World):
+        await w.give()
+        assert {t["name"]: t["action"] for t in w.tools.view("s1", AGENT)["tools"]}[
+            "unsaid"
+        ] == "hold"
+
+    run(test)
+
+
+def test_a_call_outside_a_running_execute_is_refused():
+    async def test(w: World):
+        await w.give()
+        with pytest.raises(CallRefused) as refused:
+            await w.tools.call("s1", "query", {})
+        assert refused.value.status == 409 and "outside" in refused.value.message
+        assert FakeServer.made[0].calls == []
+
+    run(test)
+
+
+def test_a_call_is_made_recorded_and_audited_within_an_execute():
+    async def test(w: World):
+        await w.give()
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            answer = await w.tools.call("s1", "query", {"sql": "SELECT 1"})
+        assert answer["result"] == {"name": "query", "arguments": {"sql": "SELECT 1"}}
+        (entry,) = recorder.tool_calls
+        assert entry["tool"] == "query" and entry["status"] == "ok"
+        assert entry["decision"] == "allow" and entry["bytes"] > 0 and entry["duration_ms"] >= 0
+        assert json.loads(entry["arguments"]) == {"sql": "SELECT 1"}
+        assert w.audited[0][:3] == ("s1", AGENT, "ok")
+        assert "sbx_tools" in w.session.kernel.silent[0]  # put in the kernel before its code
+
+    run(test)
+
+
+def test_the_module_is_put_in_the_kernel_once_and_again_after_a_restart():
+    async def test(w: World):
+        await w.give()
+        for _ in range(2):
+            async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+                pass
+        assert len(w.session.kernel.silent) == 1
+        w.session.kernel.restarts += 1
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            pass
+        assert len(w.session.kernel.silent) == 2
+
+    run(test)
+
+
+def test_a_tool_not_given_and_a_denied_tool_are_refused():
+    async def test(w: World):
+        await w.give(rules={"query": "deny"})
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            with pytest.raises(CallRefused) as unknown:
+                await w.tools.call("s1", "rm_rf", {})
+            with pytest.raises(CallRefused) as denied:
+                await w.tools.call("s1", "query", {})
+        assert unknown.value.status == 404 and "no tool 'rm_rf'" in unknown.value.message
+        assert denied.value.status == 403 and "refuses query" in denied.value.message
+        assert FakeServer.made[0].calls == []
+        assert [e["status"] for e in recorder.tool_calls] == ["denied"]
+
+    run(test)
+
+
+def test_one_approval_covers_the_next_calls_of_its_tool_in_that_execute_only():
+    async def test(w: World):
+        await w.give(rules={"drop": {"action": "hold", "approval_covers": 3}})
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            first = asyncio.ensure_future(w.tools.call("s1", "drop", {"n": 0}))
+            (approval,) = await w.pending()
+            assert "covers the next 3 calls" in approval.code
+            # calls made while it is pending wait for it instead of asking again
+            waiting = [asyncio.ensure_future(w.tools.call("s1", "drop", {"n": n})) for n in (1, 2)]
+            await asyncio.sleep(0.05)
+            assert len(w.desk.pending) == 1
+            await w.desk.decide(approval.id, APPROVER, True, "fine")
+            await asyncio.gather(first, *waiting)
+            fourth = asyncio.ensure_future(w.tools.call("s1", "drop", {"n": 3}))
+            (again,) = await w.pending()  # the fourth asks again
+            await w.desk.decide(again.id, APPROVER, False, "enough")
+            with pytest.raises(CallRefused, match="denied: enough"):
+                await fourth
+        assert len(FakeServer.made[0].calls) == 3
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            nxt = asyncio.ensure_future(w.tools.call("s1", "drop", {}))
+            (third,) = await w.pending()  # a new execute: nothing carried over
+            await w.desk.decide(third.id, APPROVER, True, None)
+            await nxt
+
+    run(test)
+
+
+def test_the_agent_cannot_approve_its_own_tool_call():
+    async def test(w: World):
+        await w.give()
+        agent_approver = Principal(tenant="t1", token_id="agent", approver=True)
+        async with w.tools.turn(w.session, agent_approver, Recorder(), w.session.kernel):
+            call = asyncio.ensure_future(w.tools.call("s1", "drop", {}))
+            (approval,) = await w.pending()
+            with pytest.raises(Exception, match="cannot decide on an execute it asked for"):
+                await w.desk.decide(approval.id, agent_approver, True, None)
+            call.cancel()
+
+    run(test)
+
+
+def test_calls_past_calls_per_execute_are_refused():
+    async def test(w: World):
+        await w.give(limits={"calls_per_execute": 3})
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            for _ in range(3):
+                await w.tools.call("s1", "query", {})
+            with pytest.raises(CallRefused, match="more than 3 tool calls") as refused:
+                await w.tools.call("s1", "query", {})
+        assert refused.value.status == 429
+
+    run(test)
+
+
+def test_a_huge_answer_is_refused_not_passed_on():
+    async def test(w: World):
+        await w.give(limits={"result_bytes": 1000})
+        FakeServer.made[0].answer = lambda n, a: {
+            "content": [{"type": "text", "text": "x" * 5000}], "structured": None,
+            "is_error": False,
+        }  # fmt: skip
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            with pytest.raises(CallRefused, match="over the 1000 of result_bytes"):
+                await w.tools.call("s1", "query", {})
+
+    run(test)
+
+
+def test_a_call_held_open_past_its_execute_is_cut_when_the_execute_ends():
+    async def test(w: World):
+        await w.give()
+        FakeServer.made[0].gate = asyncio.Event()  # answers never
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            call = asyncio.ensure_future(w.tools.call("s1", "query", {}))
+            await asyncio.sleep(0.05)
+        with pytest.raises(CallRefused, match="ended before it was answered") as cut:
+            await call
+        assert cut.value.status == 409
+        assert recorder.tool_calls[0]["status"] == "execute_ended"
+        with pytest.raises(CallRefused, match="outside"):
+            await w.tools.call("s1", "query", {})  # and no later one is taken
+
+    run(test)
+
+
+def test_a_tools_error_and_a_failed_server_reach_the_kernel_as_clear_errors():
+    async def test(w: World):
+        await w.give()
+        server = FakeServer.made[0]
+        server.answer = lambda n, a: {
+            "content": [{"type": "text", "text": "no such table: nope"}], "structured": None,
+            "is_error": True,
+        }  # fmt: skip
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            with pytest.raises(CallRefused, match="query failed: no such table") as failed:
+                await w.tools.call("s1", "query", {})
+            assert failed.value.status == 502
+
+            async def crashed(name, arguments, timeout):
+                raise ToolFailed("MCP server wh went away (connection reset)")
+
+            server.call = crashed
+            with pytest.raises(CallRefused, match="went away") as gone:
+                await w.tools.call("s1", "query", {})
+            assert gone.value.status == 502
+
+    run(test)
+
+
+def test_header_secrets_are_sent_to_the_server_but_never_shown_or_passed_to_the_sandbox():
+    async def test(w: World):
+        headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
+        await w.tools.give("s1", AGENT, parse_tools(
+            {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
+        ))  # fmt: skip
+        server = FakeServer.made[0]
+        assert server.headers == {"Authorization": "Bearer s3cret-value-0042"}
+        assert "s3cret" not in json.dumps(w.session.tools.to_json())
+        server.answer = lambda n, a: {  # a server that echoes what it was sent
+            "content": [{"type": "text", "text": "you sent Bearer s3cret-value-0042"}],
+            "structured": None, "is_error": False,
+        }  # fmt: skip
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            answer = await w.tools.call("s1", "query", {"echo": "s3cret-value-0042"})
+        assert "s3cret" not in json.dumps(answer)
+        assert "s3cret" not in json.dumps(recorder.tool_calls)
+
+    run(test)
+
+
+def test_a_server_that_does_not_answer_fails_the_create_before_a_sandbox_is_made():
+    async def test(w: World):
+        from gateway.sessions.requests import CreateSession
+
+        request = CreateSession.from_json({"tools": {"mcp": [{"url": "http://down.example/mcp"}]}})
+        with pytest.raises(ToolServerFailed, match="did not answer"):
+            await w.tools.create(request, AGENT)
+        assert w.manager.created == 0
+
+    run(test)
+
+
+def test_putting_new_tools_closes_the_old_servers_and_keeps_the_socket():
+    async def test(w: World):
+        await w.give()
+        first = FakeServer.made[0]
+        await w.tools.give("s1", AGENT, parse_tools({}))
+        assert first.closed and w.session.tools.to_json()["tools"] == []
+        assert (w.session.kernel.sandbox.run_dir / "tools.sock").is_socket()
+
+    run(test)
+
+
+def test_many_concurrent_calls_run_at_most_concurrent_at_once():
+    async def test(w: World):
+        await w.give(limits={"concurrent": 2})
+        server = FakeServer.made[0]
+        running, most = 0, 0
+        release = asyncio.Event()
+
+        async def counted(name, arguments, timeout):
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await release.wait()
+            running -= 1
+            return {"content": [], "structured": {"ok": 1}, "is_error": False}
+
+        server.call = counted
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            calls = [asyncio.ensure_future(w.tools.call("s1", "query", {})) for _ in range(6)]
+            await asyncio.sleep(0.05)
+            release.set()
+            await asyncio.gather(*calls)
+        assert most == 2
+
+    run(test)
+
+
+def test_stdio_servers_are_refused_with_what_to_do():
+    from gateway.errors import BadRequest
+
+    with pytest.raises(BadRequest, match="never runs a server's process on its own host"):
+        parse_tools({"stdio": [{"command": "npx", "args": ["server"]}]})
+
+
+def test_the_masker_of_a_toolbox_is_built_from_header_secrets(monkeypatch):
+    assert Masker({"A": "s3cret-value-0042"}).text("x s3cret-value-0042") == "x ***A***"
+    assert tools_module.MAX_RECORDED_ARGUMENTS == 2048

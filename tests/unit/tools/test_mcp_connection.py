@@ -1,0 +1,145 @@
+"""The gateway as an MCP client of a real local streamable-HTTP server (no engine needed).
+
+The server runs in a process of its own (``SERVER``): a tool that answers, one
+that answers slowly, one that answers hugely, and one that crashes the server.
+Each hostile answer ends as a ``ToolFailed`` that says what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gateway.tools.mcp_servers import McpConnection, ToolFailed
+from gateway.tools.specs import McpServer
+
+SERVER = """
+import os, sys, time
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+mcp = MCPServer("hostile")
+
+@mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def echo(text: str) -> str:
+    "Echo."
+    return text
+
+@mcp.tool()
+def slow(seconds: float) -> str:
+    "Sleep."
+    time.sleep(seconds)
+    return "late"
+
+@mcp.tool()
+def huge(size: int) -> str:
+    "Big."
+    return "x" * size
+
+@mcp.tool()
+def crash() -> str:
+    "Die."
+    os._exit(1)
+
+mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-c", SERVER, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return process, f"http://127.0.0.1:{port}/mcp"
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the MCP server did not start")
+
+
+@pytest.fixture(scope="module")
+def server():
+    process, url = start_server()
+    yield url
+    process.kill()
+    process.wait()
+
+
+def run(url: str, test, max_bytes: int = 1 << 20):
+    async def main():
+        connection = McpConnection(McpServer(url, "hostile"), {"X-Key": "k"}, max_bytes)
+        try:
+            await connection.open()
+            await test(connection)
+        finally:
+            await connection.close()
+
+    asyncio.run(main())
+
+
+def test_the_servers_tools_are_listed_with_schemas_and_annotations(server):
+    async def test(c: McpConnection):
+        tools = {t["name"]: t for t in c.tools}
+        assert set(tools) == {"echo", "slow", "huge", "crash"}
+        assert tools["echo"]["annotations"] == {"readOnlyHint": True}
+        assert tools["echo"]["input_schema"]["required"] == ["text"]
+        answer = await c.call("echo", {"text": "hi"}, 5)
+        assert answer["structured"] == {"result": "hi"} and not answer["is_error"]
+
+    run(server, test)
+
+
+def test_a_tool_that_answers_slowly_fails_at_the_call_timeout_and_the_next_call_works(server):
+    async def test(c: McpConnection):
+        started = time.monotonic()
+        with pytest.raises(ToolFailed, match=r"did not answer within 0\.5 s"):
+            await c.call("slow", {"seconds": 3}, 0.5)
+        assert time.monotonic() - started < 2
+        assert (await c.call("echo", {"text": "still"}, 5))["structured"] == {"result": "still"}
+
+    run(server, test)
+
+
+def test_a_huge_answer_is_cut_off_before_it_is_read_whole(server):
+    async def test(c: McpConnection):
+        with pytest.raises(ToolFailed, match="more than 100000 bytes"):
+            await c.call("huge", {"size": 5_000_000}, 10)
+
+    run(server, test, max_bytes=100_000)
+
+
+def test_a_server_that_is_not_there_fails_the_open_with_why():
+    async def main():
+        connection = McpConnection(McpServer(f"http://127.0.0.1:{_free_port()}/mcp", "x"), {}, 1000)
+        with pytest.raises(ToolFailed):
+            await connection.open()
+
+    asyncio.run(main())
+
+
+def test_a_server_that_crashes_fails_the_call_in_flight_and_the_next_with_a_clear_error():
+    process, url = start_server()
+    try:
+
+        async def test(c: McpConnection):
+            with pytest.raises(ToolFailed):
+                await c.call("crash", {}, 10)
+            with pytest.raises(ToolFailed):
+                await c.call("echo", {"text": "x"}, 3)
+
+        run(url, test)
+    finally:
+        process.kill()
+        process.wait()
