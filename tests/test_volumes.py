@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import subprocess
 
-from helpers import run, text_of
+import pytest
+from helpers import e2b_env, run, text_of
 
 TOKENS = {"acme": "acme-volumes-token-5d1e", "zeta": "zeta-volumes-token-9b3a"}
 TENANTS = '[tenants.acme]\nmax_volumes = 3\nmax_disk = "8g"\n'
@@ -145,3 +146,34 @@ def test_volumes_outlive_a_gateway_restart_and_a_host_reboot_unmounting_them(sta
     gw.client.delete(f"/v1/sessions/{sid.json()['id']}")
     assert gw.client.delete("/v1/volumes/ds").status_code == 204
     assert not where.exists()
+
+
+def test_the_stock_e2b_sdk_creates_lists_mounts_and_destroys_volumes(tenants, monkeypatch):
+    from e2b import Volume
+    from e2b_code_interpreter import Sandbox
+
+    gw, clients = tenants
+    for name, value in e2b_env(gw, TOKENS["acme"]).items():
+        monkeypatch.setenv(name, value)
+    volume = Volume.create("e2b-data")
+    assert volume.name == "e2b-data" and volume.volume_id
+    assert "e2b-data" in [v.name for v in Volume.list()]
+    assert Volume.get_info(volume.volume_id).name == "e2b-data"
+    assert (
+        clients["acme"].put("/v1/volumes/e2b-data/files/in.txt", content=b"v1").status_code == 201
+    )
+    sandbox = Sandbox.create(volume_mounts={"/home/user/data": volume})
+    try:
+        code = "print(open('data/in.txt').read()); open('data/out.txt', 'w').write('e2b')"
+        assert sandbox.run_code(code).logs.stdout == ["v1\n"]
+        with pytest.raises(Exception, match=sandbox.sandbox_id):  # a second writer
+            Sandbox.create(volume_mounts={"/home/user/again": "e2b-data"})
+        with pytest.raises(Exception, match="mounted by"):
+            Volume.destroy(volume.volume_id)
+        with pytest.raises(Exception, match="/home/user"):
+            Sandbox.create(volume_mounts={"/etc": "e2b-data"})
+    finally:
+        sandbox.kill()
+    assert clients["acme"].get("/v1/volumes/e2b-data/files/out.txt").content == b"e2b"
+    assert Volume.destroy(volume.volume_id) is True
+    assert Volume.destroy(volume.volume_id) is False

@@ -39,11 +39,16 @@ class VolumeHandler(JSONHandler):
         self.send(await self.volumes.inspect(self.principal, name))
 
     async def delete(self, name: str) -> None:
-        self.audit_detail["name"] = name
-        doc = await self.volumes.delete(self.principal, name)
-        self.audit_detail["volume_id"] = doc["id"]
-        self.set_status(204)
-        self.finish()
+        await delete_volume(self, name)
+
+
+async def delete_volume(handler: JSONHandler, name: str) -> None:
+    """Delete the caller's tenant's volume (by name or id) and answer 204 (``/v1`` and E2B's)."""
+    handler.audit_detail["name"] = name
+    doc = await handler.volumes.delete(handler.principal, name)
+    handler.audit_detail["volume_id"] = doc["id"]
+    handler.set_status(204)
+    handler.finish()
 
 
 class VolumeFilesHandler(JSONHandler):

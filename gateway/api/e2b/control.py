@@ -19,13 +19,14 @@ import urllib.parse
 from typing import Any, TypeVar
 
 from ...access.sandbox_tokens import SandboxTokens
-from ...errors import BadRequest, Conflict, NotSupported, SnapshotNotFound
+from ...errors import BadRequest, Conflict, NotSupported, PathForbidden, SnapshotNotFound
 from ...sessions.cpu import CpuShares
 from ...sessions.forks import Forks
 from ...sessions.listing import PAGE_MAX
 from ...sessions.model import Session
 from ...sessions.requests import (
     CreateSession,
+    MountVolume,
     PauseSession,
     TakeSnapshot,
     UpdateSession,
@@ -35,8 +36,9 @@ from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
 from .base import E2BHandler
+from .envd import workspace_path
 from .network import credentials_of, internet_access, network_of
-from .templates import ENVD_VERSION, TEMPLATES, kernel_for_template
+from .templates import ENVD_VERSION, HOME, TEMPLATES, kernel_for_template
 
 _ID = r"(?P<sandbox_id>[^/]+)"
 CLIENT_ID = "sandbox-gateway"
@@ -133,8 +135,8 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
     auto_pause = body.get("autoPause")
     if not isinstance(auto_pause, bool | None):
         raise BadRequest("autoPause must be true or false")
-    if body.get("volumeMounts") or body.get("mcp"):
-        raise NotSupported("volume mounts and MCP servers in a sandbox are not supported")
+    if body.get("mcp"):
+        raise NotSupported("MCP servers in a sandbox are not supported")
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
     network = network_of(body.get("network"), internet_access(body))
     return CreateSession(
@@ -146,7 +148,25 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
         metadata=metadata_dict(body.get("metadata")),
         **({"network": network} if network is not None else {}),
         credentials=credentials_of(body.get("network")),
+        volumes=volume_mounts(body.get("volumeMounts")),
     )
+
+
+def volume_mounts(value: Any) -> tuple[MountVolume, ...] | None:
+    """E2B's ``volumeMounts`` ([{name, path}], path in the sandbox) as read-write mounts."""
+    if not value:
+        return None
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise BadRequest('volumeMounts must be a list of {"name": ..., "path": ...}')
+    mounts = []
+    for m in value:
+        path = m.get("path")
+        try:
+            relative = workspace_path(path) if isinstance(path, str) else path
+        except PathForbidden as e:
+            raise BadRequest(f"a volume mounts under {HOME}: {e.message}") from None
+        mounts.append({"name": m.get("name"), "path": relative})
+    return MountVolume.parse_all(mounts)
 
 
 async def from_snapshot(handler: ControlHandler, request: CreateSession) -> CreateSession:
