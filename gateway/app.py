@@ -38,6 +38,7 @@ from .api import (
     sessions,
     snapshots,
     stream,
+    templates,
     tools,
     volumes,
     webhooks,
@@ -65,6 +66,7 @@ from .sandbox.images import ImageBuilder
 from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
 from .sandbox.preview import PreviewCaps
+from .sandbox.templates import BuildLimits, TemplateEngine
 from .sessions.cpu import CpuShares
 from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions
@@ -80,6 +82,7 @@ from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
+from .sessions.templates import BuildBounds, Templates
 from .sessions.tools import SessionTools
 from .sessions.upkeep import Upkeep
 from .sessions.volumes import Volumes
@@ -120,6 +123,7 @@ def make_app(
             *previews.host_routes,  # a PORT-ID.DOMAIN Host is a preview, whatever its path
             *sessions.routes,
             *snapshots.routes,
+            *templates.routes,
             *volumes.routes,
             *stream.routes,
             *files.routes,
@@ -151,6 +155,7 @@ def make_app(
         sbx_webhooks=domain.webhooks,
         sbx_book=manager.gate.book,
         sbx_snapshots=manager.snapshots,
+        sbx_templates=manager.templates,
         sbx_volumes=manager.volumes,
         sbx_options=ApiOptions(
             cors_origins=settings.cors_origins,
@@ -259,6 +264,7 @@ class Gateway:
         _freeze_what_lives_for_good()
         upkeep = self.domain.upkeep
         await self.manager.start(upkeep.on_death, upkeep.resync)
+        await self.manager.templates.start()
         upkeep.start()
         await self.domain.webhooks.start(self.manager.leases.owner)
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
@@ -323,6 +329,7 @@ class Gateway:
             await self.domain.upkeep.stop()
             await self.domain.webhooks.stop()
         if self.manager is not None:
+            await self.manager.templates.stop()
             await self.manager.stop(
                 end_sessions=self.settings.end_sessions_on_stop,
                 drain_timeout=self.settings.drain_timeout,
@@ -402,6 +409,19 @@ def build_manager(
         Path(settings.data_dir) / "snapshots", store, state, quota, settings.max_archive_size
     )
     gate = Gate(policies, Scanner(), desk)
+    limits = BuildLimits(
+        memory=settings.template_build_memory,
+        disk=settings.template_build_disk,
+        timeout=settings.template_build_timeout,
+    )
+    kept_templates = Templates(
+        store,
+        TemplateEngine(client, limits),
+        lifecycle.kernelspecs,
+        lifecycle.images,
+        lambda image: any(s.image == image for s in sessions.values()),
+        BuildBounds(running=settings.template_builds),
+    )
     named_volumes = Volumes(store, quota, gate, volume_options(settings))
     observed = GatewayMetrics()
     watch_sessions(observed, sessions, pool)
@@ -415,6 +435,7 @@ def build_manager(
         state,
         kept,
         gate=gate,
+        templates=kept_templates,
         metrics=observed,
         volumes=named_volumes,
     )

@@ -489,6 +489,22 @@ class Settings:
         SIZE,
     )
     tmp_size: int = _opt("64m", "size of the in-memory /tmp of each kernel container", LIMITS, SIZE)
+    template_build_memory: int = _opt(
+        "2g", "memory of each step of a template build (which has one CPU core)", LIMITS, SIZE
+    )
+    template_build_disk: int = _opt(
+        "4g",
+        "disk one step of a template build may write, and its image add to its base; "
+        "past it the build is stopped and fails",
+        LIMITS,
+        SIZE,
+    )
+    template_build_timeout: float = _opt(
+        900.0, "longest template build; past it the build is stopped and fails", LIMITS, SECONDS
+    )
+    template_builds: int = _opt(
+        1, "template builds at once (a few more wait; past those, 503 overloaded)", LIMITS, INT
+    )
 
     # -- pool
     pool: Mapping[str, int] = _opt(

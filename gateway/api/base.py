@@ -54,6 +54,7 @@ from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
+from ..sessions.templates import Templates
 from ..sessions.tools import SessionTools
 from ..sessions.volumes import Volumes
 from ..sessions.webhooks import Webhooks
@@ -154,6 +155,10 @@ class GatewayHandlerMixin:
     @property
     def snapshots(self) -> Snapshots:
         return self.settings["sbx_snapshots"]
+
+    @property
+    def templates(self) -> Templates:
+        return self.settings["sbx_templates"]
 
     @property
     def reports(self) -> Reports:

@@ -186,6 +186,32 @@ class AsyncClient(BaseClient):
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
 
+    async def create_volume(self, name: str, size: str | int | None = None) -> dict[str, Any]:
+        """A named volume of the tenant's: files that outlive sessions, ``size`` its cap."""
+        return await self.call(self._create_volume_call(name, size))
+
+    async def volumes(self) -> list[dict[str, Any]]:
+        return await self.call(self._volumes_call())
+
+    async def volume(self, name: str) -> dict[str, Any]:
+        """A volume with its bytes in use and the sessions that mount it."""
+        return await self.call(self._volume_call(name))
+
+    async def delete_volume(self, name: str) -> None:
+        """Delete a volume and its files (refused while a session mounts it)."""
+        await self.call(self._volume_call(name, "DELETE"))
+
+    async def write_volume_file(self, name: str, path: str, data: bytes) -> dict[str, Any]:
+        """Write a file into a volume, no session needed."""
+        return await self.call(self._volume_file_call(name, path, "PUT", content=bytes(data)))
+
+    async def read_volume_file(self, name: str, path: str) -> bytes:
+        return await self.call(self._volume_file_call(name, path))
+
+    async def list_volume_files(self, name: str, path: str = "") -> list[dict[str, Any]]:
+        """A directory of a volume: its entries (name, path, type, size, modified)."""
+        return await self.call(self._volume_files_call(name, path))
+
     async def verify_audit(
         self, *, tenant: str | None = None, session: str | None = None
     ) -> dict[str, Any]:

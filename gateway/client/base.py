@@ -84,6 +84,9 @@ class SessionOptions(TypedDict, total=False):
     # Secrets the egress proxy adds to requests to their hosts; the sandbox holds placeholders:
     # [{"secret": "GH_TOKEN", "hosts": ["api.github.com"], "format": "Bearer {value}"}]
     credentials: list[dict[str, Any]]
+    # The tenant's named volumes under the workspace (create_volume):
+    # [{"name": "datasets", "path": "data", "read_only": True}]
+    volumes: list[dict[str, Any]]
 
 
 # Keyword -> key in the API's limits.
@@ -345,6 +348,29 @@ class BaseClient:
 
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
+
+    def _create_volume_call(self, name: str, size: str | int | None) -> Call[dict[str, Any]]:
+        body = {"name": name, **({"size": size} if size is not None else {})}
+        return Call("POST", "/v1/volumes", _json, json=body)
+
+    def _volumes_call(self) -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/v1/volumes", lambda r: r.json()["volumes"])
+
+    def _volume_call(self, name: str, method: str = "GET") -> Call[Any]:
+        """Inspect (GET) or delete (DELETE) one volume."""
+        return Call(
+            method, f"/v1/volumes/{_segment(name)}", _nothing if method == "DELETE" else _json
+        )
+
+    def _volume_file_call(self, name: str, path: str, method: str = "GET", **kw: Any) -> Call[Any]:
+        """A volume's file: its bytes (GET), written (PUT: what was saved), deleted."""
+        parse = {"GET": lambda r: r.content, "PUT": _json}.get(method, _nothing)
+        url = f"/v1/volumes/{_segment(name)}/files/{file_path(path)}"
+        return Call(method, url, parse, **kw)
+
+    def _volume_files_call(self, name: str, path: str) -> Call[list[dict[str, Any]]]:
+        url = f"/v1/volumes/{_segment(name)}/files"
+        return Call("GET", url, lambda r: r.json()["entries"], params={"path": path})
 
     def _verify_audit_call(self, tenant: str | None, session: str | None) -> Call[dict[str, Any]]:
         params = {k: v for k, v in (("tenant", tenant), ("session", session)) if v is not None}

@@ -153,6 +153,32 @@ class Client(BaseClient):
     def health(self) -> dict[str, Any]:
         return self.call(self._health_call())
 
+    def create_volume(self, name: str, size: str | int | None = None) -> dict[str, Any]:
+        """A named volume of the tenant's: files that outlive sessions, ``size`` its cap."""
+        return self.call(self._create_volume_call(name, size))
+
+    def volumes(self) -> list[dict[str, Any]]:
+        return self.call(self._volumes_call())
+
+    def volume(self, name: str) -> dict[str, Any]:
+        """A volume with its bytes in use and the sessions that mount it."""
+        return self.call(self._volume_call(name))
+
+    def delete_volume(self, name: str) -> None:
+        """Delete a volume and its files (refused while a session mounts it)."""
+        self.call(self._volume_call(name, "DELETE"))
+
+    def write_volume_file(self, name: str, path: str, data: bytes) -> dict[str, Any]:
+        """Write a file into a volume, no session needed."""
+        return self.call(self._volume_file_call(name, path, "PUT", content=bytes(data)))
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        return self.call(self._volume_file_call(name, path))
+
+    def list_volume_files(self, name: str, path: str = "") -> list[dict[str, Any]]:
+        """A directory of a volume: its entries (name, path, type, size, modified)."""
+        return self.call(self._volume_files_call(name, path))
+
     def verify_audit(
         self, *, tenant: str | None = None, session: str | None = None
     ) -> dict[str, Any]:

@@ -33,6 +33,8 @@ DOCKERFILE = ".sbx-template.Dockerfile"  # the name the resolved Dockerfile take
 LABEL = "sbx.template"
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _RUNNING = re.compile(r"Running in ([0-9a-f]{12,64})")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the builder colours a step's stderr
+_BUILDER = ("Step ", " ---> ", "Removing intermediate container", "Successfully ")
 # Strips what a hardened sandbox must not find: setuid/setgid bits, file capabilities.
 _STRIP_CAPS = (
     "import os\n"
@@ -161,7 +163,7 @@ class TemplateEngine:
         try:
             self._build(stage, context_tar(context, dockerfile, self.limits), log, "", deadline)
             kernel = self.client.images.get(kernel_image).attrs["Config"]
-            layer = _gateway_layer(stage, kernel, user, tag)
+            layer = _gateway_layer(stage, kernel, user)
             layer_context = context_tar(None, layer, self.limits)
             self._build(tag, layer_context, log, "gateway layer", deadline)
         finally:
@@ -200,11 +202,17 @@ class TemplateEngine:
                 },
                 labels={LABEL: tag},
             )
+            said: list[str] = []  # the step's own last line of output
             for chunk in stream:
                 if "error" in chunk:
-                    raise BuildFailed(step[0], watch.verdict or chunk["error"].strip())
-                for line in chunk.get("stream", "").splitlines():
+                    error = chunk["error"].strip()
+                    if said:
+                        error += f"; its last output: {said[-1][:500]}"
+                    raise BuildFailed(step[0], watch.verdict or error)
+                for line in _COLOUR.sub("", chunk.get("stream", "")).splitlines():
                     self._note(line, step, watch, phase, log)
+                    if line.strip() and not line.startswith(_BUILDER):
+                        said[:] = [line.strip()]
         except docker.errors.APIError as e:
             raise BuildFailed(step[0], watch.verdict or str(e.explanation or e)) from None
         finally:
@@ -240,7 +248,7 @@ class TemplateEngine:
         return True
 
 
-def _gateway_layer(stage: str, kernel: dict, user: str, tag: str) -> str:
+def _gateway_layer(stage: str, kernel: dict, user: str) -> str:
     """The Dockerfile of the gateway's layer over the tenant's image ``stage``."""
     uid, _, gid = user.partition(":")
     lines = [
@@ -253,7 +261,6 @@ def _gateway_layer(stage: str, kernel: dict, user: str, tag: str) -> str:
         "WORKDIR /workspace",
         f"ENTRYPOINT {json.dumps(kernel.get('Entrypoint') or [])}",
         f"CMD {json.dumps(kernel.get('Cmd') or [])}",
-        f"LABEL {LABEL}={json.dumps(tag)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -288,9 +295,12 @@ class _Watchdog:
             if self.container is None:
                 continue
             try:
-                size = self.client.api.inspect_container(self.container, size=True).get("SizeRw")
+                found = self.client.api.containers(
+                    all=True, size=True, filters={"id": self.container}
+                )
             except docker.errors.APIError:
                 continue
+            size = found[0].get("SizeRw") if found else None
             if size is not None and size > self.limits.disk:
                 self._kill(
                     f"the step wrote more than the disk bound of {self.limits.disk >> 20} MiB "

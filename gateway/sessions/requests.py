@@ -8,6 +8,7 @@ values against the server's defaults, maxima and quotas.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import itertools
 import math
@@ -51,6 +52,34 @@ def idle_action(value: Any) -> str | None:
     if value is not None and value not in IDLE_ACTIONS:
         raise BadRequest(f"idle_action must be 'end' or 'pause', not {value!r}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildTemplate:
+    """``POST /v1/templates``: a Dockerfile, and its build context as a base64 tar."""
+
+    name: str
+    dockerfile: str
+    context: bytes | None = None
+    kernel: str | None = None  # None: the base's kernel
+
+    @classmethod
+    def from_json(cls, body: Any) -> BuildTemplate:
+        body = _body(body)
+        name, dockerfile = body.get("name"), body.get("dockerfile")
+        if not isinstance(name, str) or not isinstance(dockerfile, str):
+            raise BadRequest(
+                'a template build needs {"name": "geo-stack", "dockerfile": "FROM sbx/python ..."}'
+            )
+        context, kernel = body.get("context"), body.get("kernel")
+        if context is not None:
+            try:
+                context = base64.b64decode(context, validate=True) if context else None
+            except (TypeError, ValueError):
+                raise BadRequest("context must be a tar archive, base64-encoded") from None
+        if kernel is not None and not isinstance(kernel, str):
+            raise BadRequest("kernel must be a kernelspec name such as 'python3'")
+        return cls(name, dockerfile, context, kernel)
 
 
 def template_of(value: Any) -> str | None:

@@ -1,0 +1,121 @@
+"""Templates built from a Dockerfile on a real engine, and sessions started from them.
+
+One gateway for the module, with small build bounds so the hostile builds end
+in seconds; the images are tiny layers over the local sbx/python.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import Canary, GatewayProcess, run
+
+pytestmark = pytest.mark.docker
+
+HARDENED = (
+    "FROM sbx/python\n"
+    "USER root\n"
+    "RUN cp /bin/bash /usr/local/bin/rootsh && chmod u+s /usr/local/bin/rootsh "
+    "&& echo baked > /opt/baked.txt\n"
+    "ENV BAKED=yes\n"
+)
+
+
+@pytest.fixture(scope="module")
+def gw(start_gateway) -> GatewayProcess:
+    return start_gateway("--template-build-timeout", "8", "--template-build-disk", "100m")
+
+
+def _build(gw: GatewayProcess, name: str, dockerfile: str) -> dict:
+    """Build and wait until the build ends; return the build's record."""
+    r = gw.client.post("/v1/templates", json={"name": name, "dockerfile": dockerfile})
+    assert r.status_code == 202, r.text
+    version = r.json()["version"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = gw.client.get(f"/v1/templates/{name}").json()["versions"]
+        doc = next(d for d in found if d["version"] == version)
+        if doc["status"] != "building":
+            return doc
+        time.sleep(0.3)
+    raise AssertionError(f"build of {name} did not end")
+
+
+def test_a_session_from_a_template_runs_hardened_whatever_the_dockerfile_asked(gw):
+    built = _build(gw, "hardened", HARDENED)
+    assert built["status"] == "ready", built
+    assert built["kernel"] == "python3" and built["version"] == 1
+    r = gw.client.post("/v1/sessions", json={"template": "hardened"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        reply = run(
+            gw.client,
+            sid,
+            "import os, subprocess\n"
+            "print(os.getuid(), open('/opt/baked.txt').read().strip(), os.environ['BAKED'])\n"
+            "print(subprocess.run(['/usr/local/bin/rootsh', '-p', '-c', 'id -u'],"
+            " capture_output=True, text=True).stdout.strip())\n"
+            "print(oct(os.stat('/usr/local/bin/rootsh').st_mode & 0o7777))",
+        )
+        assert reply["status"] == "ok", reply
+        text = "".join(o.get("text", "") for o in reply["outputs"])
+        assert text.split("\n")[:3] == ["1000 baked yes", "1000", "0o755"], text
+    finally:
+        gw.client.delete(f"/v1/sessions/{sid}")
+    listed = gw.client.get("/v1/templates").json()["templates"]
+    assert [(d["name"], d["status"]) for d in listed] == [("hardened", "ready")]
+    assert "logs" not in listed[0]
+    assert gw.client.delete("/v1/templates/hardened").status_code == 204
+    assert gw.client.get("/v1/templates/hardened").status_code == 404
+    assert gw.client.post("/v1/sessions", json={"template": "hardened"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "step", "reason"),
+    [
+        (
+            'FROM sbx/python\nRUN python -c "import urllib.request as u; '
+            "u.urlopen('http://172.17.0.1:%d/healthz', timeout=3)\"\n",
+            "step 2 (RUN python",
+            "Network is unreachable",
+        ),
+        ("FROM sbx/python\nRUN sleep 600\n", "step 2 (RUN sleep 600)", "time bound of 8 s"),
+        (
+            "FROM sbx/python\nUSER root\nRUN dd if=/dev/zero of=/fill bs=1M count=4000\n",
+            "step 3 (RUN dd",
+            "disk bound of 100 MiB",
+        ),
+    ],
+    ids=["reaches-for-the-gateway", "runs-forever", "fills-the-disk"],
+)
+def test_a_hostile_build_fails_at_its_step_saying_why_while_a_canary_answers(
+    gw, canary, dockerfile, step, reason
+):
+    if "%d" in dockerfile:
+        dockerfile %= int(gw.url.rsplit(":", 1)[1])
+    with Canary(gw, canary):
+        doc = _build(gw, "hostile", dockerfile)
+    assert doc["status"] == "failed", doc
+    assert doc["error"]["step"].startswith(step), doc["error"]
+    assert reason in doc["error"]["reason"], doc["error"]
+    r = gw.client.post("/v1/sessions", json={"template": f"hostile:{doc['version']}"})
+    assert r.status_code == 409 and "failed" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"name": "..", "dockerfile": "FROM sbx/python\n"}, "not valid"),
+        ({"name": "a\x00b", "dockerfile": "FROM sbx/python\n"}, "not valid"),
+        ({"name": "x" * 10_000, "dockerfile": "FROM sbx/python\n"}, "not valid"),
+        ({"name": "ok", "dockerfile": "FROM python:3.12\n"}, "build from one of"),
+    ],
+    ids=["dots", "nul", "10k", "pulled-base"],
+)
+def test_bad_builds_get_a_clear_400(gw, body, says):
+    r = gw.client.post("/v1/templates", json=body)
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]
+    assert len(r.text) < 2000
