@@ -7,7 +7,10 @@ tests/unit/sessions/test_named_volumes.py and tests/unit/store/test_volume_recor
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 
 import pytest
 from helpers import e2b_env, run, text_of
@@ -177,3 +180,30 @@ def test_the_stock_e2b_sdk_creates_lists_mounts_and_destroys_volumes(tenants, mo
     assert clients["acme"].get("/v1/volumes/e2b-data/files/out.txt").content == b"e2b"
     assert Volume.destroy(volume.volume_id) is True
     assert Volume.destroy(volume.volume_id) is False
+
+
+def test_sbx_volumes_and_a_session_mounting_one_read_only(tenants, tmp_path):
+    gw, clients = tenants
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    env.update(SBX_URL=gw.url, SBX_TOKEN=TOKENS["acme"])
+
+    def sbx(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *args],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    (tmp_path / "in.csv").write_text("a,b\n")
+    assert sbx("volumes", "create", "cli-data", "--size", "16m").strip() == "cli-data"
+    sbx("volumes", "put", "cli-data", "in.csv", "sub/in.csv")
+    assert "cli-data" in sbx("volumes", "ls")
+    assert "sub/in.csv" in sbx("volumes", "files", "cli-data", "sub")
+    assert sbx("volumes", "get", "cli-data", "sub/in.csv", "-") == "a,b\n"
+    view = json.loads(sbx("sessions", "new", "--volume", "cli-data:d:ro", "--json"))
+    assert view["volumes"] == [{"name": "cli-data", "path": "d", "read_only": True}]
+    assert view["id"] in sbx("volumes", "show", "cli-data")
+    sbx("sessions", "rm", view["id"])
+    sbx("volumes", "rm", "cli-data")
+    assert clients["acme"].get("/v1/volumes/cli-data").status_code == 404

@@ -83,6 +83,12 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metadata", action="append", metavar="KEY=VALUE", help="label to find the session by"
     )
+    parser.add_argument(
+        "--volume",
+        action="append",
+        metavar="NAME:PATH[:ro]",
+        help="mount the named volume at PATH under the workspace (read-only with :ro)",
+    )
 
 
 def _add_execution_options(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +99,32 @@ def _add_execution_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="no summary line after the outputs"
     )
+
+
+def _add_volume_commands(commands: Any) -> None:
+    volumes = commands.add_parser(
+        "volumes", help="named volumes: files that outlive sessions (mount with --volume)"
+    )
+    sub = volumes.add_subparsers(dest="volumes_command", required=True, metavar="COMMAND")
+    new = _command(sub, "create", c.volumes_create, "create a named volume")
+    new.add_argument("name", help="1 to 63 letters, digits, _ . -")
+    new.add_argument("--size", help="its cap, e.g. 2g (default: the gateway's)")
+    _command(sub, "ls", c.volumes_ls, "list your volumes")
+    show = _command(sub, "show", c.volumes_show, "a volume's use and the sessions mounting it")
+    show.add_argument("name", help="volume name")
+    rm = _command(sub, "rm", c.volumes_rm, "delete volumes and their files")
+    rm.add_argument("names", nargs="+", metavar="NAME", help="volume names")
+    put = _command(sub, "put", c.volumes_put, "upload a local file into a volume")
+    put.add_argument("name", help="volume name")
+    put.add_argument("local", help="local file")
+    put.add_argument("remote", nargs="?", help="path in the volume (default: the file's name)")
+    get = _command(sub, "get", c.volumes_get, "download a file of a volume", prints=False)
+    get.add_argument("name", help="volume name")
+    get.add_argument("remote", help="path in the volume")
+    get.add_argument("local", nargs="?", help="local file (default: its name; - for stdout)")
+    files = _command(sub, "files", c.volumes_files, "list a directory of a volume")
+    files.add_argument("name", help="volume name")
+    files.add_argument("path", nargs="?", default="", help="directory (default: the top)")
 
 
 def add_client_commands(commands: Any) -> None:
@@ -173,6 +205,8 @@ def add_client_commands(commands: Any) -> None:
     frm = _command(sub, "rm", c.files_rm, "delete a workspace file or directory")
     frm.add_argument("session", help="session id")
     frm.add_argument("path", help="workspace path")
+
+    _add_volume_commands(commands)
 
     pause = _command(commands, "pause", c.pause, "pause a session: frozen, then saved to disk")
     pause.add_argument("session", help="session id")

@@ -26,6 +26,7 @@ from typing import Any
 from ..client import Client, Execution, ReplayReport, Session, SessionInfo
 from ..client.settings import ClientSettings
 from ..errors import BadRequest, GatewayError, NotAFile
+from ..limits import format_size
 from . import bundles, terminal
 from .report import render_report
 
@@ -69,7 +70,17 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
         "metadata": _pairs(args.metadata, "--metadata") or None,
         "runtime": args.runtime,
         "network": {"allow": args.allow} if args.allow else None,
+        "volumes": [_volume_mount(v) for v in args.volume] if args.volume else None,
     }
+
+
+def _volume_mount(value: str) -> dict[str, Any]:
+    """``NAME:PATH[:ro]`` as a mount."""
+    name, _, rest = value.partition(":")
+    path, _, mode = rest.partition(":")
+    if not name or not path or mode not in ("", "ro", "rw"):
+        raise BadRequest(f"--volume {value!r}: give NAME:PATH or NAME:PATH:ro, e.g. data:in:ro")
+    return {"name": name, "path": path, "read_only": mode == "ro"}
 
 
 def _show(args: argparse.Namespace, doc: Any, human: Callable[[], object]) -> None:
@@ -542,4 +553,68 @@ def e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
         return 0
     for name, value in exports.items():
         print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def volumes_create(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        made = client.create_volume(args.name, args.size)
+    _show(args, made, lambda: print(made["name"]))
+    return 0
+
+
+def volumes_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.volumes()
+    lines = "\n".join(
+        f"{v['name']}\t{format_size(v['size_bytes'])}\t{v['created_at']}" for v in found
+    )
+    _show(args, found, lambda: terminal.out.print(lines or "no volumes"))
+    return 0
+
+
+def volumes_show(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        view = client.volume(args.name)
+    holders = ", ".join(h["session_id"] for h in view["mounted_by"]) or "no session"
+    used = f"{format_size(view['used_bytes'])} of {format_size(view['size_bytes'])}"
+    _show(args, view, lambda: terminal.out.print(f"{view['name']}: {used}; mounted by {holders}"))
+    return 0
+
+
+def volumes_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        for name in args.names:
+            client.delete_volume(name)
+            terminal.err.print(f"deleted {name}")
+    _show(args, {"deleted": args.names}, lambda: None)
+    return 0
+
+
+def volumes_put(settings: ClientSettings, args: argparse.Namespace) -> int:
+    local = Path(args.local)
+    if not local.is_file():
+        raise BadRequest(f"{args.local} is not a file")
+    with _client(settings) as client:
+        saved = client.write_volume_file(args.name, args.remote or local.name, local.read_bytes())
+    _show(args, saved, lambda: terminal.err.print(f"{saved['path']}: {saved['size']} bytes"))
+    return 0
+
+
+def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        content = client.read_volume_file(args.name, args.remote)
+    if args.local == "-":
+        sys.stdout.buffer.write(content)
+        sys.stdout.flush()
+    else:
+        Path(args.local or args.remote.rsplit("/", 1)[-1]).write_bytes(content)
+    return 0
+
+
+def volumes_files(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        entries = client.list_volume_files(args.name, args.path)
+    lines = "\n".join(f"{e['type'][0]} {e.get('size', 0):>12} {e['path']}" for e in entries)
+    _show(args, entries, lambda: terminal.out.print(lines or "empty"))
     return 0
