@@ -287,6 +287,7 @@ class Gateway:
         egress, hooks = manager.lifecycle.isolation.egress, self.domain.egress
         egress.protect_port(self.port)
         self.domain.webhooks.guard.own_ports.add(self.port)
+        self.domain.tools.guard.own_ports.add(self.port)
         egress.set_redactor(hooks.redact)
         egress.set_connection_hook(hooks.record_connection)
         egress.set_denial_hook(
@@ -467,7 +468,8 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
         session_output_bytes=settings.session_output_bytes,
     )
     lifecycle, store, gate = manager.lifecycle, manager.store, manager.gate
-    session_tools = SessionTools(manager, gate, lifecycle.secrets, CallLimits())
+    guard = AddressGuard(list(settings.tool_allow_ranges), set())
+    session_tools = SessionTools(manager, gate, lifecycle.secrets, CallLimits(), guard)
     return Domain(
         executions=Executions(
             manager,

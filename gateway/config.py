@@ -806,6 +806,13 @@ class Settings:
         STORAGE,
         CIDRS,
     )
+    tool_allow_ranges: tuple[IPNetwork, ...] = _opt(
+        "",
+        "private, loopback or link-local ranges sessions' MCP servers may resolve into (by "
+        "default only public addresses are reached, never the gateway's own port)",
+        STORAGE,
+        CIDRS,
+    )
 
     # -- client
     url: str = _opt("http://127.0.0.1:8765", "gateway URL the SDK and client commands use", CLIENT)

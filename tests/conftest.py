@@ -115,7 +115,7 @@ def gateway(start_gateway) -> GatewayProcess:
     # Sessions of the shared gateway come from a warm pool, as in production.
     return start_gateway(
         "--interrupt-grace", "2", "--cull-interval", "0.5", "--reconnect-grace", "1",
-        "--pool", "python3=2",
+        "--pool", "python3=2", "--tool-allow-ranges", "127.0.0.0/8",
     )  # fmt: skip
 
 

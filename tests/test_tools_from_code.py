@@ -110,3 +110,5 @@ def test_tools_are_given_to_a_live_session_and_other_kernels_reach_the_socket(
     r = api.put(f"/v1/sessions/{sid}/tools", json={"mcp": [{"url": "http://127.0.0.1:9/mcp"}]})
     assert r.status_code == 502 and "did not answer" in r.json()["error"]["message"]
     assert api.get(f"/v1/sessions/{sid}/tools").json()["mcp"][0]["name"] == "wh"  # kept
+    r = api.put(f"/v1/sessions/{sid}/tools", json={"mcp": [{"url": "http://169.254.169.254/"}]})
+    assert r.status_code == 502 and "link-local" in r.json()["error"]["message"]

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -31,14 +32,23 @@ from typing import Any
 
 from ..access.auth import Principal
 from ..access.secrets import SecretVault
+from ..egress.policy import AddressGuard
 from ..errors import BadRequest, NotSupported, Unavailable
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..masking import Masker
 from ..policy.gate import Gate
 from ..tools.endpoint import CallRefused, ToolEndpoint
-from ..tools.mcp_servers import McpConnection, ToolFailed
-from ..tools.specs import CallLimits, McpServer, Rule, Tool, ToolsConfig, default_action
+from ..tools.mcp_servers import McpConnection, Refusal, ToolFailed
+from ..tools.specs import (
+    TOOL_NAME,
+    CallLimits,
+    McpServer,
+    Rule,
+    Tool,
+    ToolsConfig,
+    default_action,
+)
 from .manager import SessionManager
 from .model import Session
 from .requests import CreateSession
@@ -56,7 +66,7 @@ INJECT = (
 )
 MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
 
-Connect = Callable[[McpServer, dict[str, str], int], McpConnection]
+Connect = Callable[[McpServer, dict[str, str], int, Refusal], McpConnection]
 CallHook = Callable[[str, Principal, str, dict[str, Any]], None]
 
 
@@ -118,10 +128,14 @@ class SessionTools:
         gate: Gate,
         secrets: SecretVault | None,
         ceiling: CallLimits,
+        guard: AddressGuard,
         connect: Connect = McpConnection,
     ) -> None:
-        """``ceiling``: the most a session may ask for; ``connect``: makes a server's client."""
+        """``ceiling``: the most a session may ask for; ``guard``: the addresses MCP servers
+        may not be at (the operator's ``tool_allow_ranges`` aside); ``connect``: makes a
+        server's client."""
         self.manager = manager
+        self.guard = guard
         self.gate = gate
         self.secrets = secrets
         self.ceiling = ceiling
@@ -176,7 +190,7 @@ class SessionTools:
         try:
             for server in config.mcp:
                 headers = {h.name: h.resolve(values) for h in server.headers}
-                connection = self.connect(server, headers, room)
+                connection = self.connect(server, headers, room, self.guard.refusal)
                 try:
                     listed = await connection.open()
                 except ToolFailed as e:
@@ -186,7 +200,20 @@ class SessionTools:
                     ) from None
                 connections.append(connection)
                 for spec in listed:
-                    tools[spec["name"]] = (_tool(spec, server.name, config), connection)
+                    name = spec["name"]
+                    if not isinstance(name, str) or not re.fullmatch(TOOL_NAME, name):
+                        log.warning(
+                            "MCP server %s lists a tool named %r: left out",
+                            server.name,
+                            str(name)[:80],
+                        )
+                        continue
+                    if name in tools:
+                        raise BadRequest(
+                            f"tool {name} is listed by both {tools[name][0].server} and "
+                            f"{server.name}; give one of them to this session"
+                        )
+                    tools[name] = (_tool(spec, server.name, config), connection)
         except BaseException:
             await asyncio.gather(*(c.close() for c in connections))
             raise

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..nofollow import bind_socket
+from .specs import TOOL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ MAX_HEAD = 8 * 1024
 MAX_BODY = 256 * 1024
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 10.0
-_LINE = re.compile(r"(GET|POST) (/tools|/call/([A-Za-z0-9_.\-]{1,128})) HTTP/1\.[01]")
+_LINE = re.compile(rf"(GET|POST) (/tools|/call/({TOOL_NAME})) HTTP/1\.[01]")
 _REASONS = {
     200: "OK",
     400: "Bad Request",

@@ -4,7 +4,10 @@ Each server gets one long-lived connection (``McpConnection``): the MCP
 SDK's client runs in a task of its own (its task group must be entered and
 left in one task), and calls from any task go through it. What a server
 sends is hostile as much as a sandbox's bytes: every HTTP response is cut
-off past ``max_bytes`` (``_Bounded``) before the SDK parses it, a call is
+off past ``max_bytes`` (``_Bounded``) before the SDK parses it, each request
+goes only to an address the operator allows (``_GuardedTransport``: no
+loopback, private or link-local address, nor the gateway's own port, unless
+``tool_allow_ranges`` says so), a call is
 bounded in time, and a server that crashes fails the calls in flight and
 the next ones with a clear error instead of hanging them.
 """
@@ -13,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
-from collections.abc import AsyncIterator, Mapping
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx2
@@ -25,6 +30,7 @@ from .specs import McpServer
 
 log = logging.getLogger(__name__)
 
+Refusal = Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address, int], str | None]
 MAX_TOOLS = 256  # listed by one server
 CONNECT_TIMEOUT = 15.0
 
@@ -51,14 +57,43 @@ class _Bounded(httpx2.AsyncByteStream):
         await self.inner.aclose()
 
 
-class _BoundedTransport(httpx2.AsyncBaseTransport):
-    def __init__(self, limit: int) -> None:
-        self.inner, self.limit = httpx2.AsyncHTTPTransport(), limit
+class _GuardedTransport(httpx2.AsyncBaseTransport):
+    """Each request sent to an address ``refusal`` allows (the name resolved once, here, and
+    the request pinned to that address; TLS still checks the name), its body bounded."""
+
+    def __init__(self, limit: int, refusal: Refusal | None) -> None:
+        self.inner, self.limit, self.refusal = httpx2.AsyncHTTPTransport(), limit, refusal
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.refusal is not None:
+            request = await self._pinned(request)
         response = await self.inner.handle_async_request(request)
         response.stream = _Bounded(response.stream, self.limit)  # type: ignore[arg-type]
         return response
+
+    async def _pinned(self, request: httpx2.Request) -> httpx2.Request:
+        assert self.refusal is not None
+        url = request.url
+        host = url.host
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )
+        except socket.gaierror as e:
+            raise httpx2.ConnectError(f"{host} does not resolve ({e})") from None
+        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+        for address in addresses:
+            why = self.refusal(address, port)
+            if why is not None:
+                raise httpx2.ConnectError(
+                    f"{host} is refused: {why.split(', which')[0]}; the operator's "
+                    "tool_allow_ranges may allow it"
+                )
+        if url.scheme == "https":
+            request.extensions = {**request.extensions, "sni_hostname": host}
+        request.url = url.copy_with(host=str(addresses[0]))
+        return request
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -67,9 +102,17 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
 class McpConnection:
     """One session's connection to one MCP server: its tools, and calls to them."""
 
-    def __init__(self, server: McpServer, headers: Mapping[str, str], max_bytes: int) -> None:
-        """``headers``: resolved (secrets in); ``max_bytes``: the most one response may hold."""
+    def __init__(
+        self,
+        server: McpServer,
+        headers: Mapping[str, str],
+        max_bytes: int,
+        refusal: Refusal | None = None,
+    ) -> None:
+        """``headers``: resolved (secrets in); ``max_bytes``: the most one response may hold;
+        ``refusal(address, port)``: why an address may not be reached (None: any may)."""
         self.server = server
+        self.refusal = refusal
         self.headers = dict(headers)
         self.max_bytes = max_bytes
         self.tools: list[dict[str, Any]] = []
@@ -99,7 +142,7 @@ class McpConnection:
         http = httpx2.AsyncClient(
             headers=self.headers,
             timeout=httpx2.Timeout(CONNECT_TIMEOUT, read=None),  # calls: bounded each on its own
-            transport=_BoundedTransport(self.max_bytes),
+            transport=_GuardedTransport(self.max_bytes, self.refusal),
         )
         try:
             async with http, Client(streamable_http_client(self.server.url, http_client=http)) as c:

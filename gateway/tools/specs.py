@@ -32,7 +32,8 @@ MAX_COVERS = 10_000
 _HEADER = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
 _VALUE = re.compile(r"[\t\x20-\x7e]{0,4096}")
 _SECRET = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_TOOL = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")  # MCP's tool-name characters
+TOOL_NAME = r"[A-Za-z0-9_.\-]{1,128}"  # MCP's tool-name characters: what a call can carry
+_TOOL = re.compile(TOOL_NAME)
 _LABEL = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 

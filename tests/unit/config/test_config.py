@@ -144,6 +144,7 @@ SAMPLES = {
     "webhook_queue": "200",
     "webhook_log_max_age": "86400",
     "webhook_allow_ranges": "10.0.0.0/8",
+    "tool_allow_ranges": "10.0.0.0/8",
     "url": "http://gateway.example:8765",
 }
 

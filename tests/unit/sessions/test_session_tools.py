@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.access.auth import Principal
+from gateway.egress.policy import AddressGuard
 from gateway.masking import NO_SECRETS, Masker
 from gateway.policy.approvals import ApprovalDesk
 from gateway.policy.gate import Gate
@@ -45,7 +46,7 @@ class FakeServer:
 
     made: list[FakeServer] = []
 
-    def __init__(self, server: McpServer, headers: dict[str, str], max_bytes: int) -> None:
+    def __init__(self, server: McpServer, headers: dict[str, str], max_bytes: int, refusal) -> None:
         self.server, self.headers, self.calls, self.closed = server, headers, [], False
         self.answer = lambda name, arguments: {
             "content": [{"type": "text", "text": "x"}],
@@ -131,7 +132,12 @@ class World:
         self.manager = FakeManager(self.session)
         self.desk = ApprovalDesk(ApprovalStore(), timeout=5, live=lambda sid: True)
         self.tools = SessionTools(
-            self.manager, Gate(None, None, self.desk), Secrets(), CallLimits(), FakeServer
+            self.manager,
+            Gate(None, None, self.desk),
+            Secrets(),
+            CallLimits(),
+            AddressGuard([], set()),
+            FakeServer,
         )
         self.audited: list[tuple] = []
         self.tools.on_call = lambda *event: self.audited.append(event)
@@ -440,3 +446,29 @@ def test_stdio_servers_are_refused_with_what_to_do():
 def test_the_masker_of_a_toolbox_is_built_from_header_secrets(monkeypatch):
     assert Masker({"A": "s3cret-value-0042"}).text("x s3cret-value-0042") == "x ***A***"
     assert tools_module.MAX_RECORDED_ARGUMENTS == 2048
+
+
+def test_a_second_server_cannot_shadow_a_tool_of_the_first():
+    async def test(w: World):
+        from gateway.errors import BadRequest
+
+        body = {"mcp": [{"url": "http://127.0.0.1:9/a", "name": "a"},
+                        {"url": "http://127.0.0.1:9/b", "name": "b"}]}  # fmt: skip
+        with pytest.raises(BadRequest, match=r"query.*listed by both a and b"):
+            await w.tools.give("s1", AGENT, parse_tools(body))
+        assert all(server.closed for server in FakeServer.made)
+
+    run(test)
+
+
+def test_tools_whose_names_a_call_cannot_carry_are_left_out():
+    async def test(w: World):
+        LISTED.append({"name": "bad\nname", "description": "", "input_schema": {},
+                       "annotations": {"readOnlyHint": True}})  # fmt: skip
+        try:
+            await w.give()
+        finally:
+            LISTED.pop()
+        assert "bad\nname" not in {t["name"] for t in w.tools.view("s1", AGENT)["tools"]}
+
+    run(test)

@@ -8,6 +8,7 @@ Each hostile answer ends as a ``ToolFailed`` that says what happened.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import subprocess
 import sys
@@ -143,3 +144,39 @@ def test_a_server_that_crashes_fails_the_call_in_flight_and_the_next_with_a_clea
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize("allowed, refused", [([], True), (["127.0.0.0/8"], False)])
+def test_a_server_at_a_loopback_or_private_address_is_refused_unless_the_operator_allows_it(
+    server, allowed, refused
+):
+    from gateway.egress.policy import AddressGuard
+
+    guard = AddressGuard([ipaddress.ip_network(r) for r in allowed], set())
+
+    async def main():
+        connection = McpConnection(McpServer(server, "x"), {}, 1 << 20, guard.refusal)
+        try:
+            if refused:
+                with pytest.raises(ToolFailed, match=r"loopback.*tool_allow_ranges"):
+                    await connection.open()
+            else:
+                assert len(await connection.open()) == 4
+        finally:
+            await connection.close()
+
+    asyncio.run(main())
+
+
+def test_the_gateways_own_port_is_refused_even_on_an_allowed_range(server):
+    from gateway.egress.policy import AddressGuard
+
+    port = int(server.rsplit(":", 1)[1].split("/")[0])
+    guard = AddressGuard([ipaddress.ip_network("127.0.0.0/8")], {port})
+
+    async def main():
+        connection = McpConnection(McpServer(server, "x"), {}, 1 << 20, guard.refusal)
+        with pytest.raises(ToolFailed, match="the gateway itself"):
+            await connection.open()
+
+    asyncio.run(main())
