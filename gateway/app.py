@@ -25,6 +25,7 @@ from .access.secrets import SecretVault, load_key
 from .api import (
     approvals,
     audit,
+    contexts,
     e2b,
     files,
     health,
@@ -128,6 +129,7 @@ def make_app(
             *stream.routes,
             *files.routes,
             *notebooks.routes,
+            *contexts.routes,
             *kernels.routes,
             *health.routes,
             *openapi.routes,

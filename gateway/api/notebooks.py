@@ -18,11 +18,15 @@ from .files import MAX_BATCH
 class NotebookHandler(JSONHandler):
     async def get(self, session_id: str) -> None:
         descriptions = self.get_argument("descriptions", "true").lower() not in ("false", "0")
-        chunks = export_chunks(self.manager, self.reports, session_id, self.principal, descriptions)
+        context = self.get_argument("context", None)  # a code context's notebook
+        chunks = export_chunks(
+            self.manager, self.reports, session_id, self.principal, descriptions, context
+        )
         async with contextlib.aclosing(chunks):
             head = await anext(chunks)  # a missing session is a 404 before anything is sent
             self.set_header("Content-Type", "application/x-ipynb+json")
-            disposition = f'attachment; filename="session-{session_id}.ipynb"'
+            name = session_id + (f"-{context}" if context else "")
+            disposition = f'attachment; filename="session-{name}.ipynb"'
             self.set_header("Content-Disposition", disposition)
             self.write(head)
             try:

@@ -33,13 +33,16 @@ from .base import (
     BaseSnapshot,
     Call,
     CommandOptions,
+    Contextual,
     Progress,
     ReplayProgress,
     SessionOptions,
+    context_id,
     replay_event,
 )
 from .models import (
     Approval,
+    CodeContext,
     CommandResult,
     Execution,
     FileInfo,
@@ -435,15 +438,17 @@ class AsyncSession(BaseSession[AsyncClient]):
         timeout: float | None = None,
         description: str | None = None,
         env: Mapping[str, str] | None = None,
+        context: Contextual = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
-        ``env``: environment variables for this run only (Python kernels).
+        ``env``: environment variables for this run only (Python kernels);
+        ``context``: the code context to run in (``create_context``), else the session's kernel.
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, cancellation) interrupts the cell.
         """
-        run = Run(code, timeout, description, env, **callbacks)
+        run = Run(code, timeout, description, env, context_id(context), **callbacks)
         url = self._stream_url()
         while run.execution is None:
             async with await self.client.open_stream(url) as ws:
@@ -462,6 +467,35 @@ class AsyncSession(BaseSession[AsyncClient]):
                             await ws.send(stop)
                     raise
         return run.execution
+
+    async def contexts(self) -> list[CodeContext]:
+        """The session's code contexts, its own kernel (``default``) first."""
+        return await self.client.call(self._contexts_call())
+
+    async def create_context(
+        self, *, kernel: str | None = None, language: str | None = None, cwd: str | None = None
+    ) -> CodeContext:
+        """Start another kernel in the sandbox (a kernel or language its image holds, working
+        in ``cwd`` under /workspace): the same files, variables of its own."""
+        return await self.client.call(self._create_context_call(kernel, language, cwd))
+
+    async def restart_context(self, context: CodeContext | str) -> CodeContext:
+        """Give a code context a fresh kernel: its variables go, the files stay."""
+        return await self.client.call(self._context_call(context, "restart"))
+
+    async def remove_context(self, context: CodeContext | str) -> None:
+        """Stop a code context's kernel; its executions stay in the history."""
+        await self.client.call(self._context_call(context, "delete"))
+
+    # E2B's names for the code contexts' calls.
+    async def create_code_context(
+        self, cwd: str | None = None, language: str | None = None
+    ) -> CodeContext:
+        return await self.client.call(self._create_context_call(None, language, cwd))
+
+    list_code_contexts = contexts
+    restart_code_context = restart_context
+    remove_code_context = remove_context
 
     async def interrupt(self) -> SessionInfo:
         return await self.client.call(self._action_call("interrupt"))
@@ -550,10 +584,17 @@ class AsyncSession(BaseSession[AsyncClient]):
         return executions
 
     async def export(
-        self, path: str | Path | None = None, *, descriptions: bool = True
+        self,
+        path: str | Path | None = None,
+        *,
+        descriptions: bool = True,
+        context: Contextual = None,
     ) -> dict[str, Any]:
-        """The session as an nbformat v4 notebook; also written to ``path`` if given."""
-        notebook = await self.client.call(self._notebook_call(descriptions))
+        """The session as an nbformat v4 notebook; also written to ``path`` if given.
+
+        A notebook holds one kernel's cells: the session's own, or ``context``'s.
+        """
+        notebook = await self.client.call(self._notebook_call(descriptions, context))
         return await asyncio.to_thread(self._write_notebook, notebook, path)
 
     async def delete(self) -> None:

@@ -29,6 +29,7 @@ from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body, error_from_event
 from .models import (
     Approval,
+    CodeContext,
     CommandResult,
     FileInfo,
     Port,
@@ -190,6 +191,18 @@ def resolve(url: str | None, token: str | None) -> tuple[str, str]:
         url = settings.url if url is None else url
         token = settings.token if token is None else token
     return url.rstrip("/"), token
+
+
+# A code context, or its id (None: the session's own kernel).
+Contextual = CodeContext | str | None
+
+
+def context_id(context: Contextual) -> str | None:
+    return context.id if isinstance(context, CodeContext) else context
+
+
+def _code_context(response: httpx.Response) -> CodeContext:
+    return CodeContext.from_json(response.json())
 
 
 def _segment(value: str) -> str:
@@ -512,9 +525,33 @@ class BaseSession(Generic[C]):
         params = {"after": after} if after else None
         return Call("GET", self._path("/history"), parse, params=params)
 
-    def _notebook_call(self, descriptions: bool) -> Call[dict[str, Any]]:
+    def _notebook_call(
+        self, descriptions: bool, context: Contextual = None
+    ) -> Call[dict[str, Any]]:
         params = {} if descriptions else {"descriptions": "false"}
+        if context is not None:
+            params["context"] = context_id(context)
         return Call("GET", self._path("/notebook"), _json, params=params)
+
+    def _contexts_call(self) -> Call[list[CodeContext]]:
+        def parse(response: httpx.Response) -> list[CodeContext]:
+            return [CodeContext.from_json(c) for c in response.json()["contexts"]]
+
+        return Call("GET", self._path("/contexts"), parse)
+
+    def _create_context_call(
+        self, kernel: str | None, language: str | None, cwd: str | None
+    ) -> Call[CodeContext]:
+        fields = (("kernel", kernel), ("language", language), ("cwd", cwd))
+        body = {k: v for k, v in fields if v is not None}
+        return Call("POST", self._path("/contexts"), _code_context, json=body)
+
+    def _context_call(self, context: Contextual, action: str) -> Call[Any]:
+        """``restart``, ``interrupt`` (the context's view back) or ``delete`` a context."""
+        path = self._path(f"/contexts/{_segment(context_id(context))}")
+        if action == "delete":
+            return Call("DELETE", path)
+        return Call("POST", f"{path}/{action}", _code_context)
 
     def _delete_call(self) -> Call[None]:
         return Call("DELETE", self._path())

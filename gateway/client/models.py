@@ -419,6 +419,30 @@ class SessionInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class CodeContext:
+    """A kernel in a session's sandbox: its own (id ``default``) or another, with variables of
+    its own over the same files (``Session.create_context``)."""
+
+    id: str
+    kernel: str
+    language: str
+    cwd: str
+    state: str  # running, or stopped (its next run starts it empty: ``raw["stopped"]`` says why)
+    raw: dict[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CodeContext:
+        return cls(
+            id=str(doc["id"]),
+            kernel=str(doc.get("kernel", "")),
+            language=str(doc.get("language", "")),
+            cwd=str(doc.get("cwd", "")),
+            state=str(doc.get("state", "")),
+            raw=doc,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Port:
     """A TCP port something listens on in a sandbox, and its preview URL (path form)."""
 

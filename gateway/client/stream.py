@@ -42,6 +42,7 @@ class Run:
         timeout: float | None = None,
         description: str | None = None,
         env: Mapping[str, str] | None = None,
+        context: str | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> None:
         unknown = set(callbacks) - set(RunCallbacks.__annotations__)
@@ -55,6 +56,8 @@ class Run:
             message["description"] = description
         if env:
             message["env"] = dict(env)
+        if context is not None:
+            message["context"] = context
         self._request: str | None = json.dumps(message)
         self.callbacks = callbacks
         self.execution: Execution | None = None

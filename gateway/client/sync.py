@@ -27,13 +27,16 @@ from .base import (
     BaseSnapshot,
     Call,
     CommandOptions,
+    Contextual,
     Progress,
     ReplayProgress,
     SessionOptions,
+    context_id,
     replay_event,
 )
 from .models import (
     Approval,
+    CodeContext,
     CommandResult,
     Execution,
     FileInfo,
@@ -399,15 +402,17 @@ class Session(BaseSession[Client]):
         timeout: float | None = None,
         description: str | None = None,
         env: Mapping[str, str] | None = None,
+        context: Contextual = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> Execution:
         """Execute code, streaming outputs to the callbacks; return the finished execution.
 
-        ``env``: environment variables for this run only (Python kernels).
+        ``env``: environment variables for this run only (Python kernels);
+        ``context``: the code context to run in (``create_context``), else the session's kernel.
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, Ctrl-C) interrupts the cell.
         """
-        run = Run(code, timeout, description, env, **callbacks)
+        run = Run(code, timeout, description, env, context_id(context), **callbacks)
         url = self._stream_url()
         while run.execution is None:
             with self.client.open_stream(url) as ws:
@@ -424,6 +429,35 @@ class Session(BaseSession[Client]):
                             ws.send(stop)
                     raise
         return run.execution
+
+    def contexts(self) -> list[CodeContext]:
+        """The session's code contexts, its own kernel (``default``) first."""
+        return self.client.call(self._contexts_call())
+
+    def create_context(
+        self, *, kernel: str | None = None, language: str | None = None, cwd: str | None = None
+    ) -> CodeContext:
+        """Start another kernel in the sandbox (a kernel or language its image holds, working
+        in ``cwd`` under /workspace): the same files, variables of its own."""
+        return self.client.call(self._create_context_call(kernel, language, cwd))
+
+    def restart_context(self, context: CodeContext | str) -> CodeContext:
+        """Give a code context a fresh kernel: its variables go, the files stay."""
+        return self.client.call(self._context_call(context, "restart"))
+
+    def remove_context(self, context: CodeContext | str) -> None:
+        """Stop a code context's kernel; its executions stay in the history."""
+        self.client.call(self._context_call(context, "delete"))
+
+    # E2B's names for the code contexts' calls.
+    def create_code_context(
+        self, cwd: str | None = None, language: str | None = None
+    ) -> CodeContext:
+        return self.client.call(self._create_context_call(None, language, cwd))
+
+    list_code_contexts = contexts
+    restart_code_context = restart_context
+    remove_code_context = remove_context
 
     def interrupt(self) -> SessionInfo:
         return self.client.call(self._action_call("interrupt"))
@@ -506,10 +540,19 @@ class Session(BaseSession[Client]):
         return executions
 
     def export(
-        self, path: str | Path | None = None, *, descriptions: bool = True
+        self,
+        path: str | Path | None = None,
+        *,
+        descriptions: bool = True,
+        context: Contextual = None,
     ) -> dict[str, Any]:
-        """The session as an nbformat v4 notebook; also written to ``path`` if given."""
-        return self._write_notebook(self.client.call(self._notebook_call(descriptions)), path)
+        """The session as an nbformat v4 notebook; also written to ``path`` if given.
+
+        A notebook holds one kernel's cells: the session's own, or ``context``'s.
+        """
+        return self._write_notebook(
+            self.client.call(self._notebook_call(descriptions, context)), path
+        )
 
     def delete(self) -> None:
         self.client.call(self._delete_call())

@@ -21,8 +21,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from .. import __version__
 from ..access.auth import Principal
-from ..errors import BadRequest
-from ..execution.recorder import CELL, CUT_BY_RESTART, kind_of
+from ..errors import BadRequest, NotFound
+from ..execution.recorder import CELL, CUT_BY_RESTART, context_of, kind_of
 from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
 from ..sessions.reports import Reports
@@ -43,15 +43,20 @@ async def export_chunks(
     session_id: str,
     who: Principal,
     descriptions: bool = True,
+    context: str | None = None,
 ) -> AsyncIterator[str]:
     """The session as nbformat v4 JSON text, a page of history at a time.
+
+    A notebook holds one kernel's cells: the session's own (``context`` None),
+    or those of the code context named (a notebook per context, replayed in a
+    session of its kernel).
 
     Memory is bounded by a page of history (``Store.history``), not by the
     session; cells are built (nbformat validates each) and encoded off the
     event loop. The text is what ``json.dumps(notebook, indent=1)`` would
     write, with the cells last.
     """
-    session = await manager.record(session_id, who)
+    session = _as_context(await manager.record(session_id, who), context)
     inputs = await reports.uploads(session_id, who)
     chain = await reports.chain_head(session_id, who)  # what `sbx audit check-notebook` checks
     head = json.dumps(_notebook(session, inputs, chain), indent=1)
@@ -61,10 +66,31 @@ async def export_chunks(
     while after is not None:
         page = await reports.history(session_id, who, after=after)
         if page.executions:
-            yield await asyncio.to_thread(_cells_json, page.executions, descriptions, first)
-            first = False
+            ran = [e for e in page.executions if context_of(e) == context]
+            yield await asyncio.to_thread(_cells_json, ran, descriptions, first)
+            first = first and not ran
         after = page.next
     yield "\n ]\n}\n"
+
+
+def _as_context(session: dict[str, Any], context: str | None) -> dict[str, Any]:
+    """A session record as the notebook of one of its code contexts shows it (its kernel)."""
+    contexts = {c["id"]: c for c in session.get("contexts") or ()}
+    if context is None:
+        return {**session, "context_ids": list(contexts)}
+    found = contexts.get(context)
+    if found is None:
+        raise NotFound(
+            f"session {session['id']} has no code context {context[:64]!r} (a removed one's "
+            "cells stay in its history); GET /v1/sessions/{id}/contexts lists them"
+        )
+    return {
+        **session,
+        "kernel": found["kernel"],
+        "display_name": found["kernel"],
+        "language_info": {"name": found["language"]},
+        "context": context,
+    }
 
 
 def _notebook(
@@ -99,6 +125,9 @@ def _notebook(
                 "inputs": inputs,
                 "chain": chain,
                 **({"forked_from": session["forked_from"]} if session.get("forked_from") else {}),
+                # The code context whose cells these are; or, in the session's own, the others.
+                **({"context": session["context"]} if "context" in session else {}),
+                **({"contexts": session["context_ids"]} if session.get("context_ids") else {}),
             },
         }
     )

@@ -95,6 +95,7 @@ class StreamHub:
         self.subscribers: list[Subscriber] = []
         self.tasks: dict[str, asyncio.Task] = {}
         self.running: str | None = None
+        self.running_in: str | None = None  # the code context of the cell running, if not default
         self._abandon: asyncio.TimerHandle | None = None
 
     # -- clients -----------------------------------------------------------------------
@@ -158,7 +159,7 @@ class StreamHub:
 
     async def _run(self, request_id: str, request: dict[str, Any], who: Principal) -> None:
         def started() -> None:
-            self.running = request_id
+            self.running, self.running_in = request_id, request.get("context")
             self.publish({"type": "status", "state": "busy", "id": request_id})
 
         def output(out: dict[str, Any] | None) -> None:
@@ -199,7 +200,11 @@ class StreamHub:
 
     async def _interrupt(self, request_id: str | None, who: Principal) -> None:
         try:
-            await self.manager.interrupt(self.session.id, who)
+            if self.running_in is None:
+                await self.manager.interrupt(self.session.id, who)
+            else:  # a code context's cell
+                session = self.manager.get(self.session.id, who)
+                await self.manager.contexts.interrupt(session, self.running_in)
         except GatewayError as e:
             self.reject(request_id, e)
 

@@ -76,6 +76,11 @@ class Contexts:
         """Every context of the session, its own kernel's first."""
         return [self.default(session), *(c.to_json() for c in session.contexts.values())]
 
+    def view(self, session: Session, context_id: str) -> dict[str, Any]:
+        """One context's view, the session's own kernel's for ``default``."""
+        context = self.find(session, context_id)
+        return self.default(session) if context is None else context.to_json()
+
     def find(self, session: Session, context_id: str | None) -> CodeContext | None:
         """A context by id; None for the session's own kernel (no id, or ``default``)."""
         if context_id in (None, DEFAULT):

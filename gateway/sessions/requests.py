@@ -213,6 +213,27 @@ class SetTools:
 
 
 @dataclasses.dataclass(frozen=True)
+class CreateContext:
+    """A code context: a kernel (by name, or a language) the session's image holds, and
+    its directory in the workspace; none of them: another kernel like the session's."""
+
+    kernel: str | None = None
+    language: str | None = None
+    cwd: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> CreateContext:
+        body = _body(body)
+        unknown = set(body) - {"kernel", "language", "cwd"}
+        if unknown:
+            raise BadRequest(f"a context takes kernel, language and cwd, not {sorted(unknown)}")
+        for name in ("kernel", "language", "cwd"):
+            if body.get(name) is not None and not isinstance(body[name], str):
+                raise BadRequest(f"{name} must be a string")
+        return cls(body.get("kernel"), body.get("language"), body.get("cwd"))
+
+
+@dataclasses.dataclass(frozen=True)
 class ExecuteCode:
     """An execute: over HTTP, on the agent stream, or a replayed notebook's cell."""
 
