@@ -37,6 +37,9 @@ TOOLS = {
     "interrupt",
     "restart",
     "update_network",
+    "create_volume",
+    "list_volumes",
+    "delete_volume",
 }
 PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"

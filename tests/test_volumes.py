@@ -7,10 +7,12 @@ tests/unit/sessions/test_named_volumes.py and tests/unit/store/test_volume_recor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import e2b_env, run, text_of
@@ -207,3 +209,42 @@ def test_sbx_volumes_and_a_session_mounting_one_read_only(tenants, tmp_path):
     sbx("sessions", "rm", view["id"])
     sbx("volumes", "rm", "cli-data")
     assert clients["acme"].get("/v1/volumes/cli-data").status_code == 404
+
+
+def test_an_mcp_agent_makes_a_volume_and_mounts_it(tenants):
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    gw, clients = tenants
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    params = StdioServerParameters(
+        command=str(Path(sys.executable).with_name("sbx")),
+        args=["mcp", "--url", gw.url, "--token", TOKENS["acme"]],
+        env=env,
+    )
+
+    async def scenario() -> list:
+        async with Client(params) as client:
+            made = await client.call_tool(
+                "create_volume", {"name": "mcp-data", "size": "16m", "files": {"a.txt": "hi"}}
+            )
+            session = await client.call_tool(
+                "create_session",
+                {"volumes": [{"name": "mcp-data", "path": "v", "read_only": True}]},
+            )
+            sid = session.structured_content["session_id"]
+            ran = await client.call_tool(
+                "run_code", {"session_id": sid, "code": "print(open('v/a.txt').read())"}
+            )
+            listed = await client.call_tool("list_volumes", {})
+            await client.call_tool("delete_session", {"session_id": sid})
+            gone = await client.call_tool("delete_volume", {"name": "mcp-data"})
+            return [made, session, ran, listed, gone]
+
+    made, session, ran, listed, gone = asyncio.run(scenario())
+    assert not made.is_error and made.structured_content["name"] == "mcp-data"
+    assert not session.is_error
+    assert ran.content[0].text == "[stdout]\nhi\n"
+    assert [v["name"] for v in listed.structured_content["volumes"]] == ["mcp-data"]
+    assert not gone.is_error
+    assert clients["acme"].get("/v1/volumes/mcp-data").status_code == 404

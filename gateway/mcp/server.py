@@ -148,6 +148,13 @@ class SandboxTools:
                 "network at all; [] gives a network with nothing allowed yet, for update_network)"
             ),
         ] = None,
+        volumes: Annotated[
+            list[dict[str, Any]] | None,
+            Field(
+                description='named volumes to mount under the workspace, e.g. [{"name": '
+                '"datasets", "path": "data", "read_only": true}] (create_volume makes one)'
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a sandboxed kernel session and return its id; state persists across run_code."""
         options = {
@@ -157,6 +164,7 @@ class SandboxTools:
             "idle_timeout": idle_timeout,
             "network": {"allow": allow_hosts} if allow_hosts is not None else None,
             "secrets": secrets,
+            "volumes": volumes,
         }
         client = await self.clients.current()
         session = await client.create_session(
@@ -325,6 +333,34 @@ class SandboxTools:
         snap = await (await self.clients.current()).snapshot(snapshot_id)
         session = await snap.fork(keep=True, metadata={"client": "mcp"})
         return {"session_id": session.id, "forked_from": snapshot_id, "state": session.info.state}
+
+    @_tool
+    async def create_volume(
+        self,
+        name: Annotated[str, Field(description="1 to 63 letters, digits, _ . -")],
+        size: Annotated[str | None, Field(description="its cap, e.g. 2g")] = None,
+        files: Annotated[
+            dict[str, str] | None,
+            Field(description="text files to write into it first, by path, e.g. {'in.csv': ...}"),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Create a named volume: files that outlive sessions; mount it with create_session."""
+        client = await self.clients.current()
+        made = await client.create_volume(name, size)
+        for path, content in (files or {}).items():
+            await client.write_volume_file(name, path, content.encode())
+        return made
+
+    @_tool
+    async def list_volumes(self) -> dict[str, Any]:
+        """List this caller's tenant's named volumes."""
+        return {"volumes": await (await self.clients.current()).volumes()}
+
+    @_tool
+    async def delete_volume(self, name: Annotated[str, Field(description="volume name")]) -> str:
+        """Delete a named volume and its files (refused while a session mounts it)."""
+        await (await self.clients.current()).delete_volume(name)
+        return f"deleted volume {name}"
 
     @_tool
     async def delete_session(self, session_id: SessionId) -> str:
