@@ -156,6 +156,8 @@ class Volumes:
         conflict = await self.store.mount_volumes(session_id, taken)
         if conflict is not None:
             name = next(d["name"] for d in docs if d["id"] == conflict["volume_id"])
+            if conflict.get("gone"):
+                raise VolumeNotFound(name)
             raise VolumeInUse(
                 f"volume {name!r} is mounted by session(s) {_listed(conflict['holders'])}; "
                 "any number of sessions may mount a volume read-only, or one alone read-write"

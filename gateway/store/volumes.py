@@ -110,7 +110,7 @@ class Volumes(Repository):
 
         Any number of read-only mounts share a volume, or one read-write mount
         holds it alone. None when taken; else the first conflict: {volume_id,
-        holders} (the sessions in the way).
+        holders} (the sessions in the way), with ``gone`` if the volume was deleted meanwhile.
         """
         return await self.db.run(self._mount, session_id, mounts)
 
@@ -118,6 +118,8 @@ class Volumes(Repository):
         self._lock()
         self.db.rows(f"DELETE FROM volume_mounts WHERE NOT {self._held}")  # ended sessions'
         for volume_id, read_only in mounts:
+            if not self.db.rows("SELECT 1 FROM volumes WHERE id = ?", (volume_id,)):
+                return {"volume_id": volume_id, "holders": [], "gone": True}  # deleted meanwhile
             holders = [h for h in self._holders(volume_id) if h["session_id"] != session_id]
             if holders and not (read_only and all(h["read_only"] for h in holders)):
                 return {"volume_id": volume_id, "holders": holders}

@@ -103,3 +103,18 @@ def test_a_mount_is_taken_whole_or_not_at_all(tmp_path):
         assert await store.volume_holders("v1") == []  # not half taken
 
     run(tmp_path, scenario)
+
+
+def test_a_volume_deleted_meanwhile_is_not_mounted(tmp_path):
+    """A create found the volume, a delete then removed it: the mount must not be taken."""
+
+    async def scenario(store):
+        await store.add_volume(vol("v1", "a"), CAPS)
+        await store.claim_quota(claim("s1", disk=1), SESSION_CAPS, 60)
+        assert await store.delete_volume("v1") == []
+        assert await store.mount_volumes("s1", [("v1", False)]) == {
+            "volume_id": "v1", "holders": [], "gone": True
+        }  # fmt: skip
+        assert await store.volume_holders("v1") == []
+
+    run(tmp_path, scenario)
