@@ -6,7 +6,9 @@ in seconds; the images are tiny layers over the local sbx/python.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import Canary, GatewayProcess, run
@@ -119,3 +121,29 @@ def test_bad_builds_get_a_clear_400(gw, body, says):
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
     assert len(r.text) < 2000
+
+
+def test_the_cli_builds_from_a_context_and_the_sdk_starts_a_session_from_it(gw, tmp_path):
+    import os
+    import subprocess
+
+    from gateway.client import Client
+
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "greeting.txt").write_text("from the context\n")
+    (tmp_path / "Dockerfile").write_text("FROM sbx/python\nCOPY greeting.txt /opt/greeting.txt\n")
+    env = {**os.environ, "SBX_URL": gw.url, "SBX_TOKEN": gw.token}
+    sbx = [str(Path(sys.executable).parent / "sbx"), "templates"]
+    done = subprocess.run(
+        [*sbx, "build", "cli-geo", "-f", str(tmp_path / "Dockerfile"), str(tmp_path / "ctx")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "cli-geo:1 ready" and ": COPY greeting.txt" in done.stderr
+    with Client(gw.url, gw.token) as client:
+        assert "cli-geo" in {b["name"] for b in client.templates()}
+        with client.create_session(template="cli-geo") as session:
+            ran = session.run("print(open('/opt/greeting.txt').read(), end='')")
+            assert ran.stdout == "from the context\n"
+    gone = subprocess.run([*sbx, "rm", "cli-geo"], env=env, capture_output=True, text=True)
+    assert gone.returncode == 0 and "deleted cli-geo" in gone.stderr

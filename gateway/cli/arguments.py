@@ -66,6 +66,9 @@ def _with_client_settings(handler: c.Handler, _server: Settings, args: argparse.
 
 def _add_session_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", help="kernelspec name (default: the gateway's, python3)")
+    parser.add_argument(
+        "--template", help="one of your templates (sbx templates build), NAME or NAME:VERSION"
+    )
     parser.add_argument("--memory", help="memory limit, e.g. 1g")
     parser.add_argument("--disk", help="workspace size, e.g. 2g")
     parser.add_argument("--ttl", type=_positive, help="session lifetime in seconds")
@@ -125,6 +128,27 @@ def _add_volume_commands(commands: Any) -> None:
     files = _command(sub, "files", c.volumes_files, "list a directory of a volume")
     files.add_argument("name", help="volume name")
     files.add_argument("path", nargs="?", default="", help="directory (default: the top)")
+
+
+def _add_template_commands(commands: Any) -> None:
+    templates = commands.add_parser(
+        "templates", help="templates: images built from your Dockerfiles (start with --template)"
+    )
+    sub = templates.add_subparsers(dest="templates_command", required=True, metavar="COMMAND")
+    build = _command(sub, "build", c.templates_build, "build a new version of a template")
+    build.add_argument("name", help="lower-case letters and digits, single - or _ between")
+    # -f takes the context after it too: argparse cannot match a positional after an option.
+    build.add_argument(
+        "-f", "--file", required=True, nargs="+", metavar="DOCKERFILE", help="its Dockerfile"
+    )
+    build.add_argument("context", nargs="?", help="build context: a directory or a .tar file")
+    build.add_argument("--kernel", help="the kernel its sessions run (default: its base's)")
+    build.add_argument("--no-wait", action="store_true", help="return once the build started")
+    _command(sub, "ls", c.templates_ls, "list your templates' builds")
+    show = _command(sub, "show", c.templates_show, "a template's builds: status, failed step")
+    show.add_argument("name", help="template name")
+    rm = _command(sub, "rm", c.templates_rm, "delete templates (every version)")
+    rm.add_argument("names", nargs="+", metavar="NAME", help="template names")
 
 
 def add_client_commands(commands: Any) -> None:
@@ -207,6 +231,7 @@ def add_client_commands(commands: Any) -> None:
     frm.add_argument("path", help="workspace path")
 
     _add_volume_commands(commands)
+    _add_template_commands(commands)
 
     pause = _command(commands, "pause", c.pause, "pause a session: frozen, then saved to disk")
     pause.add_argument("session", help="session id")

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import shlex
 import sys
+import tarfile
+import time
 import urllib.parse
 import zipfile
 from collections.abc import Callable
@@ -62,6 +65,7 @@ def _session_options(args: argparse.Namespace) -> dict[str, Any]:
     """What the flags ask of a new session; the SDK leaves out those given as None."""
     return {
         "kernel": args.kernel,
+        "template": args.template,
         "memory": args.memory,
         "disk": args.disk,
         "ttl": args.ttl,
@@ -553,6 +557,77 @@ def e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
         return 0
     for name, value in exports.items():
         print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def _build_context(source: str | None) -> bytes | None:
+    """A directory's files (or a .tar file's bytes) as the build context to send."""
+    if source is None:
+        return None
+    path = Path(source)
+    if path.is_file():
+        return path.read_bytes()
+    if not path.is_dir():
+        raise BadRequest(f"build context {source}: give a directory or a .tar file")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for found in sorted(path.rglob("*")):
+            if found.is_file() or found.is_dir():
+                tar.add(found, arcname=str(found.relative_to(path)), recursive=False)
+    return buffer.getvalue()
+
+
+def templates_build(settings: ClientSettings, args: argparse.Namespace) -> int:
+    dockerfile, *rest = args.file
+    if len(rest) + (args.context is not None) > 1:
+        raise BadRequest("give one build context: sbx templates build NAME -f DOCKERFILE [DIR]")
+    context = _build_context(args.context or (rest[0] if rest else None))
+    with _client(settings) as client:
+        build = client.build_template(
+            args.name, _read_code(dockerfile), context, kernel=args.kernel
+        )
+        shown = 0
+        while not args.no_wait and build["status"] == "building":
+            time.sleep(0.5)
+            build = next(b for b in client.template(args.name) if b["id"] == build["id"])
+            for line in build.get("logs", [])[shown:]:
+                terminal.err.print(line)
+            shown = len(build.get("logs", []))
+    if build["status"] == "failed":
+        error = build["error"]
+        terminal.err.print(f"{args.name}:{build['version']} failed at {error['step'] or 'start'}")
+        terminal.err.print(error["reason"])
+    _show(args, build, lambda: print(f"{build['name']}:{build['version']} {build['status']}"))
+    return 1 if build["status"] == "failed" else 0
+
+
+def templates_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.templates()
+    lines = "\n".join(f"{b['name']}:{b['version']}\t{b['status']}\t{b['kernel']}" for b in found)
+    _show(args, found, lambda: terminal.out.print(lines or "no templates"))
+    return 0
+
+
+def templates_show(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        builds = client.template(args.name)
+
+    def lines() -> None:
+        for b in builds:
+            why = f" at {b['error']['step']}: {b['error']['reason']}" if b.get("error") else ""
+            terminal.out.print(f"{b['name']}:{b['version']}\t{b['status']}{why}")
+
+    _show(args, builds, lines)
+    return 0
+
+
+def templates_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        for name in args.names:
+            client.delete_template(name)
+            terminal.err.print(f"deleted {name}")
+    _show(args, {"deleted": args.names}, lambda: None)
     return 0
 
 

@@ -186,6 +186,29 @@ class AsyncClient(BaseClient):
         """A snapshot by id (raises ``NotFound`` if there is none, or it is another tenant's)."""
         return await self.call(self._snapshot_call(snapshot_id))
 
+    async def build_template(
+        self,
+        name: str,
+        dockerfile: str,
+        context: bytes | None = None,
+        *,
+        kernel: str | None = None,
+    ) -> dict[str, Any]:
+        """Start building a new version of a template (``context``: a tar); its record."""
+        return await self.call(self._build_template_call(name, dockerfile, context, kernel))
+
+    async def templates(self) -> list[dict[str, Any]]:
+        """The tenant's templates' builds, newest first per name."""
+        return await self.call(self._templates_call())
+
+    async def template(self, name: str) -> list[dict[str, Any]]:
+        """A template's builds, newest first, each with its status, log and error."""
+        return await self.call(self._template_call(name))
+
+    async def delete_template(self, name: str) -> None:
+        """Delete every version (images go once no session uses them)."""
+        await self.call(self._template_call(name, "DELETE"))
+
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
 

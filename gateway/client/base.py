@@ -11,6 +11,7 @@ both halves; split by topic, a half would import calls from several places.
 from __future__ import annotations
 
 import abc
+import base64
 import dataclasses
 import json
 import logging
@@ -88,6 +89,8 @@ class SessionOptions(TypedDict, total=False):
     # The tenant's named volumes under the workspace (create_volume):
     # [{"name": "datasets", "path": "data", "read_only": True}]
     volumes: list[dict[str, Any]]
+    # One of the tenant's templates (build_template): "geo-stack" or "geo-stack:2"
+    template: str
 
 
 # Keyword -> key in the API's limits.
@@ -358,6 +361,24 @@ class BaseClient:
 
     def _snapshot(self, response: httpx.Response) -> Any:
         return self.snapshot_class(self, response.json())
+
+    def _build_template_call(
+        self, name: str, dockerfile: str, context: bytes | None, kernel: str | None
+    ) -> Call[dict[str, Any]]:
+        body: dict[str, Any] = {"name": name, "dockerfile": dockerfile}
+        if context is not None:
+            body["context"] = base64.b64encode(context).decode()
+        if kernel is not None:
+            body["kernel"] = kernel
+        return Call("POST", "/v1/templates", _json, json=body)
+
+    def _templates_call(self) -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/v1/templates", lambda r: r.json()["templates"])
+
+    def _template_call(self, name: str, method: str = "GET") -> Call[Any]:
+        """A template's builds, newest first (GET), or all of them deleted (DELETE)."""
+        parse = _nothing if method == "DELETE" else (lambda r: r.json()["versions"])
+        return Call(method, f"/v1/templates/{_segment(name)}", parse)
 
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
