@@ -381,7 +381,7 @@ class MountVolume:
 
     @classmethod
     def parse_all(cls, value: Any) -> tuple[MountVolume, ...] | None:
-        """``[{"name", "path", "read_only"}]``; each path once, none inside another."""
+        """``[{"name", "path", "read_only"}]``; each volume and path once, none inside another."""
         if value is None:
             return None
         if not isinstance(value, list) or len(value) > MAX_MOUNTS:
@@ -389,6 +389,10 @@ class MountVolume:
                 f'volumes must be a list of at most {MAX_MOUNTS} {{"name": ..., "path": ...}}'
             )
         mounts = tuple(cls.from_json(item) for item in value)
+        names = [m.name for m in mounts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # its one holder record must say whether the session writes
+            raise BadRequest(f"volume {twice[0]!r} named twice; mount each volume once")
         paths = sorted(m.path for m in mounts)
         for a, b in itertools.pairwise(paths):
             if b == a or b.startswith(a + "/"):

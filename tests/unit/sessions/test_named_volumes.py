@@ -259,3 +259,17 @@ def test_a_placement_that_cannot_bind_this_hosts_volumes_refuses_a_create_naming
     with pytest.raises(NotAllowed, match="swarm placement cannot mount named volumes"):
         asyncio.run(SessionManager._mount_volumes(manager, None, request, ACME))
     assert asyncio.run(SessionManager._mount_volumes(manager, None, CreateSession(), ACME)) == ()
+
+
+def test_a_volume_is_mounted_once_per_session_so_its_holder_record_tells_the_truth():
+    """Mounted read-write at one path and read-only at another, the session's one mount row
+    said read-only, and a second session could then read beside the writer."""
+    with pytest.raises(BadRequest, match="'ds' named twice"):
+        CreateSession.from_json(
+            {
+                "volumes": [
+                    {"name": "ds", "path": "a"},
+                    {"name": "ds", "path": "b", "read_only": True},
+                ]
+            }
+        )
