@@ -344,3 +344,25 @@ def test_churn_with_kills_and_a_crash_leaves_nothing_behind(start_gateway, engin
     with sqlite3.connect(data_dir / "gateway.sqlite3") as db:
         open_rows = db.execute("SELECT id, state FROM sessions WHERE ended_at IS NULL").fetchall()
     assert open_rows == [], f"sessions left in a live state: {open_rows}"
+
+
+def test_a_code_context_after_a_gateway_restart_starts_empty_and_its_old_kernel_ends(
+    start_gateway,
+):
+    first = start_gateway(keep_sessions=True)
+    sid = make_sessions(first, 1)[0]
+    context = first.client.post(f"/v1/sessions/{sid}/contexts", json={}).json()["id"]
+    assert run(first.client, sid, "y = 1", context=context)["status"] == "ok"
+    first.stop()
+    second = start_gateway(data_dir=first.data_dir)
+    view = second.client.get(f"/v1/sessions/{sid}/contexts/{context}").json()
+    assert view["state"] == "stopped" and "gateway restarted" in view["stopped"], view
+    again = run(second.client, sid, "print('y' in dir())", context=context)
+    assert text_of(again) == "False\n" and "gateway restarted" in again["context"]["restarted"]
+    count = (
+        "import os\nn = 0\nfor p in os.listdir('/proc'):\n    try:\n"
+        f"        n += 'context-{context}.json' in open(f'/proc/{{p}}/cmdline').read()\n"
+        "    except OSError:\n        pass\nprint(n)"
+    )
+    assert text_of(run(second.client, sid, count)) == "1\n", "the old context kernel still runs"
+    assert text_of(run(second.client, sid, "print(x)")) == "0\n"

@@ -283,13 +283,16 @@ class Placement(abc.ABC):
         context_id: str,
         cwd: str,
         on_exit: Callable[[int], None],
+        leftover: bool = False,
     ) -> Any:
         """The provisioner spec of one more kernel in a session's running sandbox (a code context).
 
         ``spec`` is the session's own: the kernel runs beside its kernel, as the
         same user under the same limits, its sockets named by ``context_id``;
         ``cwd`` is relative to the workspace; ``on_exit(code)`` hears the kernel
-        stop when the gateway did not stop it. ``Contexts`` calls it.
+        stop when the gateway did not stop it; ``leftover``: a previous gateway
+        process's kernel of the context may still run there, to end first.
+        ``Contexts`` calls it.
         """
         raise NotSupported(
             f"code contexts are not offered by the {self.name} placement; start another "

@@ -26,7 +26,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from ..errors import BadRequest, Conflict, GatewayError, NotFound, TooManyContexts
+from ..errors import (
+    BadRequest,
+    Conflict,
+    GatewayError,
+    NotFound,
+    SessionEnded,
+    TooManyContexts,
+)
 from ..execution.kernel import Kernel
 from ..sandbox.base import exit_reason
 from .lifecycle import SandboxLifecycle
@@ -223,12 +230,14 @@ class Contexts:
                 self.spawn(_stop_kernel(kernel))
 
         spec = self.lifecycle.placement.context_sandbox(
-            own.sandbox, own.container_id, context.id, context.cwd, exited
+            own.sandbox, own.container_id, context.id, context.cwd, exited, context.leftover
         )
         timeout = session.start_timeout or self.lifecycle.settings.kernel_start_timeout
         kernel = Kernel(context.kernel_name, self.lifecycle.kernelspecs.manager, spec, timeout)
         try:
             await self.starts.run(session.tenant, kernel.start)
+            if session.state == "deleted":  # ended meanwhile: nothing of it may stay
+                raise SessionEnded(f"session {session.id} ended while a context started")
         except BaseException:
             await _stop_kernel(kernel)
             raise

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import re
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,7 @@ class ContextSpec(SandboxSpec):
     container_id: str = ""  # the session's running container
     cwd: str = ""  # relative to the workspace
     on_exit: Callable[[int], None] | None = None  # hears the kernel stop on its own
+    leftover: bool = False  # a previous gateway's kernel of this context may still run
 
     @classmethod
     def beside(
@@ -54,10 +56,16 @@ class ContextSpec(SandboxSpec):
         context_id: str,
         cwd: str,
         on_exit: Callable[[int], None],
+        leftover: bool,
     ) -> ContextSpec:
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(SandboxSpec)}
         return cls(
-            **fields, context_id=context_id, container_id=container_id, cwd=cwd, on_exit=on_exit
+            **fields,
+            context_id=context_id,
+            container_id=container_id,
+            cwd=cwd,
+            on_exit=on_exit,
+            leftover=leftover,
         )
 
     @property
@@ -91,6 +99,8 @@ class ContextProvisioner(DockerProvisioner):
         self.exit_code, self._ending = None, False
         self._tail = collections.deque(maxlen=_TAIL_LINES)
         try:
+            if spec.leftover:
+                await _end_leftover(spec)
             process = await DockerProcess.start(
                 spec.docker, spec.container_id, cmd, kwargs["env"], spec.cwd, None
             )
@@ -160,3 +170,24 @@ class ContextProvisioner(DockerProvisioner):
 
     async def output_tail(self, lines: int = 20) -> str:
         return "\n".join(list(self._tail)[-lines:])
+
+
+async def _end_leftover(spec: ContextSpec) -> None:
+    """End the kernel a previous gateway process ran for this context, if it still runs: the
+    processes naming its connection file, as the sandbox's user (its own processes only)."""
+    if not re.fullmatch(r"[0-9a-f]{1,32}", spec.context_id):
+        return
+    name = spec.kernel_connection_name
+    script = (
+        'for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; '
+        "case \"$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null)\" in "
+        f'*{name}*) kill -9 "${{d#/proc/}}" 2>/dev/null;; esac; done; true'
+    )
+    process = await DockerProcess.start(
+        spec.docker, spec.container_id, ["/bin/sh", "-c", script], {}, "", None
+    )
+    try:
+        while await process.read() is not None:
+            pass
+    finally:
+        process.close()

@@ -182,8 +182,9 @@ class DockerPlacement(Placement):
         context_id: str,
         cwd: str,
         on_exit: Callable[[int], None],
+        leftover: bool = False,
     ) -> ContextSpec:
-        return ContextSpec.beside(spec, container_id, context_id, cwd, on_exit)
+        return ContextSpec.beside(spec, container_id, context_id, cwd, on_exit, leftover)
 
     async def image_facts(self, image: str, provisioner: ProvisionerRef) -> dict[str, Any]:
         facts = self._image_facts.get(image)

@@ -61,11 +61,15 @@ class ContextPlacement(LocalPlacement):
     def __init__(self, placement: LocalPlacement) -> None:
         self.__dict__.update(placement.__dict__)
         self.contexts: list[str] = []
+        self.leftovers: list[bool] = []
         self.started: list[tuple[str, Any]] = []  # (session, provisioner) of context kernels
 
-    def context_sandbox(self, spec, container_id, context_id, cwd, on_exit) -> LocalContextSpec:
+    def context_sandbox(
+        self, spec, container_id, context_id, cwd, on_exit, leftover
+    ) -> LocalContextSpec:
         assert container_id.startswith("local-")
         self.contexts.append(context_id)
+        self.leftovers.append(leftover)
         return LocalContextSpec(spec, context_id, self.started)
 
     async def remove(self, session_id: str) -> None:
@@ -237,3 +241,19 @@ def test_a_context_works_in_a_directory_of_the_workspace(cwd, relative):
 def test_a_context_cannot_work_outside_the_workspace(cwd):
     with pytest.raises(BadRequest):
         working_dir(cwd)
+
+
+def test_a_context_started_while_its_session_ends_is_stopped_not_left(tmp_path):
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        creating = asyncio.ensure_future(manager.contexts.create(session))
+        await asyncio.sleep(0.05)  # its kernel is starting
+        await manager.delete(session.id, WHO)
+        with pytest.raises(Exception):  # noqa: B017 (ended meanwhile: whichever error says so)
+            await creating
+        placement = manager.lifecycle.placement
+        for _, provisioner in placement.started:
+            assert provisioner.process is None or provisioner.process.poll() is not None
+        assert not session.contexts
+
+    run(tmp_path, scenario)
