@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import Canary, GatewayProcess, run
+from helpers import Canary, GatewayProcess, e2b_env, run
 
 pytestmark = pytest.mark.docker
 
@@ -147,3 +147,35 @@ def test_the_cli_builds_from_a_context_and_the_sdk_starts_a_session_from_it(gw, 
             assert ran.stdout == "from the context\n"
     gone = subprocess.run([*sbx, "rm", "cli-geo"], env=env, capture_output=True, text=True)
     assert gone.returncode == 0 and "deleted cli-geo" in gone.stderr
+
+
+def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tmp_path):
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    from e2b_code_interpreter import Sandbox
+
+    (tmp_path / "data.txt").write_text("copied\n")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in e2b_env(gw, gw.token).items():
+            mp.setenv(name, value)
+        template = (
+            Template(file_context_path=str(tmp_path))
+            .from_base_image()
+            .run_cmd("echo built > /tmp/built.txt")
+            .copy("data.txt", "/opt/data.txt")
+            .set_envs({"STACK": "geo"})
+        )
+        logs: list = []
+        Template.build(template, "e2b-geo", on_build_logs=logs.append)
+        assert any("COPY" in entry.message for entry in logs)
+        sandbox = Sandbox.create("e2b-geo")
+        try:
+            ran = sandbox.run_code(
+                "import os; print(open('/opt/data.txt').read().strip(), os.environ['STACK'],"
+                " os.getuid())"
+            )
+            assert ran.logs.stdout == ["copied geo 1000\n"], ran
+        finally:
+            sandbox.kill()
+        with pytest.raises(BuildException, match="non-zero code: 3"):
+            Template.build(Template().from_base_image().run_cmd("exit 3"), "e2b-broken")

@@ -87,29 +87,46 @@ def context_tar(context: bytes | None, dockerfile: str, limits: BuildLimits) -> 
     after the fact).
     """
     out = io.BytesIO()
-    total = count = 0
     with tarfile.open(fileobj=out, mode="w") as tar:
         if context:
-            try:
-                source = tarfile.open(fileobj=io.BytesIO(context), mode="r:*")
-            except tarfile.TarError as e:
-                raise TemplateContextRefused(f"the build context is not a tar archive: {e}") from e
-            with source:
-                for member in _members(source):
-                    count += 1
-                    total += member.size
-                    if count > limits.context_files or total > limits.context:
-                        raise TemplateContextRefused(
-                            f"the build context is larger than {limits.context >> 20} MiB or "
-                            f"{limits.context_files} files; send only what the Dockerfile copies"
-                        )
-                    data = source.extractfile(member) if member.isfile() else None
-                    tar.addfile(member, data)
+            _add_tar(context, tar, limits, [0, 0], "")
         info = tarfile.TarInfo(DOCKERFILE)
         raw = dockerfile.encode()
         info.size = len(raw)
         tar.addfile(info, io.BytesIO(raw))
     return out.getvalue()
+
+
+def merge_contexts(parts: dict[str, bytes], limits: BuildLimits) -> bytes:
+    """Several tars (gzip allowed) as one, each under a directory named by its key."""
+    out = io.BytesIO()
+    seen = [0, 0]  # files and bytes so far, over every part
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for prefix, raw in parts.items():
+            _add_tar(raw, tar, limits, seen, f"{prefix}/")
+    return out.getvalue()
+
+
+def _add_tar(
+    raw: bytes, into: tarfile.TarFile, limits: BuildLimits, seen: list[int], prefix: str
+) -> None:
+    """Copy a tar's members into ``into`` under ``prefix``, counting them in ``seen``."""
+    try:
+        source = tarfile.open(fileobj=io.BytesIO(raw), mode="r:*")
+    except tarfile.TarError as e:
+        raise TemplateContextRefused(f"the build context is not a tar archive: {e}") from e
+    with source:
+        for member in _members(source):
+            seen[0] += 1
+            seen[1] += member.size
+            if seen[0] > limits.context_files or seen[1] > limits.context:
+                raise TemplateContextRefused(
+                    f"the build context is larger than {limits.context >> 20} MiB or "
+                    f"{limits.context_files} files; send only what the Dockerfile copies"
+                )
+            data = source.extractfile(member) if member.isfile() else None
+            member.name = prefix + member.name
+            into.addfile(member, data)
 
 
 def _members(source: tarfile.TarFile):

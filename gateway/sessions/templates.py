@@ -31,7 +31,7 @@ from ..errors import BadRequest, Conflict, NotFound, Overloaded
 from ..sandbox.dockerfiles import resolve
 from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
-from ..sandbox.templates import BuildFailed, TemplateEngine
+from ..sandbox.templates import BuildFailed, TemplateEngine, merge_contexts
 from ..store.base import Store
 from .requests import CreateSession
 from .tasks import TaskSet
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 MAX_NAME = 63
+_HASH = re.compile(r"[0-9a-f]{64}")
 REPO = "sbxt"  # template images: never a name a session's ``image`` may give
 BUILDING, READY, FAILED, DELETED = "building", "ready", "failed", "deleted"
 # What E2B's SDK builds from by default, and Debian bases, mapped onto kernel images.
@@ -116,6 +117,7 @@ class Templates:
         )
         self.slots = asyncio.Semaphore(bounds.running)
         self.live: dict[str, dict[str, Any]] = {}  # builds under way, by id: logs as they come
+        self.uploads: dict[tuple[str, str], dict[str, bytes]] = {}  # E2B's file sets, by hash
         self.tasks = TaskSet()
         self._naming = asyncio.Lock()
 
@@ -143,8 +145,12 @@ class Templates:
         context: bytes | None = None,
         kernel: str | None = None,
         tags: tuple[str, ...] = (),
+        build_id: str | None = None,
     ) -> dict[str, Any]:
-        """Start building a new version of ``name``; return its record (status building)."""
+        """Start building a new version of ``name``; return its record (status building).
+
+        ``build_id``: the id E2B's builder was handed before the build started.
+        """
         template_name(name)
         if not isinstance(dockerfile, str) or not dockerfile.strip():
             raise BadRequest("dockerfile must be the Dockerfile's text")
@@ -167,9 +173,13 @@ class Templates:
         kernel = self._kernel(kernel, bases[root])
         async with self._naming:
             versions = await self.store.template_versions(tenant, name)
+            if build_id is not None and any(
+                d["id"] == _scoped(tenant, name, build_id) for d in versions
+            ):
+                raise Conflict(f"build {build_id} of template {name!r} was started before")
             version = max((d["version"] for d in versions), default=0) + 1
             doc = {
-                "id": uuid.uuid4().hex,
+                "id": uuid.uuid4().hex if build_id is None else _scoped(tenant, name, build_id),
                 "tenant": tenant,
                 "name": name,
                 "version": version,
@@ -186,6 +196,51 @@ class Templates:
             self.live[doc["id"]] = doc
             await self.store.save_template(doc)
         self.tasks.spawn(self._run(doc, text, context))
+        return doc
+
+    def uploaded(self, tenant: str, name: str, files_hash: str) -> bool:
+        """Whether E2B's builder already uploaded this file set for a build of ``name``."""
+        return files_hash in self.uploads.get((tenant, name), {})
+
+    def upload(self, tenant: str, name: str, files_hash: str, data: bytes) -> None:
+        """Keep a file set (a tar) E2B's builder uploads for a COPY, until a build uses it.
+
+        Held in memory, so bounded: one template's sets by the context bound,
+        all tenants' together by twice that (past it, 503 until builds use theirs).
+        """
+        template_name(name)
+        if not _HASH.fullmatch(files_hash):
+            raise BadRequest("a file set is named by its SHA-256, 64 hex digits")
+        kept = self.uploads.get((tenant, name), {})
+        bound = self.engine.limits.context
+        if sum(map(len, kept.values())) + len(data) > bound:
+            raise BadRequest(
+                f"the files of template {name!r} are larger than {bound >> 20} MiB together; "
+                "copy less into it"
+            )
+        if sum(len(d) for sets in self.uploads.values() for d in sets.values()) > 2 * bound:
+            raise Overloaded("too many template files wait for their builds; retry in a minute")
+        self.uploads.setdefault((tenant, name), {})[files_hash] = data
+
+    async def build_uploaded(
+        self,
+        tenant: str,
+        name: str,
+        dockerfile: str,
+        hashes: list[str],
+        tags: tuple[str, ...],
+        build_id: str,
+    ) -> dict[str, Any]:
+        """A build whose context is the file sets uploaded for it, each under its hash."""
+        kept = self.uploads.get((tenant, name), {})
+        missing = [h for h in hashes if h not in kept]
+        if missing:
+            raise BadRequest(f"the files of a COPY step were not uploaded (set {missing[0][:12]})")
+        limits = self.engine.limits
+        parts = {h: kept[h] for h in hashes}
+        context = await asyncio.to_thread(merge_contexts, parts, limits) if parts else None
+        doc = await self.build(tenant, name, dockerfile, context, tags=tags, build_id=build_id)
+        self.uploads.pop((tenant, name), None)
         return doc
 
     async def _bases(self, tenant: str) -> dict[str, Base]:
@@ -276,6 +331,14 @@ class Templates:
             raise TemplateNotFound(f"you have no template {name!r}; GET /v1/templates lists yours")
         return docs
 
+    async def build_of(self, tenant: str, name: str, build_id: str) -> dict[str, Any]:
+        """The build E2B's builder knows by ``build_id`` (its own id, scoped to the tenant)."""
+        scoped = _scoped(tenant, name, build_id)
+        for doc in await self.versions(tenant, name):
+            if doc["id"] == scoped:
+                return doc
+        raise TemplateNotFound(f"template {name!r} has no build {build_id}")
+
     async def list(self, tenant: str) -> list[dict[str, Any]]:
         """A tenant's templates' builds, newest first per name."""
         docs = await self.store.templates_of_tenant(tenant)
@@ -326,6 +389,11 @@ class Templates:
                 continue
             if await asyncio.to_thread(self.engine.remove, doc["image"]):
                 await self.store.delete_template_version(doc["id"])
+
+
+def _scoped(tenant: str, name: str, build_id: str) -> str:
+    """A build id a client chose, as one no other tenant or template can reach."""
+    return hashlib.sha256(f"{tenant}\0{name}\0{build_id}".encode()).hexdigest()[:32]
 
 
 def _tenant_key(tenant: str) -> str:

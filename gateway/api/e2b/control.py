@@ -32,6 +32,7 @@ from ...sessions.requests import (
     UpdateSession,
     seconds_of,
 )
+from ...sessions.templates import TemplateNotFound
 from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
@@ -176,8 +177,17 @@ async def from_snapshot(handler: ControlHandler, request: CreateSession) -> Crea
     try:
         doc = await handler.snapshots.get(request.kernel, handler.principal)
     except SnapshotNotFound:
-        return request  # a kernel's name; an unknown one is refused as on /v1
+        return await from_template(handler, request)
     return dataclasses.replace(request, kernel="", from_snapshot=doc["id"])
+
+
+async def from_template(handler: ControlHandler, request: CreateSession) -> CreateSession:
+    """A create whose template is one of the caller's templates (``Template.build``)."""
+    try:
+        await handler.templates.versions(handler.principal.tenant, request.kernel)
+    except (TemplateNotFound, BadRequest):
+        return request  # a kernel's name; an unknown one is refused as on /v1
+    return dataclasses.replace(request, template=request.kernel)
 
 
 def snapshot_info(doc: dict[str, Any]) -> dict[str, Any]:
