@@ -112,3 +112,43 @@ def test_tools_are_given_to_a_live_session_and_other_kernels_reach_the_socket(
     assert api.get(f"/v1/sessions/{sid}/tools").json()["mcp"][0]["name"] == "wh"  # kept
     r = api.put(f"/v1/sessions/{sid}/tools", json={"mcp": [{"url": "http://169.254.169.254/"}]})
     assert r.status_code == 502 and "link-local" in r.json()["error"]["message"]
+
+
+def test_a_function_registered_with_the_sdk_is_called_from_the_kernel_both_halves(gateway):
+    import asyncio
+
+    from gateway.client import AsyncClient, Client
+
+    seen = []
+
+    def convert(amount: float, currency: str = "EUR") -> dict:
+        """Convert an amount to US dollars."""
+        seen.append(currency)
+        return {"usd": round(amount * 1.1, 2), "from": currency}
+
+    code = (
+        "from sbx_tools import convert\nimport inspect\n"
+        "print(inspect.signature(convert), [convert(a)['usd'] for a in (10, 20, 30)])"
+    )
+    with Client(gateway.url, gateway.token) as client:
+        with client.create_session(tools=[convert]) as session:
+            execution = session.run(code)
+            assert execution.stdout == "(amount, *, currency='EUR') [11.0, 22.0, 33.0]\n"
+            execution = session.run("try:\n    convert('x')\nexcept Exception as e:\n"
+                                    "    print(type(e).__name__, e)")  # fmt: skip
+            assert execution.stdout.startswith("ToolError convert failed: TypeError")
+            history = gateway.client.get(f"/v1/sessions/{session.id}/history").json()
+            calls = history["executions"][0]["review"]["tools"]
+            assert [c["server"] for c in calls] == ["client"] * 3
+
+    async def main():
+        async def later(x: int) -> int:
+            await asyncio.sleep(0)
+            return x + 1
+
+        async with AsyncClient(gateway.url, gateway.token) as client:
+            async with client.create_session(tools=[later]) as session:
+                return (await session.run("import sbx_tools\nsbx_tools.later(41)")).text
+
+    assert asyncio.run(main()) == "42"
+    assert seen == ["EUR"] * 4

@@ -4,7 +4,10 @@ Client -> server: ``{"type": "execute", "id", "code", "timeout"?, "description"?
 and ``{"type": "interrupt"}``. Server -> client, tagged with the request id
 and numbered with an ``event_id``: ``status`` (busy/idle), one event per
 output (``stream``, ``display_data``, ``execute_result``, ``error``,
-``clear_output``), then ``done`` with the HTTP execute reply; ``rejected``
+``clear_output``), ``tool_call`` (``call_id``, ``tool``, ``arguments``: the
+cell called one of the execute's client tools, ``"tools": [...]`` in its
+request; the client answers ``{"type": "tool_result", "call_id", "result"}``
+or ``"error"``), then ``done`` with the HTTP execute reply; ``rejected``
 with ``{"error": {code, message}}`` when a request cannot run; ``gap`` when
 a resuming client asked for events no longer buffered. Queueing, resuming
 and abandoning live in ``gateway.relays.agent_stream``.
@@ -55,8 +58,12 @@ class StreamHandler(JSONWebSocketHandler):
             self.audit_message("session.execute", self.hub.session.id, request.get("code"), outcome)
         elif kind == "interrupt":
             self.hub.interrupt(request_id, self.principal)
+        elif kind == "tool_result":
+            self.hub.answer(request)
         else:
-            error = BadRequest(f"unknown message type {kind!r}; use 'execute' or 'interrupt'")
+            error = BadRequest(
+                f"unknown message type {kind!r}; use 'execute', 'interrupt' or 'tool_result'"
+            )
             self.send(rejection(request_id, error))
 
     def on_close(self) -> None:

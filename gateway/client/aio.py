@@ -54,6 +54,7 @@ from .models import (
     SessionMetrics,
 )
 from .stream import Run, RunCallbacks
+from .tools import ToolReply
 
 T = TypeVar("T")
 S = TypeVar("S", bound="AsyncSession")
@@ -126,7 +127,7 @@ class AsyncClient(BaseClient):
         self, *, keep: bool = False, **options: Unpack[SessionOptions]
     ) -> Opening[AsyncSession]:
         """Start a session (its kernel is ready on return); see ``SessionOptions``."""
-        return Opening(self._session(self._create_call(options), keep))
+        return Opening(self._created(options, keep))
 
     def connect(self, session_id: str, *, keep: bool = True) -> Opening[AsyncSession]:
         """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
@@ -138,6 +139,9 @@ class AsyncClient(BaseClient):
 
     async def _session(self, call: Call[SessionInfo], keep: bool) -> AsyncSession:
         return AsyncSession(self, await self.call(call), keep=keep)
+
+    async def _created(self, options: Mapping[str, Any], keep: bool) -> AsyncSession:
+        return (await self._session(self._create_call(options), keep))._with_tools(options)
 
     async def list_sessions(
         self, *, state: str | None = None, metadata: Mapping[str, Any] | None = None
@@ -471,7 +475,7 @@ class AsyncSession(BaseSession[AsyncClient]):
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, cancellation) interrupts the cell.
         """
-        run = Run(code, timeout, description, env, context_id(context), **callbacks)
+        run = Run(code, timeout, description, env, context_id(context), self.tools, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             async with await self.client.open_stream(url) as ws:
@@ -481,7 +485,9 @@ class AsyncSession(BaseSession[AsyncClient]):
                     while run.execution is None:
                         for returned in run.feed(await ws.recv()):
                             if inspect.isawaitable(returned):
-                                await returned
+                                returned = await returned
+                            if isinstance(returned, ToolReply):
+                                await ws.send(returned.text)
                 except ConnectionClosed as e:
                     url = self._resume_url(run, e)
                 except BaseException:

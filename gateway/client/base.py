@@ -43,6 +43,7 @@ from .models import (
 )
 from .settings import ClientSettings
 from .stream import Run
+from .tools import ClientTools
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class SessionOptions(TypedDict, total=False):
     volumes: list[dict[str, Any]]
     # One of the tenant's templates (build_template): "geo-stack" or "geo-stack:2"
     template: str
+    # MCP servers its code calls ({"mcp": [{"url": ...}], "rules": ...}), or client tools:
+    # functions of this process its code calls during every run (session.tools.register)
+    tools: dict[str, Any] | list[Callable[..., Any]]
 
 
 # Keyword -> key in the API's limits.
@@ -114,12 +118,22 @@ def session_request(options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(options) - set(SessionOptions.__annotations__)
     if unknown:
         raise TypeError(f"unknown session option(s) {sorted(unknown)}")
+    if _client_tools(options):
+        options = {k: v for k, v in options.items() if k != "tools"}
     limits = dict(options.get("limits") or {})
     limits.update({key: options[k] for k, key in _LIMITS.items() if options.get(k) is not None})
     body = {k: v for k, v in options.items() if k not in (*_LIMITS, "limits") and v is not None}
     if limits:
         body["limits"] = limits
     return body
+
+
+def _client_tools(options: Mapping[str, Any]) -> list[Callable[..., Any]]:
+    """The functions ``tools=`` names as client tools ([] when it is an MCP config)."""
+    tools = options.get("tools")
+    if isinstance(tools, list | tuple) and all(callable(t) for t in tools):
+        return list(tools)
+    return []
 
 
 def _nothing(response: httpx.Response) -> None:
@@ -464,6 +478,13 @@ class BaseSession(Generic[C]):
         self._owns_client = False  # made by Session.create/connect: closed with the session
         self.files = self.files_class(self)
         self.commands = self.commands_class(self)
+        self.tools = ClientTools()  # functions its code calls during a run (register)
+
+    def _with_tools(self, options: Mapping[str, Any]) -> Self:
+        """This session, given the client tools a create's ``tools=`` named."""
+        for fn in _client_tools(options):
+            self.tools.register(fn)
+        return self
 
     @classmethod
     def handle(cls, client: C, session_id: str, *, keep: bool = True) -> Self:

@@ -19,6 +19,7 @@ from typing import Any, TypedDict, Unpack
 
 from .errors import GatewayUnreachable, error_from_event
 from .models import Approval, Execution, ExecutionError, Result
+from .tools import ClientTools
 
 Callback = Callable[[Any], Any]
 
@@ -43,8 +44,10 @@ class Run:
         description: str | None = None,
         env: Mapping[str, str] | None = None,
         context: str | None = None,
+        tools: ClientTools | None = None,
         **callbacks: Unpack[RunCallbacks],
     ) -> None:
+        """``tools``: the session's client tools, answered while this run's code calls them."""
         unknown = set(callbacks) - set(RunCallbacks.__annotations__)
         if unknown:
             raise TypeError(f"unknown callback(s) {sorted(unknown)}")
@@ -58,6 +61,9 @@ class Run:
             message["env"] = dict(env)
         if context is not None:
             message["context"] = context
+        self.tools = tools
+        if tools is not None and tools.specs():
+            message["tools"] = tools.specs()
         self._request: str | None = json.dumps(message)
         self.callbacks = callbacks
         self.execution: Execution | None = None
@@ -116,6 +122,8 @@ class Run:
             )
         elif kind == "rejected":
             raise error_from_event(event.get("error"))
+        elif kind == "tool_call" and self.tools is not None:  # a ToolReply to send back
+            return [self.tools.answer(event)]
         return []
 
     def _fire(self, name: str, value: Any) -> list[Any]:

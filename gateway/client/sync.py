@@ -6,7 +6,9 @@ Only the I/O lives here; requests, parsing, errors and retry policy are in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +50,7 @@ from .models import (
     SessionMetrics,
 )
 from .stream import Run, RunCallbacks
+from .tools import ToolReply
 
 T = TypeVar("T")
 
@@ -98,7 +101,8 @@ class Client(BaseClient):
 
     def create_session(self, *, keep: bool = False, **options: Unpack[SessionOptions]) -> Session:
         """Start a session (its kernel is ready on return); see ``SessionOptions``."""
-        return Session(self, self.call(self._create_call(options)), keep=keep)
+        session = Session(self, self.call(self._create_call(options)), keep=keep)
+        return session._with_tools(options)
 
     def connect(self, session_id: str, *, keep: bool = True) -> Session:
         """Attach to an existing session (raises ``SessionNotFound`` if there is none)."""
@@ -435,7 +439,7 @@ class Session(BaseSession[Client]):
         A dropped connection is resumed where it left off. Leaving early (an
         exception in a callback, Ctrl-C) interrupts the cell.
         """
-        run = Run(code, timeout, description, env, context_id(context), **callbacks)
+        run = Run(code, timeout, description, env, context_id(context), self.tools, **callbacks)
         url = self._stream_url()
         while run.execution is None:
             with self.client.open_stream(url) as ws:
@@ -443,7 +447,11 @@ class Session(BaseSession[Client]):
                     if request := run.take_request():
                         ws.send(request)
                     while run.execution is None:
-                        run.feed(ws.recv())
+                        for returned in run.feed(ws.recv()):
+                            if inspect.isawaitable(returned):  # an async client tool
+                                returned = asyncio.run(_awaited(returned))
+                            if isinstance(returned, ToolReply):
+                                ws.send(returned.text)
                 except ConnectionClosed as e:
                     url = self._resume_url(run, e)
                 except BaseException:
@@ -622,3 +630,7 @@ def _owning(client: Client, make: Callable[[Client], Session]) -> Session:
         raise
     session._owns_client = True
     return session
+
+
+async def _awaited(value: Any) -> Any:
+    return await value

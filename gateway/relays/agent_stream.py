@@ -27,6 +27,7 @@ from ..sessions.executions import Executions
 from ..sessions.manager import SessionManager
 from ..sessions.model import Session
 from ..sessions.requests import ExecuteCode
+from ..tools.mcp_servers import ToolFailed
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class StreamHub:
         self.running: str | None = None
         self.running_in: str | None = None  # the code context of the cell running, if not default
         self._abandon: asyncio.TimerHandle | None = None
+        self.tool_calls: dict[str, asyncio.Future[dict[str, Any]]] = {}  # by call id
 
     # -- clients -----------------------------------------------------------------------
 
@@ -181,13 +183,15 @@ class StreamHub:
             )
 
         try:
+            execute = ExecuteCode.from_json(request)
             result = await self.executions.execute(
                 self.session.id,
                 who,
-                ExecuteCode.from_json(request),
+                execute,
                 on_output=output,
                 on_start=started,
                 on_hold=held,
+                client=ClientTools(self, request_id) if execute.tools else None,
             )
         except GatewayError as e:
             self.reject(request_id, e)
@@ -217,6 +221,13 @@ class StreamHub:
             log.info("stream clients left during %s; interrupting it", self.running)
             self.interrupt(self.running, self.session.owner)
 
+    def answer(self, message: dict[str, Any]) -> None:
+        """A client's answer to a client tool's call (``tool_result``); unknown ids are
+        ignored (the call was cut, or another client answered first)."""
+        waiting = self.tool_calls.get(str(message.get("call_id")))
+        if waiting is not None and not waiting.done():
+            waiting.set_result(message)
+
     # -- events ------------------------------------------------------------------------
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -237,6 +248,42 @@ class StreamHub:
             self._abandon.cancel()
         for task in list(self.tasks.values()):
             task.cancel()
+
+
+class ClientTools:
+    """An execute's client tools, answered by the agent's process: each call is a
+    ``tool_call`` event to the stream's clients, its ``tool_result`` the answer."""
+
+    def __init__(self, hub: StreamHub, request_id: str) -> None:
+        self.hub, self.request_id = hub, request_id
+
+    async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+        call_id = uuid.uuid4().hex
+        answered = self.hub.tool_calls[call_id] = asyncio.get_running_loop().create_future()
+        self.hub.publish(
+            {
+                "type": "tool_call",
+                "id": self.request_id,
+                "call_id": call_id,
+                "tool": name,
+                "arguments": arguments,
+            }
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                message = await answered
+        except TimeoutError:
+            raise ToolFailed(f"the client did not answer {name} within {timeout:g} s") from None
+        finally:
+            del self.hub.tool_calls[call_id]
+        if message.get("error") is not None:
+            text = str(message["error"])[:2000]
+            return {
+                "content": [{"type": "text", "text": text}],
+                "structured": None,
+                "is_error": True,
+            }
+        return {"content": [], "structured": {"result": message.get("result")}, "is_error": False}
 
 
 def rejection(request_id: str | None, error: GatewayError) -> dict[str, Any]:

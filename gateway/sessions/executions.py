@@ -46,7 +46,7 @@ from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
 from .model import CodeContext, Session, check_usable
 from .requests import ExecuteCode, StartCommand
-from .tools import SessionTools
+from .tools import SessionTools, ToolServer
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class Executions:
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
         on_hold: Callable[[Approval], None] | None = None,
+        client: ToolServer | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
@@ -119,9 +120,14 @@ class Executions:
         queued ahead). ``on_output`` hears of each output once it is stored.
         The code first passes the policy's gate: refused, it raises Denied;
         held, ``on_hold`` hears of the approval request and the session stays
-        busy (its other work queued) until an approver decides.
+        busy (its other work queued) until an approver decides. ``client`` answers the
+        request's client tools (the agent stream's caller).
         """
         session = self.sessions.get(session_id, who)
+        if self.tools is not None:
+            self.tools.check_client_tools(session, request.tools, client is not None)
+        elif request.tools:
+            raise BadRequest("this gateway offers no tools")
         code = request.code
         self._check_size(code)
         limit = seconds(request.timeout, "timeout", session.limits.timeout, self.limits.max_timeout)
@@ -149,7 +155,7 @@ class Executions:
             recorder = self.begin(session, code, request.description, review)
             await session.workspace.baseline()
             async with (
-                self._tool_turn(session, who, recorder, kernel),
+                self._tool_turn(session, who, recorder, kernel, request.tools, client),
                 kernel.environment(request.env),
             ):
                 result = await kernel.execute(
@@ -373,12 +379,19 @@ class Executions:
         await self.finish(session, recorder, result)
 
     def _tool_turn(
-        self, session: Session, who: Principal, recorder: ExecutionRecorder, kernel: Kernel | None
+        self,
+        session: Session,
+        who: Principal,
+        recorder: ExecutionRecorder,
+        kernel: Kernel | None,
+        client_tools: tuple[dict[str, Any], ...],
+        client: ToolServer | None,
     ) -> contextlib.AbstractAsyncContextManager[None]:
-        """The window in which the execute's code may call the session's tools."""
+        """The window in which the execute's code may call the session's tools (and its own
+        client tools, answered by ``client``)."""
         if self.tools is None:
             return contextlib.nullcontext()
-        return self.tools.turn(session, who, recorder, kernel)
+        return self.tools.turn(session, who, recorder, kernel, client_tools, client)
 
     # -- the gate's outcomes ----------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from ..errors import BadRequest
 from ..limits import Limits, parse_size
 from ..policy.model import Policy, session_policy
 from ..sandbox.isolation.runtimes import RUNTIMES
-from ..tools.specs import ToolsConfig, parse_tools
+from ..tools.specs import ToolsConfig, parse_client_tools, parse_tools
 from ..validation import env_vars, image_ref, metadata_dict
 from ..workspace.rules import clean_path
 
@@ -242,6 +242,8 @@ class ExecuteCode:
     description: str | None = None  # the caller's markdown narrative for this step
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for this run only
     context: str | None = None  # the code context it runs in; None: the session's own kernel
+    # Client tools its code may call, answered by the agent's process (the agent stream only).
+    tools: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, body: Any) -> ExecuteCode:
@@ -256,7 +258,8 @@ class ExecuteCode:
         context = body.get("context")
         if context is not None and not isinstance(context, str):
             raise BadRequest("context must be a code context's id (GET .../contexts lists them)")
-        return cls(code, timeout, description, env_vars(body.get("env")), context)
+        tools = parse_client_tools(body.get("tools"))
+        return cls(code, timeout, description, env_vars(body.get("env")), context, tools)
 
 
 # How a paused or snapshotted kernel's state is saved to disk, best first.

@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..access.auth import Principal
 from ..access.secrets import SecretVault
@@ -87,6 +87,15 @@ class ToolTurn:
     granted: dict[str, int] = dataclasses.field(default_factory=dict)  # calls left, by tool
     pending: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)
     ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    client: dict[str, tuple[Tool, ToolServer]] = dataclasses.field(default_factory=dict)
+
+
+class ToolServer(Protocol):
+    """What answers a tool's calls: an MCP server's connection, or the agent's own process."""
+
+    async def call(
+        self, name: str, arguments: dict[str, Any], timeout: float
+    ) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass
@@ -109,10 +118,15 @@ class Toolbox:
         }
 
     def listing(self) -> list[dict[str, Any]]:
+        """What the sandbox may call now: the servers' tools and the running execute's client
+        tools."""
         return [
             {k: v for k, v in tool.to_json().items() if k != "approval_covers"}
-            for tool, _ in self.tools.values()
+            for tool, _ in self.reachable().values()
         ]
+
+    def reachable(self) -> dict[str, tuple[Tool, ToolServer]]:
+        return {**self.tools, **(self.turn.client if self.turn is not None else {})}
 
     async def close(self) -> None:
         connections = {id(c): c for _, c in self.tools.values()}
@@ -241,6 +255,13 @@ class SessionTools:
             await self.endpoint.open(session.id, run_dir)
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
 
+    async def _empty(self, session: Session) -> Toolbox:
+        """A toolbox of no server's tools, its socket served: for an execute's client tools."""
+        slots = asyncio.Semaphore(self.ceiling.concurrent)
+        box = Toolbox(ToolsConfig(), self.ceiling, {}, Masker({}), slots)
+        await self._install(session, box)
+        return box
+
     async def close(self, session_id: str) -> None:
         """Stop serving a session's tools (it ended)."""
         self.endpoint.close(session_id)
@@ -255,13 +276,42 @@ class SessionTools:
 
     # -- an execute's turn ----------------------------------------------------------------
 
+    def check_client_tools(
+        self, session: Session, client_tools: tuple[dict[str, Any], ...], answered: bool
+    ) -> None:
+        """Refuse an execute's client tools before it runs: none can be answered (``answered``
+        false: not on the agent stream), or one is named as a server's tool."""
+        if not client_tools:
+            return
+        if not answered:
+            raise BadRequest(
+                "client tools are answered by the agent's process over the agent stream "
+                f"(/v1/sessions/{session.id}/stream); send this execute there"
+            )
+        box = self._boxes.get(session.id)
+        taken = sorted({t["name"] for t in client_tools} & set(box.tools if box else ()))
+        if taken:
+            raise BadRequest(f"client tools {', '.join(taken)} are named as the session's tools")
+
     @contextlib.asynccontextmanager
     async def turn(
-        self, session: Session, who: Principal, recorder: ExecutionRecorder, kernel: Kernel | None
+        self,
+        session: Session,
+        who: Principal,
+        recorder: ExecutionRecorder,
+        kernel: Kernel | None,
+        client_tools: tuple[dict[str, Any], ...] = (),
+        client: ToolServer | None = None,
     ) -> AsyncIterator[None]:
         """Take the session's tool calls while the block (an execute in ``kernel``) runs; cut
-        them after. A Python kernel is given ``sbx_tools`` first (again after a restart)."""
+        them after. A Python kernel is given ``sbx_tools`` first (again after a restart).
+
+        ``client_tools`` are the execute's own, answered by ``client`` (the agent's process,
+        over its stream): callable in this execute only.
+        """
         box = self._boxes.get(session.id)
+        if client_tools and box is None:
+            box = await self._empty(session)
         if box is None:
             yield
             return
@@ -271,6 +321,10 @@ class SessionTools:
                 await kernel.run_silently(INJECT)
                 box.injected = mark
         turn = box.turn = ToolTurn(who, recorder)
+        for spec in client_tools:
+            assert client is not None
+            tool = _tool(spec, "client", box.config, default="allow")  # the agent's own code
+            turn.client[spec["name"]] = (tool, client)
         try:
             yield
         finally:
@@ -295,7 +349,8 @@ class SessionTools:
         if turn is None:
             why = "tools are called from code while an execute runs; this call came outside one"
             raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")
-        if name not in box.tools:
+        reachable = box.reachable()
+        if name not in reachable:
             why = f"this session has no tool {name!r}; sbx_tools.tools() lists the ones it has"
             raise CallRefused(404, "unknown_tool", why)
         limits = box.limits
@@ -303,7 +358,7 @@ class SessionTools:
             why = f"more than {limits.calls_per_execute} tool calls in one execute"
             raise CallRefused(429, "too_many_calls", f"{why} (calls_per_execute); split the work")
         turn.calls += 1
-        tool, connection = box.tools[name]
+        tool, connection = reachable[name]
         entry = _entry(tool, session.masker.tree(box.masker.tree(arguments)))
         started = time.monotonic()
         work = asyncio.ensure_future(self._make(session, box, turn, tool, connection, arguments))
@@ -336,7 +391,7 @@ class SessionTools:
         box: Toolbox,
         turn: ToolTurn,
         tool: Tool,
-        connection: McpConnection,
+        connection: ToolServer,
         arguments: dict[str, Any],
     ) -> dict[str, Any]:
         decision = self.gate.review_tool(
@@ -410,8 +465,9 @@ class SessionTools:
             decided.set_result(approved)
 
 
-def _tool(spec: dict[str, Any], server: str, config: ToolsConfig) -> Tool:
-    rule = config.rules.get(spec["name"]) or Rule(default_action(spec["annotations"]))
+def _tool(spec: dict[str, Any], server: str, config: ToolsConfig, default: str = "") -> Tool:
+    """A listed tool with its rule: the config's, else ``default``, else its annotations'."""
+    rule = config.rules.get(spec["name"]) or Rule(default or default_action(spec["annotations"]))
     return Tool(
         spec["name"], server, spec["description"], spec["input_schema"], spec["annotations"], rule
     )

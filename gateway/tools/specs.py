@@ -15,6 +15,7 @@ action is its rule, else what its annotations say (``default_action``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import urllib.parse
@@ -164,6 +165,36 @@ def parse_tools(value: Any) -> ToolsConfig:
     if len(set(names)) != len(names):
         raise BadRequest("each MCP server needs a name of its own (tools.mcp[].name)")
     return ToolsConfig(mcp, _rules(value.get("rules")), _limits(value.get("limits")))
+
+
+MAX_CLIENT_TOOLS = 64
+MAX_SCHEMA = 16 * 1024  # bytes of one client tool's input schema, as JSON
+
+
+def parse_client_tools(value: Any) -> tuple[dict[str, Any], ...]:
+    """An execute's client tools: ``[{"name", "description", "input_schema"}]``, each a
+    function the agent's own process runs when the execute's code calls it."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_CLIENT_TOOLS:
+        raise BadRequest(f"tools must be a list of at most {MAX_CLIENT_TOOLS} client tools")
+    tools = []
+    for n, entry in enumerate(value):
+        if not isinstance(entry, Mapping) or set(entry) - {"name", "description", "input_schema"}:
+            raise BadRequest(f"tools[{n}] is an object of name, description and input_schema")
+        name, about = entry.get("name"), entry.get("description", "")
+        schema = entry.get("input_schema") or {"type": "object"}
+        if not isinstance(name, str) or not _TOOL.fullmatch(name):
+            raise BadRequest(f"tools[{n}].name: letters, digits, '_', '.' or '-' (128 at most)")
+        if not isinstance(about, str) or len(about) > 4096:
+            raise BadRequest(f"tools[{n}].description must be a string of 4096 at most")
+        if not isinstance(schema, Mapping) or len(json.dumps(schema)) > MAX_SCHEMA:
+            raise BadRequest(f"tools[{n}].input_schema is a JSON schema of {MAX_SCHEMA} bytes")
+        tools.append({"name": name, "description": about, "input_schema": dict(schema),
+                      "annotations": {}})  # fmt: skip
+    if len({t["name"] for t in tools}) != len(tools):
+        raise BadRequest("each client tool needs a name of its own")
+    return tuple(tools)
 
 
 def _server(entry: Any, n: int) -> McpServer:

@@ -472,3 +472,53 @@ def test_tools_whose_names_a_call_cannot_carry_are_left_out():
         assert "bad\nname" not in {t["name"] for t in w.tools.view("s1", AGENT)["tools"]}
 
     run(test)
+
+
+class ClientSide:
+    """The agent's process: answers each client tool's call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    async def call(self, name: str, arguments: dict, timeout: float) -> dict:
+        self.calls.append((name, arguments))
+        return {"content": [], "structured": {"result": f"{name} ok"}, "is_error": False}
+
+
+CLIENT_TOOLS = ({"name": "notify", "description": "Tell the user.", "input_schema": {},
+                 "annotations": {}},)  # fmt: skip
+
+
+def test_an_executes_client_tools_are_callable_in_that_execute_only_even_without_servers():
+    async def test(w: World):
+        client = ClientSide()
+        recorder = Recorder()
+        async with w.tools.turn(
+            w.session, AGENT, recorder, w.session.kernel, CLIENT_TOOLS, client
+        ):
+            assert [t["name"] for t in w.tools._listing("s1")] == ["notify"]
+            answer = await w.tools.call("s1", "notify", {"text": "hi"})
+        assert answer["result"] == "notify ok" and client.calls == [("notify", {"text": "hi"})]
+        assert recorder.tool_calls[0]["server"] == "client"
+        assert recorder.tool_calls[0]["decision"] == "allow"
+        assert (w.session.kernel.sandbox.run_dir / "tools.sock").is_socket()
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            with pytest.raises(CallRefused, match="no tool 'notify'"):
+                await w.tools.call("s1", "notify", {})
+
+    run(test)
+
+
+def test_client_tools_need_the_agent_stream_and_names_of_their_own():
+    async def test(w: World):
+        from gateway.errors import BadRequest
+
+        with pytest.raises(BadRequest, match="over the agent stream"):
+            w.tools.check_client_tools(w.session, CLIENT_TOOLS, answered=False)
+        await w.give()
+        clash = ({**CLIENT_TOOLS[0], "name": "query"},)
+        with pytest.raises(BadRequest, match="query are named as the session's tools"):
+            w.tools.check_client_tools(w.session, clash, answered=True)
+        w.tools.check_client_tools(w.session, CLIENT_TOOLS, answered=True)
+
+    run(test)
