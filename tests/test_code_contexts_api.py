@@ -82,3 +82,25 @@ def test_the_sdk_runs_code_in_contexts_both_halves(gateway) -> None:
                 assert (await s.run("'z' in dir()", context=first)).text == "False"
 
     asyncio.run(halves())
+
+
+def test_a_freeze_keeps_a_context_and_a_pause_to_disk_restarts_it_empty(api, session) -> None:
+    sid = session["id"]
+    ctx = api.post(f"/v1/sessions/{sid}/contexts", json={}).json()["id"]
+
+    def run(code: str) -> dict:
+        r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, "context": ctx})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    run("kept = 1")
+    assert api.post(f"/v1/sessions/{sid}/pause", json={}).json()["strategy"] == "freeze"
+    kept = run("kept")  # resumes the sandbox first, its context's kernel with it
+    assert kept["outputs"][0]["data"]["text/plain"] == "1" and kept["context"]["restarted"] is None
+    r = api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "namespace"})
+    assert r.status_code == 200, r.text
+    view = api.get(f"/v1/sessions/{sid}/contexts/{ctx}").json()
+    assert view["state"] == "stopped" and "paused to disk" in view["stopped"], view
+    again = run("'kept' in dir()")
+    assert again["outputs"][0]["data"]["text/plain"] == "False"
+    assert "paused to disk" in again["context"]["restarted"]
