@@ -11,7 +11,10 @@ inside one execute, ``--calls`` round trips each of:
 - ``sbx_tools.tools()``: the tool socket alone (the listing, answered by the
   gateway): the floor of any call from the kernel;
 - the same MCP call made by the gateway's own client from the host, no
-  sandbox in between (the MCP floor).
+  sandbox in between (the MCP floor);
+- ``ping()``: a client tool, a function of this process registered with the
+  SDK, kernel -> tool socket -> gate -> agent stream -> this process -> back
+  (target 2 ms).
 
 Blocks alternate so the machine's drift hits each alike. Prints a table and
 rewrites its section of docs/PERFORMANCE.md.
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from harness import Gateway, median, pct, write_section
 
+from gateway.client import Client
 from gateway.tools.mcp_servers import McpConnection
 from gateway.tools.specs import McpServer
 
@@ -45,6 +49,14 @@ def timed(call, n):
 mcp, floor = timed(sbx_tools.list_tables, {n}), timed(sbx_tools.tools, {n})
 print(json.dumps({{"mcp": mcp, "socket": floor}}))
 """
+CLIENT = """
+print(json.dumps(timed(sbx_tools.ping, {n})))
+"""
+
+
+def ping() -> str:
+    """A trivial client tool."""
+    return "pong"
 
 
 def start_warehouse() -> tuple[subprocess.Popen, str]:
@@ -86,7 +98,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     args = parser.parse_args()
     server, url = start_warehouse()
-    figures: dict[str, list[float]] = {"mcp": [], "socket": [], "host": []}
+    figures: dict[str, list[float]] = {"mcp": [], "socket": [], "host": [], "client": []}
     try:
         with Gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "",
                      "--tool-allow-ranges", "127.0.0.0/8") as gw:  # fmt: skip
@@ -96,6 +108,9 @@ def main() -> None:
             created.raise_for_status()
             sid = created.json()["id"]
             per_block = max(1, args.calls // args.blocks)
+            sdk = Client(gw.url, "")
+            session = sdk.connect(sid)
+            session.tools.register(ping)
             for _ in range(args.blocks):
                 reply = gw.client.post(f"/v1/sessions/{sid}/execute",
                                        json={"code": TIMED.format(n=per_block)}).json()  # fmt: skip
@@ -105,10 +120,13 @@ def main() -> None:
                 figures["mcp"] += timed["mcp"]
                 figures["socket"] += timed["socket"]
                 figures["host"] += asyncio.run(host_floor(url, per_block))
+                figures["client"] += json.loads(session.run(CLIENT.format(n=per_block)).stdout)
+            sdk.close()
     finally:
         server.kill()
         server.wait()
     rows = [
+        ("client tool from the kernel (`ping()`)", figures["client"], "≤ 2 ms"),
         ("MCP tool from the kernel (`list_tables()`)", figures["mcp"], "≤ 5 ms"),
         ("tool socket alone (`sbx_tools.tools()`)", figures["socket"], "floor"),
         ("same MCP call from the host, no sandbox", figures["host"], "floor"),
@@ -122,8 +140,8 @@ def main() -> None:
         "A call from code costs the tool socket's round trip (a fresh connection on a Unix "
         "socket, one strict HTTP request, the gate) plus the MCP server's own; the difference "
         "between the first row and the sum of the two floors is the gateway's bookkeeping "
-        "(record, audit, masking). Client tools over the agent stream are not built yet, so "
-        "their 2 ms target has no figure."
+        "(record, audit, masking). A client tool's call adds the agent stream's two "
+        "WebSocket frames and the SDK's dispatch to the socket's round trip."
     )
     write_section(
         "bench_tools",
