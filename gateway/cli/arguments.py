@@ -121,7 +121,7 @@ def _add_volume_commands(commands: Any) -> None:
     put.add_argument("name", help="volume name")
     put.add_argument("local", help="local file")
     put.add_argument("remote", nargs="?", help="path in the volume (default: the file's name)")
-    get = _command(sub, "get", c.volumes_get, "download a file of a volume", prints=False)
+    get = _command(sub, "get", c.volumes_get, "download a file of a volume")
     get.add_argument("name", help="volume name")
     get.add_argument("remote", help="path in the volume")
     get.add_argument("local", nargs="?", help="local file (default: its name; - for stdout)")

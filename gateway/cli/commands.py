@@ -682,8 +682,11 @@ def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     if args.local == "-":
         sys.stdout.buffer.write(content)
         sys.stdout.flush()
-    else:
-        Path(args.local or args.remote.rsplit("/", 1)[-1]).write_bytes(content)
+        return 0
+    local = Path(args.local or args.remote.rsplit("/", 1)[-1])
+    local.write_bytes(content)
+    got = {"volume": args.name, "path": args.remote, "local": str(local), "size": len(content)}
+    _show(args, got, lambda: terminal.err.print(f"{local}: {len(content)} bytes"))
     return 0
 
 
