@@ -677,6 +677,8 @@ def volumes_put(settings: ClientSettings, args: argparse.Namespace) -> int:
 
 
 def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
+    if args.local == "-" and args.json:
+        raise BadRequest("'-' (to stdout) takes no --json")
     with _client(settings) as client:
         content = client.read_volume_file(args.name, args.remote)
     if args.local == "-":
