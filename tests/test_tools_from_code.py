@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run
+from helpers import Canary, run
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = """
@@ -152,3 +152,43 @@ def test_a_function_registered_with_the_sdk_is_called_from_the_kernel_both_halve
 
     assert asyncio.run(main()) == "42"
     assert seen == ["EUR"] * 4
+
+
+@pytest.fixture(scope="module")
+def gw(gateway):
+    return gateway
+
+
+def test_a_kernel_flooding_its_tool_socket_gets_clear_errors_and_a_canary_keeps_answering(
+    gw, canary, new_session, warehouse
+):
+    sid = new_session(tools={"mcp": [{"url": warehouse, "name": "warehouse"}]})["id"]
+    flood = """
+import collections, socket, threading, sbx_tools
+outcomes = collections.Counter()
+def hammer():
+    for _ in range(20):
+        try:
+            sbx_tools.list_tables(); outcomes["ok"] += 1
+        except sbx_tools.ToolError as e:
+            outcomes[type(e).__name__ + ": " + str(e)[:40]] += 1
+def garbage():
+    for _ in range(20):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect("/run/sbx/tools.sock"); s.sendall(b"\\x00" * 9000)
+threads = [threading.Thread(target=f) for f in [hammer] * 48 + [garbage] * 8]
+[t.start() for t in threads]; [t.join() for t in threads]
+try:
+    sbx_tools.query_warehouse("x" * 300_000)
+except sbx_tools.ToolRefused as e:
+    outcomes["big: " + str(e)[:30]] += 1
+print(dict(outcomes))
+"""
+    with Canary(gw, canary):
+        reply = run(gw.client, sid, flood, timeout=120)
+    assert reply["status"] == "ok", reply
+    text = reply["outputs"][0]["text"]
+    assert "'ok'" in text and "big: arguments over 262144 bytes" in text
+    assert run(gw.client, sid, "sbx_tools.list_tables()")["outputs"][0]["data"]["text/plain"] == (
+        "['orders']"
+    )

@@ -157,6 +157,7 @@ class SessionTools:
         self.endpoint = ToolEndpoint(self._listing, self.call)
         self.on_call: CallHook | None = None  # the audit log hears each call
         self._boxes: dict[str, Toolbox] = {}
+        self._served: dict[str, Path] = {}  # the run directory each session's socket is in
 
     # -- giving tools ---------------------------------------------------------------------
 
@@ -251,9 +252,16 @@ class SessionTools:
             await old.close()
         self._boxes[session.id] = box
         session.tools = box
-        if not self.endpoint.serves(session.id):
-            await self.endpoint.open(session.id, run_dir)
+        if session.id not in self._served:
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
+        await self._serve(session, run_dir)
+
+    async def _serve(self, session: Session, run_dir: Path) -> None:
+        """Serve the session's socket in ``run_dir``, unless it is there already (a session
+        resumed in a pooled sandbox has another run directory)."""
+        if self._served.get(session.id) != run_dir:
+            await self.endpoint.open(session.id, run_dir)
+            self._served[session.id] = run_dir
 
     async def _empty(self, session: Session) -> Toolbox:
         """A toolbox of no server's tools, its socket served: for an execute's client tools."""
@@ -265,6 +273,7 @@ class SessionTools:
     async def close(self, session_id: str) -> None:
         """Stop serving a session's tools (it ended)."""
         self.endpoint.close(session_id)
+        self._served.pop(session_id, None)
         box = self._boxes.pop(session_id, None)
         if box is not None:
             if box.turn is not None:
@@ -315,6 +324,9 @@ class SessionTools:
         if box is None:
             yield
             return
+        run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
+        if run_dir is not None:
+            await self._serve(session, run_dir)
         if kernel is not None and session.language == "python":
             mark = (id(kernel), kernel.restarts)
             if box.injected != mark:

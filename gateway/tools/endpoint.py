@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SOCKET_NAME = "tools.sock"  # in the session's run directory (/run/sbx inside)
 MAX_HEAD = 8 * 1024
 MAX_BODY = 256 * 1024
+MAX_DEPTH = 64  # levels of nesting in a call's arguments
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 10.0
 _LINE = re.compile(rf"(GET|POST) (/tools|/call/({TOOL_NAME})) HTTP/1\.[01]")
@@ -193,7 +194,24 @@ def _arguments(body: bytes) -> dict[str, Any]:
     arguments = doc.get("arguments", {})
     if not isinstance(arguments, dict):
         raise CallRefused(400, "bad_request", "arguments must be a JSON object")
+    if _depth(arguments) > MAX_DEPTH:
+        raise CallRefused(400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels")
     return arguments
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests, walked without recursion (each walk after this recurses)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            break
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def _send(writer: asyncio.StreamWriter, status: int, doc: dict[str, Any]) -> None:

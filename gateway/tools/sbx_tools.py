@@ -34,7 +34,7 @@ class ToolRefused(ToolError):
     """The gateway refused the call: the policy, an approver, a limit, or no execute running."""
 
 
-_REFUSALS = {403, 404, 408, 409, 413, 429}
+_REFUSALS = {400, 403, 404, 408, 409, 413, 429, 431}  # the gateway said no
 
 
 class _Connection(http.client.HTTPConnection):

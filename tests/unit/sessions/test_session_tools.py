@@ -493,9 +493,7 @@ def test_an_executes_client_tools_are_callable_in_that_execute_only_even_without
     async def test(w: World):
         client = ClientSide()
         recorder = Recorder()
-        async with w.tools.turn(
-            w.session, AGENT, recorder, w.session.kernel, CLIENT_TOOLS, client
-        ):
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel, CLIENT_TOOLS, client):
             assert [t["name"] for t in w.tools._listing("s1")] == ["notify"]
             answer = await w.tools.call("s1", "notify", {"text": "hi"})
         assert answer["result"] == "notify ok" and client.calls == [("notify", {"text": "hi"})]
@@ -520,5 +518,18 @@ def test_client_tools_need_the_agent_stream_and_names_of_their_own():
         with pytest.raises(BadRequest, match="query are named as the session's tools"):
             w.tools.check_client_tools(w.session, clash, answered=True)
         w.tools.check_client_tools(w.session, CLIENT_TOOLS, answered=True)
+
+    run(test)
+
+
+def test_a_session_resumed_in_another_sandbox_gets_its_socket_in_the_new_run_directory():
+    async def test(w: World):
+        await w.give()
+        moved = w.session.kernel.sandbox.run_dir.parent / "moved"
+        moved.mkdir()
+        w.session.kernel.sandbox.run_dir = moved  # a resume into a pooled sandbox
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            pass
+        assert (moved / "tools.sock").is_socket()
 
     run(test)

@@ -225,3 +225,12 @@ def test_a_kernel_that_reads_nothing_does_not_hold_the_gateway(served, monkeypat
         s.sendall(b"GET /tools HTTP/1.1\r\n\r\n")
         time.sleep(0.5)  # never reads
     assert sbx_tools.tools()[0]["name"] == "query_warehouse"
+
+
+def test_arguments_nested_past_the_bound_are_refused_before_any_tool_sees_them(served):
+    deep: object = 1
+    for _ in range(500):  # parses, but would recurse through every walk the gateway makes
+        deep = [deep]
+    with pytest.raises(sbx_tools.ToolRefused, match="nested deeper than 64"):
+        sbx_tools.call("t", deep=deep)
+    assert served.calls == []
