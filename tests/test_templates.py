@@ -106,6 +106,31 @@ def test_a_hostile_build_fails_at_its_step_saying_why_while_a_canary_answers(
     assert r.status_code == 409 and "failed" in r.json()["error"]["message"]
 
 
+def test_a_dockerfile_that_sabotages_the_gateways_layer_leaves_no_setuid_file(gw):
+    """A SHELL that does nothing and a find that finds nothing: the layer's own tools."""
+    doc = _build(
+        gw,
+        "sabotage",
+        "FROM sbx/python\nUSER root\n"
+        "RUN cp /bin/bash /usr/local/bin/rootsh && chmod u+s /usr/local/bin/rootsh\n"
+        'RUN ln -sf /bin/true /usr/bin/find\nSHELL ["/bin/true"]\n',
+    )
+    if doc["status"] == "ready":  # then nothing may be left setuid in the image
+        r = gw.client.post("/v1/sessions", json={"template": f"sabotage:{doc['version']}"})
+        assert r.status_code == 201, r.text
+        try:
+            reply = run(
+                gw.client,
+                r.json()["id"],
+                "import os; print(oct(os.stat('/usr/local/bin/rootsh').st_mode))",
+            )
+            assert "".join(o.get("text", "") for o in reply["outputs"]).strip() == "0o100755"
+        finally:
+            gw.client.delete(f"/v1/sessions/{r.json()['id']}")
+    else:
+        assert "setuid" in doc["error"]["reason"], doc
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [

@@ -19,10 +19,12 @@ import dataclasses
 import io
 import json
 import re
+import shlex
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import docker
 import docker.errors
@@ -31,6 +33,7 @@ from ..errors import BadRequest, GatewayError
 
 DOCKERFILE = ".sbx-template.Dockerfile"  # the name the resolved Dockerfile takes in the context
 LABEL = "sbx.template"
+MAX_LINE = 4096  # characters of one line of a build's log
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _RUNNING = re.compile(r"Running in ([0-9a-f]{12,64})")
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the builder colours a step's stderr
@@ -185,6 +188,15 @@ class TemplateEngine:
             self._build(tag, layer_context, log, "gateway layer", deadline)
         finally:
             self.remove(stage)
+        left = self._privileged(tag)
+        if left:
+            self.remove(tag)
+            raise BuildFailed(
+                "gateway layer",
+                f"the image still holds setuid/setgid files or file capabilities "
+                f"({', '.join(left)}): the Dockerfile changed the tools the gateway's layer "
+                "strips them with; leave /bin/sh, find and chmod as the base has them",
+            )
         image = self.client.images.get(tag)
         base = self.client.images.get(kernel_image).attrs.get("Size", 0)
         if image.attrs.get("Size", 0) - base > self.limits.disk:
@@ -242,6 +254,8 @@ class TemplateEngine:
         line = line.rstrip()
         if not line:
             return
+        if len(line) > MAX_LINE:
+            line = line[:MAX_LINE] + " [cut]"
         log(line)
         found = _STEP.match(line)
         if found:
@@ -251,6 +265,27 @@ class TemplateEngine:
         running = _RUNNING.search(line)
         if running:
             watch.container = running.group(1)
+
+    def _privileged(self, tag: str, most: int = 5) -> list[str]:
+        """Files of the built image that are setuid, setgid or carry file capabilities.
+
+        Read from the engine's export of its filesystem, not with the image's
+        own tools, which the Dockerfile may have replaced.
+        """
+        container = self.client.api.create_container(tag, entrypoint=["/"], network_disabled=True)
+        found: list[str] = []
+        try:
+            stream = _Chunks(self.client.api.export(container["Id"]))
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    caps = "SCHILY.xattr.security.capability" in member.pax_headers
+                    if caps or (member.isfile() and member.mode & 0o6000):
+                        found.append("/" + member.name)
+                        if len(found) == most:
+                            break
+        finally:
+            self.client.api.remove_container(container["Id"], force=True)
+        return found
 
     def remove(self, ref: str) -> bool:
         """Remove an image; False when a container still uses it (it stays)."""
@@ -268,18 +303,45 @@ class TemplateEngine:
 def _gateway_layer(stage: str, kernel: dict, user: str) -> str:
     """The Dockerfile of the gateway's layer over the tenant's image ``stage``."""
     uid, _, gid = user.partition(":")
+    strip = (
+        "find / -xdev \\( -perm -4000 -o -perm -2000 \\) -type f -exec chmod ug-s {} + ; "
+        f"if command -v python3 >/dev/null; then python3 -c {shlex.quote(_STRIP_CAPS)}; fi; "
+    )
     lines = [
         f"FROM {stage}",
         "USER 0:0",
-        "RUN find / -xdev \\( -perm -4000 -o -perm -2000 \\) -type f -exec chmod ug-s {} + ; "
-        f"if command -v python3 >/dev/null; then python3 -c {json.dumps(_STRIP_CAPS)}; fi; "
-        f"mkdir -p /workspace && chown {uid}:{gid} /workspace",
+        # The exec form: a SHELL the Dockerfile set does not run it.
+        "RUN "
+        + json.dumps(
+            ["/bin/sh", "-c", strip + f"mkdir -p /workspace && chown {uid}:{gid} /workspace"]
+        ),
         f"USER {user}",
         "WORKDIR /workspace",
         f"ENTRYPOINT {json.dumps(kernel.get('Entrypoint') or [])}",
         f"CMD {json.dumps(kernel.get('Cmd') or [])}",
     ]
     return "\n".join(lines) + "\n"
+
+
+class _Chunks(io.RawIOBase):
+    """A stream of byte chunks (the engine's export) read as a file, in order."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            self.pending = next(self.chunks, b"")
+            if not self.pending:
+                return 0
+        size = min(len(buffer), len(self.pending))
+        buffer[:size] = self.pending[:size]
+        self.pending = self.pending[size:]
+        return size
 
 
 class _Watchdog:

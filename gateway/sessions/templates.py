@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..errors import BadRequest, Conflict, NotFound, Overloaded
+from ..errors import BadRequest, Conflict, NotFound, Overloaded, QuotaExceeded
 from ..sandbox.dockerfiles import resolve
 from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 MAX_NAME = 63
+MAX_KEPT = 32  # builds a tenant keeps (each ready one an image on the host's disk)
+UPLOADS_KEPT = 3600.0  # seconds E2B's uploaded files wait for their build
 _HASH = re.compile(r"[0-9a-f]{64}")
 REPO = "sbxt"  # template images: never a name a session's ``image`` may give
 BUILDING, READY, FAILED, DELETED = "building", "ready", "failed", "deleted"
@@ -118,6 +120,8 @@ class Templates:
         self.slots = asyncio.Semaphore(bounds.running)
         self.live: dict[str, dict[str, Any]] = {}  # builds under way, by id: logs as they come
         self.uploads: dict[tuple[str, str], dict[str, bytes]] = {}  # E2B's file sets, by hash
+        self.uploaded_at: dict[tuple[str, str], float] = {}  # the last upload, by template
+        self.clock = time.time
         self.tasks = TaskSet()
         self._naming = asyncio.Lock()
 
@@ -158,6 +162,12 @@ class Templates:
             raise BadRequest(
                 f"the build context is larger than {self.engine.limits.context >> 20} MiB; "
                 "send only what the Dockerfile copies"
+            )
+        kept = await self.store.templates_of_tenant(tenant)
+        if sum(d["status"] != DELETED for d in kept) >= MAX_KEPT:
+            raise QuotaExceeded(
+                f"you keep {MAX_KEPT} template builds, the most a tenant may; delete templates "
+                "you no longer use (DELETE /v1/templates/NAME) and build again"
             )
         mine = [d for d in self.live.values() if d["tenant"] == tenant]
         if len(mine) >= self.bounds.per_tenant:
@@ -205,22 +215,34 @@ class Templates:
     def upload(self, tenant: str, name: str, files_hash: str, data: bytes) -> None:
         """Keep a file set (a tar) E2B's builder uploads for a COPY, until a build uses it.
 
-        Held in memory, so bounded: one template's sets by the context bound,
-        all tenants' together by twice that (past it, 503 until builds use theirs).
+        Held in memory, so bounded: a tenant's sets by the context bound, all
+        tenants' together by twice that (past it, 503 until builds use theirs),
+        and kept an hour at most.
         """
         template_name(name)
         if not _HASH.fullmatch(files_hash):
             raise BadRequest("a file set is named by its SHA-256, 64 hex digits")
-        kept = self.uploads.get((tenant, name), {})
+        now = self.clock()
+        for key, when in list(self.uploaded_at.items()):
+            if now - when > UPLOADS_KEPT:  # a build never started: its files go
+                self.uploads.pop(key, None)
+                self.uploaded_at.pop(key)
         bound = self.engine.limits.context
-        if sum(map(len, kept.values())) + len(data) > bound:
+        held = (
+            len(d)
+            for (who, _), sets in self.uploads.items()
+            if who == tenant
+            for d in sets.values()
+        )
+        if sum(held) + len(data) > bound:
             raise BadRequest(
-                f"the files of template {name!r} are larger than {bound >> 20} MiB together; "
-                "copy less into it"
+                f"your templates' uploaded files are larger than {bound >> 20} MiB together; "
+                "copy less into them, or build the ones waiting first"
             )
         if sum(len(d) for sets in self.uploads.values() for d in sets.values()) > 2 * bound:
             raise Overloaded("too many template files wait for their builds; retry in a minute")
         self.uploads.setdefault((tenant, name), {})[files_hash] = data
+        self.uploaded_at[(tenant, name)] = now
 
     async def build_uploaded(
         self,
@@ -241,6 +263,7 @@ class Templates:
         context = await asyncio.to_thread(merge_contexts, parts, limits) if parts else None
         doc = await self.build(tenant, name, dockerfile, context, tags=tags, build_id=build_id)
         self.uploads.pop((tenant, name), None)
+        self.uploaded_at.pop((tenant, name), None)
         return doc
 
     async def _bases(self, tenant: str) -> dict[str, Base]:

@@ -127,3 +127,20 @@ def test_the_gateway_layer_undoes_user_root_setuid_and_puts_the_kernels_entrypoi
         'ENTRYPOINT ["/usr/local/bin/sbx-entrypoint"]',
         'CMD ["python"]',
     ]
+
+
+def test_a_build_step_printing_one_endless_line_is_kept_cut():
+    from gateway.sandbox.templates import TemplateEngine
+
+    class Watch:
+        container = None
+
+    kept: list[str] = []
+    TemplateEngine._note("x" * 1_000_000, [""], Watch(), "", kept.append)
+    assert len(kept[0]) <= 4200 and kept[0].endswith("[cut]")
+
+
+def test_the_gateway_layer_runs_in_exec_form_so_a_shell_the_dockerfile_set_cannot_skip_it():
+    layer = _gateway_layer("s", {}, "1000:1000")
+    run = next(line for line in layer.splitlines() if line.startswith("RUN "))
+    assert run.startswith('RUN ["/bin/sh", "-c", "find / -xdev')

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import BadRequest, Conflict, Overloaded
+from gateway.errors import BadRequest, Conflict, Overloaded, QuotaExceeded
 from gateway.sandbox.images import ImageBuilder
 from gateway.sandbox.kernelspecs import KernelSpecs
 from gateway.sandbox.templates import BuildFailed, BuildLimits
 from gateway.sessions.requests import CreateSession
-from gateway.sessions.templates import BuildBounds, TemplateNotFound, Templates
+from gateway.sessions.templates import (
+    MAX_KEPT,
+    UPLOADS_KEPT,
+    BuildBounds,
+    TemplateNotFound,
+    Templates,
+)
 from gateway.store.sqlite import SQLiteStore
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
@@ -265,5 +271,37 @@ def test_a_build_id_another_tenant_chose_reaches_none_of_their_builds(templates)
             await t.build_of("bob", "geo", "e" * 32)
         with pytest.raises(Conflict, match="started before"):
             await t.build_uploaded("alice", "geo", PY, [], (), chosen)
+
+    asyncio.run(scenario())
+
+
+def test_a_tenant_keeps_a_bounded_number_of_builds(templates):
+    """Each kept version is an image on the host's disk: a tenant cannot fill it with them."""
+
+    async def scenario():
+        t = await templates()
+        for _ in range(MAX_KEPT):
+            await _built(t, "alice", "geo")
+        with pytest.raises(QuotaExceeded, match=f"{MAX_KEPT} template builds"):
+            await t.build("alice", "geo", PY)
+        await _built(t, "bob", "geo")  # another tenant's are its own
+        await t.delete("alice", "geo")
+        await _built(t, "alice", "geo")
+
+    asyncio.run(scenario())
+
+
+def test_e2b_uploads_are_bounded_per_tenant_and_abandoned_ones_expire(templates):
+    async def scenario():
+        t = await templates()
+        t.engine.limits = BuildLimits(context=1000)
+        t.upload("alice", "a", "1" * 64, b"x" * 600)
+        with pytest.raises(BadRequest, match="larger than"):
+            t.upload("alice", "b", "2" * 64, b"x" * 600)  # another name, the same tenant
+        t.upload("bob", "a", "1" * 64, b"x" * 600)
+        later = time.time() + UPLOADS_KEPT + 1
+        t.clock = lambda: later
+        t.upload("alice", "b", "2" * 64, b"x" * 600)  # alice's first set expired
+        assert not t.uploaded("alice", "a", "1" * 64)
 
     asyncio.run(scenario())
