@@ -137,7 +137,12 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
     if not isinstance(auto_pause, bool | None):
         raise BadRequest("autoPause must be true or false")
     if body.get("mcp"):
-        raise NotSupported("MCP servers in a sandbox are not supported")
+        raise NotSupported(
+            "E2B's mcp= (an MCP gateway in the sandbox running catalogue servers over stdio) "
+            "is not offered: this gateway runs no server's process. Create the sandbox without "
+            "it and give the session streamable-HTTP MCP servers with PUT /v1/sessions/{id}/tools"
+            "; its code calls them as sbx_tools functions (docs/tools.md)"
+        )
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
     network = network_of(body.get("network"), internet_access(body))
     return CreateSession(
