@@ -79,6 +79,9 @@ print(open('data/in/data.csv').read().splitlines()[1])
 
     flags = text_of(run(acme, writer["id"], "PATH = 'data'" + MOUNT_INFO)).split(",")
     assert {"rw", "nosuid", "nodev"} <= set(flags), flags
+    link = "import os\ntry:\n    os.link('/etc/hostname', 'data/h')\nexcept OSError as e:\n"
+    reply = run(acme, writer["id"], link + "    print(e.strerror)")
+    assert text_of(reply) == "Invalid cross-device link\n"  # a hard link never leaves it
 
     r = acme.post(
         "/v1/sessions", json={"volumes": [{"name": "ds", "path": "d", "read_only": True}]}

@@ -175,10 +175,6 @@ class Volumes:
             return str(await asyncio.to_thread(volume.read_only_view, where))
         return str(where / "workspace")
 
-    async def release(self, session_id: str) -> None:
-        """Drop an ended session's mounts (its ended claim already stopped them counting)."""
-        await self.store.unmount_volumes(session_id)
-
 
 def public(doc: dict[str, Any]) -> dict[str, Any]:
     """What a client sees of a volume (not where it lives on the host)."""

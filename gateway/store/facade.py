@@ -54,7 +54,7 @@ METHODS = {
     ),
     "volumes": (
         "add_volume", "get_volume", "volumes_of_tenant", "volume_holders", "delete_volume",
-        "mount_volumes", "unmount_volumes",
+        "mount_volumes",
     ),
     "webhooks": (
         "add_deliveries", "claim_deliveries", "finish_attempt", "release_deliveries", "deliveries",

@@ -130,7 +130,3 @@ class Volumes(Repository):
                 (volume_id, session_id, read_only, read_only),
             )
         return None
-
-    async def unmount_volumes(self, session_id: str) -> None:
-        """Drop a session's mounts (its create failed, or it ended)."""
-        await self.db.select("DELETE FROM volume_mounts WHERE session_id = ?", (session_id,))

@@ -201,10 +201,10 @@ def test_readers_share_a_volume_a_writer_is_alone_and_a_mounted_volume_is_not_de
         with pytest.raises(VolumeNotFound):
             await volumes.mount("w1", ZETA, (MountVolume("ds", "data", False),))
         await store.release_claim("r1")
-        await volumes.release("r2")
+        await store.release_claim("r2")
         writer = await volumes.mount("w1", ACME, (MountVolume("ds", "data", False),))
         assert Path(writer[0].source) == where / "workspace"
-        await volumes.release("w1")
+        await store.release_claim("w1")
         await volumes.delete(ACME, "ds")
         assert not await asyncio.to_thread(where.exists)  # its view unmounted with it
         with pytest.raises(VolumeNotFound):
