@@ -192,3 +192,45 @@ print(dict(outcomes))
     assert run(gw.client, sid, "sbx_tools.list_tables()")["outputs"][0]["data"]["text/plain"] == (
         "['orders']"
     )
+
+
+def test_a_tool_that_answers_slowly_hugely_or_crashes_its_server_is_a_clear_error_in_the_kernel(
+    gw, canary, new_session
+):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests/hostile_mcp.py"), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        tools = {
+            "mcp": [{"url": f"http://127.0.0.1:{port}/mcp", "name": "hostile"}],
+            "rules": {"slow": "allow", "huge": "allow", "crash": "allow"},
+            "limits": {"call_timeout": 1, "result_bytes": 100_000},
+        }
+        sid = new_session(tools=tools)["id"]
+        code = """
+import sbx_tools
+for name, arguments in [("slow", {"seconds": 600}), ("huge", {"size": 5_000_000}),
+                        ("crash", {}), ("echo", {"text": "x"})]:
+    try:
+        sbx_tools.call(name, **arguments)
+    except sbx_tools.ToolError as e:
+        print(name, "->", e)
+"""
+        with Canary(gw, canary):
+            reply = run(gw.client, sid, code, timeout=60)
+        lines = reply["outputs"][0]["text"].splitlines()
+        assert lines[0] == "slow -> slow did not answer within 1 s (call_timeout)"
+        assert lines[1].startswith("huge -> MCP server hostile failed")
+        assert "more than" in lines[1] or "over the 100000" in lines[1]
+        assert lines[2].startswith("crash -> ") and lines[3].startswith("echo -> MCP server")
+    finally:
+        server.kill()
+        server.wait()

@@ -13,41 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gateway.tools.mcp_servers import McpConnection, ToolFailed
 from gateway.tools.specs import McpServer
 
-SERVER = """
-import os, sys, time
-from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
-mcp = MCPServer("hostile")
-
-@mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def echo(text: str) -> str:
-    "Echo."
-    return text
-
-@mcp.tool()
-def slow(seconds: float) -> str:
-    "Sleep."
-    time.sleep(seconds)
-    return "late"
-
-@mcp.tool()
-def huge(size: int) -> str:
-    "Big."
-    return "x" * size
-
-@mcp.tool()
-def crash() -> str:
-    "Die."
-    os._exit(1)
-
-mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
-"""
+SERVER = Path(__file__).resolve().parents[2] / "hostile_mcp.py"
 
 
 def _free_port() -> int:
@@ -58,7 +31,7 @@ def _free_port() -> int:
 
 def start_server() -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-c", SERVER, str(port)],
+    process = subprocess.Popen([sys.executable, str(SERVER), str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
