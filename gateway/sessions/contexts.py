@@ -19,6 +19,7 @@ are gone. Snapshots and forks hold the session's own kernel only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
@@ -60,6 +61,9 @@ class Contexts:
         """``turn``: the session's turn to run (resumed first if paused, busy meanwhile);
         ``spawn`` runs background work that shutdown cancels."""
         self.spawn = spawn
+        # A kernel that stopped on its own, being cleaned up: its files share their names
+        # with its context's next kernel's, so that one starts once this is done.
+        self._stopping: dict[CodeContext, asyncio.Task] = {}
         self.lifecycle = lifecycle
         self.starts = starts
         self.turn = turn
@@ -220,6 +224,9 @@ class Contexts:
         own = session.kernel
         if own is None or own.container_id is None:
             raise Conflict(f"session {session.id} is still starting; retry in a moment")
+        stopping = self._stopping.get(context)
+        if stopping is not None:
+            await asyncio.shield(stopping)
         kernel: Kernel | None = None
 
         def exited(code: int) -> None:
@@ -227,7 +234,8 @@ class Contexts:
                 context.kernel = None
                 context.stopped = _why_stopped(session, code)
                 kernel.died.set()  # an execute in it returns at once, as 'dead'
-                self.spawn(_stop_kernel(kernel))
+                task = self._stopping[context] = self.spawn(_stop_kernel(kernel))
+                task.add_done_callback(lambda _: self._stopping.pop(context, None))
 
         spec = self.lifecycle.placement.context_sandbox(
             own.sandbox, own.container_id, context.id, context.cwd, exited, context.leftover

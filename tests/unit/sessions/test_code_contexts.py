@@ -62,6 +62,7 @@ class ContextPlacement(LocalPlacement):
         self.__dict__.update(placement.__dict__)
         self.contexts: list[str] = []
         self.leftovers: list[bool] = []
+        self.exits: list[Any] = []  # each context kernel's on_exit, to say it stopped
         self.started: list[tuple[str, Any]] = []  # (session, provisioner) of context kernels
 
     def context_sandbox(
@@ -70,6 +71,7 @@ class ContextPlacement(LocalPlacement):
         assert container_id.startswith("local-")
         self.contexts.append(context_id)
         self.leftovers.append(leftover)
+        self.exits.append(on_exit)
         return LocalContextSpec(spec, context_id, self.started)
 
     async def remove(self, session_id: str) -> None:
@@ -255,5 +257,23 @@ def test_a_context_started_while_its_session_ends_is_stopped_not_left(tmp_path):
         for _, provisioner in placement.started:
             assert provisioner.process is None or provisioner.process.poll() is not None
         assert not session.contexts
+
+    run(tmp_path, scenario)
+
+
+def test_a_context_kernel_that_stops_leaves_the_next_one_its_files(tmp_path):
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        a = await manager.contexts.create(session)
+        await value(executions, session, "x = 1", a.id)
+        manager.lifecycle.placement.exits[-1](137)  # as a kill of its process reports it
+        assert a.kernel is None and "exited with code 137" in a.stopped
+        result = await executions.execute(session.id, WHO, ExecuteCode("x", context=a.id))
+        assert result.error["ename"] == "NameError", result  # a fresh kernel answered
+        assert "exited with code 137" in result.context["restarted"]
+        await asyncio.sleep(0.5)  # the stopped kernel's cleanup has long finished
+        assert (
+            await executions.execute(session.id, WHO, ExecuteCode("1", context=a.id))
+        ).status == "ok"
 
     run(tmp_path, scenario)
