@@ -500,3 +500,21 @@ def test_a_first_connection_to_a_host_is_held_at_the_proxy(start_gateway, local_
         held = gw.client.get("/v1/approvals", params={"state": "approved" if approve else "denied"})
         assert len(held.json()["approvals"]) == 1, "the second connection was held again"
         gw.client.delete(f"/v1/sessions/{sid['id']}")
+
+
+def test_file_rules_hold_on_a_volumes_files_as_on_a_sessions(desk):
+    """A volume is no way round the tenant's file rules: not to upload, download or delete."""
+    _, c = desk
+    agent = c["agent"]
+    assert agent.post("/v1/volumes", json={"name": "ruled", "size": "16m"}).status_code == 201
+    big = agent.put("/v1/volumes/ruled/files/big.txt", content=b"x" * 2000)
+    assert big.status_code == 403 and "uploads over 1 KiB" in big.text
+    assert agent.put("/v1/volumes/ruled/files/small.txt", content=b"x" * 100).status_code == 201
+    deleted = agent.delete("/v1/volumes/ruled/files/small.txt")
+    assert deleted.status_code == 403 and deleted.json()["error"]["code"] == "denied"
+    sid = agent.post("/v1/sessions", json={"volumes": [{"name": "ruled", "path": "v"}]}).json()
+    run(agent, sid["id"], "open('v/made.bin', 'wb').write(b'z' * 3000)")
+    agent.delete(f"/v1/sessions/{sid['id']}")
+    download = agent.get("/v1/volumes/ruled/files/made.bin")
+    assert download.status_code == 403 and "downloads over 2 KiB" in download.text
+    assert agent.delete("/v1/volumes/ruled").status_code == 204

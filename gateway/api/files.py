@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import tornado.web
@@ -93,6 +94,22 @@ async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
             await handler.flush()
     handler.audit_detail.update(size=source.size, sha256=source.sha256)
     handler.finish()
+
+
+async def send_file(
+    handler: JSONHandler, files: AsyncWorkspace, path: str, check: Callable[[int], object]
+) -> None:
+    """Stream one file as a download, once ``check(size)`` (the file rules) lets it go."""
+    source, info = await files.open_read(path)
+    try:
+        check(info.st_size)
+    except Denied:
+        await source.aclose()
+        raise
+    handler.set_header("Content-Length", str(info.st_size))
+    handler.set_header("Content-Type", "application/octet-stream")
+    attachment(handler, path.rsplit("/", 1)[-1])
+    await stream_file(handler, source)
 
 
 class StreamedUpload(abc.ABC):
@@ -214,16 +231,12 @@ class FileHandler(StreamedUpload, JSONHandler):
         if fmt is not None:
             await _send_archive(self, workspace, session_id, path, fmt)
             return
-        source, info = await workspace.open_read(path)
-        try:
-            self.workspaces.check_file(session_id, self.principal, "download", info.st_size)
-        except Denied:
-            await source.aclose()
-            raise
-        self.set_header("Content-Length", str(info.st_size))
-        self.set_header("Content-Type", "application/octet-stream")
-        attachment(self, path.rsplit("/", 1)[-1])
-        await stream_file(self, source)
+        await send_file(
+            self,
+            workspace,
+            path,
+            lambda size: self.workspaces.check_file(session_id, self.principal, "download", size),
+        )
 
     async def delete(self, session_id: str, path: str) -> None:
         self.answer_refusal()

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import tornado.web
 
-from ..errors import Denied
 from ..sessions.requests import CreateVolume
 from ..sessions.volumes import public
 from .base import JSONHandler
-from .files import StreamedUpload, attachment, open_upload, stream_file
+from .files import StreamedUpload, open_upload, send_file
 
 _NAME = r"(?P<name>[^/]+)"
 
@@ -86,16 +85,12 @@ class VolumeFileHandler(StreamedUpload, JSONHandler):
         self.answer_refusal()
         self.audit_detail.update(volume=name, path=path)
         files = await self.volumes.files(self.principal, name)
-        source, info = await files.open_read(path)
-        try:
-            self.volumes.check_file(self.principal, "download", info.st_size)
-        except Denied:
-            await source.aclose()
-            raise
-        self.set_header("Content-Length", str(info.st_size))
-        self.set_header("Content-Type", "application/octet-stream")
-        attachment(self, path.rsplit("/", 1)[-1])
-        await stream_file(self, source)
+        await send_file(
+            self,
+            files,
+            path,
+            lambda size: self.volumes.check_file(self.principal, "download", size),
+        )
 
     async def delete(self, name: str, path: str) -> None:
         self.answer_refusal()
