@@ -32,6 +32,14 @@ from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL
     test_store_prunes_history_past_its_retention_in_batches,
     test_store_records_executions_as_they_run_and_closes_cut_ones,
 )
+from unit.store.test_volume_records import (  # noqa: F401 (run again here, on PostgreSQL)
+    test_a_mount_is_taken_whole_or_not_at_all,
+    test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id,
+    test_a_volume_deleted_meanwhile_is_not_mounted,
+    test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible,
+    test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_holds,
+    test_volumes_count_toward_the_tenants_disk_beside_its_sessions,
+)
 from unit.store.test_webhook_deliveries import (  # noqa: F401 (run again here, on PostgreSQL)
     delivery,
     test_a_full_endpoint_drops_new_deliveries_and_logs_why,

@@ -69,7 +69,9 @@ class Volumes(Repository):
     async def get_volume(self, tenant: str, ref: str) -> dict[str, Any] | None:
         """The tenant's volume named (or with the id) ``ref``; never another tenant's."""
         rows = await self.db.select(
-            "SELECT doc FROM volumes WHERE tenant = ? AND (name = ? OR id = ?)", (tenant, ref, ref)
+            "SELECT doc FROM volumes WHERE tenant = ? AND (name = ? OR id = ?)"
+            " ORDER BY CASE WHEN name = ? THEN 0 ELSE 1 END LIMIT 1",  # a name wins over an id
+            (tenant, ref, ref, ref),
         )
         return json.loads(rows[0]["doc"]) if rows else None
 

@@ -1,8 +1,11 @@
-"""Volumes' records on SQLite: quotas counted with sessions' disk, mounts held by claims."""
+"""Volumes' records on SQLite: quotas counted with sessions' disk, mounts held by claims;
+tests/test_store_postgres.py runs them again on PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 
 from gateway.store.sqlite import SQLiteStore
 
@@ -22,9 +25,14 @@ def claim(session_id: str, disk: int = GIB, tenant: str = "acme") -> dict:
             "cpus": 1.0, "disk": disk}  # fmt: skip
 
 
-def run(tmp_path, scenario) -> None:
+@pytest.fixture
+def make_store(tmp_path):
+    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
+
+
+def run(make_store, scenario) -> None:
     async def go() -> None:
-        store = SQLiteStore(tmp_path / "db.sqlite3")
+        store = make_store()
         await store.open()
         try:
             await scenario(store)
@@ -34,7 +42,7 @@ def run(tmp_path, scenario) -> None:
     asyncio.run(go())
 
 
-def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible(tmp_path):
+def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible(make_store):
     async def scenario(store):
         assert await store.add_volume(vol("v1", "data"), CAPS) is None
         assert (await store.add_volume(vol("v2", "data"), CAPS))["what"] == "name"
@@ -44,10 +52,10 @@ def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible
         assert await store.get_volume("acme", "v3") is None  # zeta's, by id
         assert [v["id"] for v in await store.volumes_of_tenant("zeta")] == ["v3"]
 
-    run(tmp_path, scenario)
+    run(make_store, scenario)
 
 
-def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(tmp_path):
+def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(make_store):
     async def scenario(store):
         assert await store.claim_quota(claim("s1", disk=6 * GIB), SESSION_CAPS, 60) is None
         refused = await store.add_volume(vol("v1", "big", size=5 * GIB), CAPS)
@@ -59,10 +67,10 @@ def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(tmp_path):
         assert await store.add_volume(vol("v2", "one"), CAPS) is None
         assert (await store.add_volume(vol("v3", "two", size=1), CAPS))["what"] == "volumes"
 
-    run(tmp_path, scenario)
+    run(make_store, scenario)
 
 
-def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_holds(tmp_path):
+def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_holds(make_store):
     async def scenario(store):
         await store.add_volume(vol("v1", "data"), CAPS)
         for sid in ("r1", "r2", "w1", "w2"):
@@ -89,10 +97,10 @@ def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_hold
         assert await store.delete_volume("v1") == []
         assert await store.get_volume("acme", "data") is None
 
-    run(tmp_path, scenario)
+    run(make_store, scenario)
 
 
-def test_a_mount_is_taken_whole_or_not_at_all(tmp_path):
+def test_a_mount_is_taken_whole_or_not_at_all(make_store):
     async def scenario(store):
         await store.add_volume(vol("v1", "a"), CAPS)
         await store.add_volume(vol("v2", "b"), CAPS)
@@ -102,10 +110,10 @@ def test_a_mount_is_taken_whole_or_not_at_all(tmp_path):
         assert (await store.mount_volumes("s2", [("v1", False), ("v2", True)]))["volume_id"] == "v2"
         assert await store.volume_holders("v1") == []  # not half taken
 
-    run(tmp_path, scenario)
+    run(make_store, scenario)
 
 
-def test_a_volume_deleted_meanwhile_is_not_mounted(tmp_path):
+def test_a_volume_deleted_meanwhile_is_not_mounted(make_store):
     """A create found the volume, a delete then removed it: the mount must not be taken."""
 
     async def scenario(store):
@@ -117,4 +125,16 @@ def test_a_volume_deleted_meanwhile_is_not_mounted(tmp_path):
         }  # fmt: skip
         assert await store.volume_holders("v1") == []
 
-    run(tmp_path, scenario)
+    run(make_store, scenario)
+
+
+def test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id(make_store):
+    """Else a delete by name could remove the other volume, the one with that id."""
+
+    async def scenario(store):
+        await store.add_volume(vol("7f3a", "data"), CAPS)
+        await store.add_volume(vol("9b1c", "7f3a"), CAPS)
+        assert (await store.get_volume("acme", "7f3a"))["id"] == "9b1c"
+        assert (await store.get_volume("acme", "data"))["id"] == "7f3a"
+
+    run(make_store, scenario)
