@@ -17,7 +17,7 @@ from ..errors import Denied, NotAllowed
 from ..hosts import NetworkPolicy
 from .approvals import ApprovalDesk
 from .book import PolicyBook
-from .model import Decision, Policy
+from .model import ACTIONS, Decision, Policy
 from .scan import RULES, Finding, ScanFailed, Scanner
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,21 @@ class Gate:
         self, tenant: str, session_policy: Policy | None, tool: str, action: str
     ) -> Decision:
         """A tool call from a session's code: the action its tool rule (or, unset, its MCP
-        annotations) gives, whatever the policy's mode: an agent builder chose it per tool."""
-        reasons = () if action == "allow" else (f"the session's rule for tool {tool} is {action}",)
-        return Decision(action, action, "enforce", reasons)
+        annotations) gives, made stricter by the ``tools`` table of the policy in force.
+
+        The session's own action holds in any mode (an agent builder chose it); the
+        policy's table is enforced under an enforcing policy, else only reported.
+        """
+        policy = self.book.policy(tenant).tighten(session_policy)
+        ceiling, pattern = policy.tool_action(tool)
+        verdict = max(action, ceiling, key=ACTIONS.index)
+        decided = verdict if policy.enforcing else action
+        reasons = []
+        if ceiling != "allow" and ceiling == verdict:
+            reasons.append(f"the tenant's policy says {ceiling} for tools {pattern!r} ({tool})")
+        elif action != "allow":
+            reasons.append(f"the session's rule for tool {tool} is {action}")
+        return Decision(decided, verdict, policy.mode, tuple(reasons))
 
     def check_file(self, tenant: str, session_policy: Policy | None, op: str, size: int = 0) -> int:
         """Refuse a files API ``op`` the policy forbids (Denied); the download limit in force.

@@ -18,6 +18,9 @@ Written as TOML or YAML::
     max_upload = "100m"     # larger uploads are refused; omitted: no limit beyond the disk's
     max_download = "1g"     # larger downloads (and directory archives) are refused
     delete = "deny"         # allow | deny
+    [tools]                 # tools sessions' code calls: the least each is held to
+    "drop_*" = "deny"       # shell-style patterns of tool names; a session's rules only tighten
+    "post_result" = "hold"
     [network]               # the most a session's network rules may allow (create and changes)
     allow = ["*.example.org", "203.0.113.0/24"]
     deny = ["secret.example.org"]   # added to every session's deny list
@@ -29,6 +32,7 @@ policy of its own at create; it can only tighten its tenant's (``tighten``).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -45,7 +49,8 @@ from .scan import MAX_PATTERNS, RULES, Finding, Pattern
 DEFAULT_FILE = Path(__file__).with_name("default.toml")
 ACTIONS = ("allow", "hold", "deny")  # weakest first
 MODES = ("off", "report", "enforce")  # weakest first; off: not even scanned
-_KEYS = {"mode", "rules", "patterns", "files", "network"}
+_KEYS = {"mode", "rules", "patterns", "files", "network", "tools"}
+MAX_TOOL_RULES = 256
 _FILE_KEYS = {"max_upload", "max_download", "delete"}
 _PATTERN_KEYS = {"rule", "regex", "message", "kernels"}
 
@@ -110,9 +115,19 @@ class Policy:
     files: FileRules = dataclasses.field(default_factory=FileRules)
     # Ceilings on sessions' network rules: each must cover them (a tightened policy has more).
     network: tuple[NetworkPolicy, ...] = ()
+    # Tools sessions' code calls: a pattern of tool names -> the least action their calls get.
+    tools: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def action(self, rule: str) -> str:
         return self.rules.get(rule, "allow")
+
+    def tool_action(self, tool: str) -> tuple[str, str | None]:
+        """The strictest action the ``tools`` table gives ``tool``, and the pattern that did."""
+        found, by = "allow", None
+        for pattern, action in self.tools.items():
+            if fnmatch.fnmatchcase(tool, pattern) and ACTIONS.index(action) > ACTIONS.index(found):
+                found, by = action, pattern
+        return found, by
 
     @property
     def enforcing(self) -> bool:
@@ -149,7 +164,10 @@ class Policy:
         mode = max(self.mode, other.mode, key=MODES.index)
         files = self.files.tighten(other.files)
         patterns, network = self.patterns + other.patterns, self.network + other.network
-        return Policy(mode, rules, patterns, self.source, files, network)
+        tools = dict(self.tools)
+        for pattern, action in other.tools.items():
+            tools[pattern] = max(tools.get(pattern, "allow"), action, key=ACTIONS.index)
+        return Policy(mode, rules, patterns, self.source, files, network, tools)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,6 +184,7 @@ class Policy:
             ],
             "files": self.files.to_json(),
             **({"network": [c.to_json() for c in self.network]} if self.network else {}),
+            **({"tools": dict(self.tools)} if self.tools else {}),
         }
 
     # -- reading ----------------------------------------------------------------------
@@ -231,7 +250,8 @@ class Policy:
         files = _file_rules(data.get("files", {}))
         network = () if "network" not in data else (_network(data["network"]),)
         patterns = tuple(_pattern(p) for p in patterns)
-        return cls(mode, dict(rules), patterns, files=files, network=network)
+        tools = _tool_rules(data.get("tools", {}))
+        return cls(mode, dict(rules), patterns, files=files, network=network, tools=tools)
 
 
 def session_policy(data: Any) -> Policy | None:
@@ -262,6 +282,21 @@ def _network(entry: Any) -> NetworkPolicy:
             (k for k in ("deny", "allow") if k in entry and repr(entry[k]) in e.message), "allow"
         )
         raise _Fault(bad, None, e.message) from None
+
+
+def _tool_rules(entry: Any) -> dict[str, str]:
+    if not isinstance(entry, Mapping) or len(entry) > MAX_TOOL_RULES:
+        raise _Fault("tools", None, f"tools is a table of at most {MAX_TOOL_RULES} tool = action")
+    for pattern, action in entry.items():
+        if not isinstance(pattern, str) or not 0 < len(pattern) <= 128:
+            raise _Fault("tools", None, "a tool pattern is a name of 1 to 128 characters")
+        if action not in ACTIONS:
+            raise _Fault(
+                pattern,
+                action,
+                f"tool {pattern} must be one of {', '.join(ACTIONS)}, not {action!r}",
+            )
+    return dict(entry)
 
 
 def _file_rules(entry: Any) -> FileRules:

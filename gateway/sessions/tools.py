@@ -38,6 +38,7 @@ from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..masking import Masker
 from ..policy.gate import Gate
+from ..policy.model import Decision
 from ..tools.endpoint import CallRefused, ToolEndpoint
 from ..tools.mcp_servers import McpConnection, Refusal, ToolFailed
 from ..tools.specs import (
@@ -371,9 +372,12 @@ class SessionTools:
             raise CallRefused(429, "too_many_calls", f"{why} (calls_per_execute); split the work")
         turn.calls += 1
         tool, connection = reachable[name]
-        entry = _entry(tool, session.masker.tree(box.masker.tree(arguments)))
+        decision = self.gate.review_tool(session.tenant, session.policy, name, tool.rule.action)
+        entry = _entry(tool, session.masker.tree(box.masker.tree(arguments)), decision.action)
         started = time.monotonic()
-        work = asyncio.ensure_future(self._make(session, box, turn, tool, connection, arguments))
+        work = asyncio.ensure_future(
+            self._make(session, box, turn, tool, connection, arguments, decision)
+        )
         ending = asyncio.ensure_future(turn.ended.wait())
         try:
             await asyncio.wait((work, ending), return_when=asyncio.FIRST_COMPLETED)
@@ -405,10 +409,8 @@ class SessionTools:
         tool: Tool,
         connection: ToolServer,
         arguments: dict[str, Any],
+        decision: Decision,
     ) -> dict[str, Any]:
-        decision = self.gate.review_tool(
-            session.tenant, session.policy, tool.name, tool.rule.action
-        )
         if decision.action == "deny":
             raise CallRefused(
                 403, "denied", f"the policy refuses {tool.name}: " + "; ".join(decision.reasons)
@@ -437,7 +439,7 @@ class SessionTools:
         turn: ToolTurn,
         tool: Tool,
         arguments: dict[str, Any],
-        decision: Any,
+        decision: Decision,
     ) -> None:
         """Wait for an approver unless an approval covers this call; CallRefused if denied."""
         while True:
@@ -485,7 +487,7 @@ def _tool(spec: dict[str, Any], server: str, config: ToolsConfig, default: str =
     )
 
 
-def _entry(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+def _entry(tool: Tool, arguments: dict[str, Any], decided: str) -> dict[str, Any]:
     """A call's record: its arguments kept as JSON text, cut at MAX_RECORDED_ARGUMENTS."""
     text = json.dumps(arguments, separators=(",", ":"))
     if len(text) > MAX_RECORDED_ARGUMENTS:
@@ -494,7 +496,7 @@ def _entry(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
         "tool": tool.name,
         "server": tool.server,
         "arguments": text,
-        "decision": tool.rule.action,
+        "decision": decided,
         "bytes": 0,
     }
 

@@ -51,14 +51,18 @@ class _Connection(http.client.HTTPConnection):
 
 def _request(method, path, body=None):
     connection = _Connection("tools", timeout=TIMEOUT)
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if data is None else {"Content-Type": "application/json"}
     try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {} if data is None else {"Content-Type": "application/json"}
-        connection.request(method, path, body=data, headers=headers)
+        connection.connect()
+        try:
+            connection.request(method, path, body=data, headers=headers)
+        except OSError:
+            pass  # answered (a refusal) and closed before the request was read: read it
         response = connection.getresponse()
         status, raw = response.status, response.read()
-    except OSError as e:
-        why = f"the tool socket did not answer ({e}); was this session given tools?"
+    except (OSError, http.client.HTTPException) as e:
+        why = f"the tool socket did not answer ({e!r}); was this session given tools?"
         raise ToolError(why) from None
     finally:
         connection.close()

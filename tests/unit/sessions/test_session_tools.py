@@ -22,6 +22,7 @@ from gateway.access.auth import Principal
 from gateway.egress.policy import AddressGuard
 from gateway.masking import NO_SECRETS, Masker
 from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
 from gateway.sessions import tools as tools_module
 from gateway.sessions.tools import SessionTools, ToolServerFailed
@@ -127,13 +128,13 @@ class Secrets:
 
 
 class World:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, policies: str = "") -> None:
         self.session = FakeSession(run_dir)
         self.manager = FakeManager(self.session)
         self.desk = ApprovalDesk(ApprovalStore(), timeout=5, live=lambda sid: True)
         self.tools = SessionTools(
             self.manager,
-            Gate(None, None, self.desk),
+            Gate(self.book(run_dir.parent, policies), None, self.desk),
             Secrets(),
             CallLimits(),
             AddressGuard([], set()),
@@ -141,6 +142,16 @@ class World:
         )
         self.audited: list[tuple] = []
         self.tools.on_call = lambda *event: self.audited.append(event)
+
+    @staticmethod
+    def book(directory: Path, policy: str) -> PolicyBook:
+        """Tenant t1's policy (none: the built-in one, report mode)."""
+        (directory / "policies").mkdir()
+        if policy:
+            (directory / "policies" / "t1.toml").write_text(policy)
+        book = PolicyBook(directory / "policies")
+        book.load()
+        return book
 
     async def give(self, **config: Any) -> None:
         body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh"}], **config}
@@ -154,13 +165,13 @@ class World:
         raise AssertionError("no approval was requested")
 
 
-def run(test):
+def run(test, policies: str = ""):
     directory = Path(tempfile.mkdtemp(prefix="t38", dir="/tmp"))
     (directory / "run").mkdir()
     FakeServer.made.clear()
 
     async def main():
-        world = World(directory / "run")
+        world = World(directory / "run", policies)
         try:
             await test(world)
         finally:
@@ -533,3 +544,19 @@ def test_a_session_resumed_in_another_sandbox_gets_its_socket_in_the_new_run_dir
         assert (moved / "tools.sock").is_socket()
 
     run(test)
+
+
+def test_the_tenants_policy_holds_a_tool_a_sessions_rule_allows():
+    async def test(w: World):
+        await w.give(rules={"drop": "allow"})
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            call = asyncio.ensure_future(w.tools.call("s1", "drop", {}))
+            (approval,) = await w.pending()
+            assert "the tenant's policy says hold" in approval.decision["reasons"][0]
+            await w.desk.decide(approval.id, APPROVER, False, "no")
+            with pytest.raises(CallRefused, match="denied: no"):
+                await call
+        assert recorder.tool_calls[0]["decision"] == "hold"
+
+    run(test, policies='mode = "enforce"\n[tools]\n"dr*" = "hold"\n')
