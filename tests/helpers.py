@@ -124,10 +124,10 @@ def remove_leftovers(engine, data_dir: Path) -> None:
     if gid:
         for container in engine.containers.list(all=True, filters={"label": f"sbx.gateway={gid}"}):
             container.remove(force=True)
-    sessions = data_dir / "sessions"
-    if sessions.exists():
-        for session_dir in sessions.iterdir():
-            volume.destroy(session_dir)
+    for kind in ("sessions", "volumes"):  # workspaces, and named volumes (they outlive it)
+        if (data_dir / kind).exists():
+            for directory in (data_dir / kind).iterdir():
+                volume.destroy(directory)
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
