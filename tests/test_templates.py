@@ -204,3 +204,15 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
             sandbox.kill()
         with pytest.raises(BuildException, match="non-zero code: 3"):
             Template.build(Template().from_base_image().run_cmd("exit 3"), "e2b-broken")
+
+
+def test_a_build_that_forks_without_end_is_stopped_by_a_pids_bound(gw):
+    """A fork bomb in a RUN step would take the host's pids from every session."""
+    doc = _build(
+        gw,
+        "forks",
+        "FROM sbx/python\n"
+        "RUN i=0; while [ $i -lt 3000 ]; do sleep 5 & i=$((i+1)); done; echo forked $i\n",
+    )
+    assert doc["status"] == "failed", doc
+    assert "Cannot fork" in doc["error"]["reason"], doc["error"]

@@ -24,15 +24,19 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
+import docker.api.build
 import docker.errors
 
 from ..errors import BadRequest, GatewayError
 
 DOCKERFILE = ".sbx-template.Dockerfile"  # the name the resolved Dockerfile takes in the context
 LABEL = "sbx.template"
+CGROUP = "sbx-template-builds"  # the cgroup every build step runs under
+CGROUPS = Path("/sys/fs/cgroup")
 MAX_LINE = 4096  # characters of one line of a build's log
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _RUNNING = re.compile(r"Running in ([0-9a-f]{12,64})")
@@ -79,6 +83,7 @@ class BuildLimits:
     timeout: float = 900.0
     context: int = 64 << 20  # the build context, unpacked
     context_files: int = 10_000
+    pids: int = 512  # processes of every build step at once, together
     log_lines: int = 2000  # kept per build (the last ones)
 
 
@@ -156,11 +161,34 @@ def _members(source: tarfile.TarFile):
 
 
 class TemplateEngine:
-    """Builds, inspects and removes template images with the docker SDK (blocking)."""
+    """Builds, inspects and removes template images with the docker SDK (blocking).
 
-    def __init__(self, client: docker.DockerClient, limits: BuildLimits) -> None:
+    The classic builder takes no pids limit, so every build step runs under
+    one cgroup of the engine's (``CGROUP``) whose ``pids.max`` this sets: a
+    step that forks without end meets it, not the host's pid table.
+    """
+
+    def __init__(
+        self, client: docker.DockerClient, limits: BuildLimits, cgroups: Path = CGROUPS
+    ) -> None:
         self.client = client
         self.limits = limits
+        self.cgroups = cgroups
+        self.api = _CgroupBuilds(client.api)
+
+    def _bound_pids(self) -> None:
+        """Make the builds' cgroup and set its pids bound (cgroup v1 or v2); or refuse."""
+        v1 = self.cgroups / "pids"
+        group = (v1 if v1.is_dir() else self.cgroups) / CGROUP
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "pids.max").write_text(f"{self.limits.pids}\n")
+        except OSError as e:
+            raise BuildFailed(
+                "",
+                f"template builds need a pids-limited cgroup ({group}), which could not be "
+                f"set up: {e.strerror}; run the gateway as root",
+            ) from None
 
     def image_id(self, ref: str) -> str | None:
         try:
@@ -178,6 +206,7 @@ class TemplateEngine:
         log: Callable[[str], None],
     ) -> str:
         """The tenant's image, then the gateway's layer as ``tag``; return its id."""
+        self._bound_pids()
         stage = f"{tag}-user"
         deadline = time.monotonic() + self.limits.timeout
         try:
@@ -213,13 +242,14 @@ class TemplateEngine:
         watch = _Watchdog(self.client, self.limits, deadline)
         watch.start()
         try:
-            stream = self.client.api.build(
+            stream = self.api.build(
                 fileobj=io.BytesIO(context),
                 custom_context=True,
                 dockerfile=DOCKERFILE,
                 tag=tag,
                 network_mode="none",
                 pull=False,
+                nocache=True,  # a layer cached from another tenant's build would tell of it
                 rm=True,
                 forcerm=True,
                 decode=True,
@@ -321,6 +351,28 @@ def _gateway_layer(stage: str, kernel: dict, user: str) -> str:
         f"CMD {json.dumps(kernel.get('Cmd') or [])}",
     ]
     return "\n".join(lines) + "\n"
+
+
+class _CgroupBuilds:
+    """The client's API whose build requests name the builds' cgroup as their parent.
+
+    The SDK's ``build`` passes no cgroup parent, the engine's API takes one:
+    the SDK's own ``build`` is run with this as its client, everything but the
+    request itself delegated (the shared client is left as it is).
+    """
+
+    def __init__(self, api: docker.APIClient) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def _post(self, url: str, **kw: Any) -> Any:
+        kw["params"] = {**(kw.get("params") or {}), "cgroupparent": f"/{CGROUP}"}
+        return self._api._post(url, **kw)
+
+    def build(self, **kw: Any) -> Any:
+        return docker.api.build.BuildApiMixin.build(self, **kw)  # type: ignore[arg-type]
 
 
 class _Chunks(io.RawIOBase):

@@ -144,3 +144,17 @@ def test_the_gateway_layer_runs_in_exec_form_so_a_shell_the_dockerfile_set_canno
     layer = _gateway_layer("s", {}, "1000:1000")
     run = next(line for line in layer.splitlines() if line.startswith("RUN "))
     assert run.startswith('RUN ["/bin/sh", "-c", "find / -xdev')
+
+
+def test_builds_run_under_a_pids_bound_or_not_at_all(tmp_path):
+    from types import SimpleNamespace
+
+    from gateway.sandbox.templates import CGROUP, BuildFailed, TemplateEngine
+
+    (tmp_path / "pids").mkdir()
+    engine = TemplateEngine(SimpleNamespace(api=None), BuildLimits(pids=64), tmp_path)
+    engine._bound_pids()
+    assert (tmp_path / "pids" / CGROUP / "pids.max").read_text() == "64\n"
+    missing = TemplateEngine(SimpleNamespace(api=None), BuildLimits(), tmp_path / "none")
+    with pytest.raises(BuildFailed, match="pids-limited cgroup"):
+        missing._bound_pids()
