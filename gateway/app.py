@@ -266,6 +266,7 @@ class Gateway:
         _freeze_what_lives_for_good()
         upkeep = self.domain.upkeep
         await self.manager.start(upkeep.on_death, upkeep.resync)
+        self.manager.spawn(self.domain.tools.restore())  # servers reached in the background
         await self.manager.templates.start()
         upkeep.start()
         await self.domain.webhooks.start(self.manager.leases.owner)

@@ -129,6 +129,9 @@ class Session:
         self.egress_bytes = [0, 0]  # sent, received through it since this gateway started
         self.stream: Relay | None = None  # the agent stream, made on first use
         self.tools: Viewed | None = None  # its Toolbox (sessions/tools.py), shown in its view
+        # What it was given as tools, as sent (header values too): in its record, never in
+        # its view, so a restarted gateway gives them again.
+        self.tool_config: dict[str, Any] | None = None
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
         self.parked: dict[str, Relay] = {}
@@ -177,6 +180,7 @@ class Session:
         session.display_name = doc.get("display_name") or session.kernel_name
         session.executions = doc.get("executions", 0)
         session.output_bytes = doc.get("output_bytes", 0)
+        session.tool_config = doc.get("tool_config")
         session.contexts = {c["id"]: CodeContext.from_record(c) for c in doc.get("contexts", ())}
         return session
 
@@ -294,13 +298,14 @@ class Session:
         policy = self.policy.to_json() if self.policy is not None else None
         mounts = [dataclasses.asdict(v) for v in self.volumes]
         return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy,
-                "volume_mounts": mounts}  # fmt: skip
+                "volume_mounts": mounts, "tool_config": self.tool_config}  # fmt: skip
 
 
 def public_view(record: dict[str, Any]) -> dict[str, Any]:
-    """A stored session record as the API shows it: no package list, policy, env values
-    or volumes' host paths."""
-    view = {k: v for k, v in record.items() if k not in ("packages", "policy", "volume_mounts")}
+    """A stored session record as the API shows it: no package list, policy, env values,
+    volumes' host paths or tool config (header values)."""
+    hidden = ("packages", "policy", "volume_mounts", "tool_config")
+    view = {k: v for k, v in record.items() if k not in hidden}
     view["env"] = sorted(view.get("env", ()))
     view.setdefault("secrets", [])
     return view

@@ -49,6 +49,7 @@ from ..tools.specs import (
     Tool,
     ToolsConfig,
     default_action,
+    parse_tools,
 )
 from .manager import SessionManager
 from .model import Session
@@ -253,6 +254,8 @@ class SessionTools:
             await old.close()
         self._boxes[session.id] = box
         session.tools = box
+        session.tool_config = dict(box.config.sent) if box.config.mcp else None
+        self.manager.save_soon(session)
         if session.id not in self._served:
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
         await self._serve(session, run_dir)
@@ -263,6 +266,18 @@ class SessionTools:
         if self._served.get(session.id) != run_dir:
             await self.endpoint.open(session.id, run_dir)
             self._served[session.id] = run_dir
+
+    async def restore(self) -> None:
+        """Give the sessions a restarted gateway took over the tools they had (their servers
+        reached again); one whose server no longer answers goes on without, logged."""
+        for session in list(self.manager.sessions.values()):
+            if not session.tool_config or session.kernel is None or session.id in self._boxes:
+                continue
+            try:
+                box = await self._prepare(parse_tools(session.tool_config), session.tenant)
+                await self._install(session, box)
+            except Exception as e:
+                log.warning("session %s: its tools could not be given again: %s", session.id, e)
 
     async def _empty(self, session: Session) -> Toolbox:
         """A toolbox of no server's tools, its socket served: for an execute's client tools."""

@@ -104,6 +104,7 @@ class ToolsConfig:
     mcp: tuple[McpServer, ...] = ()
     rules: Mapping[str, Rule] = dataclasses.field(default_factory=dict)
     limits: CallLimits | None = None  # None: the server's defaults
+    sent: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # as the client wrote it
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -164,7 +165,7 @@ def parse_tools(value: Any) -> ToolsConfig:
     names = [s.name for s in mcp]
     if len(set(names)) != len(names):
         raise BadRequest("each MCP server needs a name of its own (tools.mcp[].name)")
-    return ToolsConfig(mcp, _rules(value.get("rules")), _limits(value.get("limits")))
+    return ToolsConfig(mcp, _rules(value.get("rules")), _limits(value.get("limits")), dict(value))
 
 
 MAX_CLIENT_TOOLS = 64

@@ -91,6 +91,7 @@ class FakeSession:
         self.masker = NO_SECRETS
         self.on_end: set = set()
         self.tools = None
+        self.tool_config = None
 
 
 class FakeManager:
@@ -107,6 +108,9 @@ class FakeManager:
 
     def spawn(self, coro):
         return asyncio.ensure_future(coro)
+
+    def save_soon(self, session) -> None:
+        self.saved = session.tool_config
 
 
 class ApprovalStore:
@@ -560,3 +564,26 @@ def test_the_tenants_policy_holds_a_tool_a_sessions_rule_allows():
         assert recorder.tool_calls[0]["decision"] == "hold"
 
     run(test, policies='mode = "enforce"\n[tools]\n"dr*" = "hold"\n')
+
+
+def test_a_restarted_gateway_gives_a_session_the_tools_its_record_kept():
+    async def test(w: World):
+        headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
+        body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}],
+                "rules": {"query": "deny"}}  # fmt: skip
+        await w.tools.give("s1", AGENT, parse_tools(body))
+        assert w.manager.saved == body  # in the record: given again after a restart
+        record = {"tool_config": w.session.tool_config}
+        from gateway.sessions.model import public_view
+
+        assert "tool_config" not in public_view({**record, "env": {}})
+        await w.tools.stop()  # the gateway stops; a new one takes the session over
+        w.session.tools = None
+        FakeServer.made.clear()
+        await w.tools.restore()
+        assert FakeServer.made[0].headers == {"Authorization": "Bearer s3cret-value-0042"}
+        actions = {t["name"]: t["action"] for t in w.tools.view("s1", AGENT)["tools"]}
+        assert actions["query"] == "deny"
+        assert (w.session.kernel.sandbox.run_dir / "tools.sock").is_socket()
+
+    run(test)
