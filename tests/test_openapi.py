@@ -564,6 +564,28 @@ def test_webhook_endpoints_the_delivery_log_and_a_replay(user, admin):
     assert user.get(f"/v1/webhooks/deliveries/{'0' * 32}").status_code == 404
 
 
+def test_code_contexts_and_their_errors(admin, sid):
+    base = f"/v1/sessions/{sid}/contexts"
+    made = admin.post(base, json={"kernel": "xpython", "cwd": "/workspace/ctx"})
+    assert made.status_code == 201, made.text
+    cid = made.json()["id"]
+    assert [c["id"] for c in admin.get(base).json()["contexts"]] == ["default", cid]
+    assert admin.get(f"{base}/default").json()["default"] is True
+    ran = admin.post(f"/v1/sessions/{sid}/execute", json={"code": "v = 1", "context": cid})
+    assert ran.json()["context"]["id"] == cid
+    assert admin.post(f"{base}/{cid}/interrupt").status_code == 200
+    assert admin.post(f"{base}/{cid}/restart").json()["state"] == "running"
+    notebook = admin.get(f"/v1/sessions/{sid}/notebook", params={"context": cid})
+    assert notebook.json()["metadata"]["kernelspec"]["name"] == "xpython"
+    for body in ({"language": "cobol"}, {"cwd": "/etc"}, {"kernel": 3}):
+        assert code_of(admin.post(base, json=body)) == "bad_request"
+    assert admin.get(f"{base}/nope").status_code == 404
+    assert admin.post(f"{base}/nope/restart").status_code == 404
+    assert admin.delete(f"{base}/default").status_code == 400
+    assert admin.get("/v1/sessions/nope/contexts").status_code == 404
+    assert admin.delete(f"{base}/{cid}").status_code == 204
+
+
 def test_every_documented_operation_was_seen_succeeding(contract):
     """Runs last: the tests above must have seen each operation answer with a 2xx."""
     websockets = {"/v1/sessions/{session_id}/stream", "/api/kernels/{kernel_id}/channels"}
