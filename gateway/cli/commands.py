@@ -671,8 +671,9 @@ def volumes_put(settings: ClientSettings, args: argparse.Namespace) -> int:
     if not local.is_file():
         raise BadRequest(f"{args.local} is not a file")
     with _client(settings) as client:
-        saved = client.write_volume_file(args.name, args.remote or local.name, local.read_bytes())
-    _show(args, saved, lambda: terminal.err.print(f"{saved['path']}: {saved['size']} bytes"))
+        saved = client.volume_files(args.name).upload(local, args.remote)  # streamed
+    shown = dataclasses.asdict(saved)
+    _show(args, shown, lambda: terminal.err.print(f"{saved.path}: {saved.size} bytes"))
     return 0
 
 
@@ -680,7 +681,7 @@ def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     if args.local == "-" and args.json:
         raise BadRequest("'-' (to stdout) takes no --json")
     with _client(settings) as client:
-        content = client.read_volume_file(args.name, args.remote)
+        content = client.volume_files(args.name).read(args.remote)
     if args.local == "-":
         sys.stdout.buffer.write(content)
         sys.stdout.flush()
@@ -694,7 +695,9 @@ def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
 
 def volumes_files(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
-        entries = client.list_volume_files(args.name, args.path)
-    lines = "\n".join(f"{e['type'][0]} {e.get('size', 0):>12} {e['path']}" for e in entries)
-    _show(args, entries, lambda: terminal.out.print(lines or "empty"))
+        entries = client.volume_files(args.name).list(args.path)
+    lines = "\n".join(f"{e.type[0]} {e.size or 0:>12} {e.path}" for e in entries)
+    _show(
+        args, [dataclasses.asdict(e) for e in entries], lambda: terminal.out.print(lines or "empty")
+    )
     return 0

@@ -37,6 +37,7 @@ from .base import (
     Progress,
     ReplayProgress,
     SessionOptions,
+    VolumeOwner,
     context_id,
     replay_event,
 )
@@ -231,16 +232,10 @@ class AsyncClient(BaseClient):
         """Delete a volume and its files (refused while a session mounts it)."""
         await self.call(self._volume_call(name, "DELETE"))
 
-    async def write_volume_file(self, name: str, path: str, data: bytes) -> dict[str, Any]:
-        """Write a file into a volume, no session needed."""
-        return await self.call(self._volume_file_call(name, path, "PUT", content=bytes(data)))
-
-    async def read_volume_file(self, name: str, path: str) -> bytes:
-        return await self.call(self._volume_file_call(name, path))
-
-    async def list_volume_files(self, name: str, path: str = "") -> list[dict[str, Any]]:
-        """A directory of a volume: its entries (name, path, type, size, modified)."""
-        return await self.call(self._volume_files_call(name, path))
+    def volume_files(self, name: str) -> AsyncFiles:
+        """A volume's files, no session needed: ``write`` and ``upload`` (streamed), ``read``,
+        ``download``, ``list``, ``remove``, ``exists``, as a session's ``files``."""
+        return AsyncFiles(VolumeOwner(self, name))  # type: ignore[arg-type]
 
     async def verify_audit(
         self, *, tenant: str | None = None, session: str | None = None

@@ -410,16 +410,6 @@ class BaseClient:
             method, f"/v1/volumes/{_segment(name)}", _nothing if method == "DELETE" else _json
         )
 
-    def _volume_file_call(self, name: str, path: str, method: str = "GET", **kw: Any) -> Call[Any]:
-        """A volume's file: its bytes (GET), written (PUT: what was saved), deleted."""
-        parse = {"GET": lambda r: r.content, "PUT": _json}.get(method, _nothing)
-        url = f"/v1/volumes/{_segment(name)}/files/{file_path(path)}"
-        return Call(method, url, parse, **kw)
-
-    def _volume_files_call(self, name: str, path: str) -> Call[list[dict[str, Any]]]:
-        url = f"/v1/volumes/{_segment(name)}/files"
-        return Call("GET", url, lambda r: r.json()["entries"], params={"path": path})
-
     def _verify_audit_call(self, tenant: str | None, session: str | None) -> Call[dict[str, Any]]:
         params = {k: v for k, v in (("tenant", tenant), ("session", session)) if v is not None}
         # A whole store's chains are walked a page at a time: no read timeout.
@@ -637,6 +627,18 @@ class BaseSession(Generic[C]):
         if path is not None:
             Path(path).write_text(json.dumps(notebook, indent=1))
         return notebook
+
+
+class VolumeOwner:
+    """What ``Files`` asks of the session it belongs to, for a named volume's files instead:
+    the same calls (streamed writes and reads, list, remove) on ``/v1/volumes/{name}/files``."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/volumes/{_segment(self.name)}{suffix}"
 
 
 class BaseFiles(abc.ABC):

@@ -33,6 +33,7 @@ from .base import (
     Progress,
     ReplayProgress,
     SessionOptions,
+    VolumeOwner,
     context_id,
     replay_event,
 )
@@ -198,16 +199,10 @@ class Client(BaseClient):
         """Delete a volume and its files (refused while a session mounts it)."""
         self.call(self._volume_call(name, "DELETE"))
 
-    def write_volume_file(self, name: str, path: str, data: bytes) -> dict[str, Any]:
-        """Write a file into a volume, no session needed."""
-        return self.call(self._volume_file_call(name, path, "PUT", content=bytes(data)))
-
-    def read_volume_file(self, name: str, path: str) -> bytes:
-        return self.call(self._volume_file_call(name, path))
-
-    def list_volume_files(self, name: str, path: str = "") -> list[dict[str, Any]]:
-        """A directory of a volume: its entries (name, path, type, size, modified)."""
-        return self.call(self._volume_files_call(name, path))
+    def volume_files(self, name: str) -> Files:
+        """A volume's files, no session needed: ``write`` and ``upload`` (streamed), ``read``,
+        ``download``, ``list``, ``remove``, ``exists``, as a session's ``files``."""
+        return Files(VolumeOwner(self, name))  # type: ignore[arg-type]
 
     def verify_audit(
         self, *, tenant: str | None = None, session: str | None = None

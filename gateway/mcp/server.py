@@ -348,7 +348,7 @@ class SandboxTools:
         client = await self.clients.current()
         made = await client.create_volume(name, size)
         for path, content in (files or {}).items():
-            await client.write_volume_file(name, path, content.encode())
+            await client.volume_files(name).write(path, content.encode())
         return made
 
     @_tool

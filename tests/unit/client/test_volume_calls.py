@@ -24,11 +24,12 @@ def handle(seen: list[httpx.Request]):
             body = VOLUME if request.method == "POST" else {"volumes": [VOLUME]}
             return httpx.Response(201 if request.method == "POST" else 200, json=body)
         if path.endswith("/files"):
-            return httpx.Response(200, json={"path": "", "entries": [{"name": "a.csv"}]})
+            entry = {"name": "a.csv", "path": "in/a.csv", "type": "file", "size": 3}
+            return httpx.Response(200, json={"path": "in", "entries": [entry]})
         if request.method == "PUT":
-            return httpx.Response(201, json={"path": "in/a.csv", "size": 3})
+            return httpx.Response(201, json={"volume": "data sets", "path": "in/a.csv", "size": 3})
         if "/files/" in path:
-            return httpx.Response(200, content=b"a,b")
+            return httpx.Response(200, content=b"a,b", headers={"Content-Length": "3"})
         return httpx.Response(200, json={**VOLUME, "used_bytes": 3, "mounted_by": []})
 
     return answer
@@ -40,9 +41,9 @@ async def _all(client) -> list:
         lambda: client.create_volume("data sets", "2g"),
         client.volumes,
         lambda: client.volume("data sets"),
-        lambda: client.write_volume_file("data sets", "in/a.csv", b"a,b"),
-        lambda: client.read_volume_file("data sets", "in/a.csv"),
-        lambda: client.list_volume_files("data sets", "in"),
+        lambda: client.volume_files("data sets").write("in/a.csv", b"a,b"),
+        lambda: client.volume_files("data sets").read("in/a.csv"),
+        lambda: client.volume_files("data sets").list("in"),
         lambda: client.delete_volume("data sets"),
     ):
         result = call()
@@ -70,7 +71,8 @@ def test_volumes_are_made_listed_read_written_and_deleted_by_name(on):
     assert json.loads(seen[0].content) == {"name": "data sets", "size": "2g"}
     assert seen[3].content == b"a,b"
     assert made["id"] == "v1" and listed == [VOLUME] and view["used_bytes"] == 3
-    assert saved["size"] == 3 and content == b"a,b" and entries == [{"name": "a.csv"}]
+    assert (saved.path, saved.size, content) == ("in/a.csv", 3, b"a,b")
+    assert [(e.path, e.type) for e in entries] == [("in/a.csv", "file")]
     assert gone is None
 
 
