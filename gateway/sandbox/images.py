@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..errors import GatewayError
 REPO = "sbx"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PACKAGES_FILE = "/opt/sbx/packages.txt"  # written by each image's Dockerfile
+MAX_PACKAGES_FILE = 1 << 20
 # Lists paths of the repository (files or directories) an image's build also needs,
 # e.g. the gateway's own image needs its source.
 CONTEXT_FILE = "sbx-context"
@@ -51,6 +52,24 @@ def _digest(*parts: bytes) -> str:
 def _files(directory: Path) -> Iterator[Path]:
     """An image's files, without the bytecode an installer compiles beside them."""
     return (p for p in sorted(directory.rglob("*")) if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _package_list(chunks: Iterable[bytes]) -> list[str]:
+    """The package list from its archive, read at most ``MAX_PACKAGES_FILE`` into memory.
+
+    A template's image is its tenant's: its list may be any size, or no list.
+    """
+    raw = bytearray()
+    for chunk in chunks:
+        raw += chunk
+        if len(raw) > MAX_PACKAGES_FILE + 1024:
+            return []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            return member.read().decode(errors="replace").split() if member else []
+    except (tarfile.TarError, IndexError):
+        return []
 
 
 def host_debian_mirror() -> str:
@@ -237,9 +256,7 @@ class ImageBuilder:
         container = self.client.containers.create(image.id, command=["true"])
         try:
             chunks, _ = container.get_archive(PACKAGES_FILE)
-            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-                member = tar.extractfile(tar.getmembers()[0])
-                packages = member.read().decode().split() if member else []
+            packages = _package_list(chunks)
         except docker.errors.NotFound:
             packages = []
         finally:

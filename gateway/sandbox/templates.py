@@ -340,10 +340,15 @@ def _gateway_layer(stage: str, kernel: dict, user: str) -> str:
     lines = [
         f"FROM {stage}",
         "USER 0:0",
-        # The exec form: a SHELL the Dockerfile set does not run it.
+        # The exec form: a SHELL the Dockerfile set does not run it. The session's workspace
+        # is mounted over /workspace: the image's is never seen, and a link there is gone.
         "RUN "
         + json.dumps(
-            ["/bin/sh", "-c", strip + f"mkdir -p /workspace && chown {uid}:{gid} /workspace"]
+            [
+                "/bin/sh",
+                "-c",
+                strip + f"rm -rf /workspace && mkdir /workspace && chown {uid}:{gid} /workspace",
+            ]
         ),
         f"USER {user}",
         "WORKDIR /workspace",
