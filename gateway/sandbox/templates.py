@@ -39,7 +39,7 @@ CGROUP = "sbx-template-builds"  # the cgroup every build step runs under
 CGROUPS = Path("/sys/fs/cgroup")
 MAX_LINE = 4096  # characters of one line of a build's log
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_RUNNING = re.compile(r"Running in ([0-9a-f]{12,64})")
+_RUNNING = re.compile(r" ---> Running in ([0-9a-f]{12,64})")
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the builder colours a step's stderr
 _BUILDER = ("Step ", " ---> ", "Removing intermediate container", "Successfully ")
 # Strips what a hardened sandbox must not find: setuid/setgid bits, file capabilities.
@@ -292,9 +292,10 @@ class TemplateEngine:
             step[0] = (
                 f"{phase + ' ' if phase else ''}step {found.group(1)} ({found.group(3)[:200]})"
             )
-        running = _RUNNING.search(line)
-        if running:
-            watch.container = running.group(1)
+            watch.container, watch.awaiting = None, True
+        running = _RUNNING.fullmatch(line)
+        if running and watch.awaiting:  # the builder's own line comes before the step's output
+            watch.container, watch.awaiting = running.group(1), False
 
     def _privileged(self, tag: str, most: int = 5) -> list[str]:
         """Files of the built image that are setuid, setgid or carry file capabilities.
@@ -409,6 +410,7 @@ class _Watchdog:
         self.limits = limits
         self.deadline = deadline  # time.monotonic() past which the build is stopped
         self.container: str | None = None
+        self.awaiting = False  # a step began; its container is not named yet
         self.verdict: str | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sbx-template-watch", daemon=True)
@@ -447,7 +449,9 @@ class _Watchdog:
         self.verdict = self.verdict or verdict
         if self.container is None:
             return
-        try:
-            self.client.api.kill(self.container)
+        try:  # only ever a step of a build: a container under the builds' cgroup
+            seen = self.client.api.inspect_container(self.container)
+            if seen.get("HostConfig", {}).get("CgroupParent") == f"/{CGROUP}":
+                self.client.api.kill(self.container)
         except docker.errors.APIError:
             pass

@@ -158,3 +158,48 @@ def test_builds_run_under_a_pids_bound_or_not_at_all(tmp_path):
     missing = TemplateEngine(SimpleNamespace(api=None), BuildLimits(), tmp_path / "none")
     with pytest.raises(BuildFailed, match="pids-limited cgroup"):
         missing._bound_pids()
+
+
+def test_a_step_printing_running_in_another_container_does_not_point_the_watchdog_at_it():
+    """The watchdog kills the step it watches: a RUN's output must not choose another one."""
+    from gateway.sandbox.templates import TemplateEngine
+
+    class Watch:
+        container = None
+
+    watch, step = Watch(), [""]
+    for line in [
+        "Step 2/3 : RUN sleep 1000",
+        " ---> Running in aaaaaaaaaaaa",
+        " ---> Running in bbbbbbbbbbbb",  # printed by the step itself
+        "Step 3/3 : ENV A=1",
+        " ---> Running in cccccccccccc",
+    ]:
+        TemplateEngine._note(line, step, watch, "", lambda line: None)
+        if "bbbb" in line:
+            assert watch.container == "aaaaaaaaaaaa"
+    assert watch.container == "cccccccccccc"
+
+
+def test_the_watchdog_kills_only_a_container_of_the_builds_cgroup():
+    from gateway.sandbox.templates import CGROUP, BuildLimits, _Watchdog
+
+    killed = []
+
+    class Api:
+        def inspect_container(self, cid):
+            parent = f"/{CGROUP}" if cid == "build" else ""
+            return {"HostConfig": {"CgroupParent": parent}}
+
+        def kill(self, cid):
+            killed.append(cid)
+
+    class Client:
+        api = Api()
+
+    watch = _Watchdog(Client(), BuildLimits(), 0.0)
+    watch.container = "session-of-another-tenant"
+    watch._kill("time")
+    watch.container = "build"
+    watch._kill("time")
+    assert killed == ["build"]
