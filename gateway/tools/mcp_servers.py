@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 Refusal = Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address, int], str | None]
 MAX_TOOLS = 256  # listed by one server
 CONNECT_TIMEOUT = 15.0
+RECONNECT_EVERY = 5.0  # seconds between attempts to reach a server that went away
 
 
 class ToolFailed(Exception):
@@ -121,6 +123,8 @@ class McpConnection:
         self._ready: asyncio.Future[None] | None = None
         self._stop = asyncio.Event()
         self._gone: str | None = None  # why the connection ended, once it has
+        self._reconnecting = asyncio.Lock()
+        self._tried = time.monotonic()  # the last attempt to connect
 
     async def open(self) -> list[dict[str, Any]]:
         """Connect, list the server's tools; ToolFailed saying why if it cannot."""
@@ -130,12 +134,38 @@ class McpConnection:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await asyncio.shield(self._ready)
         except TimeoutError:
-            await self.close()
+            await self._halt()
             raise ToolFailed(f"no answer within {CONNECT_TIMEOUT:g} s") from None
         except BaseException:
-            await self.close()
+            await self._halt()
             raise
         return self.tools
+
+    async def _halt(self) -> None:
+        """End a connection that never became ready."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    async def _reconnect(self) -> Client:
+        """The connection made again after its server went away: tried at most every
+        RECONNECT_EVERY seconds, so a server that is down is not hammered; ToolFailed
+        saying why while there is none."""
+        async with self._reconnecting:
+            if self._client is not None:
+                return self._client
+            gone = f"MCP server {self.server.name} is gone ({self._gone})"
+            if self._stop.is_set() or time.monotonic() - self._tried < RECONNECT_EVERY:
+                raise ToolFailed(gone)
+            self._tried = time.monotonic()
+            try:
+                await self.open()
+            except ToolFailed as e:
+                self._gone = str(e)
+                raise ToolFailed(f"{gone}; reaching it again failed: {e}") from None
+            assert self._client is not None
+            return self._client
 
     async def _run(self) -> None:
         assert self._ready is not None
@@ -163,9 +193,7 @@ class McpConnection:
 
     async def call(self, name: str, arguments: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         """A tool's answer as ``{"content", "structured", "is_error"}``; ToolFailed if none."""
-        client = self._client
-        if client is None:
-            raise ToolFailed(f"MCP server {self.server.name} is gone ({self._gone})")
+        client = self._client or await self._reconnect()
         assert self._task is not None
         call = asyncio.ensure_future(client.call_tool(name, dict(arguments)))
         try:

@@ -153,3 +153,39 @@ def test_the_gateways_own_port_is_refused_even_on_an_allowed_range(server):
             await connection.open()
 
     asyncio.run(main())
+
+
+def test_a_crashed_server_that_comes_back_is_reached_again_without_a_new_put(monkeypatch):
+    from gateway.tools import mcp_servers
+
+    monkeypatch.setattr(mcp_servers, "RECONNECT_EVERY", 0.2)
+    process, url = start_server()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+    async def test(c: McpConnection):
+        with pytest.raises(ToolFailed):
+            await c.call("crash", {}, 10)
+        process.wait()
+        with pytest.raises(ToolFailed, match=r"gone|failed"):
+            await c.call("echo", {"text": "x"}, 3)  # down: said at once
+        argv = [sys.executable, str(SERVER), str(port)]
+        again = await asyncio.to_thread(subprocess.Popen, argv, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.3)
+                try:
+                    answer = await c.call("echo", {"text": "back"}, 3)
+                    break
+                except ToolFailed:
+                    continue
+            assert answer["structured"] == {"result": "back"}
+        finally:
+            again.kill()
+            again.wait()
+
+    try:
+        run(url, test)
+    finally:
+        process.kill()
+        process.wait()
