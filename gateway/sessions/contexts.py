@@ -304,7 +304,7 @@ def _why_stopped(session: Session, code: int) -> str:
     """Why a context's kernel stopped on its own, from what its session is doing."""
     if session.state == "paused":
         return "the session was paused to disk, which keeps only its own kernel's state"
-    if session.state == "starting":
+    if session.state == "starting" or (session.kernel is not None and session.kernel.restarting):
         return "the session's kernel was restarted in a new sandbox"
     return f"its kernel stopped: {exit_reason(code)}"
 

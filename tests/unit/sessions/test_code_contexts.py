@@ -277,3 +277,15 @@ def test_a_context_kernel_that_stops_leaves_the_next_one_its_files(tmp_path):
         ).status == "ok"
 
     run(tmp_path, scenario)
+
+
+def test_a_context_stopped_by_its_sessions_kernel_restart_at_a_timeout_says_so(tmp_path):
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        a = await manager.contexts.create(session)
+        session.kernel.restarting = True  # a cell past its timeout and its grace: a new sandbox
+        manager.lifecycle.placement.exits[-1](-1)  # the old sandbox's removal ends the exec
+        session.kernel.restarting = False
+        assert a.stopped == "the session's kernel was restarted in a new sandbox"
+
+    run(tmp_path, scenario)
