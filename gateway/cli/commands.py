@@ -623,9 +623,16 @@ def templates_show(settings: ClientSettings, args: argparse.Namespace) -> int:
 
 
 def templates_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+    return _delete_each(settings, args, Client.delete_template)
+
+
+def _delete_each(
+    settings: ClientSettings, args: argparse.Namespace, delete: Callable[[Client, str], None]
+) -> int:
+    """Delete each of ``args.names`` in turn, saying so."""
     with _client(settings) as client:
         for name in args.names:
-            client.delete_template(name)
+            delete(client, name)
             terminal.err.print(f"deleted {name}")
     _show(args, {"deleted": args.names}, lambda: None)
     return 0
@@ -658,12 +665,7 @@ def volumes_show(settings: ClientSettings, args: argparse.Namespace) -> int:
 
 
 def volumes_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
-    with _client(settings) as client:
-        for name in args.names:
-            client.delete_volume(name)
-            terminal.err.print(f"deleted {name}")
-    _show(args, {"deleted": args.names}, lambda: None)
-    return 0
+    return _delete_each(settings, args, Client.delete_volume)
 
 
 def volumes_put(settings: ClientSettings, args: argparse.Namespace) -> int:
