@@ -586,6 +586,20 @@ def test_code_contexts_and_their_errors(admin, sid):
     assert admin.delete(f"{base}/{cid}").status_code == 204
 
 
+def test_tools_and_their_errors(admin, sid):
+    base = f"/v1/sessions/{sid}/tools"
+    assert admin.get(base).json()["tools"] == []
+    assert admin.put(base, json={}).json() == admin.get(base).json()
+    assert code_of(admin.put(base, json={"mcp": "x"})) == "bad_request"
+    assert code_of(admin.put(base, json={"stdio": [{"command": "x"}]})) == "bad_request"
+    unreachable = admin.put(base, json={"mcp": [{"url": "http://169.254.169.254/mcp"}]})
+    assert code_of(unreachable) == "tool_server_failed"
+    assert admin.get("/v1/sessions/nope/tools").status_code == 404
+    assert code_of(admin.post("/v1/sessions", json={"tools": {"rules": {"x": "maybe"}}})) == (
+        "bad_request"
+    )
+
+
 def test_every_documented_operation_was_seen_succeeding(contract):
     """Runs last: the tests above must have seen each operation answer with a 2xx."""
     websockets = {"/v1/sessions/{session_id}/stream", "/api/kernels/{kernel_id}/channels"}
