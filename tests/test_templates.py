@@ -193,6 +193,7 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
         logs: list = []
         Template.build(template, "e2b-geo", on_build_logs=logs.append)
         assert any("COPY" in entry.message for entry in logs)
+        assert Template.exists("e2b-geo") and not Template.exists("e2b-nobody")
         sandbox = Sandbox.create("e2b-geo")
         try:
             ran = sandbox.run_code(

@@ -174,8 +174,17 @@ class TemplateBuildStatusHandler(ControlHandler):
         self.send(build_status(doc, build_id, int(offset)))
 
 
+class TemplateAliasHandler(ControlHandler):
+    """``Template.exists(name)``: the tenant's template by name (another tenant's is a 404)."""
+
+    async def get(self, alias: str) -> None:
+        await self.templates.versions(self.principal.tenant, alias)
+        self.send({"templateID": alias, "public": False})
+
+
 routes = [
     (r"/v3/templates", TemplateRequestHandler),
+    (r"/templates/aliases/(?P<alias>[^/]+)", TemplateAliasHandler),
     (rf"/templates/{_TEMPLATE}/files/(?P<files_hash>[0-9a-f]{{64}})", TemplateFilesHandler),
     (rf"/v2/templates/{_TEMPLATE}/builds/{_BUILD}", TemplateBuildHandler),
     (rf"/templates/{_TEMPLATE}/builds/{_BUILD}/status", TemplateBuildStatusHandler),
