@@ -107,9 +107,12 @@ def python_name(name):
 def function(spec):
     """A plain function that calls the tool ``spec`` describes."""
     name = spec["name"]
-    schema = spec.get("input_schema") or {}
-    properties = schema.get("properties") or {}
-    required = set(schema.get("required") or ())
+    schema = spec.get("input_schema")
+    schema = schema if isinstance(schema, dict) else {}  # a server's word: checked
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = schema.get("required")
+    required = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     params, lines = [], []
     usable = [p for p in properties if isinstance(p, str) and p.isidentifier()]
     usable = [p for p in usable if not keyword.iskeyword(p)]

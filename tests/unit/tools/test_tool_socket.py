@@ -234,3 +234,12 @@ def test_arguments_nested_past_the_bound_are_refused_before_any_tool_sees_them(s
     with pytest.raises(sbx_tools.ToolRefused, match="nested deeper than 64"):
         sbx_tools.call("t", deep=deep)
     assert served.calls == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [[], {"properties": ["a", "b"]}, {"properties": {"a": 1}, "required": "a"}, "x"],
+)
+def test_a_crafted_input_schema_still_makes_a_callable_function(schema):
+    fn = sbx_tools.function({"name": "odd", "description": None, "input_schema": schema})
+    assert fn.__name__ == "odd" and callable(fn)
