@@ -10,11 +10,14 @@ directory and the disk limit is not enforced (the gateway warns at start).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..workspace.rules import remove_tree
@@ -39,12 +42,13 @@ def create(session_dir: Path, size: int, uid: int, gid: int) -> Path:
     if not loop_mounts_available():
         mountpoint.chmod(0o1777)  # without root the sandbox user cannot be given it
         return mountpoint
-    with open(image, "wb") as f:
-        f.truncate(size)  # sparse: only written blocks use host disk
-    _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
-    _mount(image, mountpoint)
-    # ext4 makes lost+found; the sandbox user has no use for it.
-    shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
+    with _mounts_of(session_dir):  # a volume's files request waits for it whole
+        with open(image, "wb") as f:
+            f.truncate(size)  # sparse: only written blocks use host disk
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
+        _mount(image, mountpoint)
+        # ext4 makes lost+found; the sandbox user has no use for it.
+        shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
     return mountpoint
 
 
@@ -52,8 +56,32 @@ def mount_again(session_dir: Path) -> None:
     """Remount a workspace that a host reboot left unmounted; its files are in the image."""
     image = session_dir / "workspace.img"
     mountpoint = session_dir / "workspace"
-    if loop_mounts_available() and image.is_file() and not os.path.ismount(mountpoint):
-        _mount(image, mountpoint)
+    if not loop_mounts_available():
+        return
+    with _mounts_of(session_dir):  # never beside a delete's unmounting: it would be kept
+        if image.is_file() and not os.path.ismount(mountpoint):
+            _mount(image, mountpoint)
+
+
+@contextlib.contextmanager
+def _mounts_of(session_dir: Path) -> Iterator[None]:
+    """Hold ``session_dir``'s mounts: a flock, so every thread and gateway of the host waits.
+
+    A named volume is remounted, given its read-only view and deleted by calls
+    that run at once; each must find the others' mounts whole (a view handed
+    out before it is read-only, a mount made after a delete unmounted). A
+    directory gone meanwhile holds nothing to lock.
+    """
+    try:
+        fd = os.open(session_dir, _DIR_FLAGS)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _mount(image: Path, mountpoint: Path) -> None:
@@ -71,10 +99,11 @@ def read_only_view(session_dir: Path) -> Path:
     view = session_dir / READ_ONLY_VIEW
     if not loop_mounts_available():
         return session_dir / "workspace"
-    if not os.path.ismount(view):
-        view.mkdir(mode=0o755, exist_ok=True)
-        _run("mount", "--bind", str(session_dir / "workspace"), str(view))
-        _run("mount", "-o", "remount,bind,ro,nosuid,nodev", str(view))
+    with _mounts_of(session_dir):  # not seen mounted before it is read-only
+        if not os.path.ismount(view):
+            view.mkdir(mode=0o755, exist_ok=True)
+            _run("mount", "--bind", str(session_dir / "workspace"), str(view))
+            _run("mount", "-o", "remount,bind,ro,nosuid,nodev", str(view))
     return view
 
 
@@ -85,22 +114,23 @@ def destroy(session_dir: Path) -> None:
     rest (a plain workspace, the run directory the kernel can write) is removed
     from directory descriptors, never following a link, iteratively however deep.
     """
-    for name in (READ_ONLY_VIEW, "workspace"):  # a view first: it holds the filesystem too
-        mountpoint = session_dir / name
-        for _ in range(8):  # views made by two mounts at once are stacked
-            if not os.path.ismount(mountpoint):
-                break
-            _run("umount", "-l", str(mountpoint))
-    try:
-        parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return  # no session ever had a directory here (one another gateway was starting)
-    try:
-        remove_tree(parent, session_dir.name)
-    except FileNotFoundError:
-        pass  # removed already
-    finally:
-        os.close(parent)
+    with _mounts_of(session_dir):  # no remount between the unmounting and the removal
+        for name in (READ_ONLY_VIEW, "workspace"):  # a view first: it holds the filesystem too
+            mountpoint = session_dir / name
+            for _ in range(8):  # mounts stacked by hand (or by a gateway before the lock)
+                if not os.path.ismount(mountpoint):
+                    break
+                _run("umount", "-l", str(mountpoint))
+        try:
+            parent = os.open(session_dir.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return  # no session ever had a directory here (one another gateway was starting)
+        try:
+            remove_tree(parent, session_dir.name)
+        except FileNotFoundError:
+            pass  # removed already
+        finally:
+            os.close(parent)
 
 
 def _run(*cmd: str) -> None:
