@@ -548,6 +548,7 @@ def e2b_env(gw: GatewayProcess, key: str) -> dict[str, str]:
         "E2B_API_KEY": key,
         "E2B_API_URL": gw.url,
         "E2B_SANDBOX_URL": gw.url,
+        "E2B_VOLUME_API_URL": gw.url,
         "E2B_DOMAIN": "sandbox.invalid",
     }
 

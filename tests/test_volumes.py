@@ -19,6 +19,7 @@ from helpers import e2b_env, run, text_of
 
 TOKENS = {"acme": "acme-volumes-token-5d1e", "zeta": "zeta-volumes-token-9b3a"}
 TENANTS = '[tenants.acme]\nmax_volumes = 3\nmax_disk = "8g"\n'
+TENANT_FLAGS = ("--volume-size", "32m")  # what a create naming no size gets (E2B's)
 
 MOUNT_INFO = """
 for line in open('/proc/self/mountinfo'):
@@ -185,6 +186,47 @@ def test_the_stock_e2b_sdk_creates_lists_mounts_and_destroys_volumes(tenants, mo
     assert clients["acme"].get("/v1/volumes/e2b-data/files/out.txt").content == b"e2b"
     assert Volume.destroy(volume.volume_id) is True
     assert Volume.destroy(volume.volume_id) is False
+
+
+def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenants, monkeypatch):
+    """The content API (``/volumecontent/{id}/...``) under the per-volume token of create."""
+    from e2b import Volume
+    from e2b.exceptions import NotFoundException
+
+    gw, clients = tenants
+    for name, value in e2b_env(gw, TOKENS["acme"]).items():
+        monkeypatch.setenv(name, value)
+    volume, other = Volume.create("e2b-content"), Volume.create("e2b-other")
+    assert volume.token and volume.token != other.token
+    assert TOKENS["acme"] not in volume.token
+    try:
+        assert volume.make_dir("/in/deep", force=True).type.value == "directory"
+        stat = volume.write_file("/in/deep/a.txt", "hello")
+        assert (stat.path, stat.size, stat.type.value) == ("/in/deep/a.txt", 5, "file")
+        assert volume.read_file("/in/deep/a.txt") == "hello"
+        assert volume.read_file("/in/deep/a.txt", format="bytes") == b"hello"
+        assert [e.path for e in volume.list("/in", depth=2)] == ["/in/deep", "/in/deep/a.txt"]
+        assert volume.exists("/in/deep/a.txt") and not volume.exists("/nope")
+        assert volume.get_info("/in/deep").type.value == "directory"
+        assert clients["acme"].get("/v1/volumes/e2b-content/files/in/deep/a.txt").text == "hello"
+        with pytest.raises(NotFoundException):
+            volume.read_file("/missing.txt")
+        with pytest.raises(Exception, match=r"\.\."):
+            volume.write_file("/../escape.txt", "x")  # the workspace path rules
+        with pytest.raises(Exception, match="do not fit"):  # past the volume's cap
+            volume.write_file("/big.bin", b"x" * 33 * 2**20)
+        assert not volume.exists("/big.bin")
+        # The tenant's own API key works too, when the SDK is given it.
+        assert Volume(volume.volume_id, volume.name, token=TOKENS["acme"]).exists("/in")
+        # One volume's token opens that volume only.
+        stolen = Volume(other.volume_id, other.name, token=volume.token)
+        with pytest.raises(Exception, match="not this volume"):
+            stolen.list("/")
+        volume.remove("/in")
+        assert not volume.exists("/in/deep/a.txt")
+    finally:
+        Volume.destroy(volume.volume_id)
+        Volume.destroy(other.volume_id)
 
 
 def test_sbx_volumes_and_a_session_mounting_one_read_only(tenants, tmp_path):

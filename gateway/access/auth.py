@@ -170,6 +170,13 @@ class Authenticator:
             return (ANONYMOUS.token_id,)
         return tuple(p.token_id for p in self._principals.values() if p.owns(tenant))
 
+    def principal_of(self, token_id: str) -> Principal | None:
+        """The principal of the token with id ``token_id`` (a scoped token's holder), while that
+        token is still configured; None once it is gone."""
+        if self._principals is None:
+            return ANONYMOUS if token_id == ANONYMOUS.token_id else None
+        return next((p for p in self._principals.values() if p.token_id == token_id), None)
+
 
 def token_id(token: str) -> str:
     """What may be logged of a token: a short prefix of its digest."""

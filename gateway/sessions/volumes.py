@@ -131,6 +131,16 @@ class Volumes:
         """The volume's files, through the workspace path rules, without a session."""
         return await self._files(await self.get(who, ref))
 
+    async def files_with_id(self, who: Principal, volume_id: str) -> AsyncWorkspace:
+        """``files`` of the volume with the id ``volume_id`` only, never one named so (a name
+        wins in ``get``): a per-volume token must not reach another volume of its tenant."""
+        doc = await self.get(who, volume_id)
+        if doc["id"] != volume_id:
+            doc = next((d for d in await self.list(who) if d["id"] == volume_id), None)
+            if doc is None:
+                raise VolumeNotFound(volume_id)
+        return await self._files(doc)
+
     def check_file(self, who: Principal, op: str, size: int = 0) -> int:
         """Refuse a files ``op`` the tenant's policy forbids, as in a session; its download cap."""
         return self.gate.check_file(who.tenant, None, op, size)

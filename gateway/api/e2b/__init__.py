@@ -10,7 +10,7 @@ envd's port (49983): its HTTP file endpoint and its Connect RPC services
 
 from __future__ import annotations
 
-from . import builds, control, envd, interpreter, rpc, secrets, volumes
+from . import builds, control, envd, interpreter, rpc, secrets, volume_content, volumes
 from .base import Credentials
 
 __all__ = ["Credentials", "routes"]
@@ -19,6 +19,7 @@ routes = [
     *control.routes,
     *secrets.routes,
     *volumes.routes,
+    *volume_content.routes,
     *builds.routes,
     *interpreter.routes,
     *envd.routes,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,17 @@ from typing import Any
 import tornado.web
 from tornado import httputil
 
-from ...access.auth import Authenticator, Principal
+from ...access.auth import Authenticator, Principal, presented_token
 from ...access.file_urls import FileUrls, Grant, signed
 from ...access.sandbox_tokens import SandboxTokens
+from ...access.volume_tokens import VolumeTokens
 from ...errors import BadRequest, GatewayError, NotFound, SessionNotFound, Unauthorized
 from ..base import JSONHandler
 
 ENVD_PORT = 49983  # envd: files, commands, health
 FILES = "/files"  # envd's file route: the only one a signed URL opens
 JUPYTER_PORT = 49999  # the code interpreter: execute, contexts
+_VOLUME_CONTENT = re.compile(r"/volumecontent/([^/]+)/(?:dir|path|file)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,17 @@ def address_of(headers: httputil.HTTPHeaders, host: str) -> Address | None:
     if not sandbox_id or not port or not port.isdigit():
         return None
     return Address(sandbox_id, int(port))
+
+
+def content_volume(path: str) -> str | None:
+    """The volume a path of E2B's volume content API names (``/volumecontent/{id}/...``)."""
+    match = _VOLUME_CONTENT.fullmatch(path)
+    return urllib.parse.unquote(match[1]) if match else None
+
+
+def volume_token(headers: httputil.HTTPHeaders) -> str | None:
+    """What the SDK's volume client sends: its volume's token, as a Bearer token."""
+    return presented_token(headers.get("Authorization"), None)
 
 
 def sandbox_token(headers: httputil.HTTPHeaders) -> str | None:
@@ -79,6 +94,7 @@ class Credentials:
         self, tokens: SandboxTokens, urls: FileUrls, holders: Callable[[str], Iterable[str]]
     ) -> None:
         self.tokens = tokens
+        self.volumes = VolumeTokens(tokens)
         self.urls = urls
         self.holders = holders
 
@@ -135,8 +151,12 @@ class Credentials:
         return Access(address, holder)
 
     def accepts(self, start_line: httputil.RequestStartLine, headers: httputil.HTTPHeaders) -> bool:
-        """Whether a request carries a sandbox's own token (the edge then lets its body in)."""
+        """Whether a request carries a sandbox's own token, or on a volume's content path that
+        volume's (the edge then lets its body in)."""
         path, _, query = start_line.path.partition("?")
+        volume_id = content_volume(path)
+        if volume_id is not None:
+            return self.volumes.holder(volume_id, volume_token(headers)) is not None
         try:
             self.sandbox(headers, headers.get("Host", ""), start_line.method, path, query)
         except GatewayError:
@@ -146,6 +166,10 @@ class Credentials:
 
 class E2BHandler(JSONHandler):
     """Errors in E2B's shape; the API key comes from ``X-API-Key``."""
+
+    @property
+    def credentials(self) -> Credentials:
+        return self.settings["sbx_e2b_credentials"]
 
     def authenticate(self) -> Principal:
         key = self.request.headers.get("X-API-Key")
@@ -185,10 +209,6 @@ class SandboxHandler(E2BHandler):
     port = ENVD_PORT  # the port whose paths this handler serves
     address: Address
     grant: Grant | None = None  # set when a signed file URL stands in for the token
-
-    @property
-    def credentials(self) -> Credentials:
-        return self.settings["sbx_e2b_credentials"]
 
     def authenticate(self) -> Principal:
         """The sandbox's tenant, with no rights of the token the sandbox token was handed to
