@@ -234,3 +234,22 @@ for name, arguments in [("slow", {"seconds": 600}), ("huge", {"size": 5_000_000}
     finally:
         server.kill()
         server.wait()
+
+
+JS_CALL = """
+$$.async();
+const body = JSON.stringify({arguments: {}});
+const req = require("http").request(
+  {socketPath: "/run/sbx/tools.sock", path: "/call/list_tables", method: "POST",
+   headers: {"Content-Type": "application/json", "Content-Length": Buffer.byteLength(body)}},
+  (res) => { let text = ""; res.on("data", (c) => text += c);
+             res.on("end", () => $$.done(JSON.parse(text).result.join(","))); });
+req.end(body);
+"""
+
+
+def test_a_javascript_kernel_calls_a_tool_over_the_socket(api, new_session, warehouse):
+    sid = new_session(kernel="javascript", tools={"mcp": [{"url": warehouse, "name": "wh"}]})["id"]
+    reply = run(api, sid, JS_CALL, timeout=60)
+    assert reply["status"] == "ok", reply
+    assert "orders" in reply["outputs"][0]["data"]["text/plain"]
