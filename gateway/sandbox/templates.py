@@ -175,6 +175,13 @@ class TemplateEngine:
         self.limits = limits
         self.cgroups = cgroups
         self.api = _CgroupBuilds(client.api)
+        self.watching: set[_Watchdog] = set()  # the watchdogs of the builds under way
+
+    def cancel(self) -> None:
+        """Stop every build under way at its running step (the gateway is stopping)."""
+        for watch in list(self.watching):
+            watch.verdict = watch.verdict or "the gateway stopped during the build"
+            watch.deadline = 0.0
 
     def _bound_pids(self) -> None:
         """Make the builds' cgroup and set its pids bound (cgroup v1 or v2); or refuse."""
@@ -240,6 +247,7 @@ class TemplateEngine:
     ) -> None:
         step = [phase]
         watch = _Watchdog(self.client, self.limits, deadline)
+        self.watching.add(watch)
         watch.start()
         try:
             stream = self.api.build(
@@ -276,6 +284,7 @@ class TemplateEngine:
             raise BuildFailed(step[0], watch.verdict or str(e.explanation or e)) from None
         finally:
             watch.stop()
+            self.watching.discard(watch)
         if watch.verdict:
             raise BuildFailed(step[0], watch.verdict)
 

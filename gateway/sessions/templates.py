@@ -138,6 +138,8 @@ class Templates:
         await self.sweep()
 
     async def stop(self) -> None:
+        """Stop the builds under way (else the process waits for them at its exit)."""
+        self.engine.cancel()
         await self.tasks.cancel(5.0)
         self.threads.shutdown(wait=False, cancel_futures=True)
 

@@ -203,3 +203,16 @@ def test_the_watchdog_kills_only_a_container_of_the_builds_cgroup():
     watch.container = "build"
     watch._kill("time")
     assert killed == ["build"]
+
+
+def test_a_stopping_gateway_stops_the_builds_under_way_at_their_step():
+    """Else the process waits for a build thread at its exit, up to the build's time bound."""
+    from types import SimpleNamespace
+
+    from gateway.sandbox.templates import TemplateEngine, _Watchdog
+
+    engine = TemplateEngine(SimpleNamespace(api=None), BuildLimits())
+    watch = _Watchdog(None, BuildLimits(), deadline=10**9)
+    engine.watching.add(watch)
+    engine.cancel()
+    assert watch.deadline == 0.0 and watch.verdict == "the gateway stopped during the build"

@@ -64,6 +64,9 @@ class FakeEngine:
         self.removed.append(ref)
         return True
 
+    def cancel(self) -> None:
+        self.hold.set()
+
 
 @pytest.fixture
 def templates(tmp_path):
