@@ -192,6 +192,7 @@ class StreamHub:
                 on_start=started,
                 on_hold=held,
                 client=ClientTools(self, request_id) if execute.tools else None,
+                on_tool_hold=held,
             )
         except GatewayError as e:
             self.reject(request_id, e)

@@ -111,6 +111,7 @@ class Executions:
         on_start: Callable[[], None] | None = None,
         on_hold: Callable[[Approval], None] | None = None,
         client: ToolServer | None = None,
+        on_tool_hold: Callable[[Approval], None] | None = None,
     ) -> ExecutionResult:
         """Run code in the session's kernel, one execution at a time per session.
 
@@ -121,7 +122,8 @@ class Executions:
         The code first passes the policy's gate: refused, it raises Denied;
         held, ``on_hold`` hears of the approval request and the session stays
         busy (its other work queued) until an approver decides. ``client`` answers the
-        request's client tools (the agent stream's caller).
+        request's client tools (the agent stream's caller); ``on_tool_hold`` hears of each
+        tool call of its code held for an approver.
         """
         session = self.sessions.get(session_id, who)
         if self.tools is not None:
@@ -155,7 +157,9 @@ class Executions:
             recorder = self.begin(session, code, request.description, review)
             await session.workspace.baseline()
             async with (
-                self._tool_turn(session, who, recorder, kernel, request.tools, client),
+                self._tool_turn(
+                    session, who, recorder, kernel, request.tools, client, on_tool_hold
+                ),
                 kernel.environment(request.env),
             ):
                 result = await kernel.execute(
@@ -386,12 +390,13 @@ class Executions:
         kernel: Kernel | None,
         client_tools: tuple[dict[str, Any], ...],
         client: ToolServer | None,
+        on_hold: Callable[[Approval], None] | None,
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """The window in which the execute's code may call the session's tools (and its own
         client tools, answered by ``client``)."""
         if self.tools is None:
             return contextlib.nullcontext()
-        return self.tools.turn(session, who, recorder, kernel, client_tools, client)
+        return self.tools.turn(session, who, recorder, kernel, client_tools, client, on_hold)
 
     # -- the gate's outcomes ----------------------------------------------------------------
 

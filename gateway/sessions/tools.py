@@ -37,6 +37,7 @@ from ..errors import BadRequest, NotSupported, Unavailable
 from ..execution.kernel import Kernel
 from ..execution.recorder import ExecutionRecorder
 from ..masking import Masker
+from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
 from ..tools.endpoint import CallRefused, ToolEndpoint
@@ -90,6 +91,7 @@ class ToolTurn:
     pending: dict[str, asyncio.Future[bool]] = dataclasses.field(default_factory=dict)
     ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     client: dict[str, tuple[Tool, ToolServer]] = dataclasses.field(default_factory=dict)
+    on_hold: Callable[[Approval], None] | None = None  # hears of each call held (the stream)
 
 
 class ToolServer(Protocol):
@@ -327,6 +329,7 @@ class SessionTools:
         kernel: Kernel | None,
         client_tools: tuple[dict[str, Any], ...] = (),
         client: ToolServer | None = None,
+        on_hold: Callable[[Approval], None] | None = None,
     ) -> AsyncIterator[None]:
         """Take the session's tool calls while the block (an execute in ``kernel``) runs; cut
         them after. A Python kernel is given ``sbx_tools`` first (again after a restart).
@@ -348,7 +351,7 @@ class SessionTools:
             if box.injected != mark:
                 await kernel.run_silently(INJECT)
                 box.injected = mark
-        turn = box.turn = ToolTurn(who, recorder)
+        turn = box.turn = ToolTurn(who, recorder, on_hold=on_hold)
         for spec in client_tools:
             assert client is not None
             tool = _tool(spec, "client", box.config, default="allow")  # the agent's own code
@@ -480,6 +483,8 @@ class SessionTools:
             approval = await desk.request(
                 session.id, session.tenant, turn.who, text, "tool", decision
             )
+            if turn.on_hold is not None:
+                turn.on_hold(approval)
             assert session.kernel is not None
             await desk.wait(approval, session.kernel.died)
             approved = approval.state == "approved"

@@ -587,3 +587,19 @@ def test_a_restarted_gateway_gives_a_session_the_tools_its_record_kept():
         assert (w.session.kernel.sandbox.run_dir / "tools.sock").is_socket()
 
     run(test)
+
+
+def test_the_agent_stream_hears_of_each_tool_call_held_for_an_approver():
+    async def test(w: World):
+        await w.give()
+        heard = []
+        async with w.tools.turn(
+            w.session, AGENT, Recorder(), w.session.kernel, on_hold=heard.append
+        ):
+            call = asyncio.ensure_future(w.tools.call("s1", "drop", {"region": "north"}))
+            (approval,) = await w.pending()
+            assert heard == [approval] and "drop" in approval.code
+            await w.desk.decide(approval.id, APPROVER, True, None)
+            await call
+
+    run(test)
