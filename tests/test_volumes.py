@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,29 @@ def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenan
         stolen = Volume(other.volume_id, other.name, token=volume.token)
         with pytest.raises(Exception, match="not this volume"):
             stolen.list("/")
+        as_volume = {"Authorization": f"Bearer {volume.token}", "X-API-Key": volume.token}
+        for path in (
+            "/v1/volumes",
+            "/v1/volumes/e2b-content/files",
+            f"/volumes/{volume.volume_id}",
+        ):
+            assert clients["acme"].get(path, headers=as_volume).status_code == 401, path
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # 10 GiB, unread
+            sock.sendall(
+                f"PUT /volumecontent/{other.volume_id}/file?path=x HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {volume.token}\r\nContent-Length: {10 * 2**30}\r\n\r\n"
+                .encode()
+            )  # fmt: skip
+            assert sock.recv(4096).startswith(b"HTTP/1.1 401")
+        # A volume named as this one's id is another volume: the token still opens this one.
+        r = clients["acme"].post("/v1/volumes", json={"name": volume.volume_id, "size": "16m"})
+        assert r.status_code == 201, r.text
+        volume.write_file("/mine.txt", "id")
+        assert (
+            clients["acme"].get(f"/v1/volumes/{volume.volume_id}/files/mine.txt").status_code == 404
+        )
+        assert clients["acme"].delete(f"/v1/volumes/{volume.volume_id}").status_code == 204
         volume.remove("/in")
         assert not volume.exists("/in/deep/a.txt")
     finally:

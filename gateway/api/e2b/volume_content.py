@@ -62,8 +62,10 @@ class ContentHandler(E2BHandler):
         return await self.volumes.files_with_id(self.principal, self.path_kwargs["volume_id"])
 
     async def entry(self, files: AsyncWorkspace, path: str) -> dict[str, Any]:
+        return self.entry_stat(await files.stat(path))
+
+    def entry_stat(self, entry: dict[str, Any]) -> dict[str, Any]:
         """A workspace entry as E2B's ``VolumeEntryStat``."""
-        entry = await files.stat(path)
         kind, when = entry["type"], entry["modified"]
         uid, gid = self.volumes.options.owner
         return {"name": entry["name"] or "/", "type": kind if kind in _MODES else "unknown",
@@ -95,7 +97,7 @@ class DirHandler(ContentHandler):
         if (await files.stat(self.path))["type"] != "directory":
             raise BadRequest(f"{self.get_argument('path', '')!r} is not a directory")
         tree = await files.tree(self.path, max(1, self.int_argument("depth", 1)))
-        self.send([await self.entry(files, e["path"]) for e in tree["entries"]])
+        self.send([self.entry_stat(e) for e in tree["entries"]])
 
     async def post(self, volume_id: str) -> None:
         self.check_metadata("directory", self.asked())
