@@ -412,6 +412,11 @@ class MountVolume:
         if not isinstance(path, str):
             raise BadRequest('a volume mount needs a path under the workspace, e.g. "data"')
         parts = clean_path(path)  # no '..', not absolute, no NUL: it stays in the workspace
+        if max(len(p.encode()) for p in parts) > 255 or len("/".join(parts).encode()) > 1024:
+            raise BadRequest(  # the host (ENAMETOOLONG) or the runtime would refuse it late
+                f"volume mount path {path[:40]!r}... is too long: at most 255 bytes a "
+                "directory name and 1024 in all"
+            )
         read_only = item.get("read_only", False)
         if not isinstance(read_only, bool):
             raise BadRequest("a volume mount's read_only must be true or false")
