@@ -356,7 +356,8 @@ def add_client_commands(commands: Any) -> None:
         "env",
         c.e2b_env,
         "print export lines that point the E2B SDKs here",
-        "Print E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_DOMAIN for this gateway (--json: "
+        "Print E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL and E2B_DOMAIN "
+        "for this gateway (--json: "
         "as one object): "
         '`eval "$(sbx e2b env)"`, then existing e2b / e2b-code-interpreter code runs here.',
     )

@@ -550,6 +550,7 @@ def e2b_env(settings: ClientSettings, args: argparse.Namespace) -> int:
         "E2B_API_KEY": settings.token,
         "E2B_API_URL": url,  # the control API: create, list, kill
         "E2B_SANDBOX_URL": url,  # sandbox traffic, named by E2b-Sandbox-Id headers
+        "E2B_VOLUME_API_URL": url,  # a Volume's own file methods (/volumecontent)
         "E2B_DOMAIN": urllib.parse.urlsplit(url).hostname or "localhost",
     }
     if args.json:
