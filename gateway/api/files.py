@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import errno
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -198,7 +199,15 @@ async def open_upload(request: Any, workspace: AsyncWorkspace, path: str) -> Asy
             "(its size is the session's disk limit)"
         )
     request.connection.set_max_body_size(max(free, 1))
-    return await workspace.open_write(path)
+    try:
+        return await workspace.open_write(path)
+    except OSError as e:  # bytes free, but no inode for the file or a parent directory
+        if e.errno != errno.ENOSPC:
+            raise
+        raise FileTooLarge(
+            f"no room for another file: {e.strerror} (the filesystem's files are all used, "
+            "however many bytes are free); delete some files, then upload again"
+        ) from None
 
 
 @tornado.web.stream_request_body
