@@ -212,6 +212,11 @@ def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenan
         assert clients["acme"].get("/v1/volumes/e2b-content/files/in/deep/a.txt").text == "hello"
         with pytest.raises(NotFoundException):
             volume.read_file("/missing.txt")
+        with pytest.raises(NotFoundException):
+            volume.make_dir("/no/parent")  # without force, its parent must be there
+        assert volume.update_metadata("/in/deep/a.txt", mode=0o644).mode == 0o644
+        with pytest.raises(Exception, match="sandbox user"):
+            volume.update_metadata("/in/deep/a.txt", uid=0, mode=0o4755)
         with pytest.raises(Exception, match=r"\.\."):
             volume.write_file("/../escape.txt", "x")  # the workspace path rules
         with pytest.raises(Exception, match="do not fit"):  # past the volume's cap
