@@ -203,6 +203,7 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
             assert ran.logs.stdout == ["copied geo 1000\n"], ran
         finally:
             sandbox.kill()
+            assert gw.client.delete("/v1/templates/e2b-geo").status_code == 204
         with pytest.raises(BuildException, match="non-zero code: 3"):
             Template.build(Template().from_base_image().run_cmd("exit 3"), "e2b-broken")
 

@@ -40,6 +40,7 @@ CGROUPS = Path("/sys/fs/cgroup")
 MAX_LINE = 4096  # characters of one line of a build's log
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _RUNNING = re.compile(r" ---> Running in ([0-9a-f]{12,64})")
+_LAYER = re.compile(r" ---> ([0-9a-f]{12,64})")  # the image a step committed
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the builder colours a step's stderr
 _BUILDER = ("Step ", " ---> ", "Removing intermediate container", "Successfully ")
 # Strips what a hardened sandbox must not find: setuid/setgid bits, file capabilities.
@@ -250,6 +251,27 @@ class TemplateEngine:
         self.watching.add(watch)
         watch.start()
         try:
+            self._stream(tag, context, log, phase, step, watch)
+            if watch.verdict:
+                raise BuildFailed(step[0], watch.verdict)
+        except BuildFailed:
+            self._drop_untagged(watch.layers)
+            raise
+        finally:
+            watch.stop()
+            self.watching.discard(watch)
+
+    def _stream(
+        self,
+        tag: str,
+        context: bytes,
+        log: Callable[[str], None],
+        phase: str,
+        step: list[str],
+        watch: _Watchdog,
+    ) -> None:
+        """Run one build, following its output; a failed step raises ``BuildFailed``."""
+        try:
             stream = self.api.build(
                 fileobj=io.BytesIO(context),
                 custom_context=True,
@@ -282,11 +304,19 @@ class TemplateEngine:
                         said[:] = [line.strip()]
         except docker.errors.APIError as e:
             raise BuildFailed(step[0], watch.verdict or str(e.explanation or e)) from None
-        finally:
-            watch.stop()
-            self.watching.discard(watch)
-        if watch.verdict:
-            raise BuildFailed(step[0], watch.verdict)
+
+    def _drop_untagged(self, layers: list[str]) -> None:
+        """Remove what a failed build committed: its steps' images no tag names.
+
+        The ids come from the build's output, which its steps can also print,
+        so only an untagged image goes, never forced (one a container uses stays).
+        """
+        for layer in reversed(layers):
+            try:
+                if not self.client.api.inspect_image(layer).get("RepoTags"):
+                    self.client.api.remove_image(layer)
+            except docker.errors.APIError:
+                pass
 
     @staticmethod
     def _note(line: str, step: list[str], watch: _Watchdog, phase: str, log: Callable) -> None:
@@ -302,6 +332,9 @@ class TemplateEngine:
                 f"{phase + ' ' if phase else ''}step {found.group(1)} ({found.group(3)[:200]})"
             )
             watch.container, watch.awaiting = None, True
+        layer = _LAYER.fullmatch(line)
+        if layer:
+            watch.layers.append(layer.group(1))
         running = _RUNNING.fullmatch(line)
         if running and watch.awaiting:  # the builder's own line comes before the step's output
             watch.container, watch.awaiting = running.group(1), False
@@ -420,6 +453,7 @@ class _Watchdog:
         self.deadline = deadline  # time.monotonic() past which the build is stopped
         self.container: str | None = None
         self.awaiting = False  # a step began; its container is not named yet
+        self.layers: list[str] = []  # the images the build's steps committed
         self.verdict: str | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sbx-template-watch", daemon=True)

@@ -190,8 +190,9 @@ class Templates:
             ):
                 raise Conflict(f"build {build_id} of template {name!r} was started before")
             version = max((d["version"] for d in versions), default=0) + 1
+            key = uuid.uuid4().hex if build_id is None else _scoped(tenant, name, build_id)
             doc = {
-                "id": uuid.uuid4().hex if build_id is None else _scoped(tenant, name, build_id),
+                "id": key,
                 "tenant": tenant,
                 "name": name,
                 "version": version,
@@ -200,7 +201,9 @@ class Templates:
                 "finished_at": None,
                 "kernel": kernel,
                 "base": root,
-                "image": f"{REPO}/{_tenant_key(tenant)}-{name}:{version}",
+                # The build's id in the tag: another gateway on this engine (a data dir of
+                # its own) has the same tenants' names and versions, never the same build.
+                "image": f"{REPO}/{_tenant_key(tenant)}-{name}:{version}-{key[:12]}",
                 "tags": list(tags),
                 "logs": [],
                 "error": None,

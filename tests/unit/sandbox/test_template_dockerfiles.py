@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -134,6 +135,8 @@ def test_a_build_step_printing_one_endless_line_is_kept_cut():
 
     class Watch:
         container = None
+        awaiting = False
+        layers: list[str] = []
 
     kept: list[str] = []
     TemplateEngine._note("x" * 1_000_000, [""], Watch(), "", kept.append)
@@ -147,8 +150,6 @@ def test_the_gateway_layer_runs_in_exec_form_so_a_shell_the_dockerfile_set_canno
 
 
 def test_builds_run_under_a_pids_bound_or_not_at_all(tmp_path):
-    from types import SimpleNamespace
-
     from gateway.sandbox.templates import CGROUP, BuildFailed, TemplateEngine
 
     (tmp_path / "pids").mkdir()
@@ -207,8 +208,6 @@ def test_the_watchdog_kills_only_a_container_of_the_builds_cgroup():
 
 def test_a_stopping_gateway_stops_the_builds_under_way_at_their_step():
     """Else the process waits for a build thread at its exit, up to the build's time bound."""
-    from types import SimpleNamespace
-
     from gateway.sandbox.templates import TemplateEngine, _Watchdog
 
     engine = TemplateEngine(SimpleNamespace(api=None), BuildLimits())
@@ -216,3 +215,30 @@ def test_a_stopping_gateway_stops_the_builds_under_way_at_their_step():
     engine.watching.add(watch)
     engine.cancel()
     assert watch.deadline == 0.0 and watch.verdict == "the gateway stopped during the build"
+
+
+def test_a_failed_build_removes_the_images_its_steps_committed_and_no_tagged_one():
+    from gateway.sandbox.templates import TemplateEngine
+
+    removed = []
+
+    class Api:
+        def inspect_image(self, ref):
+            return {"RepoTags": ["sbx/python:abc"] if ref == "base00000000" else []}
+
+        def remove_image(self, ref):
+            removed.append(ref)
+
+    class Watch:
+        container = None
+        awaiting = False
+        layers: list[str] = []
+
+    watch = Watch()
+    lines = ["Step 1/3 : FROM x", " ---> base00000000", "Step 2/3 : RUN a"]
+    lines += [" ---> Running in c0c0c0c0c0c0", " ---> 111111111111", "Step 3/3 : RUN b"]
+    for line in lines:
+        TemplateEngine._note(line, [""], watch, "", lambda line: None)
+    engine = TemplateEngine(SimpleNamespace(api=Api()), BuildLimits())
+    engine._drop_untagged(watch.layers)
+    assert removed == ["111111111111"]
