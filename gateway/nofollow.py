@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,39 @@ def bind_socket(directory: Path, name: str, mode: int, backlog: int = 100) -> so
             os.close(inside)
     finally:
         os.close(parent)
+
+
+Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class SessionSockets:
+    """A Unix socket per session in its run directory (``bind_socket``), served on the loop:
+    each connection handed to ``handle(session_id, reader, writer)``, its reads bounded by
+    ``limit``."""
+
+    def __init__(self, name: str, handle: Handler, limit: int) -> None:
+        self.name, self.handle, self.limit = name, handle, limit
+        self._servers: dict[str, asyncio.Server] = {}
+
+    def serves(self, session_id: str) -> bool:
+        return session_id in self._servers
+
+    async def open(self, session_id: str, run_dir: Path) -> None:
+        """Serve the session's socket in ``run_dir`` (again, after a gateway restart)."""
+        self.close(session_id)
+        sock = await asyncio.to_thread(bind_socket, run_dir, self.name, 0o777)
+        self._servers[session_id] = await asyncio.start_unix_server(
+            lambda r, w: self.handle(session_id, r, w), sock=sock, limit=self.limit
+        )
+
+    def close(self, session_id: str) -> None:
+        server = self._servers.pop(session_id, None)
+        if server is not None:
+            server.close()
+
+    def stop(self) -> None:
+        for session_id in list(self._servers):
+            self.close(session_id)
 
 
 def write_file(

@@ -40,7 +40,7 @@ from typing import TypeVar
 
 import httpx
 
-from ..nofollow import bind_socket
+from ..nofollow import SessionSockets
 from .package_requests import MAX_HEAD, Refused, Request, encode, parse
 
 log = logging.getLogger(__name__)
@@ -386,7 +386,7 @@ class PackageGate:
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.on_install: InstallHook | None = None
-        self._servers: dict[str, asyncio.Server] = {}
+        self._sockets = SessionSockets(cache.socket_name, self._serve, MAX_HEAD)
         self._open: Counter[str] = Counter()  # connections per session, across reopenings
 
     async def open(self, session_id: str, run_dir: Path) -> None:
@@ -396,21 +396,13 @@ class PackageGate:
         reach and put in whole (``nofollow.bind_socket``), the sandbox user
         may connect; only its own sandbox sees the directory.
         """
-        self.close(session_id)
-        sock = await asyncio.to_thread(bind_socket, run_dir, self.cache.socket_name, 0o777)
-        server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(session_id, r, w), sock=sock, limit=MAX_HEAD
-        )
-        self._servers[session_id] = server
+        await self._sockets.open(session_id, run_dir)
 
     def close(self, session_id: str) -> None:
-        server = self._servers.pop(session_id, None)
-        if server is not None:
-            server.close()
+        self._sockets.close(session_id)
 
     def stop(self) -> None:
-        for session_id in list(self._servers):
-            self.close(session_id)
+        self._sockets.stop()
 
     async def _serve(
         self, session_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

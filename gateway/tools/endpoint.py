@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..nofollow import bind_socket
+from ..nofollow import SessionSockets
 from .specs import TOOL_NAME
 
 log = logging.getLogger(__name__)
@@ -75,35 +75,21 @@ class ToolEndpoint:
         self.listing = listing
         self.call = call
         self.max_connections = max_connections
-        self._servers: dict[str, asyncio.Server] = {}
+        # Each made out of the sandbox's reach and put in whole (``nofollow.bind_socket``).
+        self.sockets = SessionSockets(SOCKET_NAME, self._serve, MAX_HEAD)
         self._open: dict[str, int] = {}
 
     def serves(self, session_id: str) -> bool:
-        return session_id in self._servers
+        return self.sockets.serves(session_id)
 
     async def open(self, session_id: str, run_dir: Path) -> None:
-        """Serve the session's socket (made out of the sandbox's reach, put in whole)."""
-        self.close(session_id)
-        sock = await asyncio.to_thread(bind_socket, run_dir, SOCKET_NAME, 0o777)
-        server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(session_id, r, w), sock=sock, limit=MAX_HEAD
-        )
-        self._servers[session_id] = server
+        await self.sockets.open(session_id, run_dir)
 
     def close(self, session_id: str) -> None:
-        server = self._servers.pop(session_id, None)
-        if server is not None:
-            server.close()
+        self.sockets.close(session_id)
 
     def stop(self) -> None:
-        for session_id in list(self._servers):
-            self.close(session_id)
-
-    async def serve_stream(
-        self, session_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Answer one connection (what the socket does; tests drive it directly)."""
-        await self._serve(session_id, reader, writer)
+        self.sockets.stop()
 
     async def _serve(
         self, session_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
