@@ -600,6 +600,47 @@ def test_tools_and_their_errors(admin, sid):
     )
 
 
+def test_volumes_their_files_and_their_errors(admin, user):
+    assert admin.post("/v1/volumes", json={"name": "contract", "size": "16m"}).status_code == 201
+    assert admin.post("/v1/volumes", json={"name": "../x"}).status_code == 400
+    assert admin.post("/v1/volumes", json={"name": "contract"}).status_code == 409
+    assert "contract" in {v["name"] for v in admin.get("/v1/volumes").json()["volumes"]}
+    assert admin.get("/v1/volumes/contract").json()["name"] == "contract"
+    assert user.get("/v1/volumes/contract").status_code == 404  # another tenant's
+    files = "/v1/volumes/contract/files"
+    assert admin.put(f"{files}/a.csv", content=b"x,y\n1,2\n").status_code == 201
+    assert admin.get(files, params={"path": ""}).status_code == 200
+    assert admin.get(f"{files}/a.csv").content == b"x,y\n1,2\n"
+    assert admin.get(f"{files}/nope.csv").status_code == 404
+    assert admin.delete(f"{files}/a.csv").status_code == 204
+    assert admin.delete("/v1/volumes/contract").status_code == 204
+    assert admin.get("/v1/volumes/contract").status_code == 404
+
+
+def test_templates_and_their_errors(admin, user):
+    built = admin.post(
+        "/v1/templates", json={"name": "contract", "dockerfile": "FROM sbx/python\n"}
+    )
+    assert built.status_code == 202, built.text
+    assert wait_for(
+        lambda: admin.get("/v1/templates/contract").json()["versions"][0]["status"] != "building",
+        timeout=120,
+    )
+    assert admin.get("/v1/templates/contract").json()["versions"][0]["status"] == "ready"
+    assert "contract" in json.dumps(admin.get("/v1/templates").json())
+    assert user.get("/v1/templates/contract").status_code == 404  # another tenant's
+    bad = {"name": "x", "dockerfile": "FROM elsewhere/base\n"}
+    assert admin.post("/v1/templates", json=bad).status_code == 400
+    assert (
+        admin.post(
+            "/v1/templates", json={"name": "..", "dockerfile": "FROM sbx/python\n"}
+        ).status_code
+        == 400
+    )
+    assert admin.delete("/v1/templates/contract").status_code == 204
+    assert admin.get("/v1/templates/contract").status_code == 404
+
+
 def test_every_documented_operation_was_seen_succeeding(contract):
     """Runs last: the tests above must have seen each operation answer with a 2xx."""
     websockets = {"/v1/sessions/{session_id}/stream", "/api/kernels/{kernel_id}/channels"}
