@@ -308,3 +308,20 @@ def test_e2b_uploads_are_bounded_per_tenant_and_abandoned_ones_expire(templates)
         assert not t.uploaded("alice", "a", "1" * 64)
 
     asyncio.run(scenario())
+
+
+def test_two_gateways_on_one_engine_never_name_one_image(templates, tmp_path):
+    """Each has its own data dir, so the same tenants, names and versions."""
+
+    async def scenario():
+        first = await _built(await templates(), "alice", "geo")
+        store = SQLiteStore(tmp_path / "other.sqlite3")
+        await store.open()
+        other = Templates(
+            store, FakeEngine(), KernelSpecs(GATEWAY / "kernels"), FakeImages(), lambda i: False
+        )
+        second = await _built(other, "alice", "geo")
+        assert first["version"] == second["version"] == 1
+        assert first["image"] != second["image"]
+
+    asyncio.run(scenario())
