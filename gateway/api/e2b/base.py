@@ -88,15 +88,21 @@ class Credentials:
 
     ``holders``: the ids of the API tokens that may hold a sandbox's token
     (those acting for its tenant; none once the sandbox is gone).
+    ``principal_of``: the API token with an id, while it is configured.
     """
 
     def __init__(
-        self, tokens: SandboxTokens, urls: FileUrls, holders: Callable[[str], Iterable[str]]
+        self,
+        tokens: SandboxTokens,
+        urls: FileUrls,
+        holders: Callable[[str], Iterable[str]],
+        principal_of: Callable[[str], Principal | None],
     ) -> None:
         self.tokens = tokens
         self.volumes = VolumeTokens(tokens)
         self.urls = urls
         self.holders = holders
+        self.principal_of = principal_of
 
     @classmethod
     def in_data_dir(
@@ -110,7 +116,13 @@ class Credentials:
             owner = owner_of(sandbox_id)
             return auth.holders(owner.tenant) if owner is not None else ()
 
-        return cls(tokens, FileUrls.in_data_dir(tokens, data_dir), holders)
+        return cls(tokens, FileUrls.in_data_dir(tokens, data_dir), holders, auth.principal_of)
+
+    def volume_holder(self, volume_id: str, token: str | None) -> Principal | None:
+        """The API token a volume token was handed to, if it was for ``volume_id`` and that
+        API token is still configured; else None."""
+        holder = self.volumes.holder(volume_id, token)
+        return None if holder is None else self.principal_of(holder)
 
     async def revoke(self, sandbox_id: str, url: object) -> None:
         """A signed file URL of the sandbox stops working now."""
@@ -156,7 +168,7 @@ class Credentials:
         path, _, query = start_line.path.partition("?")
         volume_id = content_volume(path)
         if volume_id is not None:
-            return self.volumes.holder(volume_id, volume_token(headers)) is not None
+            return self.volume_holder(volume_id, volume_token(headers)) is not None
         try:
             self.sandbox(headers, headers.get("Host", ""), start_line.method, path, query)
         except GatewayError:

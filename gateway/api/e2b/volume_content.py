@@ -37,12 +37,10 @@ class ContentHandler(E2BHandler):
 
     def authenticate(self) -> Principal:
         volume_id = self.path_kwargs["volume_id"]
-        token = volume_token(self.request.headers)
-        holder = self.credentials.volumes.holder(volume_id, token)
-        owner = None if holder is None else self.auth.principal_of(holder)
+        owner = self.credentials.volume_holder(volume_id, volume_token(self.request.headers))
         if owner is not None:
             self.principal = Principal(
-                tenant=owner.tenant, token_id=f"volume:{volume_id[:8]}", acting_for=holder or ""
+                tenant=owner.tenant, token_id=f"volume:{volume_id[:8]}", acting_for=owner.token_id
             )
             return self.principal
         try:

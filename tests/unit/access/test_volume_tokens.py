@@ -18,7 +18,7 @@ VOLUMES = VolumeTokens(KEY)
 VOL, OTHER = "a" * 32, "b" * 32
 ACME = Principal(tenant="acme", token_id="acme-id")
 AUTH = Authenticator({"digest": ACME}, {}, Quota(1, 1, 1))
-CREDENTIALS = Credentials(KEY, FileUrls(KEY), lambda sandbox_id: ("acme-id",))
+CREDENTIALS = Credentials(KEY, FileUrls(KEY), lambda sandbox_id: ("acme-id",), AUTH.principal_of)
 
 
 def accepts(method: str, path: str, **headers: str) -> bool:
@@ -60,3 +60,15 @@ def test_the_edge_lets_a_body_in_only_with_the_named_volumes_token() -> None:
     assert accepts("POST", "/files", **sandbox, **{"X-Access-Token": KEY.issue(VOL, "acme-id")})
     sandbox_token = KEY.issue(VOL, "acme-id")
     assert not accepts("PUT", f"/volumecontent/{VOL}/file", Authorization=f"Bearer {sandbox_token}")
+
+
+def test_a_volume_token_whose_api_token_is_gone_is_refused_at_the_edge(tmp_path) -> None:
+    credentials = Credentials.in_data_dir(tmp_path, AUTH, lambda sandbox_id: None)
+    start = httputil.RequestStartLine("PUT", f"/volumecontent/{VOL}/file?path=a", "HTTP/1.1")
+
+    def accepted(holder: str) -> bool:
+        token = credentials.volumes.issue(VOL, holder)
+        return credentials.accepts(start, httputil.HTTPHeaders(Authorization=f"Bearer {token}"))
+
+    assert accepted("acme-id")
+    assert not accepted("gone-id")  # its API token left the tokens file: no body past the edge
