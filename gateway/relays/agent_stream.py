@@ -267,7 +267,8 @@ class ClientTools:
                 "id": self.request_id,
                 "call_id": call_id,
                 "tool": name,
-                "arguments": arguments,
+                # as every event the stream keeps: the sandbox's secrets masked
+                "arguments": self.hub.session.masker.tree(arguments),
             }
         )
         try:

@@ -13,6 +13,9 @@ from gateway.tools.mcp_servers import ToolFailed
 
 class Hub:
     def __init__(self) -> None:
+        from gateway.masking import NO_SECRETS
+
+        self.session = type("S", (), {"masker": NO_SECRETS})()
         self.events: list[dict] = []
         self.tool_calls: dict[str, asyncio.Future] = {}
 
@@ -55,5 +58,21 @@ def test_a_clients_error_is_the_tools_error_and_silence_is_a_timeout():
             await client.call("lookup", {}, 0.1)
         assert hub.tool_calls == {}
         hub.answer({"call_id": "made-up", "result": 1})  # an unknown id is ignored
+
+    asyncio.run(main())
+
+
+def test_a_secret_in_a_calls_arguments_is_masked_in_the_event_the_stream_keeps():
+    from gateway.masking import Masker
+
+    async def main():
+        hub = Hub()
+        hub.session = type("S", (), {"masker": Masker({"WH_TOKEN": "s3cret-value-0042"})})()
+        client = ClientTools(hub, "run-1")
+        call = asyncio.ensure_future(client.call("lookup", {"key": "s3cret-value-0042"}, 5))
+        await asyncio.sleep(0)
+        assert hub.events[0]["arguments"] == {"key": "***WH_TOKEN***"}
+        hub.answer({"call_id": hub.events[0]["call_id"], "result": 1})
+        await call
 
     asyncio.run(main())
