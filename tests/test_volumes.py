@@ -253,6 +253,8 @@ def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenan
         assert clients["acme"].delete(f"/v1/volumes/{volume.volume_id}").status_code == 204
         volume.remove("/in")
         assert not volume.exists("/in/deep/a.txt")
+        secret = volume.token.rpartition(".")[2]
+        assert not [line for line in gw.log if secret in line]  # never logged, at debug level
     finally:
         Volume.destroy(volume.volume_id)
         Volume.destroy(other.volume_id)
