@@ -191,7 +191,7 @@ def test_the_stock_e2b_sdk_creates_lists_mounts_and_destroys_volumes(tenants, mo
 
 def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenants, monkeypatch):
     """The content API (``/volumecontent/{id}/...``) under the per-volume token of create."""
-    from e2b import Volume
+    from e2b import AsyncVolume, Volume
     from e2b.exceptions import NotFoundException
 
     gw, clients = tenants
@@ -224,6 +224,16 @@ def test_the_stock_e2b_sdks_volume_file_methods_with_the_volumes_own_token(tenan
         assert not volume.exists("/big.bin")
         # The tenant's own API key works too, when the SDK is given it.
         assert Volume(volume.volume_id, volume.name, token=TOKENS["acme"]).exists("/in")
+        as_zeta = Volume(volume.volume_id, volume.name, token=TOKENS["zeta"])
+        with pytest.raises(NotFoundException):  # another tenant's key: as if there were none
+            as_zeta.write_file("/z.txt", "z")
+
+        async def from_async_sdk() -> str:
+            connected = await AsyncVolume.connect(volume.volume_id)
+            await connected.write_file("/async.txt", "async")
+            return await connected.read_file("/async.txt")
+
+        assert asyncio.run(from_async_sdk()) == "async"
         # One volume's token opens that volume only.
         stolen = Volume(other.volume_id, other.name, token=volume.token)
         with pytest.raises(Exception, match="not this volume"):
