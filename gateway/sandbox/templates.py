@@ -85,7 +85,6 @@ class BuildLimits:
     context: int = 64 << 20  # the build context, unpacked
     context_files: int = 10_000
     pids: int = 512  # processes of every build step at once, together
-    log_lines: int = 2000  # kept per build (the last ones)
 
 
 def context_tar(context: bytes | None, dockerfile: str, limits: BuildLimits) -> bytes:

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 MAX_NAME = 63
+LOG_BYTES = 256 * 1024  # of a build's log kept (its last lines): read at every listing
 MAX_KEPT = 32  # builds a tenant keeps (each ready one an image on the host's disk)
 UPLOADS_KEPT = 3600.0  # seconds E2B's uploaded files wait for their build
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -76,6 +77,20 @@ def template_ref(value: Any) -> tuple[str, int | None]:
     if not version.isdigit() or len(version) > 9 or int(version) < 1:
         raise BadRequest(f"template version {version[:20]!r} must be a number such as 1")
     return template_name(name), int(version)
+
+
+class BuildLog(collections.deque):
+    """A build's last lines, ``LOG_BYTES`` of them at most; changed on the loop only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self.size += len(line)
+        while self.size > LOG_BYTES and len(self) > 1:
+            self.size -= len(self.popleft())
 
 
 class Base(NamedTuple):
@@ -305,13 +320,16 @@ class Templates:
         return specs.default if specs.default in offered else offered[0]
 
     async def _run(self, doc: dict[str, Any], dockerfile: str, context: bytes | None) -> None:
-        lines: collections.deque[str] = collections.deque(maxlen=self.engine.limits.log_lines)
-        doc["logs"] = lines
+        lines = doc["logs"] = BuildLog()
         user = self.kernelspecs.sandbox(doc["kernel"]).get("user", "1000:1000")
         kernel_image = self.images.tag_for(
             self.kernelspecs.sandbox(doc["kernel"]).get("image", doc["kernel"])
         )
         loop = asyncio.get_running_loop()
+
+        def said(line: str) -> None:  # on the build's thread: the log is the loop's to change
+            loop.call_soon_threadsafe(lines.append, line)
+
         try:
             async with self.slots:
                 await loop.run_in_executor(
@@ -322,7 +340,7 @@ class Templates:
                     context,
                     kernel_image,
                     user,
-                    lines.append,
+                    said,
                 )
         except BuildFailed as e:
             await self._finish(doc, FAILED, error=(e.step, e.reason))

@@ -19,6 +19,7 @@ from gateway.sandbox.kernelspecs import KernelSpecs
 from gateway.sandbox.templates import BuildFailed, BuildLimits
 from gateway.sessions.requests import CreateSession
 from gateway.sessions.templates import (
+    LOG_BYTES,
     MAX_KEPT,
     UPLOADS_KEPT,
     BuildBounds,
@@ -323,5 +324,25 @@ def test_two_gateways_on_one_engine_never_name_one_image(templates, tmp_path):
         second = await _built(other, "alice", "geo")
         assert first["version"] == second["version"] == 1
         assert first["image"] != second["image"]
+
+    asyncio.run(scenario())
+
+
+def test_a_builds_log_is_kept_bounded_in_bytes(templates):
+    """32 kept builds of 2,000 lines of 4 KiB would be 256 MiB read at every listing."""
+
+    async def scenario():
+        t = await templates()
+        build = t.engine.build
+
+        def chatty(tag, dockerfile, context, kernel_image, user, log):
+            for n in range(5000):
+                log(f"{n:05d} " + "x" * 4000)
+            return build(tag, dockerfile, context, kernel_image, user, log)
+
+        t.engine.build = chatty
+        doc = await _built(t, "alice", "geo")
+        assert sum(map(len, doc["logs"])) <= LOG_BYTES
+        assert doc["logs"][-1] == "Step 1/2 : FROM x"  # the newest lines are kept
 
     asyncio.run(scenario())
