@@ -215,7 +215,8 @@ class SessionTools:
                 except ToolFailed as e:
                     raise ToolServerFailed(
                         f"MCP server {server.name} ({server.url}) did not answer as a "
-                        f"streamable-HTTP MCP server: {e}; check its url and that it runs"
+                        f"streamable-HTTP MCP server: {Masker(values).text(str(e))}; check "
+                        "its url and that it runs"
                     ) from None
                 connections.append(connection)
                 for spec in listed:
@@ -440,7 +441,8 @@ class SessionTools:
                 answer = await connection.call(tool.name, arguments, box.limits.call_timeout)
             except ToolFailed as e:
                 status = 504 if "did not answer within" in str(e) else 502
-                raise CallRefused(status, "tool_failed", str(e)) from None
+                why = session.masker.text(box.masker.text(str(e)))  # a server's words
+                raise CallRefused(status, "tool_failed", why) from None
         size = len(json.dumps(answer, separators=(",", ":")))
         if size > box.limits.result_bytes:
             why = f"{tool.name} answered {size} bytes, over the {box.limits.result_bytes}"

@@ -603,3 +603,38 @@ def test_the_agent_stream_hears_of_each_tool_call_held_for_an_approver():
             await call
 
     run(test)
+
+
+def test_a_servers_error_echoing_a_header_secret_reaches_the_kernel_masked():
+    async def test(w: World):
+        headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
+        body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
+        await w.tools.give("s1", AGENT, parse_tools(body))
+
+        async def echoing(name, arguments, timeout):
+            raise ToolFailed("MCP server wh failed: bad token Bearer s3cret-value-0042")
+
+        FakeServer.made[0].call = echoing
+        recorder = Recorder()
+        async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel):
+            with pytest.raises(CallRefused) as refused:
+                await w.tools.call("s1", "query", {})
+        assert "s3cret" not in refused.value.message and "***WH_TOKEN***" in refused.value.message
+        assert "s3cret" not in json.dumps(recorder.tool_calls)
+
+    run(test)
+
+
+def test_a_server_refusing_at_connect_cannot_show_a_header_secret_back(monkeypatch):
+    async def test(w: World):
+        async def echo_open(self):
+            raise ToolFailed("401: you sent Bearer s3cret-value-0042")
+
+        monkeypatch.setattr(FakeServer, "open", echo_open)
+        headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
+        body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
+        with pytest.raises(ToolServerFailed) as failed:
+            await w.tools.give("s1", AGENT, parse_tools(body))
+        assert "s3cret" not in failed.value.message and "***WH_TOKEN***" in failed.value.message
+
+    run(test)
