@@ -266,6 +266,8 @@ class Gateway:
         _freeze_what_lives_for_good()
         upkeep = self.domain.upkeep
         await self.manager.start(upkeep.on_death, upkeep.resync)
+        if self.manager.volumes is not None:
+            await self.manager.volumes.sweep()  # a volume delete a crash cut short
         self.manager.spawn(self.domain.tools.restore())  # servers reached in the background
         await self.manager.templates.start()
         upkeep.start()

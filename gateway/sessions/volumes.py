@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +40,8 @@ from ..timestamps import iso
 from ..workspace.files import AsyncWorkspace
 from ..workspace.rules import Workspace
 from .requests import CreateVolume, MountVolume, volume_name
+
+log = logging.getLogger(__name__)
 
 MIN_SIZE = 16 * 2**20  # ext4 needs room for its journal and tables
 
@@ -126,6 +130,16 @@ class Volumes:
             )
         await asyncio.to_thread(volume.destroy, Path(doc["where"]))
         return doc
+
+    async def sweep(self) -> None:
+        """Remove the filesystems no volume names: a delete's record goes first, so a gateway
+        killed before the unmount left the image mounted, its bytes counted by nothing."""
+        root = self.options.root
+        names = await asyncio.to_thread(lambda: os.listdir(root) if root.is_dir() else [])
+        known = await self.store.volume_ids()  # after: a create records before it makes
+        for name in sorted(set(names) - known):
+            log.warning("volume %s: removing its filesystem, left by a delete cut short", name)
+            await asyncio.to_thread(volume.destroy, root / name)
 
     async def files(self, who: Principal, ref: str) -> AsyncWorkspace:
         """The volume's files, through the workspace path rules, without a session."""

@@ -54,7 +54,7 @@ METHODS = {
     ),
     "volumes": (
         "add_volume", "get_volume", "volumes_of_tenant", "volume_holders", "delete_volume",
-        "mount_volumes",
+        "mount_volumes", "volume_ids",
     ),
     "webhooks": (
         "add_deliveries", "claim_deliveries", "finish_attempt", "release_deliveries", "deliveries",

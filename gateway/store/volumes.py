@@ -81,6 +81,10 @@ class Volumes(Repository):
         )
         return [json.loads(r["doc"]) for r in rows]
 
+    async def volume_ids(self) -> set[str]:
+        """Every volume's id, any tenant's (a start sweeps filesystems none of them names)."""
+        return {r["id"] for r in await self.db.select("SELECT id FROM volumes")}
+
     async def volume_holders(self, volume_id: str) -> list[dict[str, Any]]:
         """The sessions that hold a mount of the volume: {session_id, read_only}."""
         return await self.db.run(self._holders, volume_id)

@@ -1,0 +1,54 @@
+"""A volume whose delete was cut short (its record gone, its filesystem not) is swept at start.
+
+The record goes first, under the claims lock, so no create can mount it
+meanwhile; a gateway killed before the unmount and removal left the mounted
+image, its loop device and its bytes on the host with nothing counting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gateway.access.auth import Principal, Quota
+from gateway.policy.approvals import ApprovalDesk
+from gateway.policy.book import PolicyBook
+from gateway.policy.gate import Gate
+from gateway.policy.scan import Scanner
+from gateway.sandbox import volume
+from gateway.sessions.requests import CreateVolume
+from gateway.sessions.volumes import VolumeOptions, Volumes
+from gateway.store.sqlite import SQLiteStore
+
+MIB = 2**20
+ACME = Principal("acme", token_id="a")
+QUOTA = Quota(max_sessions=4, max_memory=2**34, max_disk=100 * MIB, max_volumes=3)
+
+
+def _mounted(path: Path) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].startswith(str(path)) for line in f)
+
+
+def test_a_volume_left_by_a_delete_cut_short_is_removed_at_start_and_others_are_kept(tmp_path):
+    async def scenario() -> None:
+        store = SQLiteStore(tmp_path / "db.sqlite3")
+        await store.open()
+        gate = Gate(PolicyBook(tmp_path / "policies"), Scanner(), ApprovalDesk(store, 60.0, bool))
+        volumes = Volumes(store, lambda t: QUOTA, gate, VolumeOptions(tmp_path / "volumes"))
+        kept = await volumes.create(ACME, CreateVolume("kept", 16 * MIB))
+        cut = await volumes.create(ACME, CreateVolume("cut", 16 * MIB))
+        try:
+            assert await store.delete_volume(cut["id"]) == []  # then the gateway was killed
+            await volumes.sweep()
+            assert not await asyncio.to_thread(Path(cut["where"]).exists)
+            assert not _mounted(Path(cut["where"]))
+            files = await volumes.files(ACME, "kept")
+            await files.save("a.txt", b"still here")
+            assert (await files.list(""))["entries"][0]["name"] == "a.txt"
+        finally:
+            for doc in (kept, cut):
+                await asyncio.to_thread(volume.destroy, Path(doc["where"]))
+            await store.close()
+
+    asyncio.run(scenario())
