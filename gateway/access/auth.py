@@ -63,7 +63,7 @@ class Principal:
     admin: bool = False
     token_id: str = ""  # a prefix of the token's digest: names it in logs, reveals nothing
     approver: bool = False  # may approve or deny its tenant's held executes
-    acting_for: str = ""  # a sandbox token's: the token id it was handed to
+    acting_for: str = ""  # a sandbox or volume token's: the token id it was handed to
 
     def owns(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant

@@ -59,7 +59,8 @@ class Edge(httputil.HTTPServerConnectionDelegate):
         ] = lambda start_line, headers: False,
     ) -> None:
         self.app = app
-        # Other credentials a handler checks in full (the E2B edge's API key and sandbox tokens).
+        # Other credentials a handler checks in full (the E2B edge's API key, sandbox and
+        # volume tokens).
         self.also_accepts = also_accepts
         self.auth = auth
         self.audit = audit
