@@ -43,6 +43,7 @@ from jupyter_core.paths import secure_write
 from ...egress.credentials import CA_PATH
 from ...errors import EngineUnavailable, ImageNotBuilt
 from ...limits import Limits
+from .. import volume
 from ..base import (
     AS_BATCH,
     SECRETS_MOUNT,
@@ -157,8 +158,14 @@ class SandboxSpec:
         ]
         # Named volumes after the workspace they sit in, bound as they are on the host:
         # nosuid,nodev, and a read-only one through its read-only view (a read-only bind
-        # here would be remounted by the runtime without nosuid and nodev).
-        mounts += [Mount(f"{self.workdir}/{v.target}", v.source, type="bind") for v in self.volumes]
+        # here would be remounted by the runtime without nosuid and nodev). Without loop
+        # mounts that view is the writable directory: the runtime's read-only bind alone.
+        by_runtime = not volume.loop_mounts_available()
+        mounts += [
+            Mount(f"{self.workdir}/{v.target}", v.source, type="bind",
+                  read_only=v.read_only and by_runtime)
+            for v in self.volumes
+        ]  # fmt: skip
         if self.secrets_dir is not None:
             mounts.append(Mount(SECRETS_MOUNT, str(self.secrets_dir), type="bind", read_only=True))
         if isolation.resolv_conf is not None:
