@@ -411,7 +411,12 @@ class MountVolume:
         path = item.get("path")
         if not isinstance(path, str):
             raise BadRequest('a volume mount needs a path under the workspace, e.g. "data"')
-        parts = clean_path(path)  # no '..', not absolute, no NUL: it stays in the workspace
+        parts = clean_path(path, allow_root=True)  # no '..', not absolute, no NUL
+        if not parts:
+            raise BadRequest(
+                "a volume mounts at a directory under the workspace, not over the workspace "
+                'itself: name one, e.g. "data"'
+            )
         if max(len(p.encode()) for p in parts) > 255 or len("/".join(parts).encode()) > 1024:
             raise BadRequest(  # the host (ENAMETOOLONG) or the runtime would refuse it late
                 f"volume mount path {path[:40]!r}... is too long: at most 255 bytes a "

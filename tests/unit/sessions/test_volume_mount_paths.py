@@ -23,3 +23,9 @@ def test_a_mount_path_within_the_bounds_is_taken():
     deep = "/".join(["d"] * 500)
     for path in ("x" * 255, deep, "é" * 127):
         assert MountVolume.from_json({"name": "ds", "path": path}).path == path
+
+
+@pytest.mark.parametrize("path", [".", "", "./"])
+def test_a_mount_over_the_whole_workspace_is_a_400_saying_to_name_a_directory(path):
+    with pytest.raises(BadRequest, match="not over the workspace itself"):
+        MountVolume.from_json({"name": "ds", "path": path})
