@@ -427,6 +427,10 @@ def build_manager(
         lifecycle.images,
         lambda image: any(s.image == image for s in sessions.values()),
         BuildBounds(running=settings.template_builds),
+        None
+        if lifecycle.placement.name == "docker"
+        else f"the {lifecycle.placement.name} placement runs sessions on other nodes, "
+        "which do not hold this host's template images",
     )
     named_volumes = Volumes(store, quota, gate, volume_options(settings))
     observed = GatewayMetrics()

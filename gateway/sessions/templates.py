@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..errors import BadRequest, Conflict, NotFound, Overloaded, QuotaExceeded
+from ..errors import BadRequest, Conflict, NotAllowed, NotFound, Overloaded, QuotaExceeded
 from ..sandbox.dockerfiles import resolve
 from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
@@ -121,14 +121,20 @@ class Templates:
         images: ImageBuilder,
         in_use: Callable[[str], bool],
         bounds: BuildBounds = BuildBounds(),
+        unavailable: str | None = None,
     ) -> None:
-        """``in_use``: whether a live session's sandbox runs an image (it is kept)."""
+        """``in_use``: whether a live session's sandbox runs an image (it is kept).
+
+        ``unavailable``: why sessions here cannot run this host's template images
+        (a placement whose sandboxes run on other nodes); None: they can.
+        """
         self.store = store
         self.engine = engine
         self.kernelspecs = kernelspecs
         self.images = images
         self.in_use = in_use
         self.bounds = bounds
+        self.unavailable = unavailable
         self.threads = concurrent.futures.ThreadPoolExecutor(
             bounds.running, thread_name_prefix="sbx-template-build"
         )
@@ -173,6 +179,7 @@ class Templates:
         ``build_id``: the id E2B's builder was handed before the build started.
         """
         template_name(name)
+        self._check_here()
         if not isinstance(dockerfile, str) or not dockerfile.strip():
             raise BadRequest("dockerfile must be the Dockerfile's text")
         if context is not None and len(context) > self.engine.limits.context:
@@ -227,6 +234,10 @@ class Templates:
             await self.store.save_template(doc)
         self.tasks.spawn(self._run(doc, text, context))
         return doc
+
+    def _check_here(self) -> None:
+        if self.unavailable is not None:
+            raise NotAllowed(f"templates are not offered here: {self.unavailable}")
 
     def uploaded(self, tenant: str, name: str, files_hash: str) -> bool:
         """Whether E2B's builder already uploaded this file set for a build of ``name``."""
@@ -412,6 +423,7 @@ class Templates:
     async def session_request(self, request: CreateSession, tenant: str) -> CreateSession:
         """A create request naming a template, as the kernel and image it runs."""
         assert request.template is not None
+        self._check_here()
         doc = await self.resolve(tenant, request.template)
         if request.image is not None:
             raise BadRequest("name a template or an image, not both")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import BadRequest, Conflict, Overloaded, QuotaExceeded
+from gateway.errors import BadRequest, Conflict, NotAllowed, Overloaded, QuotaExceeded
 from gateway.sandbox.images import ImageBuilder
 from gateway.sandbox.kernelspecs import KernelSpecs
 from gateway.sandbox.templates import BuildFailed, BuildLimits
@@ -344,5 +344,22 @@ def test_a_builds_log_is_kept_bounded_in_bytes(templates):
         doc = await _built(t, "alice", "geo")
         assert sum(map(len, doc["logs"])) <= LOG_BYTES
         assert doc["logs"][-1] == "Step 1/2 : FROM x"  # the newest lines are kept
+
+    asyncio.run(scenario())
+
+
+def test_a_placement_whose_sessions_run_elsewhere_refuses_templates_saying_why(tmp_path):
+    async def scenario():
+        store = SQLiteStore(tmp_path / "db.sqlite3")
+        await store.open()
+        why = "the swarm placement runs sessions on other nodes"
+        t = Templates(
+            store, FakeEngine(), KernelSpecs(GATEWAY / "kernels"), FakeImages(),
+            lambda image: False, unavailable=why,
+        )  # fmt: skip
+        with pytest.raises(NotAllowed, match=why):
+            await t.build("alice", "geo", PY)
+        with pytest.raises(NotAllowed, match=why):
+            await t.session_request(CreateSession(template="geo"), "alice")
 
     asyncio.run(scenario())
