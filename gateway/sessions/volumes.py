@@ -166,7 +166,16 @@ class Volumes:
                 f"volume {doc['name']!r} is on host {doc.get('host')!r}, not this gateway's; "
                 "reach it through a gateway there"
             )
-        await asyncio.to_thread(volume.mount_again, where)  # a host reboot unmounted it
+        try:
+            await asyncio.to_thread(volume.mount_again, where)  # a host reboot unmounted it
+        except OSError as e:  # an image a create cut short before formatting it
+            log.warning("volume %s: %s", doc["id"], e)  # not to the client: it names host paths
+            raise _no_filesystem(doc["name"], "its image does not mount") from e
+        # Else files would land in the bare mount point on the host's disk, past any cap.
+        if volume.loop_mounts_available() and not await asyncio.to_thread(
+            os.path.ismount, where / "workspace"
+        ):
+            raise _no_filesystem(doc["name"], "its image is missing")
         return AsyncWorkspace(Workspace(str(where / "workspace"), *self.options.owner))
 
     async def mount(
@@ -203,6 +212,13 @@ class Volumes:
 def public(doc: dict[str, Any]) -> dict[str, Any]:
     """What a client sees of a volume (not where it lives on the host)."""
     return {k: doc[k] for k in ("id", "name", "size_bytes", "created_at")}
+
+
+def _no_filesystem(name: str, why: str) -> Unavailable:
+    return Unavailable(
+        f"volume {name!r} has no filesystem to use ({why}): its create is still running, or "
+        "was cut short; then delete the volume and create it again"
+    )
 
 
 def _listed(holders: list[dict[str, Any]]) -> str:

@@ -8,15 +8,19 @@ image, its loop device and its bytes on the host with nothing counting them.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
+import pytest
+
 from gateway.access.auth import Principal, Quota
+from gateway.errors import Unavailable
 from gateway.policy.approvals import ApprovalDesk
 from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
 from gateway.policy.scan import Scanner
 from gateway.sandbox import volume
-from gateway.sessions.requests import CreateVolume
+from gateway.sessions.requests import CreateVolume, MountVolume
 from gateway.sessions.volumes import VolumeOptions, Volumes
 from gateway.store.sqlite import SQLiteStore
 
@@ -49,6 +53,41 @@ def test_a_volume_left_by_a_delete_cut_short_is_removed_at_start_and_others_are_
         finally:
             for doc in (kept, cut):
                 await asyncio.to_thread(volume.destroy, Path(doc["where"]))
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def _cut_short(where: Path, cut: str) -> None:
+    """What a gateway killed in the middle of making a volume leaves."""
+    subprocess.run(["umount", str(where / "workspace")], check=True)
+    image = where / "workspace.img"
+    image.unlink() if cut == "before its image" else image.write_bytes(b"\0" * MIB)
+
+
+@pytest.mark.parametrize("cut", ["before its image", "before mkfs"])
+def test_a_volume_whose_create_was_cut_short_is_a_503_never_the_hosts_disk(tmp_path, cut):
+    """Its record is there, its filesystem is not: files would land on the data disk, uncapped."""
+    if not volume.loop_mounts_available():
+        pytest.skip("needs root")
+
+    async def scenario() -> None:
+        store = SQLiteStore(tmp_path / "db.sqlite3")
+        await store.open()
+        gate = Gate(PolicyBook(tmp_path / "policies"), Scanner(), ApprovalDesk(store, 60.0, bool))
+        volumes = Volumes(store, lambda t: QUOTA, gate, VolumeOptions(tmp_path / "volumes"))
+        doc = await volumes.create(ACME, CreateVolume("half", 16 * MIB))
+        where = Path(doc["where"])
+        try:
+            await asyncio.to_thread(_cut_short, where, cut)
+            with pytest.raises(Unavailable, match="create it again"):
+                await volumes.files(ACME, "half")
+            with pytest.raises(Unavailable, match="create it again"):
+                await volumes.mount("s1", ACME, (MountVolume("half", "data"),))
+            await volumes.delete(ACME, "half")  # what the message asks for works
+            assert not await asyncio.to_thread(where.exists)
+        finally:
+            await asyncio.to_thread(volume.destroy, where)
             await store.close()
 
     asyncio.run(scenario())
