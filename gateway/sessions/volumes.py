@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from .requests import CreateVolume, MountVolume, volume_name
 log = logging.getLogger(__name__)
 
 MIN_SIZE = 16 * 2**20  # ext4 needs room for its journal and tables
+_VOLUME_ID = re.compile(r"[0-9a-f]{32}")  # a volume's directory under the root: uuid4().hex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +140,8 @@ class Volumes:
         names = await asyncio.to_thread(lambda: os.listdir(root) if root.is_dir() else [])
         known = await self.store.volume_ids()  # after: a create records before it makes
         for name in sorted(set(names) - known):
+            if not _VOLUME_ID.fullmatch(name):
+                continue  # not one a create made: never the gateway's to remove
             log.warning("volume %s: removing its filesystem, left by a delete cut short", name)
             await asyncio.to_thread(volume.destroy, root / name)
 

@@ -44,7 +44,11 @@ def test_a_volume_left_by_a_delete_cut_short_is_removed_at_start_and_others_are_
         cut = await volumes.create(ACME, CreateVolume("cut", 16 * MIB))
         try:
             assert await store.delete_volume(cut["id"]) == []  # then the gateway was killed
+            root = tmp_path / "volumes"
+            (root / "README").write_text("an operator's note")  # not a volume's: left alone
+            (root / "keep-me").mkdir()
             await volumes.sweep()
+            assert (root / "README").is_file() and (root / "keep-me").is_dir()
             assert not await asyncio.to_thread(Path(cut["where"]).exists)
             assert not _mounted(Path(cut["where"]))
             files = await volumes.files(ACME, "kept")
