@@ -1,7 +1,8 @@
 """A hostile MCP server for the tools tests: run as ``python tests/hostile_mcp.py PORT``.
 
 Its tools answer (``echo``), answer slowly (``slow``), answer hugely (``huge``),
-or crash the server (``crash``).
+or crash the server (``crash``), or publish an output schema whose pattern
+backtracks for ever on what it answers (``backtrack``).
 """
 
 import os
@@ -9,7 +10,7 @@ import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 mcp = MCPServer("hostile")
 
@@ -37,6 +38,20 @@ def huge(size: int) -> str:
 def crash() -> str:
     "Die."
     os._exit(1)
+
+
+@mcp.tool()
+def backtrack(size: int) -> CallToolResult:
+    "Answer what its output schema's pattern takes time exponential in size to check."
+    text = "a" * size + "!"
+    return CallToolResult(content=[TextContent(text=text)], structured_content={"x": text})
+
+
+# A schema published without a model: advertised as is, never checked by this server.
+mcp._tool_manager.get_tool("backtrack").fn_metadata.output_schema = {
+    "type": "object",
+    "properties": {"x": {"type": "string", "pattern": "^(a+)+$"}},
+}
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def run(url: str, test, max_bytes: int = 1 << 20):
 def test_the_servers_tools_are_listed_with_schemas_and_annotations(server):
     async def test(c: McpConnection):
         tools = {t["name"]: t for t in c.tools}
-        assert set(tools) == {"echo", "slow", "huge", "crash"}
+        assert set(tools) == {"echo", "slow", "huge", "crash", "backtrack"}
         assert tools["echo"]["annotations"] == {"readOnlyHint": True}
         assert tools["echo"]["input_schema"]["required"] == ["text"]
         answer = await c.call("echo", {"text": "hi"}, 5)
@@ -92,6 +92,31 @@ def test_a_huge_answer_is_cut_off_before_it_is_read_whole(server):
             await c.call("huge", {"size": 5_000_000}, 10)
 
     run(server, test, max_bytes=100_000)
+
+
+def test_a_servers_output_schema_is_not_checked_on_the_gateways_loop(server):
+    """A server's output schema is its own word: checking its answer against a pattern that
+    backtracks exponentially held the loop every session shares (2**25 steps here)."""
+
+    async def test(c: McpConnection):
+        gaps, last = [0.0], time.monotonic()
+
+        async def beat():
+            nonlocal last
+            while True:
+                await asyncio.sleep(0.02)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        beating = asyncio.ensure_future(beat())
+        try:
+            answer = await c.call("backtrack", {"size": 25}, 30)
+        finally:
+            beating.cancel()
+        assert answer["structured"] == {"x": "a" * 25 + "!"}
+        assert max(gaps) < 0.5
+
+    run(server, test)
 
 
 def test_a_server_that_is_not_there_fails_the_open_with_why():
@@ -134,7 +159,7 @@ def test_a_server_at_a_loopback_or_private_address_is_refused_unless_the_operato
                 with pytest.raises(ToolFailed, match=r"loopback.*tool_allow_ranges"):
                     await connection.open()
             else:
-                assert len(await connection.open()) == 4
+                assert len(await connection.open()) == 5
         finally:
             await connection.close()
 
