@@ -202,6 +202,7 @@ class SessionTools:
             if self.secrets is None:
                 raise BadRequest("this gateway offers no sealed secrets for tool headers")
             values = await self.secrets.unseal(tenant, config.secrets)
+        masker = Masker(values)
         limits = (config.limits or self.ceiling).within(self.ceiling)
         room = 2 * limits.result_bytes + (64 << 10)  # content and structured copies, JSON-RPC
         connections: list[McpConnection] = []
@@ -215,11 +216,11 @@ class SessionTools:
                 except ToolFailed as e:
                     raise ToolServerFailed(
                         f"MCP server {server.name} ({server.url}) did not answer as a "
-                        f"streamable-HTTP MCP server: {Masker(values).text(str(e))}; check "
+                        f"streamable-HTTP MCP server: {masker.text(str(e))}; check "
                         "its url and that it runs"
                     ) from None
                 connections.append(connection)
-                for spec in listed:
+                for spec in masker.tree(listed):  # a server's words: shown to the sandbox
                     name = spec["name"]
                     if not isinstance(name, str) or not re.fullmatch(TOOL_NAME, name):
                         log.warning(
@@ -241,7 +242,7 @@ class SessionTools:
         if unknown:
             await asyncio.gather(*(c.close() for c in connections))
             raise BadRequest(f"tools.rules names tools no server lists: {', '.join(unknown)}")
-        return Toolbox(config, limits, tools, Masker(values), asyncio.Semaphore(limits.concurrent))
+        return Toolbox(config, limits, tools, masker, asyncio.Semaphore(limits.concurrent))
 
     async def _install(self, session: Session, box: Toolbox) -> None:
         """Make ``box`` the session's tools, serving its socket; the old one's servers closed."""

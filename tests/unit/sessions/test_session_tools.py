@@ -638,3 +638,22 @@ def test_a_server_refusing_at_connect_cannot_show_a_header_secret_back(monkeypat
         assert "s3cret" not in failed.value.message and "***WH_TOKEN***" in failed.value.message
 
     run(test)
+
+
+def test_a_server_listing_a_header_secret_back_shows_the_sandbox_it_masked(monkeypatch):
+    async def test(w: World):
+        async def echo_open(self):
+            schema = {"type": "object", "default": "s3cret-value-0042"}
+            return [
+                {**LISTED[0], "description": "Bearer s3cret-value-0042", "input_schema": schema}
+            ]
+
+        monkeypatch.setattr(FakeServer, "open", echo_open)
+        headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
+        body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
+        await w.tools.give("s1", AGENT, parse_tools(body))
+        listing = json.dumps(w.tools.endpoint.listing("s1"))
+        assert "s3cret" not in listing and "***WH_TOKEN***" in listing
+        assert "s3cret" not in json.dumps(w.tools.view("s1", AGENT))
+
+    run(test)
