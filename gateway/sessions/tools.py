@@ -473,7 +473,8 @@ class SessionTools:
             if not await asyncio.shield(waiting):
                 raise CallRefused(403, "denied", f"an approval of {tool.name} was denied")
         decided = turn.pending[tool.name] = asyncio.get_running_loop().create_future()
-        shown = json.dumps(session.masker.tree(box.masker.tree(arguments)))[:2000]
+        # whole (the socket bounds them): a cut would hide what follows a padded argument
+        shown = json.dumps(session.masker.tree(box.masker.tree(arguments)))
         covers = tool.rule.approval_covers
         text = f"call {tool.name}({shown})" + (
             f"\n# approving covers the next {covers} calls of {tool.name} in this execute"

@@ -657,3 +657,22 @@ def test_a_server_listing_a_header_secret_back_shows_the_sandbox_it_masked(monke
         assert "s3cret" not in json.dumps(w.tools.view("s1", AGENT))
 
     run(test)
+
+
+def test_an_approver_sees_a_held_calls_arguments_whole():
+    """Arguments padded past what the approval showed hid what the call would do: the
+    approver saw a harmless comment and approved dropping every table."""
+
+    async def test(w: World):
+        await w.give()
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            call = asyncio.ensure_future(
+                w.tools.call("s1", "drop", {"comment": "tidy up " * 500, "table": "EVERYTHING"})
+            )
+            (approval,) = await w.pending()
+            assert '"table": "EVERYTHING"' in approval.code
+            await w.desk.decide(approval.id, APPROVER, False, None)
+            with pytest.raises(CallRefused):
+                await call
+
+    run(test)
