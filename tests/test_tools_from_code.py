@@ -253,3 +253,66 @@ def test_a_javascript_kernel_calls_a_tool_over_the_socket(api, new_session, ware
     reply = run(api, sid, JS_CALL, timeout=60)
     assert reply["status"] == "ok", reply
     assert "orders" in reply["outputs"][0]["data"]["text/plain"]
+
+
+def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_its_own_token(
+    gw, warehouse
+):
+    """The stock SDK: create(mcp=...) gives the sandbox an MCP server by URL; an MCP client at
+    get_mcp_url() with get_mcp_token() lists and calls its tools, each call recorded."""
+    import asyncio
+    from urllib.parse import urlsplit
+
+    import httpx2
+    from e2b import Sandbox
+    from helpers import e2b_env
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    gateway_url = urlsplit(gw.url)
+
+    class ToGateway(httpx2.AsyncHTTPTransport):
+        """Sends to the gateway what the SDK's URL (https://50005-ID.DOMAIN/mcp) names by Host."""
+
+        async def handle_async_request(self, request):
+            request.url = request.url.copy_with(
+                scheme="http", host=gateway_url.hostname, port=gateway_url.port
+            )
+            return await super().handle_async_request(request)
+
+    async def mcp_call(url: str, token: str | None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx2.AsyncClient(headers=headers, transport=ToGateway(), timeout=60) as http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                names = sorted(t.name for t in (await client.list_tools()).tools)
+                answer = await client.call_tool("list_tables", {})
+                return names, answer
+
+    async def refused(url: str, token: str | None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        async with httpx2.AsyncClient(headers=headers, transport=ToGateway()) as http:
+            return (await http.post(url, json=body)).status_code
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in e2b_env(gw, gw.token).items():
+            mp.setenv(name, value)
+        servers = {"sbxTools": {"mcp": [{"url": warehouse, "name": "warehouse"}]}}
+        sandbox = Sandbox.create(mcp=servers)
+        other = Sandbox.create(template="base", mcp={})
+        try:
+            url, token = sandbox.get_mcp_url(), sandbox.get_mcp_token()
+            assert url.startswith("https://50005-") and url.endswith("/mcp") and token
+            names, answer = asyncio.run(mcp_call(url, token))
+            assert names == ["drop_orders", "list_tables", "query_warehouse"]
+            assert not answer.is_error and "orders" in answer.content[0].text
+            history = gw.client.get(f"/v1/sessions/{sandbox.sandbox_id}/history").json()
+            calls = [c for e in history["executions"] for c in e["review"]["tools"]]
+            assert [(c["tool"], c["status"]) for c in calls] == [("list_tables", "ok")]
+            assert asyncio.run(refused(url, other.get_mcp_token())) == 401
+            assert asyncio.run(refused(url, None)) == 401
+            assert asyncio.run(refused(url, sandbox._envd_access_token)) == 401
+            assert asyncio.run(refused(other.get_mcp_url(), token)) == 401
+        finally:
+            sandbox.kill()
+            other.kill()

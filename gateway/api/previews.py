@@ -50,9 +50,10 @@ from ..sessions.previews import Previews
 from .base import GatewayHandlerMixin, JSONHandler
 
 # A Host naming a port and a session (ids are UUIDs: a gateway reached by a name such as
-# 2024-gateway.example keeps its API), but not envd's (49983) nor the interpreter's (49999).
+# 2024-gateway.example keeps its API), but not envd's (49983), the interpreter's (49999)
+# nor the MCP URL's (50005).
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-HOST_FORM = rf"(?!(?:49983|49999)-)(?P<port>\d{{1,5}})-(?P<session_id>{_UUID})\..+"
+HOST_FORM = rf"(?!(?:49983|49999|50005)-)(?P<port>\d{{1,5}})-(?P<session_id>{_UUID})\..+"
 SANDBOX_POLICY = (
     "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads "
     "allow-pointer-lock allow-presentation"

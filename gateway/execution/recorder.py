@@ -28,6 +28,7 @@ CUT_BY_RESTART = "interrupted_by_gateway_restart"
 # What a history entry ran as (``review["kind"]``; none: a cell). Silent executes
 # are a client's own work in the kernel, commands ran beside it: neither is a cell.
 CELL, SILENT, COMMAND = "cell", "silent", "command"
+TOOL = "tool"  # a tool call through the sandbox's MCP URL: no code ran at all
 
 
 def kind_of(entry: dict[str, Any]) -> str:
@@ -43,7 +44,8 @@ def context_of(entry: dict[str, Any]) -> str | None:
 def ran_in_kernel(entry: dict[str, Any]) -> bool:
     """Whether a recorded execution's code reached the session's own kernel (a replay of
     its state runs it); a code context's ran in a kernel of its own."""
-    return entry.get("status") != "denied" and kind_of(entry) != COMMAND and not context_of(entry)
+    ran = kind_of(entry) not in (COMMAND, TOOL)
+    return entry.get("status") != "denied" and ran and not context_of(entry)
 
 
 class ExecutionRecorder:

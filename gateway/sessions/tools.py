@@ -34,8 +34,8 @@ from ..access.auth import Principal
 from ..access.secrets import SecretVault
 from ..egress.policy import AddressGuard
 from ..errors import BadRequest, NotSupported, Unavailable
-from ..execution.kernel import Kernel
-from ..execution.recorder import ExecutionRecorder
+from ..execution.kernel import ExecutionResult, Kernel
+from ..execution.recorder import TOOL, ExecutionRecorder
 from ..masking import Masker
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
@@ -374,15 +374,52 @@ class SessionTools:
 
     async def call(self, session_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A call from the session's tool socket: judged, held, made, bounded and recorded."""
-        box = self._boxes.get(session_id)
-        session = self.manager.sessions.get(session_id)
-        if box is None or session is None:
-            raise CallRefused(404, "no_tools", "this session has no tools")
+        session, box = self._given(session_id)
         turn = box.turn
         if turn is None:
             why = "tools are called from code while an execute runs; this call came outside one"
             raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")
-        reachable = box.reachable()
+        return await self._call(session, box, turn, name, arguments)
+
+    def mcp_listing(self, session_id: str) -> list[dict[str, Any]]:
+        """What the sandbox's MCP URL lists: its servers' tools (no execute's client tools)."""
+        box = self._boxes.get(session_id)
+        return [] if box is None else [tool.to_json() for tool, _ in box.tools.values()]
+
+    async def call_over_mcp(
+        self, session_id: str, who: Principal, name: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A call through the sandbox's MCP URL (E2B's ``get_mcp_url()``), from outside the
+        kernel: the same gate, limits and record as the kernel's, each call a turn of its own
+        recorded as an execution of kind ``tool`` (no execute's client tools, and
+        ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood)."""
+        session, box = self._given(session_id)
+        recorder = ExecutionRecorder(
+            self.manager.store, session_id, f"# MCP tools/call {name[:128]}", None, {"kind": TOOL}
+        )
+        turn = ToolTurn(who, recorder)
+        started = time.monotonic()
+        status = "error"
+        try:
+            answer = await self._call(session, box, turn, name, arguments)
+            status = "ok"
+            return answer
+        finally:
+            took = round((time.monotonic() - started) * 1000, 3)
+            await recorder.finish(ExecutionResult(status, None, [], None, took))
+
+    def _given(self, session_id: str) -> tuple[Session, Toolbox]:
+        box = self._boxes.get(session_id)
+        session = self.manager.sessions.get(session_id)
+        if box is None or session is None:
+            raise CallRefused(404, "no_tools", "this session has no tools")
+        return session, box
+
+    async def _call(
+        self, session: Session, box: Toolbox, turn: ToolTurn, name: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        session_id = session.id
+        reachable = {**box.tools, **turn.client}
         if name not in reachable:
             why = f"this session has no tool {name!r}; sbx_tools.tools() lists the ones it has"
             raise CallRefused(404, "unknown_tool", why)

@@ -10,7 +10,7 @@ envd's port (49983): its HTTP file endpoint and its Connect RPC services
 
 from __future__ import annotations
 
-from . import builds, control, envd, interpreter, rpc, secrets, volume_content, volumes
+from . import builds, control, envd, interpreter, mcp, rpc, secrets, volume_content, volumes
 from .base import Credentials
 
 __all__ = ["Credentials", "routes"]
@@ -24,4 +24,5 @@ routes = [
     *interpreter.routes,
     *envd.routes,
     *rpc.routes,
+    *mcp.routes,
 ]

@@ -29,6 +29,7 @@ from tornado import httputil
 
 from ...access.auth import Authenticator, Principal, presented_token
 from ...access.file_urls import FileUrls, Grant, signed
+from ...access.mcp_tokens import McpTokens
 from ...access.sandbox_tokens import SandboxTokens
 from ...access.volume_tokens import VolumeTokens
 from ...errors import BadRequest, GatewayError, NotFound, SessionNotFound, Unauthorized
@@ -37,6 +38,7 @@ from ..base import JSONHandler
 ENVD_PORT = 49983  # envd: files, commands, health
 FILES = "/files"  # envd's file route: the only one a signed URL opens
 JUPYTER_PORT = 49999  # the code interpreter: execute, contexts
+MCP_PORT = 50005  # the sandbox's MCP URL (``get_mcp_url()``): its own token only (mcp.py)
 _VOLUME_CONTENT = re.compile(r"/volumecontent/([^/]+)/(?:dir|path|file)")
 
 
@@ -100,6 +102,7 @@ class Credentials:
     ) -> None:
         self.tokens = tokens
         self.volumes = VolumeTokens(tokens)
+        self.mcp_tokens = McpTokens()
         self.urls = urls
         self.holders = holders
         self.principal_of = principal_of
@@ -144,6 +147,8 @@ class Credentials:
                 "name the sandbox: send E2b-Sandbox-Id and E2b-Sandbox-Port headers, "
                 "or a Host of the form PORT-SANDBOXID.DOMAIN"
             )
+        if address.port == MCP_PORT:
+            return self._mcp_access(address, headers)
         presented = sandbox_token(headers)
         if presented is None and signed(query):
             if (address.port, path) != (ENVD_PORT, FILES):
@@ -159,6 +164,18 @@ class Credentials:
             raise Unauthorized(
                 "the sandbox access token is missing or not this sandbox's; use the "
                 "envdAccessToken that created (or connected to) the sandbox"
+            )
+        return Access(address, holder)
+
+    def _mcp_access(self, address: Address, headers: httputil.HTTPHeaders) -> Access:
+        """The MCP URL opens to the sandbox's MCP token only (a Bearer token), while the API
+        token it was registered under still acts for the sandbox's tenant."""
+        bearer = presented_token(headers.get("Authorization"), None)
+        holder = self.mcp_tokens.holder(address.sandbox_id, bearer)
+        if holder is None or holder not in self.holders(address.sandbox_id):
+            raise Unauthorized(
+                "the MCP token is missing or not this sandbox's; send the sandbox's "
+                "get_mcp_token() as 'Authorization: Bearer <token>'"
             )
         return Access(address, holder)
 

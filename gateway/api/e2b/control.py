@@ -38,6 +38,7 @@ from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
 from .base import E2BHandler
 from .envd import workspace_path
+from .mcp import tools_of
 from .network import credentials_of, internet_access, network_of
 from .templates import ENVD_VERSION, HOME, TEMPLATES, kernel_for_template
 
@@ -136,13 +137,6 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
     auto_pause = body.get("autoPause")
     if not isinstance(auto_pause, bool | None):
         raise BadRequest("autoPause must be true or false")
-    if body.get("mcp"):
-        raise NotSupported(
-            "E2B's mcp= (an MCP gateway in the sandbox running catalogue servers over stdio) "
-            "is not offered: this gateway runs no server's process. Create the sandbox without "
-            "it and give the session streamable-HTTP MCP servers with PUT /v1/sessions/{id}/tools"
-            "; its code calls them as sbx_tools functions (docs/tools.md)"
-        )
     timeout = seconds_of(body.get("timeout", DEFAULT_TIMEOUT), "timeout")
     network = network_of(body.get("network"), internet_access(body))
     return CreateSession(
@@ -155,6 +149,7 @@ def create_request(body: dict[str, Any], longest: float) -> CreateSession:
         **({"network": network} if network is not None else {}),
         credentials=credentials_of(body.get("network")),
         volumes=volume_mounts(body.get("volumeMounts")),
+        tools=None if body.get("mcp") is None else tools_of(body["mcp"]),
     )
 
 
@@ -208,7 +203,7 @@ class SandboxesHandler(ControlHandler):
     async def post(self) -> None:
         longest = self.api_options.max_ttl
         request = await from_snapshot(self, create_request(self.json_body(), longest))
-        session = await self.manager.create(request, self.principal)
+        session = await self.tools.create(request, self.principal)
         self.audit_session = session.id
         self.send(self.sandbox(session), status=201)
 

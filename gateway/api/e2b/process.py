@@ -20,12 +20,14 @@ from e2b.envd.process import process_pb as proc
 from protobuf import Oneof
 
 from ...access.auth import Principal
+from ...access.mcp_tokens import McpTokens
 from ...errors import BadRequest
 from ...sessions.commands import Command
 from ...sessions.executions import Executions
 from ...sessions.requests import StartCommand
 from .connect import as_connect_errors
 from .envd import workspace_path
+from .mcp import mcp_gateway_token
 
 KEEPALIVE = 50.0  # seconds of silence before a keep-alive, unless the client asks otherwise
 Event = proc.ProcessEvent
@@ -41,8 +43,11 @@ def _pid(selector: proc.ProcessSelector | None) -> int:
 class ProcessService(proc_rpc.Process):
     """One sandbox's commands, for one request's caller."""
 
-    def __init__(self, executions: Executions, sandbox_id: str, who: Principal) -> None:
+    def __init__(
+        self, executions: Executions, sandbox_id: str, who: Principal, mcp_tokens: McpTokens
+    ) -> None:
         self.executions, self.sandbox_id, self.who = executions, sandbox_id, who
+        self.mcp_tokens = mcp_tokens
 
     def command(self, selector: proc.ProcessSelector | None) -> Command:
         return self.executions.command(self.sandbox_id, self.who, _pid(selector))
@@ -58,6 +63,14 @@ class ProcessService(proc_rpc.Process):
         config = request.process or proc.ProcessConfig()
         size = request.pty.size if request.pty is not None else None
         with as_connect_errors():
+            token = mcp_gateway_token([config.cmd, *config.args], dict(config.envs))
+            if token is not None:
+                self._register_mcp(token)
+        if token is not None:
+            for event in _ran_at_once():
+                yield proc.StartResponse(event=event)
+            return
+        with as_connect_errors():
             command = await self.executions.start_command(
                 self.sandbox_id,
                 self.who,
@@ -71,6 +84,15 @@ class ProcessService(proc_rpc.Process):
             )
         async for event in _events(command, _keepalive(ctx)):
             yield proc.StartResponse(event=event)
+
+    def _register_mcp(self, token: str) -> None:
+        """The SDK's ``mcp-gateway`` command after ``create(mcp=...)``: no process here (the
+        gateway answers the sandbox's MCP URL), its token made the URL's."""
+        self.executions.running_commands(self.sandbox_id, self.who)  # the sandbox, still there
+        try:
+            self.mcp_tokens.register(self.sandbox_id, token, self.who.acting_for or "")
+        except ValueError as e:
+            raise BadRequest(f"{e}; the SDK makes a random UUID") from None
 
     async def connect(
         self, request: proc.ConnectRequest, ctx: Any, /
@@ -143,6 +165,12 @@ def _keepalive(ctx: Any) -> float:
     """The keep-alive interval the client asked for (``Keepalive-Ping-Interval``), in seconds."""
     asked = ctx.request_headers.get("keepalive-ping-interval", "")
     return float(asked) if asked.isdigit() and int(asked) > 0 else KEEPALIVE
+
+
+def _ran_at_once() -> list[Event]:
+    """A command the edge answered itself: started and ended at once, exit 0 (pid 0)."""
+    end = Event.EndEvent(exit_code=0, exited=True, status="exit status 0")
+    return [Event(event=Oneof("start", Event.StartEvent(pid=0))), Event(event=Oneof("end", end))]
 
 
 async def _events(command: Command, keepalive: float) -> AsyncIterator[Event]:

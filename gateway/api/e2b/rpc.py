@@ -32,7 +32,9 @@ def _filesystem(handler: RPCHandler) -> Any:
 
 
 def _process(handler: RPCHandler) -> Any:
-    service = ProcessService(handler.executions, handler.sandbox_id, handler.principal)
+    service = ProcessService(
+        handler.executions, handler.sandbox_id, handler.principal, handler.credentials.mcp_tokens
+    )
     return proc_rpc.ProcessASGIApplication(service, codecs=CODECS, read_max_bytes=MAX_MESSAGE)
 
 

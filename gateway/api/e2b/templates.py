@@ -11,6 +11,7 @@ TEMPLATES = {
     "code-interpreter-v1": "python3",  # e2b_code_interpreter.Sandbox's default
     "code-interpreter": "python3",
     "base": "python3",  # e2b.Sandbox's default
+    "mcp-gateway": "python3",  # e2b.Sandbox's default with mcp= (the MCP URL is the gateway's)
     "python": "python3",
     "r": "ir",
     "javascript": "javascript",
