@@ -690,9 +690,18 @@ def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return 0
     local = Path(args.local or args.remote.rsplit("/", 1)[-1])
-    local.write_bytes(content)
-    got = {"volume": args.name, "path": args.remote, "local": str(local), "size": len(content)}
-    _show(args, got, lambda: terminal.err.print(f"{local}: {len(content)} bytes"))
+    with _client(settings) as client:
+        files = client.volume_files(args.name)
+        if args.local == "-":
+            sys.stdout.buffer.write(files.read(args.remote))
+            sys.stdout.flush()
+            return 0
+        # Streamed: a sandbox may have left a file far larger than this machine's memory.
+        with terminal.transfer(f"downloading {args.remote}") as progress:
+            files.download(args.remote, local, on_progress=progress)
+    size = local.stat().st_size
+    got = {"volume": args.name, "path": args.remote, "local": str(local), "size": size}
+    _show(args, got, lambda: terminal.err.print(f"{local}: {size} bytes"))
     return 0
 
 
