@@ -683,12 +683,6 @@ def volumes_put(settings: ClientSettings, args: argparse.Namespace) -> int:
 def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     if args.local == "-" and args.json:
         raise BadRequest("'-' (to stdout) takes no --json")
-    with _client(settings) as client:
-        content = client.volume_files(args.name).read(args.remote)
-    if args.local == "-":
-        sys.stdout.buffer.write(content)
-        sys.stdout.flush()
-        return 0
     local = Path(args.local or args.remote.rsplit("/", 1)[-1])
     with _client(settings) as client:
         files = client.volume_files(args.name)
