@@ -42,6 +42,7 @@ from ..policy.gate import Gate
 from ..policy.model import Decision
 from ..tools.endpoint import CallRefused, ToolEndpoint
 from ..tools.mcp_servers import McpConnection, Refusal, ToolFailed
+from ..tools.sbx_tools import python_name
 from ..tools.specs import (
     TOOL_NAME,
     CallLimits,
@@ -207,6 +208,7 @@ class SessionTools:
         room = 2 * limits.result_bytes + (64 << 10)  # content and structured copies, JSON-RPC
         connections: list[McpConnection] = []
         tools: dict[str, tuple[Tool, McpConnection]] = {}
+        functions: dict[str, Tool] = {}  # by the name sbx_tools gives its function
         try:
             for server in config.mcp:
                 headers = {h.name: h.resolve(values) for h in server.headers}
@@ -234,7 +236,15 @@ class SessionTools:
                             f"tool {name} is listed by both {tools[name][0].server} and "
                             f"{server.name}; give one of them to this session"
                         )
+                    other = functions.get(python_name(name))
+                    if other is not None:  # sbx_tools would give the first one its calls
+                        raise BadRequest(
+                            f"tools {other.name} of {other.server} and {name} of {server.name} "
+                            f"are both sbx_tools.{python_name(name)}; give one of them to "
+                            "this session"
+                        )
                     tools[name] = (_tool(spec, server.name, config), connection)
+                    functions[python_name(name)] = tools[name][0]
         except BaseException:
             await asyncio.gather(*(c.close() for c in connections))
             raise
@@ -318,7 +328,8 @@ class SessionTools:
                 f"(/v1/sessions/{session.id}/stream); send this execute there"
             )
         box = self._boxes.get(session.id)
-        taken = sorted({t["name"] for t in client_tools} & set(box.tools if box else ()))
+        functions = {python_name(name) for name in (box.tools if box else ())}
+        taken = sorted(t["name"] for t in client_tools if python_name(t["name"]) in functions)
         if taken:
             raise BadRequest(f"client tools {', '.join(taken)} are named as the session's tools")
 

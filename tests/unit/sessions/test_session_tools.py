@@ -676,3 +676,27 @@ def test_an_approver_sees_a_held_calls_arguments_whole():
                 await call
 
     run(test)
+
+
+def test_a_tool_cannot_shadow_anothers_python_function_by_a_name_spelled_otherwise(monkeypatch):
+    """sbx_tools.send_email is the first tool whose name becomes send_email: a second server
+    listing send-email (or an execute's client tool so named) would take the other's calls."""
+
+    async def test(w: World):
+        from gateway.errors import BadRequest
+
+        async def listing(self):
+            name = "send_email" if self.server.name == "a" else "send-email"
+            return [{**LISTED[0], "name": name}]
+
+        monkeypatch.setattr(FakeServer, "open", listing)
+        body = {"mcp": [{"url": "http://127.0.0.1:9/b", "name": "b"},
+                        {"url": "http://127.0.0.1:9/a", "name": "a"}]}  # fmt: skip
+        with pytest.raises(BadRequest, match=r"send-email of b and send_email of a"):
+            await w.tools.give("s1", AGENT, parse_tools(body))
+        await w.tools.give("s1", AGENT, parse_tools({"mcp": body["mcp"][1:]}))
+        clash = ({**CLIENT_TOOLS[0], "name": "send-email"},)
+        with pytest.raises(BadRequest, match="send-email are named as the session's tools"):
+            w.tools.check_client_tools(w.session, clash, answered=True)
+
+    run(test)
