@@ -288,16 +288,23 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
                 answer = await client.call_tool("list_tables", {})
                 return names, answer
 
-    async def refused(url: str, token: str | None) -> int:
+    async def refused(url: str, token: str | None, body: dict | None = None) -> int:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
         async with httpx2.AsyncClient(headers=headers, transport=ToGateway()) as http:
             return (await http.post(url, json=body)).status_code
 
+    async def denied(url: str, token: str):
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, transport=ToGateway(), timeout=60) as http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                return await client.call_tool("drop_orders", {"region": "north"})
+
     with pytest.MonkeyPatch.context() as mp:
         for name, value in e2b_env(gw, gw.token).items():
             mp.setenv(name, value)
-        servers = {"sbxTools": {"mcp": [{"url": warehouse, "name": "warehouse"}]}}
+        tools = {"mcp": [{"url": warehouse, "name": "warehouse"}], "rules": {"drop_orders": "deny"}}
+        servers = {"sbxTools": tools}
         sandbox = Sandbox.create(mcp=servers)
         other = Sandbox.create(template="base", mcp={})
         try:
@@ -313,6 +320,15 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
             assert asyncio.run(refused(url, None)) == 401
             assert asyncio.run(refused(url, sandbox._envd_access_token)) == 401
             assert asyncio.run(refused(other.get_mcp_url(), token)) == 401
+            answer = asyncio.run(denied(url, token))  # the gate: the session's rule holds
+            assert answer.is_error and "denied" in answer.content[0].text
+            arguments = {"name": "query_warehouse", "arguments": {"sql": "x" * 400_000}}
+            huge = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": arguments}
+            assert asyncio.run(refused(url, token, huge)) == 413  # the tool socket's 256 KiB
+            history = gw.client.get(f"/v1/sessions/{sandbox.sandbox_id}/history").json()
+            calls = [c for e in history["executions"] for c in e["review"]["tools"]]
+            assert [(c["tool"], c["status"]) for c in calls][-1] == ("drop_orders", "denied")
+            assert not [line for line in gw.log if token in line]  # never logged, at debug level
         finally:
             sandbox.kill()
             other.kill()

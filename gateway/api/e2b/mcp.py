@@ -21,12 +21,12 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from ...errors import BadRequest
 from ...sessions.tools import SessionTools
-from ...tools.endpoint import CallRefused
+from ...tools.endpoint import MAX_BODY, CallRefused
 from ...tools.specs import ToolsConfig, parse_tools
 from .base import MCP_PORT, SandboxHandler
 from .connect import serve_asgi
 
-MAX_MESSAGE = 1 << 20  # bytes of one MCP request: a tool's arguments (the socket's are 256 KiB)
+MAX_MESSAGE = MAX_BODY  # bytes of one MCP request: what the tool socket takes of a call
 COMMAND = "mcp-gateway"  # what the SDK runs in the sandbox after create(mcp=...)
 TOKEN_ENV = "GATEWAY_ACCESS_TOKEN"
 OWN_ENTRY = "sbxTools"  # the mcp= entry naming streamable-HTTP servers (no E2B catalogue name)
