@@ -290,7 +290,7 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
 
     async def refused(url: str, token: str | None, body: dict | None = None) -> int:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        body = body or {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
         async with httpx2.AsyncClient(headers=headers, transport=ToGateway()) as http:
             return (await http.post(url, json=body)).status_code
 
