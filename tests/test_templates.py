@@ -218,3 +218,24 @@ def test_a_build_that_forks_without_end_is_stopped_by_a_pids_bound(gw):
     )
     assert doc["status"] == "failed", doc
     assert "Cannot fork" in doc["error"]["reason"], doc["error"]
+
+
+def test_e2b_pip_install_builds_from_the_hosts_wheels_without_a_network(gw):
+    """The build fetches no package itself: the gateway hands it the wheels (sbx-pip)."""
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    from e2b_code_interpreter import Sandbox
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in e2b_env(gw, gw.token).items():
+            mp.setenv(name, value)
+        Template.build(Template().from_base_image().pip_install(["six"]), "e2b-pip")
+        sandbox = Sandbox.create("e2b-pip")
+        try:
+            ran = sandbox.run_code("import six, os; print(six.__name__, os.getuid())")
+            assert ran.logs.stdout == ["six 1000\n"], ran
+        finally:
+            sandbox.kill()
+            assert gw.client.delete("/v1/templates/e2b-pip").status_code == 204
+        with pytest.raises(BuildException, match="no wheel"):
+            Template.build(Template().from_base_image().pip_install(["sbx-no-such-pkg"]), "e2b-pip")

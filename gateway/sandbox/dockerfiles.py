@@ -18,11 +18,13 @@ import re
 from collections.abc import Callable
 
 from ..errors import BadRequest
+from .wheels import DIRECTIVE, parse_pip
 
 MAX_DOCKERFILE = 256 * 1024
 _FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
 _URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.I)
 _STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
+PIP = "#PIP"  # the keyword of a '# sbx: pip install' line: no written instruction has it
 
 
 class DockerfileRefused(BadRequest):
@@ -39,7 +41,10 @@ class Instruction:
 
 
 def instructions(source: str) -> list[Instruction]:
-    """The instructions of a Dockerfile, comments and blank lines dropped, continuations joined."""
+    """The instructions of a Dockerfile, comments and blank lines dropped, continuations joined.
+
+    A ``# sbx: pip install`` line is kept, as the instruction ``PIP`` (``wheels``).
+    """
     if len(source.encode()) > MAX_DOCKERFILE:
         raise DockerfileRefused(f"the Dockerfile is larger than {MAX_DOCKERFILE // 1024} KiB")
     if "\x00" in source:
@@ -47,6 +52,9 @@ def instructions(source: str) -> list[Instruction]:
     lines = source.splitlines()
     found, i = [], 0
     while i < len(lines):
+        text = lines[i].strip()
+        if text == DIRECTIVE or text.startswith(DIRECTIVE + " "):
+            found.append(Instruction(i + 1, PIP, text[len(DIRECTIVE) :].strip()))
         if not lines[i].strip() or lines[i].lstrip().startswith("#"):
             i += 1
             continue
@@ -93,6 +101,12 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
             raise DockerfileRefused(f"{where}: ONBUILD is not supported in templates")
         if ins.keyword in ("ADD", "COPY"):
             _copy(ins, where, stages)
+        if ins.keyword == PIP:
+            try:
+                out.append(parse_pip(ins.text).line)
+            except BadRequest as e:
+                raise DockerfileRefused(f"{where}: {e}") from None
+            continue
         if ins.keyword == "RUN" and _flags(ins.text)[0]:
             raise DockerfileRefused(f"{where}: RUN takes no flags here (--mount, --network)")
         out.append(f"{ins.keyword} {ins.text}")

@@ -21,6 +21,7 @@ import json
 import re
 import shlex
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,17 @@ import docker.api.build
 import docker.errors
 
 from ..errors import BadRequest, GatewayError
+from .wheels import (
+    DIR,
+    DIRECTIVE,
+    HINT,
+    PROBE,
+    PipRefused,
+    Target,
+    Wheels,
+    install_lines,
+    parse_pip,
+)
 
 DOCKERFILE = ".sbx-template.Dockerfile"  # the name the resolved Dockerfile takes in the context
 LABEL = "sbx.template"
@@ -87,17 +99,25 @@ class BuildLimits:
     pids: int = 512  # processes of every build step at once, together
 
 
-def context_tar(context: bytes | None, dockerfile: str, limits: BuildLimits) -> bytes:
+def context_tar(
+    context: bytes | None,
+    dockerfile: str,
+    limits: BuildLimits,
+    wheels: dict[str, Path] | None = None,
+) -> bytes:
     """The tenant's context (a tar, gzip allowed) with the resolved Dockerfile added.
 
     Only files, directories and links inside the context; bounded in size and
     count before anything is unpacked (a header's size is read, not trusted
-    after the fact).
+    after the fact). ``wheels``: the files the gateway fetched, by their name
+    in the context (under ``DIR``, where the tenant's own files are dropped).
     """
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         if context:
             _add_tar(context, tar, limits, [0, 0], "")
+        for name, path in (wheels or {}).items():
+            tar.add(path, arcname=name)
         info = tarfile.TarInfo(DOCKERFILE)
         raw = dockerfile.encode()
         info.size = len(raw)
@@ -155,7 +175,7 @@ def _members(source: tarfile.TarFile):
                 f"the build context holds {name[:200]!r}, which is neither a file, a directory "
                 "nor a symbolic link"
             )
-        if name == DOCKERFILE:
+        if name == DOCKERFILE or name.split("/")[0] == DIR:
             continue
         yield member
 
@@ -169,11 +189,17 @@ class TemplateEngine:
     """
 
     def __init__(
-        self, client: docker.DockerClient, limits: BuildLimits, cgroups: Path = CGROUPS
+        self,
+        client: docker.DockerClient,
+        limits: BuildLimits,
+        cgroups: Path = CGROUPS,
+        wheels: Wheels | None = None,
     ) -> None:
         self.client = client
         self.limits = limits
         self.cgroups = cgroups
+        self.wheels = wheels or Wheels()
+        self.targets: dict[str, Target] = {}  # what wheels must run on, by kernel image
         self.api = _CgroupBuilds(client.api)
         self.watching: set[_Watchdog] = set()  # the watchdogs of the builds under way
 
@@ -217,7 +243,10 @@ class TemplateEngine:
         stage = f"{tag}-user"
         deadline = time.monotonic() + self.limits.timeout
         try:
-            self._build(stage, context_tar(context, dockerfile, self.limits), log, "", deadline)
+            with tempfile.TemporaryDirectory(prefix="sbx-template-wheels-") as fetched:
+                dockerfile, wheels = self._pip_steps(dockerfile, kernel_image, Path(fetched), log)
+                tar = context_tar(context, dockerfile, self.limits, wheels)
+            self._build(stage, tar, log, "", deadline)
             kernel = self.client.images.get(kernel_image).attrs["Config"]
             layer = _gateway_layer(stage, kernel, user)
             layer_context = context_tar(None, layer, self.limits)
@@ -241,6 +270,45 @@ class TemplateEngine:
                 "", f"the image grew past the disk bound of {self.limits.disk >> 20} MiB"
             )
         return image.id
+
+    def _pip_steps(
+        self, dockerfile: str, kernel_image: str, into: Path, log: Callable[[str], None]
+    ) -> tuple[str, dict[str, Path]]:
+        """Each ``# sbx: pip install`` line as the lines installing its wheels, fetched here."""
+        lines, out, wheels = dockerfile.splitlines(), [], {}
+        steps = 0
+        for line in lines:
+            if not line.startswith(DIRECTIVE):
+                out.append(line)
+                continue
+            step = parse_pip(line[len(DIRECTIVE) :])
+            what = f"pip install {' '.join(step.specs)}"[:200]
+            dest = into / str(steps)
+            dest.mkdir()
+            try:
+                target = self._target(kernel_image)
+                log(f"{what}: fetching wheels for {target}")
+                for wheel in self.wheels.fetch(step, target, dest):
+                    log(f"{what}: {wheel.name} ({wheel.stat().st_size} bytes)")
+                    wheels[f"{DIR}/{steps}/{wheel.name}"] = wheel
+            except PipRefused as e:
+                raise BuildFailed(what, e.message) from None
+            out += install_lines(step, steps)
+            steps += 1
+        return "\n".join(out) + "\n", wheels
+
+    def _target(self, kernel_image: str) -> Target:
+        """The Python and platform of a kernel image, asked of it once (no network)."""
+        if kernel_image not in self.targets:
+            try:
+                said = self.client.containers.run(
+                    kernel_image, entrypoint=["python3", "-c", PROBE],
+                    network_disabled=True, remove=True, user="65534:65534",
+                )  # fmt: skip
+                self.targets[kernel_image] = Target.parse(said.decode())
+            except (docker.errors.DockerException, ValueError) as e:
+                raise PipRefused(f"the image runs no Python pip could install for: {e}") from None
+        return self.targets[kernel_image]
 
     def _build(
         self, tag: str, context: bytes, log: Callable[[str], None], phase: str, deadline: float
@@ -296,6 +364,8 @@ class TemplateEngine:
                     error = chunk["error"].strip()
                     if said:
                         error += f"; its last output: {said[-1][:500]}"
+                    if "pip install" in step[0] and "--no-index" not in step[0]:
+                        error += f" ({HINT})"
                     raise BuildFailed(step[0], watch.verdict or error)
                 for line in _COLOUR.sub("", chunk.get("stream", "")).splitlines():
                     self._note(line, step, watch, phase, log)

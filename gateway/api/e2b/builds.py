@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from ...errors import BadRequest
+from ...sandbox.wheels import parse_pip
 from ...sessions.templates import template_name
 from .control import ControlHandler
 
@@ -48,7 +49,7 @@ def dockerfile_of(body: dict[str, Any]) -> tuple[str, list[str]]:
             raise BadRequest("each step must be an object")
         kind, args = step.get("type"), [str(a) for a in step.get("args") or []]
         if kind == "RUN" and args:
-            run = f"RUN {json.dumps(['/bin/sh', '-c', args[0]])}"
+            run = _pip_directive(args[0]) or f"RUN {json.dumps(['/bin/sh', '-c', args[0]])}"
             as_user = args[1] if len(args) > 1 and args[1] else ""
             lines += _as(as_user, run, user) if as_user else [run]
         elif kind == "COPY" and len(args) >= 2:
@@ -75,6 +76,14 @@ def dockerfile_of(body: dict[str, Any]) -> tuple[str, list[str]]:
         else:
             raise BadRequest(f"step {kind!r} with {len(args)} arguments is not supported here")
     return "\n".join(lines) + "\n", hashes
+
+
+def _pip_directive(command: str) -> str | None:
+    """``pip_install``'s command as the Dockerfile line whose wheels the gateway fetches."""
+    words = command.split(maxsplit=2)
+    if words[:2] != ["pip", "install"]:
+        return None
+    return parse_pip(words[2] if len(words) > 2 else "").line
 
 
 def _as(who: str, line: str, user: str) -> list[str]:

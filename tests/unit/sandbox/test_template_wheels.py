@@ -1,0 +1,195 @@
+"""`# sbx: pip install` in a template build: read strictly, fetched as wheels by the host."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gateway.api.e2b.builds import dockerfile_of
+from gateway.errors import BadRequest
+from gateway.sandbox.dockerfiles import DockerfileRefused, resolve
+from gateway.sandbox.templates import BuildFailed, BuildLimits, TemplateEngine, context_tar
+from gateway.sandbox.wheels import (
+    PipRefused,
+    PipStep,
+    Target,
+    WheelLimits,
+    Wheels,
+    install_lines,
+    parse_pip,
+)
+
+TARGET = Target("3.11", "cp311", "x86_64", "2.36")
+
+
+def _resolve(text: str) -> str:
+    return resolve(text, {"sbx/python": "img"}.get, ["sbx/python"])[0]
+
+
+def test_requirements_are_read_and_normalised():
+    step = parse_pip("--user six attrs>=23  requests[socks]>=2.31,<3")
+    assert step == PipStep(("six", "attrs>=23", "requests[socks]<3,>=2.31"), user=True)
+    assert step.line == "# sbx: pip install --user six attrs>=23 requests[socks]<3,>=2.31"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("", "at least one package"),
+        ("--index-url=http://10.0.0.1/simple six", "option '--index-url"),
+        ("-i http://10.0.0.1/simple six", "option '-i'"),
+        ("--extra-index-url x six", "option"),
+        ("-r requirements.txt", "option"),
+        ("file:///etc/passwd", "no URL, path"),
+        ("git+https://example.invalid/x.git", "no URL, path"),
+        ("six@https://example.invalid/six.whl", "no URL, path"),
+        ("/tmp/evil.whl", "no URL, path"),
+        ("../evil", "no URL, path"),
+        (".", "no URL, path"),
+        ("six;python_version>'3'", "no URL, path"),
+        ("six && curl", "no URL, path"),
+        ("x" * 300, "no URL, path"),
+        (" ".join(["six"] * 40), "at most 32"),
+    ],
+)
+def test_anything_but_a_plain_requirement_is_refused(args, says):
+    with pytest.raises(PipRefused) as found:
+        parse_pip(args)
+    assert says in found.value.message and len(found.value.message) < 400
+    assert isinstance(found.value, BadRequest)
+
+
+def test_the_dockerfile_directive_is_kept_normalised_and_a_bad_one_names_its_line():
+    text = _resolve("FROM sbx/python\n# a comment\n# sbx: pip install six  attrs>=23\n")
+    assert text == "FROM img\n# sbx: pip install six attrs>=23\n"
+    with pytest.raises(DockerfileRefused, match=r"line 2: .*option '--index-url"):
+        _resolve("FROM sbx/python\n# sbx: pip install --index-url=http://x/ six\n")
+    with pytest.raises(DockerfileRefused, match=r"line 2: .*at least one"):
+        _resolve("FROM sbx/python\n# sbx: pip install\n")
+
+
+def test_e2b_pip_install_becomes_the_directive_and_other_runs_stay_runs():
+    steps = [
+        {"type": "USER", "args": ["root"]},
+        {"type": "RUN", "args": ["pip install six attrs", "root"]},
+        {"type": "RUN", "args": ["echo pip install six"]},
+    ]
+    text, _ = dockerfile_of({"steps": steps})
+    lines = text.splitlines()
+    assert "# sbx: pip install six attrs" in lines
+    assert lines[-1] == f"RUN {json.dumps(['/bin/sh', '-c', 'echo pip install six'])}"
+    with pytest.raises(BadRequest, match="option '--index-url"):
+        dockerfile_of({"steps": [{"type": "RUN", "args": ["pip install --index-url=x six"]}]})
+    with pytest.raises(BadRequest, match="no URL, path"):
+        dockerfile_of({"steps": [{"type": "RUN", "args": ["pip install ."]}]})
+
+
+def test_the_install_lines_quote_every_spec_and_drop_the_wheels():
+    copy, run = install_lines(PipStep(("attrs>=23",), user=True), 0)
+    assert copy == 'COPY [".sbx-wheels/0/", "/tmp/.sbx-wheels-0/"]'
+    argv = json.loads(run[len("RUN ") :])
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert argv[2] == (
+        "pip install --no-index --find-links /tmp/.sbx-wheels-0 --user -- 'attrs>=23'; "
+        "s=$?; rm -rf /tmp/.sbx-wheels-0 2>/dev/null; exit $s"
+    )
+
+
+def test_pip_download_is_binary_only_for_the_images_python():
+    args = TARGET.pip_args()
+    assert args[:4] == ["--python-version", "3.11", "--implementation", "cp"]
+    assert "manylinux_2_36_x86_64" in args and "manylinux_2_17_x86_64" in args
+    assert "manylinux_2_37_x86_64" not in args and "cp311" in args
+
+
+class FakeWheels(Wheels):
+    """The download boundary: writes a wheel per spec, or refuses."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.asked: list[tuple[PipStep, Target]] = []
+
+    def fetch(self, step: PipStep, target: Target, dest: Path) -> list[Path]:
+        self.asked.append((step, target))
+        if self.refuse:
+            raise PipRefused(self.refuse)
+        for spec in step.specs:
+            (dest / f"{spec}-1.0-py3-none-any.whl").write_bytes(b"wheel")
+        return sorted(dest.glob("*.whl"))
+
+
+def _engine(wheels: Wheels) -> TemplateEngine:
+    engine = TemplateEngine(SimpleNamespace(api=None), BuildLimits(), wheels=wheels)
+    engine.targets["kernel"] = TARGET
+    return engine
+
+
+def test_each_directive_becomes_a_copy_and_an_offline_install_of_its_fetched_wheels(tmp_path):
+    fake, logged = FakeWheels(), []
+    engine = _engine(fake)
+    text, wheels = engine._pip_steps(
+        "FROM img\n# sbx: pip install six\nRUN true\n# sbx: pip install --user attrs\n",
+        "kernel",
+        tmp_path,
+        logged.append,
+    )
+    lines = text.splitlines()
+    assert lines[0] == "FROM img" and lines[3] == "RUN true"
+    assert lines[1].startswith("COPY") and "--no-index" in lines[2] and "--user" in lines[5]
+    assert sorted(wheels) == [".sbx-wheels/0/six-1.0-py3-none-any.whl",
+                              ".sbx-wheels/1/attrs-1.0-py3-none-any.whl"]  # fmt: skip
+    assert [t for _, t in fake.asked] == [TARGET, TARGET]
+    assert any("six-1.0-py3-none-any.whl (5 bytes)" in line for line in logged)
+    tar = tarfile.open(fileobj=io.BytesIO(context_tar(None, text, BuildLimits(), wheels)))
+    assert ".sbx-wheels/0/six-1.0-py3-none-any.whl" in tar.getnames()
+
+
+def test_a_package_with_no_wheel_fails_the_build_at_its_step(tmp_path):
+    engine = _engine(FakeWheels(refuse="six has no wheel for Python 3.11"))
+    with pytest.raises(BuildFailed) as failed:
+        engine._pip_steps("FROM img\n# sbx: pip install six\n", "kernel", tmp_path, print)
+    assert failed.value.step == "pip install six" and "no wheel" in failed.value.reason
+
+
+def test_the_tenants_own_files_under_the_wheels_directory_are_dropped():
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo(".sbx-wheels/0/six-9-py3-none-any.whl")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    out = tarfile.open(fileobj=io.BytesIO(context_tar(raw.getvalue(), "FROM x\n", BuildLimits())))
+    assert not [n for n in out.getnames() if n.startswith(".sbx-wheels")]
+
+
+def test_a_download_past_its_byte_or_time_bound_is_stopped(tmp_path, monkeypatch):
+    """The boundary itself: pip replaced by a program that writes without end."""
+    fill = (
+        "import sys, time, pathlib\n"
+        "d = pathlib.Path(sys.argv[sys.argv.index('--dest') + 1])\n"
+        "f = open(d / 'huge-1-py3-none-any.whl', 'wb')\n"
+        "while True:\n    f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.01)\n"
+    )
+    fake_pip = tmp_path / "fakepip.py"
+    fake_pip.write_text(fill)
+    wheels = Wheels(WheelLimits(bytes=4 << 20, timeout=20))
+    real_popen = __import__("subprocess").Popen
+
+    def popen(argv, **kw):  # run the filler with pip's arguments
+        return real_popen([sys.executable, str(fake_pip), *argv[3:]], **kw)
+
+    monkeypatch.setattr("gateway.sandbox.wheels.subprocess.Popen", popen)
+    (tmp_path / "dest").mkdir()
+    with pytest.raises(PipRefused, match="larger than 4 MiB"):
+        wheels.fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
+    slow = Wheels(WheelLimits(bytes=1 << 40, timeout=0.5))
+    fill_slow = fill.replace("1 << 20", "1")
+    fake_pip.write_text(fill_slow)
+    with pytest.raises(PipRefused, match=r"longer than 0\.5 s"):
+        slow.fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
