@@ -82,12 +82,13 @@ def tools():
     return _request("GET", "/tools")["tools"]
 
 
-def call(name, **arguments):
-    """Call the tool ``name`` with ``arguments``; its answer as Python objects."""
+def call(name, /, **arguments):
+    """Call the tool ``name`` with ``arguments`` (one may be called ``name`` too); its answer
+    as Python objects."""
     return _request("POST", f"/call/{name}", {"arguments": arguments})["result"]
 
 
-async def acall(name, **arguments):
+async def acall(name, /, **arguments):
     """``call`` for asyncio code: the call runs on a thread, the loop goes on."""
     return await asyncio.to_thread(call, name, **arguments)
 

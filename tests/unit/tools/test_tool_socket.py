@@ -243,3 +243,11 @@ def test_arguments_nested_past_the_bound_are_refused_before_any_tool_sees_them(s
 def test_a_crafted_input_schema_still_makes_a_callable_function(schema):
     fn = sbx_tools.function({"name": "odd", "description": None, "input_schema": schema})
     assert fn.__name__ == "odd" and callable(fn)
+
+
+def test_a_tool_whose_argument_is_called_name_can_be_called(served):
+    """``call(name, **arguments)`` took a tool's own ``name`` argument for the tool's name."""
+    fn = sbx_tools.function({"name": "greet", "input_schema": {
+        "properties": {"name": {"type": "string"}}, "required": ["name"]}})  # fmt: skip
+    assert fn("Ada") == {"tool": "greet", "arguments": {"name": "Ada"}}
+    assert sbx_tools.call("greet", name="Ada")["arguments"] == {"name": "Ada"}
