@@ -244,7 +244,9 @@ class TemplateEngine:
         deadline = time.monotonic() + self.limits.timeout
         try:
             with tempfile.TemporaryDirectory(prefix="sbx-template-wheels-") as fetched:
-                dockerfile, wheels = self._pip_steps(dockerfile, kernel_image, Path(fetched), log)
+                dockerfile, wheels = self._pip_steps(
+                    dockerfile, kernel_image, Path(fetched), log, deadline
+                )
                 tar = context_tar(context, dockerfile, self.limits, wheels)
             self._build(stage, tar, log, "", deadline)
             kernel = self.client.images.get(kernel_image).attrs["Config"]
@@ -272,11 +274,20 @@ class TemplateEngine:
         return image.id
 
     def _pip_steps(
-        self, dockerfile: str, kernel_image: str, into: Path, log: Callable[[str], None]
+        self,
+        dockerfile: str,
+        kernel_image: str,
+        into: Path,
+        log: Callable[[str], None],
+        deadline: float,
     ) -> tuple[str, dict[str, Path]]:
-        """Each ``# sbx: pip install`` line as the lines installing its wheels, fetched here."""
+        """Each ``# sbx: pip install`` line as the lines installing its wheels, fetched here.
+
+        Every step's downloads share the wheels' byte and time bounds, within the build's.
+        """
         lines, out, wheels = dockerfile.splitlines(), [], {}
-        steps = 0
+        steps = used = 0
+        until = min(deadline, time.monotonic() + self.wheels.limits.timeout)
         for line in lines:
             if not line.startswith(DIRECTIVE):
                 out.append(line)
@@ -288,8 +299,11 @@ class TemplateEngine:
             try:
                 target = self._target(kernel_image)
                 log(f"{what}: fetching wheels for {target}")
-                for wheel in self.wheels.fetch(step, target, dest):
-                    log(f"{what}: {wheel.name} ({wheel.stat().st_size} bytes)")
+                left = self.wheels.limits.bytes - used
+                for wheel in self.wheels.fetch(step, target, dest, left, until - time.monotonic()):
+                    size = wheel.stat().st_size
+                    used += size
+                    log(f"{what}: {wheel.name} ({size} bytes)")
                     wheels[f"{DIR}/{steps}/{wheel.name}"] = wheel
             except PipRefused as e:
                 raise BuildFailed(what, e.message) from None

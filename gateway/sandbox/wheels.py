@@ -127,8 +127,8 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class WheelLimits:
-    bytes: int = 512 << 20  # every wheel of one step, downloaded, together
-    timeout: float = 300.0
+    bytes: int = 256 << 20  # every wheel of one build, together (its context is held in memory)
+    timeout: float = 300.0  # of one build's downloads, together, within the build's own
 
 
 class Wheels:
@@ -138,11 +138,22 @@ class Wheels:
         self.limits = limits
         self.index = index
 
-    def fetch(self, step: PipStep, target: Target, dest: Path) -> list[Path]:
+    def fetch(
+        self,
+        step: PipStep,
+        target: Target,
+        dest: Path,
+        most_bytes: int | None = None,
+        seconds: float | None = None,
+    ) -> list[Path]:
         """The wheels ``step`` installs, with their dependencies, saved under ``dest``.
 
-        Raises ``PipRefused`` (a package with no wheel, past a bound, pip failing).
+        ``most_bytes`` and ``seconds``: what is left of the build's bounds (the
+        limits' by default). Raises ``PipRefused`` (a package with no wheel,
+        past a bound, pip failing).
         """
+        most_bytes = self.limits.bytes if most_bytes is None else most_bytes
+        seconds = self.limits.timeout if seconds is None else seconds
         with tempfile.TemporaryDirectory(prefix="sbx-wheels-") as work:
             tmp = Path(work) / "tmp"
             tmp.mkdir()
@@ -155,7 +166,7 @@ class Wheels:
             with out.open("wb") as log:
                 env = {**os.environ, "TMPDIR": str(tmp)}
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-                verdict = self._watch(proc, (dest, tmp))
+                verdict = self._watch(proc, (dest, tmp), most_bytes, seconds)
             said = out.read_text(errors="replace")[-4000:]
         if verdict:
             raise PipRefused(verdict)
@@ -171,15 +182,23 @@ class Wheels:
             raise PipRefused(f"fetching the wheels failed: {last[0][:500]}")
         return sorted(dest.glob("*.whl"))
 
-    def _watch(self, proc: subprocess.Popen, dirs: tuple[Path, ...]) -> str | None:
+    def _watch(
+        self, proc: subprocess.Popen, dirs: tuple[Path, ...], most_bytes: int, seconds: float
+    ) -> str | None:
         """Wait for pip; kill it past the time or byte bound and say which."""
-        deadline = time.monotonic() + self.limits.timeout
+        deadline = time.monotonic() + seconds
         while proc.poll() is None:
             verdict = None
             if time.monotonic() > deadline:
-                verdict = f"fetching the wheels took longer than {self.limits.timeout:g} s"
-            elif sum(_size(d) for d in dirs) > self.limits.bytes:
-                verdict = f"the wheels are larger than {self.limits.bytes >> 20} MiB together"
+                verdict = (
+                    f"fetching the wheels took longer than the {self.limits.timeout:g} s "
+                    "a build's downloads (and the build itself) may take"
+                )
+            elif sum(_size(d) for d in dirs) > most_bytes:
+                verdict = (
+                    f"the wheels are larger than the {self.limits.bytes >> 20} MiB a build's "
+                    "packages may take together"
+                )
             if verdict:
                 proc.kill()
                 proc.wait()

@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import tarfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,7 +117,7 @@ class FakeWheels(Wheels):
         self.refuse = refuse
         self.asked: list[tuple[PipStep, Target]] = []
 
-    def fetch(self, step: PipStep, target: Target, dest: Path) -> list[Path]:
+    def fetch(self, step: PipStep, target: Target, dest: Path, *bounds) -> list[Path]:
         self.asked.append((step, target))
         if self.refuse:
             raise PipRefused(self.refuse)
@@ -139,6 +140,7 @@ def test_each_directive_becomes_a_copy_and_an_offline_install_of_its_fetched_whe
         "kernel",
         tmp_path,
         logged.append,
+        time.monotonic() + 60,
     )
     lines = text.splitlines()
     assert lines[0] == "FROM img" and lines[3] == "RUN true"
@@ -154,7 +156,8 @@ def test_each_directive_becomes_a_copy_and_an_offline_install_of_its_fetched_whe
 def test_a_package_with_no_wheel_fails_the_build_at_its_step(tmp_path):
     engine = _engine(FakeWheels(refuse="six has no wheel for Python 3.11"))
     with pytest.raises(BuildFailed) as failed:
-        engine._pip_steps("FROM img\n# sbx: pip install six\n", "kernel", tmp_path, print)
+        text = "FROM img\n# sbx: pip install six\n"
+        engine._pip_steps(text, "kernel", tmp_path, print, time.monotonic() + 60)
     assert failed.value.step == "pip install six" and "no wheel" in failed.value.reason
 
 
@@ -186,10 +189,49 @@ def test_a_download_past_its_byte_or_time_bound_is_stopped(tmp_path, monkeypatch
 
     monkeypatch.setattr("gateway.sandbox.wheels.subprocess.Popen", popen)
     (tmp_path / "dest").mkdir()
-    with pytest.raises(PipRefused, match="larger than 4 MiB"):
+    with pytest.raises(PipRefused, match="larger than the 4 MiB"):
         wheels.fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
     slow = Wheels(WheelLimits(bytes=1 << 40, timeout=0.5))
     fill_slow = fill.replace("1 << 20", "1")
     fake_pip.write_text(fill_slow)
-    with pytest.raises(PipRefused, match=r"longer than 0\.5 s"):
+    with pytest.raises(PipRefused, match=r"longer than the 0\.5 s"):
         slow.fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
+
+
+class BoundWheels(FakeWheels):
+    """Records the bounds each fetch is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bounds: list[tuple[int, float]] = []
+
+    def fetch(self, step, target, dest, most_bytes=None, seconds=None):
+        self.bounds.append((most_bytes, seconds))
+        return super().fetch(step, target, dest)
+
+
+def test_every_step_of_a_build_shares_one_byte_bound_and_the_builds_time(tmp_path):
+    """Thirty-two steps would each have had the whole bound (and its own time) before."""
+    fake = BoundWheels()
+    engine = _engine(fake)
+    text = "FROM img\n# sbx: pip install six\n# sbx: pip install attrs\n"
+    engine._pip_steps(text, "kernel", tmp_path, print, deadline=time.monotonic() + 10)
+    (first, t1), (second, t2) = fake.bounds
+    assert first == fake.limits.bytes and second == first - len(b"wheel")
+    assert t1 <= 10 and t2 <= 10
+
+
+def test_a_run_pip_install_that_fails_points_to_the_supported_form():
+    engine = _engine(FakeWheels())
+    chunks = [
+        {"stream": 'Step 2/2 : RUN ["/bin/sh", "-c", "pip install six"]\n'},
+        {"stream": "ERROR: Network is unreachable\n"},
+        {"error": "The command returned a non-zero code: 1"},
+    ]
+    engine.api = SimpleNamespace(build=lambda **kw: iter(chunks))
+    watch = SimpleNamespace(verdict=None, container=None, awaiting=False, layers=[])
+    with pytest.raises(BuildFailed) as failed:
+        engine._stream("t", b"", print, "", [""], watch)
+    assert "Network is unreachable" in failed.value.reason
+    assert "'# sbx: pip install NAME...'" in failed.value.reason
+    assert "pip_install" in failed.value.reason
