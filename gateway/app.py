@@ -68,6 +68,7 @@ from .sandbox.isolation.manager import IsolationManager
 from .sandbox.kernelspecs import KernelSpecs
 from .sandbox.preview import PreviewCaps
 from .sandbox.templates import BuildLimits, TemplateEngine
+from .sandbox.wheels import Wheels
 from .sessions.cpu import CpuShares
 from .sessions.egress_hooks import EgressHooks
 from .sessions.executions import ExecutionLimits, Executions
@@ -389,6 +390,12 @@ class Gateway:
         await self.stop()
 
 
+def _wheel_index(packages: dict[str, PackageGate] | None) -> str | None:
+    """Where template builds fetch wheels: the package cache when it runs, else pip's own."""
+    cache = gate.cache if (gate := (packages or {}).get("python")) else None
+    return cache.simple_url if isinstance(cache, PackageCache) else None
+
+
 def build_manager(
     settings: Settings,
     client: docker.DockerClient,
@@ -422,7 +429,7 @@ def build_manager(
     )
     kept_templates = Templates(
         store,
-        TemplateEngine(client, limits),
+        TemplateEngine(client, limits, wheels=Wheels(index=_wheel_index(packages))),
         lifecycle.kernelspecs,
         lifecycle.images,
         lambda image: any(s.image == image for s in sessions.values()),
@@ -431,6 +438,9 @@ def build_manager(
         if lifecycle.placement.name == "docker"
         else f"the {lifecycle.placement.name} placement runs sessions on other nodes, "
         "which do not hold this host's template images",
+        lambda tenant: (
+            PackagePolicy(quota(tenant).package_allow, quota(tenant).package_deny).refusal
+        ),
     )
     named_volumes = Volumes(store, quota, gate, volume_options(settings))
     observed = GatewayMetrics()

@@ -284,6 +284,11 @@ class PackageCache(Cache):
         super().__init__(state_dir, start_timeout)
         self.server_dir = state_dir / "server"
 
+    @property
+    def simple_url(self) -> str:
+        """The mirror index's pip address, on the host (template builds fetch wheels there)."""
+        return f"{self.url}/{INDEX}/+simple/"
+
     def file_path(self, url_path: str) -> Path:
         """Where the cache keeps the file a ``+f`` URL names, once it has it."""
         return self.server_dir / "+files" / url_path.lstrip("/")

@@ -31,6 +31,7 @@ from typing import Any
 import docker
 import docker.api.build
 import docker.errors
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ..errors import BadRequest, GatewayError
 from .wheels import (
@@ -237,15 +238,19 @@ class TemplateEngine:
         kernel_image: str,
         user: str,
         log: Callable[[str], None],
+        refusal: Callable[[str, str], str | None] | None = None,
     ) -> str:
-        """The tenant's image, then the gateway's layer as ``tag``; return its id."""
+        """The tenant's image, then the gateway's layer as ``tag``; return its id.
+
+        ``refusal``: why the tenant's package policy refuses a wheel (name, version), or None.
+        """
         self._bound_pids()
         stage = f"{tag}-user"
         deadline = time.monotonic() + self.limits.timeout
         try:
             with tempfile.TemporaryDirectory(prefix="sbx-template-wheels-") as fetched:
                 dockerfile, wheels = self._pip_steps(
-                    dockerfile, kernel_image, Path(fetched), log, deadline
+                    dockerfile, kernel_image, Path(fetched), log, deadline, refusal
                 )
                 tar = context_tar(context, dockerfile, self.limits, wheels)
             self._build(stage, tar, log, "", deadline)
@@ -280,6 +285,7 @@ class TemplateEngine:
         into: Path,
         log: Callable[[str], None],
         deadline: float,
+        refusal: Callable[[str, str], str | None] | None = None,
     ) -> tuple[str, dict[str, Path]]:
         """Each ``# sbx: pip install`` line as the lines installing its wheels, fetched here.
 
@@ -301,12 +307,18 @@ class TemplateEngine:
                 log(f"{what}: fetching wheels for {target}")
                 left = self.wheels.limits.bytes - used
                 for wheel in self.wheels.fetch(step, target, dest, left, until - time.monotonic()):
+                    name, version, *_ = parse_wheel_filename(wheel.name)
+                    refused = refusal(name, str(version)) if refusal else None
+                    if refused:
+                        raise PipRefused(f"{refused} of your package policy")
                     size = wheel.stat().st_size
                     used += size
                     log(f"{what}: {wheel.name} ({size} bytes)")
                     wheels[f"{DIR}/{steps}/{wheel.name}"] = wheel
             except PipRefused as e:
                 raise BuildFailed(what, e.message) from None
+            except InvalidWheelFilename as e:
+                raise BuildFailed(what, f"the index served an unreadable wheel: {e}") from None
             out += install_lines(step, steps)
             steps += 1
         return "\n".join(out) + "\n", wheels

@@ -122,8 +122,12 @@ class Templates:
         in_use: Callable[[str], bool],
         bounds: BuildBounds = BuildBounds(),
         unavailable: str | None = None,
+        package_refusal: Callable[[str], Callable[[str, str], str | None]] | None = None,
     ) -> None:
         """``in_use``: whether a live session's sandbox runs an image (it is kept).
+
+        ``package_refusal``: a tenant's package policy (why it refuses a name and
+        version, or None), which holds for the packages its builds install too.
 
         ``unavailable``: why sessions here cannot run this host's template images
         (a placement whose sandboxes run on other nodes); None: they can.
@@ -135,6 +139,7 @@ class Templates:
         self.in_use = in_use
         self.bounds = bounds
         self.unavailable = unavailable
+        self.package_refusal = package_refusal
         self.threads = concurrent.futures.ThreadPoolExecutor(
             bounds.running, thread_name_prefix="sbx-template-build"
         )
@@ -352,6 +357,7 @@ class Templates:
                     kernel_image,
                     user,
                     said,
+                    self.package_refusal(doc["tenant"]) if self.package_refusal else None,
                 )
         except BuildFailed as e:
             await self._finish(doc, FAILED, error=(e.step, e.reason))

@@ -235,3 +235,14 @@ def test_a_run_pip_install_that_fails_points_to_the_supported_form():
     assert "Network is unreachable" in failed.value.reason
     assert "'# sbx: pip install NAME...'" in failed.value.reason
     assert "pip_install" in failed.value.reason
+
+
+def test_a_wheel_the_tenants_package_policy_refuses_fails_the_build(tmp_path):
+    """The deny list that holds for a session's pip holds for its template's (a dependency too)."""
+    engine = _engine(FakeWheels())
+    refusal = {"attrs": "attrs is on the deny list"}.get
+    text = "FROM img\n# sbx: pip install six attrs\n"
+    with pytest.raises(BuildFailed) as failed:
+        engine._pip_steps(text, "kernel", tmp_path, print, time.monotonic() + 60, refusal)
+    assert failed.value.step == "pip install six attrs"
+    assert "attrs is on the deny list" in failed.value.reason

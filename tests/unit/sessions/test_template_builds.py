@@ -52,7 +52,7 @@ class FakeEngine:
         self.hold.set()
         self.threads: set[str] = set()
 
-    def build(self, tag, dockerfile, context, kernel_image, user, log) -> str:
+    def build(self, tag, dockerfile, context, kernel_image, user, log, refusal=None) -> str:
         self.threads.add(threading.current_thread().name)
         self.hold.wait(10)
         log("Step 1/2 : FROM x")
@@ -335,7 +335,7 @@ def test_a_builds_log_is_kept_bounded_in_bytes(templates):
         t = await templates()
         build = t.engine.build
 
-        def chatty(tag, dockerfile, context, kernel_image, user, log):
+        def chatty(tag, dockerfile, context, kernel_image, user, log, refusal=None):
             for n in range(5000):
                 log(f"{n:05d} " + "x" * 4000)
             return build(tag, dockerfile, context, kernel_image, user, log)
