@@ -88,11 +88,13 @@ class ProcessService(proc_rpc.Process):
     def _register_mcp(self, token: str) -> None:
         """The SDK's ``mcp-gateway`` command after ``create(mcp=...)``: no process here (the
         gateway answers the sandbox's MCP URL), its token made the URL's."""
-        self.executions.running_commands(self.sandbox_id, self.who)  # the sandbox, still there
+        session = self.executions.sessions.get(self.sandbox_id, self.who)  # still there
         try:
             self.mcp_tokens.register(self.sandbox_id, token, self.who.acting_for or "")
         except ValueError as e:
             raise BadRequest(f"{e}; the SDK makes a random UUID") from None
+        sandbox_id, tokens = self.sandbox_id, self.mcp_tokens
+        session.on_end.add(lambda reason: tokens.forget(sandbox_id))  # none kept of one gone
 
     async def connect(
         self, request: proc.ConnectRequest, ctx: Any, /
