@@ -24,7 +24,7 @@ MAX_DOCKERFILE = 256 * 1024
 _FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
 _URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.I)
 _STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
-PIP = "#PIP"  # the keyword of a '# sbx: pip install' line: no written instruction has it
+PIP = DIRECTIVE  # the keyword of a '# sbx: pip install' line: no written instruction's
 
 
 class DockerfileRefused(BadRequest):

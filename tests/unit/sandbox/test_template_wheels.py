@@ -246,3 +246,9 @@ def test_a_wheel_the_tenants_package_policy_refuses_fails_the_build(tmp_path):
         engine._pip_steps(text, "kernel", tmp_path, print, time.monotonic() + 60, refusal)
     assert failed.value.step == "pip install six attrs"
     assert "attrs is on the deny list" in failed.value.reason
+
+
+def test_a_directive_before_from_is_named_as_written():
+    with pytest.raises(DockerfileRefused) as refused:
+        _resolve("# sbx: pip install six\nFROM sbx/python\n")
+    assert refused.value.message == "line 1: # sbx: pip install before the first FROM"
