@@ -40,7 +40,7 @@ from ..masking import Masker
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
-from ..tools.endpoint import CallRefused, ToolEndpoint
+from ..tools.endpoint import MAX_DEPTH, CallRefused, ToolEndpoint, depth
 from ..tools.mcp_servers import McpConnection, Refusal, ToolFailed
 from ..tools.sbx_tools import python_name
 from ..tools.specs import (
@@ -405,6 +405,10 @@ class SessionTools:
         recorded as an execution of kind ``tool`` (no execute's client tools, and
         ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood)."""
         session, box = self._given(session_id)
+        if depth(arguments) > MAX_DEPTH:  # as the tool socket refuses them
+            raise CallRefused(
+                400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels"
+            )
         recorder = ExecutionRecorder(
             self.manager.store, session_id, f"# MCP tools/call {name[:128]}", None, {"kind": TOOL}
         )

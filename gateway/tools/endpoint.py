@@ -180,12 +180,12 @@ def _arguments(body: bytes) -> dict[str, Any]:
     arguments = doc.get("arguments", {})
     if not isinstance(arguments, dict):
         raise CallRefused(400, "bad_request", "arguments must be a JSON object")
-    if _depth(arguments) > MAX_DEPTH:
+    if depth(arguments) > MAX_DEPTH:
         raise CallRefused(400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels")
     return arguments
 
 
-def _depth(value: Any) -> int:
+def depth(value: Any) -> int:
     """How deeply ``value`` nests, walked without recursion (each walk after this recurses)."""
     deepest, stack = 0, [(value, 1)]
     while stack:

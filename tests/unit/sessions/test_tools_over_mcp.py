@@ -68,3 +68,17 @@ def test_an_mcp_call_during_an_execute_takes_nothing_of_its_turn():
         assert client.calls == [("notify", {})]
 
     run(test)
+
+
+def test_arguments_nested_past_the_sockets_bound_are_refused_over_mcp_too():
+    async def test(w: World):
+        w.manager.store = Store()
+        await w.give()
+        deep: dict = {}
+        for _ in range(100):
+            deep = {"a": deep}
+        with pytest.raises(CallRefused, match="nested deeper than 64"):
+            await w.tools.call_over_mcp("s1", AGENT, "query", deep)
+        assert FakeServer.made[0].calls == []
+
+    run(test)
