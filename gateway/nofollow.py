@@ -17,11 +17,15 @@ import os
 import secrets
 import socket
 import stat
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Python 3.13's asyncio stats a listener's name to unlink it on close; ours, bound as
+# /proc/self/fd/N/..., names whatever N is by then (a file: NotADirectoryError).
+_NO_CLEANUP: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
 
 
 class NotASocket(OSError):
@@ -81,7 +85,7 @@ class SessionSockets:
         self.close(session_id)
         sock = await asyncio.to_thread(bind_socket, run_dir, self.name, 0o777)
         self._servers[session_id] = await asyncio.start_unix_server(
-            lambda r, w: self.handle(session_id, r, w), sock=sock, limit=self.limit
+            lambda r, w: self.handle(session_id, r, w), sock=sock, limit=self.limit, **_NO_CLEANUP
         )
 
     def close(self, session_id: str) -> None:

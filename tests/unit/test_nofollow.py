@@ -81,3 +81,41 @@ def test_a_socket_is_connected_only_where_no_link_stands(run_dir, tmp_path):
         asyncio.run(connect(run_dir / "k-1"))
     with bind_socket(run_dir, "k-2", 0o700):
         assert isinstance(asyncio.run(connect(run_dir / "k-2")), Connected)
+
+
+def test_a_socket_is_served_though_the_descriptor_its_name_was_bound_through_is_reused(
+    run_dir, monkeypatch
+):
+    """The listener's name (/proc/self/fd/N/...) outlives N: Python 3.13's asyncio stats it
+    to clean up on close, and N reused by a file failed the open (NotADirectoryError)."""
+    from gateway import nofollow
+
+    held, bind = [], nofollow.bind_socket
+
+    def bind_then_reuse(*args, **kwargs):
+        sock = bind(*args, **kwargs)
+        held.append(open(os.devnull))  # the lowest free descriptor: the one bound through
+        return sock
+
+    async def answer(session_id, reader, writer):
+        writer.write(session_id.encode())
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        sockets = nofollow.SessionSockets("tools.sock", answer, 1024)
+        await sockets.open("s1", run_dir)
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(run_dir / "tools.sock"))
+            assert await reader.read() == b"s1"
+            writer.close()
+        finally:
+            sockets.stop()
+
+    monkeypatch.setattr(nofollow, "bind_socket", bind_then_reuse)
+    try:
+        asyncio.run(main())
+    finally:
+        for f in held:
+            f.close()
+    assert (run_dir / "tools.sock").is_socket()
