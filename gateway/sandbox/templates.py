@@ -209,6 +209,7 @@ class TemplateEngine:
         for watch in list(self.watching):
             watch.verdict = watch.verdict or "the gateway stopped during the build"
             watch.deadline = 0.0
+        self.wheels.cancel()
 
     def _bound_pids(self) -> None:
         """Make the builds' cgroup and set its pids bound (cgroup v1 or v2); or refuse."""

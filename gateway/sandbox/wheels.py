@@ -137,6 +137,11 @@ class Wheels:
     def __init__(self, limits: WheelLimits = WheelLimits(), index: str | None = None) -> None:
         self.limits = limits
         self.index = index
+        self.stopping = False  # the gateway is stopping: downloads under way end
+
+    def cancel(self) -> None:
+        """End every download under way (its pip is killed at its next look)."""
+        self.stopping = True
 
     def fetch(
         self,
@@ -189,7 +194,9 @@ class Wheels:
         deadline = time.monotonic() + seconds
         while proc.poll() is None:
             verdict = None
-            if time.monotonic() > deadline:
+            if self.stopping:
+                verdict = "the gateway stopped during the build"
+            elif time.monotonic() > deadline:
                 verdict = (
                     f"fetching the wheels took longer than the {self.limits.timeout:g} s "
                     "a build's downloads (and the build itself) may take"

@@ -252,3 +252,35 @@ def test_a_directive_before_from_is_named_as_written():
     with pytest.raises(DockerfileRefused) as refused:
         _resolve("# sbx: pip install six\nFROM sbx/python\n")
     assert refused.value.message == "line 1: # sbx: pip install before the first FROM"
+
+
+def test_a_gateway_that_stops_stops_the_download_under_way(tmp_path, monkeypatch):
+    """Else pip would run on past the gateway's exit, up to the wheels' time bound."""
+    import subprocess
+    import threading
+
+    slow = tmp_path / "slowpip.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(
+        "gateway.sandbox.wheels.subprocess.Popen",
+        lambda argv, **kw: real_popen([sys.executable, str(slow)], **kw),
+    )
+    engine = _engine(Wheels(WheelLimits(timeout=60)))
+    failed: list[BuildFailed] = []
+
+    def build() -> None:
+        try:
+            text = "FROM img\n# sbx: pip install six\n"
+            engine._pip_steps(text, "kernel", tmp_path, print, time.monotonic() + 60)
+        except BuildFailed as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    time.sleep(0.5)
+    began = time.monotonic()
+    engine.cancel()
+    thread.join(10)
+    assert time.monotonic() - began < 3 and failed, failed
+    assert "the gateway stopped" in failed[0].reason
