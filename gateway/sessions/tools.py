@@ -114,6 +114,7 @@ class Toolbox:
     slots: asyncio.Semaphore
     turn: ToolTurn | None = None
     injected: tuple[int, int] | None = None  # (kernel, its restarts) the module was put in
+    encoded: tuple[ToolTurn | None, bytes] | None = None  # the listing as last sent, its turn
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +130,14 @@ class Toolbox:
             {k: v for k, v in tool.to_json().items() if k != "approval_covers"}
             for tool, _ in self.reachable().values()
         ]
+
+    def encoded_listing(self) -> bytes:
+        """``listing`` as the socket sends it, encoded once per turn: a kernel may ask in a
+        loop, and a server may list megabytes."""
+        if self.encoded is None or self.encoded[0] is not self.turn:
+            body = json.dumps({"tools": self.listing()}, separators=(",", ":")).encode()
+            self.encoded = (self.turn, body)
+        return self.encoded[1]
 
     def reachable(self) -> dict[str, tuple[Tool, ToolServer]]:
         return {**self.tools, **(self.turn.client if self.turn is not None else {})}
@@ -379,9 +388,9 @@ class SessionTools:
 
     # -- a call from the sandbox ------------------------------------------------------------
 
-    def _listing(self, session_id: str) -> list[dict[str, Any]]:
+    def _listing(self, session_id: str) -> bytes:
         box = self._boxes.get(session_id)
-        return box.listing() if box is not None else []
+        return box.encoded_listing() if box is not None else b'{"tools":[]}'
 
     async def call(self, session_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A call from the session's tool socket: judged, held, made, bounded and recorded."""

@@ -64,7 +64,7 @@ class CallRefused(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-Listing = Callable[[str], list[dict[str, Any]]]
+Listing = Callable[[str], bytes]  # the answer to GET /tools, encoded
 Caller = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
@@ -116,10 +116,12 @@ class ToolEndpoint:
             status, doc = 502, {"error": {"code": "internal", "message": "the gateway failed"}}
         await _send(writer, status, doc)
 
-    async def _answer(self, session_id: str, reader: asyncio.StreamReader) -> dict[str, Any]:
+    async def _answer(
+        self, session_id: str, reader: asyncio.StreamReader
+    ) -> dict[str, Any] | bytes:
         tool, body = await _read(reader)
         if tool is None:
-            return {"tools": self.listing(session_id)}
+            return self.listing(session_id)
         return await self.call(session_id, tool, _arguments(body))
 
 
@@ -200,8 +202,8 @@ def depth(value: Any) -> int:
     return deepest
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, doc: dict[str, Any]) -> None:
-    body = json.dumps(doc, separators=(",", ":")).encode()
+async def _send(writer: asyncio.StreamWriter, status: int, doc: dict[str, Any] | bytes) -> None:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc, separators=(",", ":")).encode()
     head = (
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json"
         f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

@@ -509,7 +509,7 @@ def test_an_executes_client_tools_are_callable_in_that_execute_only_even_without
         client = ClientSide()
         recorder = Recorder()
         async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel, CLIENT_TOOLS, client):
-            assert [t["name"] for t in w.tools._listing("s1")] == ["notify"]
+            assert [t["name"] for t in json.loads(w.tools._listing("s1"))["tools"]] == ["notify"]
             answer = await w.tools.call("s1", "notify", {"text": "hi"})
         assert answer["result"] == "notify ok" and client.calls == [("notify", {"text": "hi"})]
         assert recorder.tool_calls[0]["server"] == "client"
@@ -652,7 +652,7 @@ def test_a_server_listing_a_header_secret_back_shows_the_sandbox_it_masked(monke
         headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
         body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
         await w.tools.give("s1", AGENT, parse_tools(body))
-        listing = json.dumps(w.tools.endpoint.listing("s1"))
+        listing = w.tools.endpoint.listing("s1").decode()
         assert "s3cret" not in listing and "***WH_TOKEN***" in listing
         assert "s3cret" not in json.dumps(w.tools.view("s1", AGENT))
 
@@ -698,5 +698,33 @@ def test_a_tool_cannot_shadow_anothers_python_function_by_a_name_spelled_otherwi
         clash = ({**CLIENT_TOOLS[0], "name": "send-email"},)
         with pytest.raises(BadRequest, match="send-email are named as the session's tools"):
             w.tools.check_client_tools(w.session, clash, answered=True)
+
+    run(test)
+
+
+def test_a_kernel_asking_for_the_listing_again_and_again_costs_one_encoding_per_execute(
+    monkeypatch,
+):
+    """A server may list megabytes of tools; each GET /tools encoded them anew on the loop all
+    sessions share (some 60 ms for 2.7 MB), and a kernel may ask in a loop."""
+
+    async def test(w: World):
+        await w.give()
+        made = []
+        listing = tools_module.Toolbox.listing
+        monkeypatch.setattr(
+            tools_module.Toolbox, "listing", lambda box: made.append(1) or listing(box)
+        )
+        client = ClientSide()
+        async with w.tools.turn(
+            w.session, AGENT, Recorder(), w.session.kernel, CLIENT_TOOLS, client
+        ):
+            answers = [w.tools.endpoint.listing("s1") for _ in range(50)]
+        async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
+            after = w.tools.endpoint.listing("s1")
+        assert len(made) == 2  # once per execute
+        assert all(answer is answers[0] for answer in answers)
+        assert "notify" in answers[0].decode() and "notify" not in after.decode()
+        assert json.loads(after)["tools"][0]["name"] == "query"
 
     run(test)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import shutil
 import socket
 import tempfile
@@ -48,7 +49,8 @@ class Served:
         self.calls: list[tuple[str, dict]] = []
         self.release = threading.Event()
         self.loop = asyncio.new_event_loop()
-        self.endpoint = ToolEndpoint(lambda sid: TOOLS, self._call, max_connections)
+        listing = json.dumps({"tools": TOOLS}).encode()
+        self.endpoint = ToolEndpoint(lambda sid: listing, self._call, max_connections)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.run(self.endpoint.open("s1", self.dir / "run"))
