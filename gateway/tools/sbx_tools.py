@@ -21,7 +21,6 @@ import re
 import socket
 
 SOCKET = "/run/sbx/tools.sock"
-TIMEOUT = 600.0  # the gateway bounds each call itself; this only outlives it
 
 __all__ = ["ToolError", "ToolRefused", "acall", "call", "tools"]
 
@@ -50,7 +49,9 @@ class _Connection(http.client.HTTPConnection):
 
 
 def _request(method, path, body=None):
-    connection = _Connection("tools", timeout=TIMEOUT)
+    # No timeout of its own: the gateway bounds each call (an approver's time, then the
+    # call's) and always answers; giving up first would leave an approved call running.
+    connection = _Connection("tools", timeout=None)
     data = None if body is None else json.dumps(body).encode()
     headers = {} if data is None else {"Content-Type": "application/json"}
     try:

@@ -253,3 +253,14 @@ def test_a_tool_whose_argument_is_called_name_can_be_called(served):
         "properties": {"name": {"type": "string"}}, "required": ["name"]}})  # fmt: skip
     assert fn("Ada") == {"tool": "greet", "arguments": {"name": "Ada"}}
     assert sbx_tools.call("greet", name="Ada")["arguments"] == {"name": "Ada"}
+
+
+def test_the_kernel_waits_for_the_gateways_answer_however_long_an_approver_takes(
+    served, monkeypatch
+):
+    """The gateway bounds a call (an approver's time, then call_timeout) and always answers;
+    a timeout of the kernel's own (600 s, as long as approval_timeout) gave up on a call
+    approved late, which then ran while the code was told the socket did not answer."""
+    monkeypatch.setattr(sbx_tools, "TIMEOUT", 0.3, raising=False)  # as if 600 s had passed
+    threading.Timer(0.8, served.release.set).start()
+    assert sbx_tools.call("slow")["tool"] == "slow"
