@@ -334,7 +334,9 @@ class TemplateEngine:
                 )  # fmt: skip
                 self.targets[kernel_image] = Target.parse(said.decode())
             except (docker.errors.DockerException, ValueError) as e:
-                raise PipRefused(f"the image runs no Python pip could install for: {e}") from None
+                raise PipRefused(
+                    f"the image runs no Python pip could install for: {str(e)[:300]}"
+                ) from None
         return self.targets[kernel_image]
 
     def _build(
