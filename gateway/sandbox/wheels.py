@@ -39,7 +39,7 @@ HINT = (
 # Run in the kernel image: what pip download must match (Python, ABI, machine, glibc).
 PROBE = (
     "import platform, sys; v = sys.version_info; "
-    "print(f'{v[0]}.{v[1]}', sys.implementation.cache_tag.replace('python', 'cp'), "
+    "print(f'{v[0]}.{v[1]}', f'cp{v[0]}{v[1]}', "
     "platform.machine(), platform.libc_ver()[1] or '2.17')"
 )
 _NOT_FOUND = re.compile(r"No matching distribution found for (.+)")

@@ -284,3 +284,15 @@ def test_a_gateway_that_stops_stops_the_download_under_way(tmp_path, monkeypatch
     thread.join(10)
     assert time.monotonic() - began < 3 and failed, failed
     assert "the gateway stopped" in failed[0].reason
+
+
+def test_the_probe_names_the_images_abi_as_pip_spells_it():
+    """Run here (the same code runs in the kernel image): cp311, not the cache tag."""
+    import subprocess
+
+    from gateway.sandbox.wheels import PROBE
+
+    said = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True)
+    target = Target.parse(said.stdout)
+    v = sys.version_info
+    assert (target.python, target.abi) == (f"{v[0]}.{v[1]}", f"cp{v[0]}{v[1]}")
