@@ -60,14 +60,15 @@ from .requests import CreateSession
 log = logging.getLogger(__name__)
 
 SOURCE = (Path(__file__).parent.parent / "tools" / "sbx_tools.py").read_text()
-INJECT = (
-    "import sys as _s, types as _t\n"
-    "_m = _t.ModuleType('sbx_tools', 'Tools of this session (the gateway put it here).')\n"
-    "_m.__file__ = 'sbx_tools.py'\n"
-    f"exec(compile({SOURCE!r}, 'sbx_tools.py', 'exec'), _m.__dict__)\n"
-    "_s.modules['sbx_tools'] = _m\n"
-    "del _s, _t, _m\n"
+# Run in globals of its own, so the user's namespace gains and loses no name.
+_INSTALL = (
+    "import sys, types\n"
+    "m = types.ModuleType('sbx_tools', 'Tools of this session (the gateway put it here).')\n"
+    "m.__file__ = 'sbx_tools.py'\n"
+    f"exec(compile({SOURCE!r}, 'sbx_tools.py', 'exec'), m.__dict__)\n"
+    "sys.modules['sbx_tools'] = m\n"
 )
+INJECT = f"exec({_INSTALL!r}, {{}})\n"
 MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
 
 Connect = Callable[[McpServer, dict[str, str], int, Refusal], McpConnection]

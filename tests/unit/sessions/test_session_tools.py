@@ -728,3 +728,24 @@ def test_a_kernel_asking_for_the_listing_again_and_again_costs_one_encoding_per_
         assert json.loads(after)["tools"][0]["name"] == "query"
 
     run(test)
+
+
+def test_putting_sbx_tools_in_a_kernel_leaves_the_users_names_alone():
+    import sys
+
+    from gateway.sessions.tools import INJECT
+
+    namespace = {"_s": "mine", "_t": 2, "_m": [3]}
+    before = sys.modules.pop("sbx_tools", None)
+    try:
+        exec(INJECT, namespace)
+        assert sys.modules["sbx_tools"].__name__ == "sbx_tools"
+    finally:
+        sys.modules.pop("sbx_tools", None)
+        if before is not None:
+            sys.modules["sbx_tools"] = before
+    assert {k: v for k, v in namespace.items() if k != "__builtins__"} == {
+        "_s": "mine",
+        "_t": 2,
+        "_m": [3],
+    }
