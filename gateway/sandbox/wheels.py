@@ -190,13 +190,18 @@ class Wheels:
     def _watch(
         self, proc: subprocess.Popen, dirs: tuple[Path, ...], most_bytes: int, seconds: float
     ) -> str | None:
-        """Wait for pip; kill it past the time or byte bound and say which."""
+        """Wait for pip; kill it past the time or byte bound and say which.
+
+        The bytes are counted once more after pip ends: a wheel copied from a
+        local index can land whole between two looks.
+        """
         deadline = time.monotonic() + seconds
-        while proc.poll() is None:
+        while True:
+            ended = proc.poll() is not None
             verdict = None
-            if self.stopping:
+            if self.stopping and not ended:
                 verdict = "the gateway stopped during the build"
-            elif time.monotonic() > deadline:
+            elif time.monotonic() > deadline and not ended:
                 verdict = (
                     f"fetching the wheels took longer than the {self.limits.timeout:g} s "
                     "a build's downloads (and the build itself) may take"
@@ -210,8 +215,9 @@ class Wheels:
                 proc.kill()
                 proc.wait()
                 return verdict
+            if ended:
+                return None
             time.sleep(0.1)
-        return None
 
 
 def install_lines(step: PipStep, index: int) -> list[str]:

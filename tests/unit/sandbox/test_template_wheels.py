@@ -296,3 +296,23 @@ def test_the_probe_names_the_images_abi_as_pip_spells_it():
     target = Target.parse(said.stdout)
     v = sys.version_info
     assert (target.python, target.abi) == (f"{v[0]}.{v[1]}", f"cp{v[0]}{v[1]}")
+
+
+def test_a_download_that_ends_past_its_byte_bound_between_looks_is_refused(tmp_path, monkeypatch):
+    """A local index copies a big wheel faster than the watch looks: the end is checked too."""
+    import subprocess
+
+    quick = tmp_path / "quickpip.py"
+    quick.write_text(
+        "import sys, pathlib\n"
+        "d = pathlib.Path(sys.argv[sys.argv.index('--dest') + 1])\n"
+        "(d / 'huge-1-py3-none-any.whl').write_bytes(b'x' * (8 << 20))\n"
+    )
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(
+        "gateway.sandbox.wheels.subprocess.Popen",
+        lambda argv, **kw: real_popen([sys.executable, str(quick), *argv[3:]], **kw),
+    )
+    (tmp_path / "dest").mkdir()
+    with pytest.raises(PipRefused, match="larger than the 4 MiB"):
+        Wheels(WheelLimits(bytes=4 << 20)).fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
