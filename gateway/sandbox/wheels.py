@@ -53,26 +53,29 @@ class PipRefused(BadRequest):
 
 @dataclasses.dataclass(frozen=True)
 class PipStep:
-    """One ``# sbx: pip install`` line: its requirements, and ``--user``."""
+    """One ``# sbx: pip install`` line: its requirements."""
 
     specs: tuple[str, ...]
-    user: bool = False
 
     @property
     def line(self) -> str:
-        return " ".join([DIRECTIVE, *(["--user"] if self.user else []), *self.specs])
+        return " ".join([DIRECTIVE, *self.specs])
 
 
 def parse_pip(args: str) -> PipStep:
-    """The words after ``pip install``: ``[--user] SPEC...``, each a plain requirement."""
-    words = args.split()
-    user = bool(words) and words[0] == "--user"
-    specs = words[1:] if user else words
+    """The words after ``pip install``: ``SPEC...``, each a plain requirement."""
+    specs = args.split()
+    if "--user" in specs:
+        raise PipRefused(
+            "pip install --user is not supported in a template build: the user's site is in "
+            "the workspace, which each session mounts its own over; install for the image "
+            "(E2B: pip_install(names) with g=True)"
+        )
     if not specs:
         raise PipRefused("pip install needs at least one package name, like 'six' or 'attrs>=23'")
     if len(specs) > MAX_SPECS:
         raise PipRefused(f"pip install takes at most {MAX_SPECS} packages in one step")
-    return PipStep(tuple(_spec(s) for s in specs), user)
+    return PipStep(tuple(_spec(s) for s in specs))
 
 
 def _spec(word: str) -> str:
@@ -223,8 +226,7 @@ class Wheels:
 def install_lines(step: PipStep, index: int) -> list[str]:
     """The lines installing ``step`` from its wheels (``DIR/index``), then dropping them."""
     where = f"/tmp/{DIR}-{index}"
-    flags = ["--user"] if step.user else []
-    pip = ["pip", "install", "--no-index", "--find-links", where, *flags, "--", *step.specs]
+    pip = ["pip", "install", "--no-index", "--find-links", where, "--", *step.specs]
     script = f"{shlex.join(pip)}; s=$?; rm -rf {where} 2>/dev/null; exit $s"
     return [
         f"COPY {json.dumps([f'{DIR}/{index}/', where + '/'])}",

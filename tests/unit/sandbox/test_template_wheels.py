@@ -34,15 +34,16 @@ def _resolve(text: str) -> str:
 
 
 def test_requirements_are_read_and_normalised():
-    step = parse_pip("--user six attrs>=23  requests[socks]>=2.31,<3")
-    assert step == PipStep(("six", "attrs>=23", "requests[socks]<3,>=2.31"), user=True)
-    assert step.line == "# sbx: pip install --user six attrs>=23 requests[socks]<3,>=2.31"
+    step = parse_pip("six attrs>=23  requests[socks]>=2.31,<3")
+    assert step == PipStep(("six", "attrs>=23", "requests[socks]<3,>=2.31"))
+    assert step.line == "# sbx: pip install six attrs>=23 requests[socks]<3,>=2.31"
 
 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         ("", "at least one package"),
+        ("--user six", "the workspace, which each session mounts"),
         ("--index-url=http://10.0.0.1/simple six", "option '--index-url"),
         ("-i http://10.0.0.1/simple six", "option '-i'"),
         ("--extra-index-url x six", "option"),
@@ -92,12 +93,12 @@ def test_e2b_pip_install_becomes_the_directive_and_other_runs_stay_runs():
 
 
 def test_the_install_lines_quote_every_spec_and_drop_the_wheels():
-    copy, run = install_lines(PipStep(("attrs>=23",), user=True), 0)
+    copy, run = install_lines(PipStep(("attrs>=23",)), 0)
     assert copy == 'COPY [".sbx-wheels/0/", "/tmp/.sbx-wheels-0/"]'
     argv = json.loads(run[len("RUN ") :])
     assert argv[:2] == ["/bin/sh", "-c"]
     assert argv[2] == (
-        "pip install --no-index --find-links /tmp/.sbx-wheels-0 --user -- 'attrs>=23'; "
+        "pip install --no-index --find-links /tmp/.sbx-wheels-0 -- 'attrs>=23'; "
         "s=$?; rm -rf /tmp/.sbx-wheels-0 2>/dev/null; exit $s"
     )
 
@@ -136,7 +137,7 @@ def test_each_directive_becomes_a_copy_and_an_offline_install_of_its_fetched_whe
     fake, logged = FakeWheels(), []
     engine = _engine(fake)
     text, wheels = engine._pip_steps(
-        "FROM img\n# sbx: pip install six\nRUN true\n# sbx: pip install --user attrs\n",
+        "FROM img\n# sbx: pip install six\nRUN true\n# sbx: pip install attrs\n",
         "kernel",
         tmp_path,
         logged.append,
@@ -144,7 +145,7 @@ def test_each_directive_becomes_a_copy_and_an_offline_install_of_its_fetched_whe
     )
     lines = text.splitlines()
     assert lines[0] == "FROM img" and lines[3] == "RUN true"
-    assert lines[1].startswith("COPY") and "--no-index" in lines[2] and "--user" in lines[5]
+    assert lines[1].startswith("COPY") and "--no-index" in lines[2] and "attrs" in lines[5]
     assert sorted(wheels) == [".sbx-wheels/0/six-1.0-py3-none-any.whl",
                               ".sbx-wheels/1/attrs-1.0-py3-none-any.whl"]  # fmt: skip
     assert [t for _, t in fake.asked] == [TARGET, TARGET]
