@@ -325,19 +325,20 @@ class TemplateEngine:
         return "\n".join(out) + "\n", wheels
 
     def _target(self, kernel_image: str) -> Target:
-        """The Python and platform of a kernel image, asked of it once (no network)."""
-        if kernel_image not in self.targets:
+        """The Python and platform of a kernel image, asked of it once per image id (no network)."""
+        key = self.image_id(kernel_image) or kernel_image
+        if key not in self.targets:
             try:
                 said = self.client.containers.run(
                     kernel_image, entrypoint=["python3", "-c", PROBE],
                     network_disabled=True, remove=True, user="65534:65534",
                 )  # fmt: skip
-                self.targets[kernel_image] = Target.parse(said.decode())
+                self.targets[key] = Target.parse(said.decode())
             except (docker.errors.DockerException, ValueError) as e:
                 raise PipRefused(
                     f"the image runs no Python pip could install for: {str(e)[:300]}"
                 ) from None
-        return self.targets[kernel_image]
+        return self.targets[key]
 
     def _build(
         self, tag: str, context: bytes, log: Callable[[str], None], phase: str, deadline: float

@@ -127,9 +127,17 @@ class FakeWheels(Wheels):
         return sorted(dest.glob("*.whl"))
 
 
-def _engine(wheels: Wheels) -> TemplateEngine:
-    engine = TemplateEngine(SimpleNamespace(api=None), BuildLimits(), wheels=wheels)
-    engine.targets["kernel"] = TARGET
+def _engine(wheels: Wheels, image: list[str] | None = None, said: list[bytes] | None = None):
+    """An engine whose client knows one kernel image (its id ``image[0]``), probed as ``said``."""
+    image, said = image or ["sha256:k"], said or []
+    client = SimpleNamespace(
+        api=None,
+        images=SimpleNamespace(get=lambda ref: SimpleNamespace(id=image[0])),
+        containers=SimpleNamespace(run=lambda *a, **kw: said.pop(0)),
+    )
+    engine = TemplateEngine(client, BuildLimits(), wheels=wheels)
+    if not said:
+        engine.targets[image[0]] = TARGET
     return engine
 
 
@@ -317,3 +325,14 @@ def test_a_download_that_ends_past_its_byte_bound_between_looks_is_refused(tmp_p
     (tmp_path / "dest").mkdir()
     with pytest.raises(PipRefused, match="larger than the 4 MiB"):
         Wheels(WheelLimits(bytes=4 << 20)).fetch(PipStep(("huge",)), TARGET, tmp_path / "dest")
+
+
+def test_the_images_python_is_asked_again_once_the_kernel_image_is_rebuilt():
+    image = ["sha256:a"]
+    engine = _engine(
+        FakeWheels(), image, [b"3.11 cp311 x86_64 2.36\n", b"3.12 cp312 x86_64 2.36\n"]
+    )
+    assert engine._target("kernel").python == "3.11"
+    assert engine._target("kernel").python == "3.11"  # asked once
+    image[0] = "sha256:b"  # the kernel image built again, with another Python
+    assert engine._target("kernel").python == "3.12"
