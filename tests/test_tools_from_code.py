@@ -332,3 +332,29 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
         finally:
             sandbox.kill()
             other.kill()
+
+
+def test_a_cell_sent_over_the_jupyter_channels_calls_a_tool_recorded_and_its_window_closes(
+    gateway, api, new_session, warehouse
+):
+    import asyncio
+
+    from helpers import run_over_channels
+
+    sid = new_session(tools={"mcp": [{"url": warehouse, "name": "warehouse"}]})["id"]
+    url = gateway.ws_url(f"/api/kernels/{sid}/channels")
+    code = ("import sbx_tools, threading, time\nprint(sbx_tools.list_tables())\nlate = []\n"
+            "def later():\n    time.sleep(0.5)\n    try:\n        sbx_tools.list_tables()\n"
+            "    except Exception as e:\n        late.append(repr(e))\n"
+            "threading.Thread(target=later).start()")  # fmt: skip
+    seen = asyncio.run(run_over_channels(url, code))
+    text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+    assert text == "['orders']\n", [m["content"] for m in seen if m["msg_type"] == "error"]
+    time.sleep(1.5)
+    late = run(api, sid, "print(late)")["outputs"][0]["text"]
+    assert "ToolRefused" in late and "outside" in late, late
+    history = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    cell = next(e for e in history if "threading" in e["code"])
+    assert [(c["tool"], c["status"]) for c in cell["review"]["tools"]] == [("list_tables", "ok")]
+    notebook = api.get(f"/v1/sessions/{sid}/notebook").json()
+    assert notebook["cells"][0]["metadata"]["sbx"]["tools"][0]["tool"] == "list_tables"

@@ -195,6 +195,8 @@ class ChannelsRelay:
             self.parked_as = None
         if self.drops is not None:
             self.drops.close()
+        for pending in self.pending.values():  # no idle is seen for them now: no window left
+            self.executions.cell_ended(self.session, pending.admitted)
         for stream in self.streams.values():
             stream.on_recv(None)
             stream.on_send(None)
@@ -393,11 +395,15 @@ class ChannelsRelay:
             self.manager.kernel_said(self.session, msg["content"].get("execution_state"))
         if pending is None:
             return
+        if channel == "iopub" and kind == "status":
+            if msg["content"].get("execution_state") == "busy":
+                self.executions.cell_started(self.session, pending.admitted)
         if channel == "shell" and kind == "execute_reply":
             pending.reply = msg["content"]
             pending.collector.execution_count = execution_count(msg["content"])
         elif channel == "iopub":
             if kind == "status" and msg["content"].get("execution_state") == "idle":
+                self.executions.cell_ended(self.session, pending.admitted)
                 del self.pending[parent]
                 self.manager.spawn(self._record(pending))
             else:

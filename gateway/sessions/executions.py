@@ -46,7 +46,7 @@ from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
 from .model import CodeContext, Session, check_usable
 from .requests import ExecuteCode, StartCommand
-from .tools import SessionTools, ToolServer
+from .tools import SessionTools, ToolServer, ToolTurn
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class Admitted:
     cap: OutputCap
     interrupts: int  # the kernel's interrupt count when it was sent
     started: float = dataclasses.field(default_factory=time.monotonic)
+    who: Principal | None = None  # whose tool calls its code makes; None: it may make none
+    tool_turn: ToolTurn | None = None  # its window for tool calls, while it runs
 
 
 class Executions:
@@ -297,8 +299,25 @@ class Executions:
         if decision.action == "hold":
             review["approval"] = await self._hold(session, who, recorded, None, review, decision)
         assert session.kernel is not None
+        caller = None
+        if self.tools is not None and not content.get("silent"):  # its calls on no notebook
+            await self.tools.ready(session, session.kernel)
+            caller = who
         recorder = self.begin(session, recorded, review=review, running=False)
-        return Admitted(recorder, self.output_cap(session), session.kernel.interrupts)
+        cap = self.output_cap(session)
+        return Admitted(recorder, cap, session.kernel.interrupts, who=caller)
+
+    def cell_started(self, session: Session, admitted: Admitted) -> None:
+        """A relayed execute began running in the kernel (busy for it): open its window for
+        tool calls, recorded on its record as an execute's are."""
+        if self.tools is not None and admitted.who is not None and admitted.tool_turn is None:
+            kernel = session.kernel
+            admitted.tool_turn = self.tools.open(session, admitted.who, admitted.recorder, kernel)
+
+    def cell_ended(self, session: Session, admitted: Admitted) -> None:
+        """A relayed execute ended (idle for it), or will never be seen to: close its window."""
+        if self.tools is not None:
+            self.tools.end(session.id, admitted.tool_turn)
 
     def debugger_refusal(self, session: Session) -> str | None:
         """Why the session's policy refuses a debugger request, or None if it allows it.

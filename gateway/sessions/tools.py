@@ -355,16 +355,26 @@ class SessionTools:
         on_hold: Callable[[Approval], None] | None = None,
     ) -> AsyncIterator[None]:
         """Take the session's tool calls while the block (an execute in ``kernel``) runs; cut
-        them after. A Python kernel is given ``sbx_tools`` first (again after a restart).
+        them after.
 
         ``client_tools`` are the execute's own, answered by ``client`` (the agent's process,
         over its stream): callable in this execute only.
         """
+        await self.ready(session, kernel, empty=bool(client_tools))
+        turn = self.open(session, who, recorder, kernel, client_tools, client, on_hold)
+        try:
+            yield
+        finally:
+            self.end(session.id, turn)
+
+    async def ready(self, session: Session, kernel: Kernel | None, empty: bool = False) -> None:
+        """Before an execute is sent: the socket served, and a Python kernel given
+        ``sbx_tools`` (again after a restart). ``empty``: a session of no tools gets an empty
+        toolbox (for an execute's client tools)."""
         box = self._boxes.get(session.id)
-        if client_tools and box is None:
+        if empty and box is None:
             box = await self._empty(session)
         if box is None:
-            yield
             return
         run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
         if run_dir is not None:
@@ -374,18 +384,37 @@ class SessionTools:
             if box.injected != mark:
                 await kernel.run_silently(INJECT)
                 box.injected = mark
+
+    def open(
+        self,
+        session: Session,
+        who: Principal,
+        recorder: ExecutionRecorder,
+        kernel: Kernel | None,
+        client_tools: tuple[dict[str, Any], ...] = (),
+        client: ToolServer | None = None,
+        on_hold: Callable[[Approval], None] | None = None,
+    ) -> ToolTurn | None:
+        """Open the window of an execute that starts running in ``kernel`` now (None: the
+        session has no tools); ``end`` closes it."""
+        box = self._boxes.get(session.id)
+        if box is None:
+            return None
         turn = box.turn = ToolTurn(who, recorder, on_hold=on_hold)
         for spec in client_tools:
             assert client is not None
             tool = _tool(spec, "client", box.config, default="allow")  # the agent's own code
             turn.client[spec["name"]] = (tool, client)
-        try:
-            yield
-        finally:
-            turn.ended.set()
-            current = self._boxes.get(session.id)
-            if current is not None and current.turn is turn:
-                current.turn = None
+        return turn
+
+    def end(self, session_id: str, turn: ToolTurn | None) -> None:
+        """Close an execute's window: its calls still open are cut, later ones refused."""
+        if turn is None:
+            return
+        turn.ended.set()
+        current = self._boxes.get(session_id)
+        if current is not None and current.turn is turn:
+            current.turn = None
 
     # -- a call from the sandbox ------------------------------------------------------------
 
