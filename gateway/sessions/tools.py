@@ -94,6 +94,15 @@ class ToolTurn:
     ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     client: dict[str, tuple[Tool, ToolServer]] = dataclasses.field(default_factory=dict)
     on_hold: Callable[[Approval], None] | None = None  # hears of each call held (the stream)
+    kernel: Kernel | None = None  # the kernel the execute runs in, and its restarts then
+    restarts: int = 0
+
+    def live(self) -> bool:
+        """Open: not ended, its kernel neither restarted nor dead (a relayed cell's end is
+        then never seen, and a process it started may still call)."""
+        kernel = self.kernel
+        gone = kernel is not None and (kernel.died.is_set() or kernel.restarts != self.restarts)
+        return not (self.ended.is_set() or gone)
 
 
 class ToolServer(Protocol):
@@ -400,7 +409,8 @@ class SessionTools:
         box = self._boxes.get(session.id)
         if box is None:
             return None
-        turn = box.turn = ToolTurn(who, recorder, on_hold=on_hold)
+        restarts = kernel.restarts if kernel is not None else 0
+        turn = box.turn = ToolTurn(who, recorder, on_hold=on_hold, kernel=kernel, restarts=restarts)
         for spec in client_tools:
             assert client is not None
             tool = _tool(spec, "client", box.config, default="allow")  # the agent's own code
@@ -426,7 +436,7 @@ class SessionTools:
         """A call from the session's tool socket: judged, held, made, bounded and recorded."""
         session, box = self._given(session_id)
         turn = box.turn
-        if turn is None:
+        if turn is None or not turn.live():
             why = "tools are called from code while an execute runs; this call came outside one"
             raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")
         return await self._call(session, box, turn, name, arguments)

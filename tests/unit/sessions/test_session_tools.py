@@ -749,3 +749,30 @@ def test_putting_sbx_tools_in_a_kernel_leaves_the_users_names_alone():
         "_t": 2,
         "_m": [3],
     }
+
+
+def test_a_relayed_cells_window_closes_when_its_kernel_restarts_or_dies_mid_cell():
+    """A Jupyter client's cell ends unseen if its kernel restarts or dies: no idle for it
+    comes, so its window must not outlive the kernel it opened in (a process the cell
+    started may still run and call)."""
+
+    async def test(w: World):
+        await w.give()
+        kernel = w.session.kernel
+        for end in ("restart", "death"):
+            await w.tools.ready(w.session, kernel)
+            recorder = Recorder()
+            turn = w.tools.open(w.session, AGENT, recorder, kernel)
+            assert (await w.tools.call("s1", "query", {}))["result"]["name"] == "query"
+            if end == "restart":
+                kernel.restarts += 1
+            else:
+                kernel.died.set()
+            with pytest.raises(CallRefused) as refused:
+                await w.tools.call("s1", "query", {})
+            assert refused.value.status == 409 and "outside" in refused.value.message
+            assert len(recorder.tool_calls) == 1
+            w.tools.end("s1", turn)
+            kernel.died.clear()
+
+    run(test)
