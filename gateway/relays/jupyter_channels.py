@@ -57,6 +57,10 @@ QUEUE_BYTES = 32 * 2**20
 KERNEL_BACKLOG = 16
 MESSAGE_SLACK = 64 * 1024  # one message's headers and fields beyond its code
 Deliver = Callable[[str], None]  # gets each kernel message as JSON text
+_REUSED = (
+    "an execute with msg_id {} of this connection has not ended yet; give each "
+    "execute_request a msg_id of its own"
+)
 
 
 class _Pending:
@@ -287,9 +291,14 @@ class ChannelsRelay:
                 if not self.streams:
                     break
                 msg, _ = self.queued[0]
+                msg_id = str(msg["header"].get("msg_id", ""))
                 if msg["header"].get("msg_type") == "execute_request":
                     if not isinstance(msg["content"], dict):
                         msg["content"] = {}
+                    if msg_id in self.pending:  # its window and record are found by its id
+                        self._dequeue()
+                        self._refuse(msg, Conflict(_REUSED.format(msg_id[:64])))
+                        continue
                     try:
                         admitted = await self.executions.admit(
                             self.session, self.who, msg["content"]
@@ -301,7 +310,6 @@ class ChannelsRelay:
                     if not self.streams:  # closed while it was held
                         await self.executions.finish(self.session, admitted.recorder, _never_sent())
                         break
-                    msg_id = str(msg["header"].get("msg_id", ""))
                     self.pending[msg_id] = _Pending(admitted, self.session)
                 self._dequeue()
                 self.signer.send(self.streams["shell"], msg)

@@ -1,0 +1,91 @@
+"""A Jupyter client's execute_requests are followed by their msg_id (``ChannelsRelay``): the
+window for tool calls and the record of each are found by it, so two at once may not share
+one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+
+from gateway.relays.agent_stream import RelayOptions, ReplayBuffer
+from gateway.relays.jupyter_channels import ChannelsRelay
+
+
+class Stream:
+    def sending(self) -> bool:
+        return False
+
+
+class Signer:
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, stream: Stream, msg: dict) -> None:
+        self.sent.append(msg)
+
+    def msg(self, kind: str, content: dict, parent: dict) -> dict:
+        return {"msg_type": kind, "content": content, "parent_header": parent}
+
+
+class Pipeline:
+    """Executions as the relay sees it: each admitted cell, and the windows opened."""
+
+    limits = types.SimpleNamespace(max_code_size=1 << 20)
+
+    def __init__(self) -> None:
+        self.admitted: list[types.SimpleNamespace] = []
+        self.started: list[types.SimpleNamespace] = []
+
+    async def admit(self, session, who, content) -> types.SimpleNamespace:
+        cap = types.SimpleNamespace(bytes=1 << 20, limit=None)
+        recorder = types.SimpleNamespace(listener=lambda: None, code=content["code"])
+        self.admitted.append(types.SimpleNamespace(recorder=recorder, cap=cap))
+        return self.admitted[-1]
+
+    def cell_started(self, session, admitted) -> None:
+        self.started.append(admitted)
+
+
+def request(code: str, msg_id: str) -> dict:
+    return {
+        "header": {"msg_id": msg_id, "msg_type": "execute_request"},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False},
+    }  # fmt: skip
+
+
+def test_a_second_execute_reusing_a_running_ones_msg_id_is_refused_not_confused_with_it():
+    async def main():
+        from gateway.masking import NO_SECRETS
+
+        session = types.SimpleNamespace(id="s1", masker=NO_SECRETS, touch=lambda: None)
+        manager = types.SimpleNamespace(spawn=asyncio.ensure_future, kernel_said=lambda *args: None)
+        pipeline, delivered = Pipeline(), []
+        relay = ChannelsRelay(
+            manager,
+            pipeline,
+            session,
+            None,
+            delivered.append,
+            1.0,
+            ReplayBuffer(RelayOptions(1.0, 100, 1 << 20)),
+        )  # type: ignore[arg-type]
+        relay.streams = {"shell": Stream(), "control": Stream()}
+        relay.signer = Signer()
+        relay.connected = True
+        relay.send(request("tools_called_here()", "x"))
+        relay.send(request("print(1)", "x"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert [m["content"]["code"] for m in relay.signer.sent] == ["tools_called_here()"]
+        assert len(pipeline.admitted) == 1
+        refusal = [m for m in map(json.loads, delivered) if m["msg_type"] == "error"]
+        assert "msg_id x" in refusal[0]["content"]["evalue"]
+        busy = {"header": {"msg_id": "b1", "msg_type": "status"}, "msg_type": "status",
+                "content": {"execution_state": "busy"},
+                "parent_header": {"msg_id": "x"}}  # fmt: skip
+        relay._observe("iopub", busy)
+        assert pipeline.started == pipeline.admitted  # the first cell's window, on its record
+
+    asyncio.run(main())
