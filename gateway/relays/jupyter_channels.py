@@ -58,7 +58,7 @@ KERNEL_BACKLOG = 16
 MESSAGE_SLACK = 64 * 1024  # one message's headers and fields beyond its code
 Deliver = Callable[[str], None]  # gets each kernel message as JSON text
 _REUSED = (
-    "an execute with msg_id {} of this connection has not ended yet; give each "
+    "an execute with msg_id {} of this session has not ended yet; give each "
     "execute_request a msg_id of its own"
 )
 
@@ -199,8 +199,9 @@ class ChannelsRelay:
             self.parked_as = None
         if self.drops is not None:
             self.drops.close()
-        for pending in self.pending.values():  # no idle is seen for them now: no window left
+        for msg_id, pending in self.pending.items():  # no idle is seen for them now
             self.executions.cell_ended(self.session, pending.admitted)
+            self.session.relayed.discard(msg_id)
         for stream in self.streams.values():
             stream.on_recv(None)
             stream.on_send(None)
@@ -295,7 +296,7 @@ class ChannelsRelay:
                 if msg["header"].get("msg_type") == "execute_request":
                     if not isinstance(msg["content"], dict):
                         msg["content"] = {}
-                    if msg_id in self.pending:  # its window and record are found by its id
+                    if msg_id in self.session.relayed:  # its window and record are found by it
                         self._dequeue()
                         self._refuse(msg, Conflict(_REUSED.format(msg_id[:64])))
                         continue
@@ -311,6 +312,7 @@ class ChannelsRelay:
                         await self.executions.finish(self.session, admitted.recorder, _never_sent())
                         break
                     self.pending[msg_id] = _Pending(admitted, self.session)
+                    self.session.relayed.add(msg_id)
                 self._dequeue()
                 self.signer.send(self.streams["shell"], msg)
         except Exception:
@@ -413,6 +415,7 @@ class ChannelsRelay:
             if kind == "status" and msg["content"].get("execution_state") == "idle":
                 self.executions.cell_ended(self.session, pending.admitted)
                 del self.pending[parent]
+                self.session.relayed.discard(parent)
                 self.manager.spawn(self._record(pending))
             else:
                 pending.collector.add_message(msg)

@@ -135,6 +135,9 @@ class Session:
         # Jupyter clients gone for a moment, by client session id: their relays
         # keep buffering so a reconnect replays what it missed.
         self.parked: dict[str, Relay] = {}
+        # The msg_ids of its Jupyter clients' executes not yet ended, all connections': iopub
+        # shows each to every connection, and each relay follows its own by it.
+        self.relayed: set[str] = set()
         # Connected Jupyter clients, each told (its WebSocket closed) when the session ends.
         self.on_end: set[Callable[[str], None]] = set()
         # Code contexts besides its own kernel (``contexts.Contexts``), by id.

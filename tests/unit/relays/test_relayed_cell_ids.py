@@ -55,37 +55,66 @@ def request(code: str, msg_id: str) -> dict:
     }  # fmt: skip
 
 
+def connect(session: types.SimpleNamespace, pipeline: Pipeline) -> tuple[ChannelsRelay, list]:
+    """A relay of ``session`` with fake sockets: what it sends to the kernel is in its
+    signer's ``sent``, what it answers the client in the list returned."""
+    manager = types.SimpleNamespace(spawn=asyncio.ensure_future, kernel_said=lambda *args: None)
+    delivered: list[str] = []
+    options = RelayOptions(1.0, 100, 1 << 20)
+    buffer = ReplayBuffer(options)
+    relay = ChannelsRelay(manager, pipeline, session, None, delivered.append, 1.0, buffer)  # type: ignore[arg-type]
+    relay.streams = {"shell": Stream(), "control": Stream()}
+    relay.signer = Signer()
+    relay.connected = True
+    return relay, delivered
+
+
+def fake_session() -> types.SimpleNamespace:
+    from gateway.masking import NO_SECRETS
+
+    return types.SimpleNamespace(id="s1", masker=NO_SECRETS, touch=lambda: None, relayed=set())
+
+
+def refusals(delivered: list[str]) -> list[str]:
+    return [m["content"]["evalue"] for m in map(json.loads, delivered) if m["msg_type"] == "error"]
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 def test_a_second_execute_reusing_a_running_ones_msg_id_is_refused_not_confused_with_it():
     async def main():
-        from gateway.masking import NO_SECRETS
-
-        session = types.SimpleNamespace(id="s1", masker=NO_SECRETS, touch=lambda: None)
-        manager = types.SimpleNamespace(spawn=asyncio.ensure_future, kernel_said=lambda *args: None)
-        pipeline, delivered = Pipeline(), []
-        relay = ChannelsRelay(
-            manager,
-            pipeline,
-            session,
-            None,
-            delivered.append,
-            1.0,
-            ReplayBuffer(RelayOptions(1.0, 100, 1 << 20)),
-        )  # type: ignore[arg-type]
-        relay.streams = {"shell": Stream(), "control": Stream()}
-        relay.signer = Signer()
-        relay.connected = True
+        pipeline = Pipeline()
+        relay, delivered = connect(fake_session(), pipeline)
         relay.send(request("tools_called_here()", "x"))
         relay.send(request("print(1)", "x"))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await settle()
         assert [m["content"]["code"] for m in relay.signer.sent] == ["tools_called_here()"]
         assert len(pipeline.admitted) == 1
-        refusal = [m for m in map(json.loads, delivered) if m["msg_type"] == "error"]
-        assert "msg_id x" in refusal[0]["content"]["evalue"]
+        assert "msg_id x" in refusals(delivered)[0]
         busy = {"header": {"msg_id": "b1", "msg_type": "status"}, "msg_type": "status",
                 "content": {"execution_state": "busy"},
                 "parent_header": {"msg_id": "x"}}  # fmt: skip
         relay._observe("iopub", busy)
         assert pipeline.started == pipeline.admitted  # the first cell's window, on its record
+
+    asyncio.run(main())
+
+
+def test_another_connection_cannot_reuse_the_msg_id_iopub_showed_it():
+    """iopub shows every connection each cell's msg_id; another connection's execute under it
+    would have its window opened (and its token as the caller) when the first cell runs."""
+
+    async def main():
+        session, pipeline = fake_session(), Pipeline()
+        first, _ = connect(session, pipeline)
+        second, delivered = connect(session, pipeline)
+        first.send(request("tools_called_here()", "x"))
+        await settle()
+        second.send(request("print(1)", "x"))
+        await settle()
+        assert second.signer.sent == [] and "msg_id x" in refusals(delivered)[0]
 
     asyncio.run(main())
