@@ -358,3 +358,55 @@ def test_a_cell_sent_over_the_jupyter_channels_calls_a_tool_recorded_and_its_win
     assert [(c["tool"], c["status"]) for c in cell["review"]["tools"]] == [("list_tables", "ok")]
     notebook = api.get(f"/v1/sessions/{sid}/notebook").json()
     assert notebook["cells"][0]["metadata"]["sbx"]["tools"][0]["tool"] == "list_tables"
+
+
+# A stdio MCP server in the stdlib (the kernel image has no mcp package): one JSON-RPC
+# message per line; it answers who runs it and which network interfaces it sees.
+STDIO_SERVER = """
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    method, answer = m["method"], None
+    if method == "initialize":
+        answer = {"protocolVersion": m["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "whoami", "version": "1"}}
+    elif method == "tools/list":
+        answer = {"tools": [{"name": "whoami", "description": "Who runs this server.",
+                             "inputSchema": {"type": "object", "properties": {}},
+                             "annotations": {"readOnlyHint": True}}]}
+    elif method == "tools/call":
+        facts = {"uid": os.getuid(), "nets": sorted(os.listdir("/sys/class/net")),
+                 "greeting": os.environ.get("GREETING")}
+        answer = {"content": [{"type": "text", "text": json.dumps(facts)}],
+                  "structuredContent": facts, "isError": False}
+    said = {"result": answer} if answer is not None else {"error": {"code": -32601,
+                                                                     "message": method}}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], **said}), flush=True)
+"""
+
+
+def test_a_stdio_mcp_server_runs_in_a_hardened_container_of_its_own_gone_with_the_session(
+    api, new_session, engine
+):
+    server = {"name": "who", "command": ["/opt/venv/bin/python", "-c", STDIO_SERVER],
+              "env": {"GREETING": "hi; $(reboot)"}}  # fmt: skip
+    session = new_session(tools={"stdio": [server]})
+    sid = session["id"]
+    assert [t["name"] for t in session["tools"]["tools"]] == ["whoami"]
+    reply = run(api, sid, "from sbx_tools import whoami\nprint(whoami())")
+    assert (
+        reply["outputs"][0]["text"]
+        == "{'uid': 1000, 'nets': ['lo'], 'greeting': 'hi; $(reboot)'}\n"
+    )
+    found = engine.containers.list(filters={"label": f"sbx.tool-server={sid}"})
+    assert len(found) == 1
+    host = found[0].attrs["HostConfig"]
+    assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
+    assert found[0].attrs["Config"]["User"] == "1000:1000" and not found[0].attrs["Mounts"]
+    assert api.delete(f"/v1/sessions/{sid}").status_code in (200, 204)
+    deadline = time.monotonic() + 10
+    while engine.containers.list(all=True, filters={"label": f"sbx.tool-server={sid}"}):
+        assert time.monotonic() < deadline, "the stdio server's container outlived its session"
+        time.sleep(0.2)

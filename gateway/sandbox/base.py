@@ -145,6 +145,20 @@ class SandboxProcess(Protocol):
     def close(self) -> None: ...
 
 
+class ToolServerProcess(Protocol):
+    """A stdio MCP server in a sandbox of its own (``Placement.start_tool_server``)."""
+
+    async def read(self) -> tuple[str, bytes] | None:
+        """The next output as (stdout | stderr, bytes); None once it has ended."""
+        ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def end(self) -> None:
+        """Stop the server and remove its sandbox."""
+        ...
+
+
 class Placement(abc.ABC):
     """Where kernels run: one interface, an implementation per backend."""
 
@@ -274,6 +288,17 @@ class Placement(abc.ABC):
         raise NotSupported(
             f"commands are not offered by the {self.name} placement yet; run them from the "
             "kernel instead (subprocess in run_code), or on a gateway with the docker placement"
+        )
+
+    async def start_tool_server(
+        self, spec: Any, name: str, image: str, argv: list[str], env: Mapping[str, str]
+    ) -> ToolServerProcess:
+        """Start a session's stdio MCP server ``name`` in a sandbox of its own, hardened as
+        ``spec`` (the session's) is but with no network, none of its mounts and ``image``;
+        ``argv`` runs there with only ``env``. ``SessionTools`` calls it."""
+        raise NotSupported(
+            f"stdio MCP servers are not offered by the {self.name} placement; serve the "
+            "server over streamable HTTP and give its url"
         )
 
     def context_sandbox(

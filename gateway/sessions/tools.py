@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,11 +48,13 @@ from ..tools.specs import (
     CallLimits,
     McpServer,
     Rule,
+    StdioServer,
     Tool,
     ToolsConfig,
     default_action,
     parse_tools,
 )
+from ..tools.stdio_servers import ServerProcess, StdioConnection
 from .manager import SessionManager
 from .model import Session
 from .requests import CreateSession
@@ -129,6 +131,7 @@ class Toolbox:
     def to_json(self) -> dict[str, Any]:
         return {
             "mcp": [server.to_json() for server in self.config.mcp],
+            "stdio": [server.to_json() for server in self.config.stdio],
             "tools": [tool.to_json() for tool, _ in self.tools.values()],
             "limits": self.limits.to_json(),
         }
@@ -187,9 +190,17 @@ class SessionTools:
 
     async def create(self, request: CreateSession, who: Principal) -> Session:
         """Create a session with the tools it asks for; their servers are reached first, so a
-        create naming one that does not answer fails before a sandbox is made."""
+        create naming one that does not answer fails before a sandbox is made (stdio servers,
+        whose sandboxes are made from the session's, after: the session then ends)."""
         if request.tools is None:
             return await self.manager.create(request, who)
+        if request.tools.stdio:  # their sandboxes are made from the session's: once it is
+            session = await self.manager.create(request, who)
+            try:
+                return await self.give(session.id, who, request.tools)
+            except Exception:
+                await self.manager.delete(session.id, who)
+                raise
         box = await self._prepare(request.tools, who.tenant)
         try:
             session = await self.manager.create(request, who)
@@ -202,7 +213,7 @@ class SessionTools:
     async def give(self, session_id: str, who: Principal, config: ToolsConfig) -> Session:
         """Replace a live session's tools (``PUT .../tools``); an empty config takes them away."""
         session = self.manager.get(session_id, who)
-        box = await self._prepare(config, session.tenant)
+        box = await self._prepare(config, session.tenant, session)
         try:
             await self._install(session, box)
         except BaseException:
@@ -213,10 +224,14 @@ class SessionTools:
     def view(self, session_id: str, who: Principal) -> dict[str, Any]:
         self.manager.get(session_id, who)
         box = self._boxes.get(session_id)
-        return box.to_json() if box is not None else {"mcp": [], "tools": [], "limits": None}
+        empty = {"mcp": [], "stdio": [], "tools": [], "limits": None}
+        return box.to_json() if box is not None else empty
 
-    async def _prepare(self, config: ToolsConfig, tenant: str) -> Toolbox:
-        """Connect to each server (header secrets unsealed) and list its tools."""
+    async def _prepare(
+        self, config: ToolsConfig, tenant: str, session: Session | None = None
+    ) -> Toolbox:
+        """Connect to each server (header secrets unsealed; stdio ones started in sandboxes
+        of their own, made from ``session``'s) and list its tools."""
         values: dict[str, str] = {}
         if config.secrets:
             if self.secrets is None:
@@ -228,17 +243,33 @@ class SessionTools:
         connections: list[McpConnection] = []
         tools: dict[str, tuple[Tool, McpConnection]] = {}
         functions: dict[str, Tool] = {}  # by the name sbx_tools gives its function
+        servers: list[tuple[McpServer | StdioServer, McpConnection, str, str]] = [
+            (
+                server,
+                self.connect(
+                    server,
+                    {h.name: h.resolve(values) for h in server.headers},
+                    room,
+                    self.guard.refusal,
+                ),
+                f"({server.url}) did not answer as a streamable-HTTP MCP server",
+                "its url",
+            )
+            for server in config.mcp
+        ]
+        for stdio in config.stdio:
+            start = await self._stdio_start(stdio, tenant, session)
+            servers.append((stdio, StdioConnection(stdio, start, room),
+                            "did not answer as a stdio MCP server in its sandbox",
+                            "its command and image"))  # fmt: skip
         try:
-            for server in config.mcp:
-                headers = {h.name: h.resolve(values) for h in server.headers}
-                connection = self.connect(server, headers, room, self.guard.refusal)
+            for server, connection, failed, check in servers:
                 try:
                     listed = await connection.open()
                 except ToolFailed as e:
                     raise ToolServerFailed(
-                        f"MCP server {server.name} ({server.url}) did not answer as a "
-                        f"streamable-HTTP MCP server: {masker.text(str(e))}; check "
-                        "its url and that it runs"
+                        f"MCP server {server.name} {failed}: {masker.text(str(e))}; check "
+                        f"{check} and that it runs"
                     ) from None
                 connections.append(connection)
                 for spec in masker.tree(listed):  # a server's words: shown to the sandbox
@@ -273,6 +304,31 @@ class SessionTools:
             raise BadRequest(f"tools.rules names tools no server lists: {', '.join(unknown)}")
         return Toolbox(config, limits, tools, masker, asyncio.Semaphore(limits.concurrent))
 
+    async def _stdio_start(
+        self, server: StdioServer, tenant: str, session: Session | None
+    ) -> Callable[[], Awaitable[ServerProcess]]:
+        """How ``server`` is started: in a sandbox of its own, of the image it names (a
+        kernel's, or one of the tenant's templates; else the default kernel's)."""
+        spec = session.kernel.sandbox if session is not None and session.kernel else None
+        if spec is None:
+            raise BadRequest(f"tools.stdio.{server.name}: stdio servers are given to a session")
+        lifecycle = self.manager.lifecycle
+        if server.template is not None:
+            if self.manager.templates is None:
+                raise BadRequest("this gateway builds no templates; name a kernel's image")
+            image = (await self.manager.templates.resolve(tenant, server.template))["image"]
+        else:
+            kernel = server.image or lifecycle.kernelspecs.default
+            if kernel not in lifecycle.kernelspecs.names():
+                raise BadRequest(
+                    f"tools.stdio.{server.name}.image names a kernel (GET /v1/kernels lists "
+                    f"them: {', '.join(lifecycle.kernelspecs.names())}) or give a template"
+                )
+            image = lifecycle.kernel_image(kernel)
+        argv, env = list(server.command), dict(server.env)
+        placement = lifecycle.placement
+        return lambda: placement.start_tool_server(spec, server.name, image, argv, env)
+
     async def _install(self, session: Session, box: Toolbox) -> None:
         """Make ``box`` the session's tools, serving its socket; the old one's servers closed."""
         run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
@@ -287,7 +343,8 @@ class SessionTools:
             await old.close()
         self._boxes[session.id] = box
         session.tools = box
-        session.tool_config = dict(box.config.sent) if box.config.mcp else None
+        given = box.config.mcp or box.config.stdio
+        session.tool_config = dict(box.config.sent) if given else None
         self.manager.save_soon(session)
         if session.id not in self._served:
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
@@ -307,7 +364,8 @@ class SessionTools:
             if not session.tool_config or session.kernel is None or session.id in self._boxes:
                 continue
             try:
-                box = await self._prepare(parse_tools(session.tool_config), session.tenant)
+                config = parse_tools(session.tool_config)
+                box = await self._prepare(config, session.tenant, session)
                 await self._install(session, box)
             except Exception as e:
                 log.warning("session %s: its tools could not be given again: %s", session.id, e)
@@ -362,19 +420,31 @@ class SessionTools:
         client_tools: tuple[dict[str, Any], ...] = (),
         client: ToolServer | None = None,
         on_hold: Callable[[Approval], None] | None = None,
-    ) -> AsyncIterator[None]:
+        at_begin: bool = False,
+    ) -> AsyncIterator[Callable[[], None]]:
         """Take the session's tool calls while the block (an execute in ``kernel``) runs; cut
-        them after.
+        them after. ``at_begin``: from when the function yielded is called (the kernel
+        begins the execute's code; a Jupyter client's cell may run before it), not at once.
 
         ``client_tools`` are the execute's own, answered by ``client`` (the agent's process,
         over its stream): callable in this execute only.
         """
         await self.ready(session, kernel, empty=bool(client_tools))
-        turn = self.open(session, who, recorder, kernel, client_tools, client, on_hold)
+        opened: list[ToolTurn | None] = []
+
+        def begin() -> None:
+            if not opened:
+                opened.append(
+                    self.open(session, who, recorder, kernel, client_tools, client, on_hold)
+                )
+
+        if not at_begin:
+            begin()
         try:
-            yield
+            yield begin
         finally:
-            self.end(session.id, turn)
+            for turn in opened:
+                self.end(session.id, turn)
 
     async def ready(self, session: Session, kernel: Kernel | None, empty: bool = False) -> None:
         """Before an execute is sent: the socket served, and a Python kernel given

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx2
 from mcp import Client
+from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 
 from .specs import McpServer
@@ -167,15 +168,21 @@ class McpConnection:
             assert self._client is not None
             return self._client
 
-    async def _run(self) -> None:
-        assert self._ready is not None
+    @contextlib.asynccontextmanager
+    async def _transport(self) -> AsyncIterator[TransportStreams]:
+        """The MCP SDK's streams to the server: streamable HTTP, guarded and bounded."""
         http = httpx2.AsyncClient(
             headers=self.headers,
             timeout=httpx2.Timeout(CONNECT_TIMEOUT, read=None),  # calls: bounded each on its own
             transport=_GuardedTransport(self.max_bytes, self.refusal),
         )
+        async with http, streamable_http_client(self.server.url, http_client=http) as streams:
+            yield streams
+
+    async def _run(self) -> None:
+        assert self._ready is not None
         try:
-            async with http, Client(streamable_http_client(self.server.url, http_client=http)) as c:
+            async with Client(self._transport()) as c:
                 c.session.validate_tool_result = _unchecked  # type: ignore[method-assign]
                 listed = await c.list_tools()
                 self.tools = [_tool(t) for t in listed.tools[:MAX_TOOLS]]

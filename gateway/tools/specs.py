@@ -26,6 +26,10 @@ from ..errors import BadRequest
 
 ACTIONS = ("allow", "hold", "deny")
 MAX_SERVERS = 8
+MAX_STDIO = 4  # stdio servers per session: each is a container of its own
+MAX_ARGS = 64
+MAX_ARGV_BYTES = 64 * 1024  # a whole stdio command, a script given with -c included
+MAX_ENV = 32
 MAX_HEADERS = 16
 MAX_RULES = 256
 MAX_URL = 2048
@@ -36,6 +40,7 @@ _SECRET = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TOOL_NAME = r"[A-Za-z0-9_.\-]{1,128}"  # MCP's tool-name characters: what a call can carry
 _TOOL = re.compile(TOOL_NAME)
 _LABEL = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}(:[0-9]{1,9})?")  # a kernel, a template[:n]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +71,26 @@ class McpServer:
     def to_json(self) -> dict[str, Any]:
         """As shown back: header names only (a literal may be a credential too)."""
         return {"name": self.name, "url": self.url, "headers": [h.name for h in self.headers]}
+
+
+@dataclasses.dataclass(frozen=True)
+class StdioServer:
+    """An MCP server the gateway starts in a sandbox of its own and speaks to over its stdio.
+
+    ``image`` names a kernel (its image) and ``template`` one of the tenant's
+    templates; neither: the Python kernel's image. ``command`` is an argv, never
+    a shell string; ``env`` values are literals (only their names are shown back).
+    """
+
+    name: str
+    command: tuple[str, ...]
+    image: str | None = None
+    template: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "command": list(self.command), "image": self.image,
+                "template": self.template, "env": [k for k, _ in self.env]}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +127,7 @@ class ToolsConfig:
     """Everything a session was given as tools (``tools`` at create, ``PUT .../tools``)."""
 
     mcp: tuple[McpServer, ...] = ()
+    stdio: tuple[StdioServer, ...] = ()
     rules: Mapping[str, Rule] = dataclasses.field(default_factory=dict)
     limits: CallLimits | None = None  # None: the server's defaults
     sent: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # as the client wrote it
@@ -151,21 +177,22 @@ def parse_tools(value: Any) -> ToolsConfig:
         raise BadRequest('tools must be an object: {"mcp": [{"url": ...}], "rules": {...}}')
     unknown = set(value) - {"mcp", "rules", "limits", "stdio"}
     if unknown:
-        raise BadRequest(f"tools takes mcp, rules and limits, not {sorted(unknown)}")
-    if value.get("stdio"):
-        raise BadRequest(
-            "stdio MCP servers are not offered: the gateway never runs a server's process on "
-            "its own host, and running them in a sandbox of their own is not built yet; serve "
-            "it over streamable HTTP and give its url"
-        )
+        raise BadRequest(f"tools takes mcp, stdio, rules and limits, not {sorted(unknown)}")
     servers = value.get("mcp") or []
     if not isinstance(servers, list) or len(servers) > MAX_SERVERS:
         raise BadRequest(f"tools.mcp must be a list of at most {MAX_SERVERS} servers")
     mcp = tuple(_server(entry, n) for n, entry in enumerate(servers))
-    names = [s.name for s in mcp]
+    stdio_servers = value.get("stdio") or []
+    if not isinstance(stdio_servers, list) or len(stdio_servers) > MAX_STDIO:
+        raise BadRequest(f"tools.stdio must be a list of at most {MAX_STDIO} servers")
+    stdio = tuple(_stdio_server(entry, n) for n, entry in enumerate(stdio_servers))
+    names = [s.name for s in (*mcp, *stdio)]
     if len(set(names)) != len(names):
         raise BadRequest("each MCP server needs a name of its own (tools.mcp[].name)")
-    return ToolsConfig(mcp, _rules(value.get("rules")), _limits(value.get("limits")), dict(value))
+    if len(names) > MAX_SERVERS:
+        raise BadRequest(f"a session is given at most {MAX_SERVERS} MCP servers in all")
+    rules, limits = _rules(value.get("rules")), _limits(value.get("limits"))
+    return ToolsConfig(mcp, stdio, rules, limits, dict(value))
 
 
 MAX_CLIENT_TOOLS = 64
@@ -215,6 +242,42 @@ def _server(entry: Any, n: int) -> McpServer:
     if not isinstance(headers, Mapping) or len(headers) > MAX_HEADERS:
         raise BadRequest(f"{where}.headers must be an object of at most {MAX_HEADERS} headers")
     return McpServer(url, name, tuple(_header(k, v, where) for k, v in headers.items()))
+
+
+def _stdio_server(entry: Any, n: int) -> StdioServer:
+    where = f"tools.stdio[{n}]"
+    if not isinstance(entry, Mapping) or set(entry) - {"name", "command", "image", "template",
+                                                       "env"}:  # fmt: skip
+        raise BadRequest(f"{where} is an object of name, command, image, template and env")
+    name, command = entry.get("name"), entry.get("command")
+    if not isinstance(name, str) or not _LABEL.fullmatch(name):
+        raise BadRequest(f"{where}.name must be letters, digits, '.', '_' or '-' (64 at most)")
+    if (
+        not isinstance(command, list)
+        or not 1 <= len(command) <= MAX_ARGS
+        or not all(isinstance(a, str) and "\0" not in a for a in command)
+        or not command[0]
+        or sum(len(a.encode()) for a in command) > MAX_ARGV_BYTES
+    ):
+        raise BadRequest(
+            f'{where}.command is an argv like ["python", "server.py"] (no shell string): '
+            f"1 to {MAX_ARGS} strings, {MAX_ARGV_BYTES} bytes in all"
+        )
+    image, template = entry.get("image"), entry.get("template")
+    if image is not None and template is not None:
+        raise BadRequest(f"{where}: name an image (a kernel's) or a template, not both")
+    for key, ref in (("image", image), ("template", template)):
+        if ref is not None and (not isinstance(ref, str) or not _REF.fullmatch(ref)):
+            raise BadRequest(f"{where}.{key} names a kernel (GET /v1/kernels) or a template")
+    env = entry.get("env") or {}
+    if not isinstance(env, Mapping) or len(env) > MAX_ENV:
+        raise BadRequest(f"{where}.env is an object of at most {MAX_ENV} variables")
+    for key, given in env.items():
+        if not isinstance(key, str) or not _SECRET.fullmatch(key):
+            raise BadRequest(f"{where}.env: {str(key)[:64]!r} is not a variable name")
+        if not isinstance(given, str) or not _VALUE.fullmatch(given):
+            raise BadRequest(f"{where}.env.{key}: printable ASCII only, 4096 at most")
+    return StdioServer(name, tuple(command), image, template, tuple(env.items()))
 
 
 def _header(name: Any, value: Any, where: str) -> Header:

@@ -45,6 +45,7 @@ from .provisioner import (
     sandbox_name,
     update_limits,
 )
+from .tool_servers import ToolServerContainer, start_tool_server
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,11 @@ class DockerPlacement(Placement):
         tty: tuple[int, int] | None,
     ) -> DockerProcess:
         return await DockerProcess.start(self.docker, sandbox_id, argv, env, cwd, tty)
+
+    async def start_tool_server(
+        self, spec: SandboxSpec, name: str, image: str, argv: list[str], env: Mapping[str, str]
+    ) -> ToolServerContainer:
+        return await start_tool_server(spec, name, image, argv, env)
 
     def context_sandbox(
         self,

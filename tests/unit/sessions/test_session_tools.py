@@ -451,11 +451,41 @@ def test_many_concurrent_calls_run_at_most_concurrent_at_once():
     run(test)
 
 
-def test_stdio_servers_are_refused_with_what_to_do():
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"name": "s", "command": "npx server"}, "an argv"),  # a shell string
+        ({"name": "s", "command": []}, "an argv"),
+        ({"name": "s", "command": ["python", "a\0b"]}, "an argv"),
+        ({"name": "s", "command": ["x" * 70_000]}, "bytes in all"),
+        ({"name": "s", "command": ["x"], "args": ["server"]}, "an object of name, command"),
+        ({"name": "s", "command": ["x"], "image": "../../evil"}, "names a kernel"),
+        ({"name": "s", "command": ["x"], "image": "python3", "template": "t"}, "not both"),
+        ({"name": "s", "command": ["x"], "env": {"A B": "1"}}, "not a variable name"),
+        ({"name": "s", "command": ["x"], "env": {"A": "line\nbreak"}}, "printable ASCII"),
+        ({"name": "a b", "command": ["x"]}, ".name must be"),
+    ],
+)
+def test_a_stdio_server_is_read_strictly(entry, said):
     from gateway.errors import BadRequest
 
-    with pytest.raises(BadRequest, match="never runs a server's process on its own host"):
-        parse_tools({"stdio": [{"command": "npx", "args": ["server"]}]})
+    with pytest.raises(BadRequest, match=said):
+        parse_tools({"stdio": [entry]})
+
+
+def test_stdio_servers_are_bounded_in_number_and_share_names_with_http_ones():
+    from gateway.errors import BadRequest
+
+    many = [{"name": f"s{n}", "command": ["x"]} for n in range(5)]
+    with pytest.raises(BadRequest, match="at most 4 servers"):
+        parse_tools({"stdio": many})
+    with pytest.raises(BadRequest, match="a name of its own"):
+        parse_tools({"mcp": [{"url": "http://a/mcp", "name": "s0"}], "stdio": many[:1]})
+    given = parse_tools({"stdio": [{"name": "s", "command": ["python", "-c", "1"],
+                                    "env": {"TOKEN": "k"}}]})  # fmt: skip
+    shown = {"name": "s", "command": ["python", "-c", "1"], "image": None, "template": None,
+             "env": ["TOKEN"]}  # fmt: skip
+    assert given.stdio[0].to_json() == shown
 
 
 def test_the_masker_of_a_toolbox_is_built_from_header_secrets(monkeypatch):
@@ -774,5 +804,63 @@ def test_a_relayed_cells_window_closes_when_its_kernel_restarts_or_dies_mid_cell
             assert len(recorder.tool_calls) == 1
             w.tools.end("s1", turn)
             kernel.died.clear()
+
+    run(test)
+
+
+def test_a_stdio_server_starts_only_from_a_kernels_image_or_the_tenants_template():
+    from gateway.errors import BadRequest
+
+    class Specs:
+        default = "python3"
+
+        def names(self):
+            return ["python3", "ir"]
+
+    class Placement:
+        started: list = []
+
+        async def start_tool_server(self, spec, name, image, argv, env):
+            self.started.append((spec, name, image, argv, env))
+            raise RuntimeError("no engine here")
+
+    class Templates:
+        async def resolve(self, tenant, ref):
+            assert tenant == "t1"
+            return {"image": f"sbx/tpl-{tenant}-{ref}"}
+
+    async def test(w: World):
+        made = {"kernelspecs": Specs(), "placement": Placement(),
+                "kernel_image": lambda self, k: f"sbx/{k}"}  # fmt: skip
+        lifecycle = type("Lifecycle", (), made)()
+        w.manager.lifecycle, w.manager.templates = lifecycle, None
+        entry = {"name": "n", "command": ["notes"], "env": {"A": "1"}}
+        with pytest.raises(BadRequest, match="names a kernel"):
+            await w.give(mcp=[], stdio=[{**entry, "image": "alpine"}])
+        with pytest.raises(BadRequest, match="builds no templates"):
+            await w.give(mcp=[], stdio=[{**entry, "template": "notes"}])
+        assert Placement.started == []
+        with pytest.raises(ToolServerFailed, match="no engine here"):
+            await w.give(mcp=[], stdio=[entry])
+        w.manager.templates = Templates()
+        with pytest.raises(ToolServerFailed):
+            await w.give(mcp=[], stdio=[{**entry, "template": "notes:2"}])
+        images = [(image, argv, env) for _, _, image, argv, env in Placement.started]
+        assert images == [("sbx/python3", ["notes"], {"A": "1"}),
+                          ("sbx/tpl-t1-notes:2", ["notes"], {"A": "1"})]  # fmt: skip
+        assert Placement.started[0][0] is w.session.kernel.sandbox
+
+        from gateway.sessions.requests import CreateSession
+
+        deleted = []
+
+        async def delete(session_id, who):
+            deleted.append(session_id)
+
+        w.manager.delete = delete
+        request = CreateSession.from_json({"tools": {"stdio": [entry]}})
+        with pytest.raises(ToolServerFailed):  # made from the session's: it is made first
+            await w.tools.create(request, AGENT)
+        assert w.manager.created == 1 and deleted == ["s1"]
 
     run(test)

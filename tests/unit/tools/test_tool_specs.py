@@ -30,7 +30,7 @@ def test_a_full_config_is_read():
     "body, message",
     [
         ([], "tools must be an object"),
-        ({"servers": []}, "tools takes mcp, rules and limits"),
+        ({"servers": []}, "tools takes mcp, stdio, rules and limits"),
         ({"mcp": [{"url": "file:///etc/passwd"}]}, "http(s) URL"),
         ({"mcp": [{"url": "http://user:pw@host/mcp"}]}, "no user info"),
         ({"mcp": [{"url": "http://a/mcp", "command": "sh"}]}, "url, name and headers"),
