@@ -410,3 +410,29 @@ def test_a_stdio_mcp_server_runs_in_a_hardened_container_of_its_own_gone_with_th
     while engine.containers.list(all=True, filters={"label": f"sbx.tool-server={sid}"}):
         assert time.monotonic() < deadline, "the stdio server's container outlived its session"
         time.sleep(0.2)
+
+
+def test_a_v1_execute_queued_behind_a_jupyter_cell_does_not_take_that_cells_tool_calls(
+    gateway, api, new_session, warehouse
+):
+    """The kernel runs one cell at a time: a /v1 execute sent while a Jupyter client's cell
+    runs opens its window when it begins, so the cell's calls stay on its own record (and
+    its caller's, for who may approve them)."""
+    import asyncio
+    import threading
+
+    from helpers import run_over_channels
+
+    sid = new_session(tools={"mcp": [{"url": warehouse, "name": "warehouse"}]})["id"]
+    run(api, sid, "import sbx_tools")
+    url = gateway.ws_url(f"/api/kernels/{sid}/channels")
+    later = threading.Timer(0.5, lambda: run(api, sid, "'queued behind'"))
+    later.start()
+    code = "import time\ntime.sleep(1.5)\nprint(sbx_tools.list_tables())"
+    seen = asyncio.run(run_over_channels(url, code))
+    later.join()
+    text = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+    assert text == "['orders']\n", [m["content"] for m in seen if m["msg_type"] == "error"]
+    history = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
+    calls = {e["code"]: [c["tool"] for c in (e["review"] or {}).get("tools", [])] for e in history}
+    assert calls[code] == ["list_tables"] and calls["'queued behind'"] == [], calls

@@ -121,6 +121,7 @@ class Kernel:
         # (SIGINT to an idle kernel does nothing); it is held until it begins.
         self._awaiting_start = False
         self._deferred_interrupt = False
+        self._on_begun: Callable[[], None] | None = None  # the running execute's
 
     @property
     def container_id(self) -> str | None:
@@ -394,15 +395,18 @@ class Kernel:
         on_output: OutputListener | None = None,
         on_start: Callable[[], None] | None = None,
         mask: Masker = NO_SECRETS,
+        on_begun: Callable[[], None] | None = None,
     ) -> ExecutionResult:
         """Run ``code``; stop it at ``timeout`` by interrupt, then by restart after ``grace``.
 
         ``on_output`` hears of each output kept and each clear as they happen;
         ``on_start`` runs once an interrupt would be honoured for this cell;
-        ``mask`` takes the session's secrets out of every output first.
+        ``mask`` takes the session's secrets out of every output first; ``on_begun`` runs
+        when its code begins (the kernel may run another's cell before it).
         """
         self._interrupting = self._deferred_interrupt = False
         self._awaiting_start = True
+        self._on_begun = on_begun
         if on_start is not None:
             on_start()
         try:
@@ -410,6 +414,7 @@ class Kernel:
             return await self._execute(code, timeout, grace, collector)
         finally:
             self._awaiting_start = False
+            self._on_begun = None
 
     async def _execute(
         self,
@@ -497,6 +502,8 @@ class Kernel:
     async def _begun(self) -> None:
         """The cell is running: send an interrupt that was asked for before."""
         self._awaiting_start = False
+        if self._on_begun is not None:
+            self._on_begun()
         if self._deferred_interrupt:
             await self.manager.interrupt_kernel()
 

@@ -161,7 +161,7 @@ class Executions:
             async with (
                 self._tool_turn(
                     session, who, recorder, kernel, request.tools, client, on_tool_hold
-                ),
+                ) as begun,
                 kernel.environment(request.env),
             ):
                 result = await kernel.execute(
@@ -172,6 +172,7 @@ class Executions:
                     on_output=recorder.listener(on_output),
                     on_start=on_start,
                     mask=session.masker,
+                    on_begun=begun,
                 )
             if context is not None:
                 context.executions += 1
@@ -410,12 +411,15 @@ class Executions:
         client_tools: tuple[dict[str, Any], ...],
         client: ToolServer | None,
         on_hold: Callable[[Approval], None] | None,
-    ) -> contextlib.AbstractAsyncContextManager[None]:
+    ) -> contextlib.AbstractAsyncContextManager[Callable[[], None] | None]:
         """The window in which the execute's code may call the session's tools (and its own
-        client tools, answered by ``client``)."""
+        client tools, answered by ``client``): opened by the function it gives, once the
+        kernel begins the code."""
         if self.tools is None:
             return contextlib.nullcontext()
-        return self.tools.turn(session, who, recorder, kernel, client_tools, client, on_hold)
+        return self.tools.turn(
+            session, who, recorder, kernel, client_tools, client, on_hold, at_begin=True
+        )
 
     # -- the gate's outcomes ----------------------------------------------------------------
 
