@@ -4,9 +4,10 @@ The placement starts the server (``Placement.start_tool_server``); the gateway
 speaks MCP over its stdin and stdout, one JSON-RPC message per line as
 ``mcp.client.stdio`` frames them (``line_streams``). What the server writes is
 hostile: a line longer than ``max_line`` ends the connection with an error
-saying so, its stderr is read and dropped, and nothing is read ahead of what
+saying so, its stderr is read and dropped, nothing is read ahead of what
 the client takes (streams of no buffer), so a flood waits on the server's own
-pipe. A server that exits ends the connection (a call made later starts it
+pipe, and a line past ``OFF_LOOP`` bytes is parsed on a thread, so a flood of
+big ones does not hold the event loop every session shares. A server that exits ends the connection (a call made later starts it
 again, at most every ``RECONNECT_EVERY`` seconds); its sandbox goes whenever
 the connection ends.
 """
@@ -14,6 +15,7 @@ the connection ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -36,6 +38,10 @@ class ServerProcess(Protocol):
     async def end(self) -> None: ...
 
 
+_ADAPTER = types.jsonrpc_message_adapter
+OFF_LOOP = 64 << 10  # a line longer is parsed on a thread: a flood of big ones stalls no one
+
+
 class ServerGone(Exception):
     """The server's output ended, or it wrote a line past the bound on one message."""
 
@@ -55,7 +61,7 @@ async def line_streams(
         try:
             async for line in _lines(process, max_line):
                 try:
-                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                    message = await _parse(line)
                 except ValueError as e:
                     await to_client.send(e)
                     continue
@@ -81,6 +87,13 @@ async def line_streams(
             group.cancel_scope.cancel()
             for stream in (to_client, read_stream, write_stream, from_client):
                 stream.close()
+
+
+async def _parse(line: bytes) -> types.JSONRPCMessage:
+    if len(line) > OFF_LOOP:
+        return await anyio.to_thread.run_sync(functools.partial(_ADAPTER.validate_json, line,
+                                                                by_name=False))  # fmt: skip
+    return _ADAPTER.validate_json(line, by_name=False)
 
 
 async def _lines(process: ServerProcess, max_line: int) -> AsyncIterator[bytes]:

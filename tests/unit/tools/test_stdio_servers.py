@@ -167,3 +167,37 @@ def test_a_server_that_never_answers_initialize_is_given_up_and_its_sandbox_ends
 
     run(server, test)
     assert server.ended
+
+
+def test_a_big_line_is_parsed_off_the_event_loop_so_a_flood_of_them_stalls_no_one(monkeypatch):
+    import threading
+
+    from gateway.tools import stdio_servers
+
+    loop_thread, seen = threading.get_ident(), []
+    parse = stdio_servers.types.jsonrpc_message_adapter.validate_json
+
+    class Adapter:
+        @staticmethod
+        def validate_json(line, **kwargs):
+            seen.append((len(line), threading.get_ident() == loop_thread))
+            return parse(line, **kwargs)
+
+    monkeypatch.setattr(stdio_servers, "_ADAPTER", Adapter, raising=False)
+
+    async def big(server: FakeServer, message: dict):
+        text = "x" * (200 << 10)
+        reply = {"jsonrpc": "2.0", "id": message["id"],
+                 "result": {"content": [{"type": "text", "text": text}], "isError": False}}  # fmt: skip
+        await server.out.put(("stdout", json.dumps(reply).encode() + b"\n"))
+
+    server = FakeServer(hostile=big)
+
+    async def test(c: StdioConnection):
+        await c.open()
+        got = await c.call("echo", {}, timeout=5)
+        assert len(got["content"][0]["text"]) == 200 << 10
+
+    run(server, test, max_bytes=1 << 20)
+    assert [on_loop for size, on_loop in seen if size > 64 << 10] == [False]
+    assert all(on_loop for size, on_loop in seen if size <= 64 << 10)
