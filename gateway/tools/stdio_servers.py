@@ -7,9 +7,9 @@ hostile: a line longer than ``max_line`` ends the connection with an error
 saying so, its stderr is read and dropped, nothing is read ahead of what
 the client takes (streams of no buffer), so a flood waits on the server's own
 pipe, and a line past ``OFF_LOOP`` bytes is parsed on a thread, so a flood of
-big ones does not hold the event loop every session shares. A server that exits ends the connection (a call made later starts it
-again, at most every ``RECONNECT_EVERY`` seconds); its sandbox goes whenever
-the connection ends.
+big ones does not hold the event loop every session shares. A server that
+exits ends the connection (a call made later starts it again, at most every
+``RECONNECT_EVERY`` seconds); its sandbox goes whenever the connection ends.
 """
 
 from __future__ import annotations

@@ -187,8 +187,8 @@ def test_a_big_line_is_parsed_off_the_event_loop_so_a_flood_of_them_stalls_no_on
 
     async def big(server: FakeServer, message: dict):
         text = "x" * (200 << 10)
-        reply = {"jsonrpc": "2.0", "id": message["id"],
-                 "result": {"content": [{"type": "text", "text": text}], "isError": False}}  # fmt: skip
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+        reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
         await server.out.put(("stdout", json.dumps(reply).encode() + b"\n"))
 
     server = FakeServer(hostile=big)
