@@ -73,6 +73,7 @@ class _Pending:
             cap.bytes, admitted.recorder.listener(), cap.limit, session.masker
         )
         self.reply: dict[str, Any] = {}
+        self.replied = False  # its window closes at its reply: a late-seen busy opens none
 
 
 class ChannelsRelay:
@@ -406,9 +407,11 @@ class ChannelsRelay:
         if pending is None:
             return
         if channel == "iopub" and kind == "status":
-            if msg["content"].get("execution_state") == "busy":
+            if msg["content"].get("execution_state") == "busy" and not pending.replied:
                 self.executions.cell_started(self.session, pending.admitted)
-        if channel == "shell" and kind == "execute_reply":
+        if channel == "shell" and kind == "execute_reply":  # its code and expressions done
+            self.executions.cell_ended(self.session, pending.admitted)
+            pending.replied = True
             pending.reply = msg["content"]
             pending.collector.execution_count = execution_count(msg["content"])
         elif channel == "iopub":

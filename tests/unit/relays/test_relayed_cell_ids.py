@@ -36,6 +36,7 @@ class Pipeline:
     def __init__(self) -> None:
         self.admitted: list[types.SimpleNamespace] = []
         self.started: list[types.SimpleNamespace] = []
+        self.ended: list[types.SimpleNamespace] = []
 
     async def admit(self, session, who, content) -> types.SimpleNamespace:
         cap = types.SimpleNamespace(bytes=1 << 20, limit=None)
@@ -45,6 +46,9 @@ class Pipeline:
 
     def cell_started(self, session, admitted) -> None:
         self.started.append(admitted)
+
+    def cell_ended(self, session, admitted) -> None:
+        self.ended.append(admitted)
 
 
 def request(code: str, msg_id: str) -> dict:
@@ -116,5 +120,28 @@ def test_another_connection_cannot_reuse_the_msg_id_iopub_showed_it():
         second.send(request("print(1)", "x"))
         await settle()
         assert second.signer.sent == [] and "msg_id x" in refusals(delivered)[0]
+
+    asyncio.run(main())
+
+
+def test_a_cells_window_closes_at_its_execute_reply_before_its_idle():
+    """Its code and user expressions are done once the reply is sent; a thread it left may
+    call before the idle status (on another socket, which may drop it) is seen."""
+
+    async def main():
+        pipeline = Pipeline()
+        relay, _ = connect(fake_session(), pipeline)
+        relay.send(request("threading.Thread(target=calls).start()", "x"))
+        await settle()
+        reply = {"header": {"msg_id": "r1", "msg_type": "execute_reply"},
+                 "msg_type": "execute_reply", "content": {"status": "ok", "execution_count": 1},
+                 "parent_header": {"msg_id": "x"}}  # fmt: skip
+        relay._observe("shell", reply)
+        assert pipeline.ended == pipeline.admitted
+        busy = {"header": {"msg_id": "b1", "msg_type": "status"}, "msg_type": "status",
+                "content": {"execution_state": "busy"},
+                "parent_header": {"msg_id": "x"}}  # fmt: skip
+        relay._observe("iopub", busy)  # seen after its reply (another socket): opens none
+        assert pipeline.started == []
 
     asyncio.run(main())
