@@ -7,8 +7,9 @@ import asyncio
 import types
 
 import pytest
-from test_session_tools import AGENT, World, run
+from test_session_tools import AGENT, APPROVER, World, run
 
+from gateway.access.auth import Principal
 from gateway.sessions.executions import ExecutionLimits, Executions
 from gateway.tools.endpoint import CallRefused
 
@@ -67,5 +68,25 @@ def test_a_silent_execute_opens_no_window_its_calls_would_be_on_no_notebook():
         pipeline.cell_started(w.session, admitted)
         assert "outside" in await refused(w)
         pipeline.cell_ended(w.session, admitted)
+
+    run(test)
+
+
+def test_a_relayed_cells_held_call_waits_for_another_approver_as_an_executes_does():
+    async def test(w: World):
+        await w.give()
+        pipeline = executions(w)
+        clients_token = Principal(tenant="t1", token_id="lab-user", approver=True)
+        admitted = await pipeline.admit(w.session, clients_token, {"code": "drop()"})
+        pipeline.cell_started(w.session, admitted)
+        call = asyncio.ensure_future(w.tools.call("s1", "drop", {}))
+        (approval,) = await w.pending()
+        with pytest.raises(Exception, match="cannot decide on an execute it asked for"):
+            await w.desk.decide(approval.id, clients_token, True, None)
+        await w.desk.decide(approval.id, APPROVER, True, "fine")
+        assert (await call)["result"]["name"] == "drop"
+        pipeline.cell_ended(w.session, admitted)
+        (entry,) = admitted.recorder.tool_calls
+        assert entry["decision"] == "hold" and entry["status"] == "ok"
 
     run(test)
