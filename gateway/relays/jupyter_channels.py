@@ -8,7 +8,10 @@ Executions a Jupyter client runs pass the session's execute pipeline
 expressions too) and are recorded like any other, outputs stored as they
 arrive. A held execute waits in the relay, the client's later shell requests
 queued behind it (bounded: past the bound they are refused); a refused one
-gets Jupyter's own error reply. Executes go on the shell channel only, and the
+gets Jupyter's own error reply. A cell's code may call the session's tools
+from when the kernel begins it until its reply (``Executions.cell_started``,
+``cell_ended``), its msg_id its own among the session's clients' running ones
+(iopub shows each to all). Executes go on the shell channel only, and the
 kernel's debugger, which evaluates code no scan reads, only where the policy
 gates nothing. When a
 client's WebSocket drops, its relay is parked under the client's session id

@@ -316,7 +316,8 @@ class Executions:
             admitted.tool_turn = self.tools.open(session, admitted.who, admitted.recorder, kernel)
 
     def cell_ended(self, session: Session, admitted: Admitted) -> None:
-        """A relayed execute ended (idle for it), or will never be seen to: close its window."""
+        """A relayed execute ended (its reply, or idle for it), or will never be seen to: close
+        its window."""
         if self.tools is not None:
             self.tools.end(session.id, admitted.tool_turn)
 
