@@ -16,6 +16,12 @@ class Stream:
     def sending(self) -> bool:
         return False
 
+    def on_recv(self, callback) -> None: ...
+
+    def on_send(self, callback) -> None: ...
+
+    def close(self, linger: int) -> None: ...
+
 
 class Signer:
     def __init__(self) -> None:
@@ -76,7 +82,9 @@ def connect(session: types.SimpleNamespace, pipeline: Pipeline) -> tuple[Channel
 def fake_session() -> types.SimpleNamespace:
     from gateway.masking import NO_SECRETS
 
-    return types.SimpleNamespace(id="s1", masker=NO_SECRETS, touch=lambda: None, relayed=set())
+    return types.SimpleNamespace(
+        id="s1", masker=NO_SECRETS, touch=lambda: None, relayed=set(), connections=1
+    )
 
 
 def refusals(delivered: list[str]) -> list[str]:
@@ -143,5 +151,19 @@ def test_a_cells_window_closes_at_its_execute_reply_before_its_idle():
                 "parent_header": {"msg_id": "x"}}  # fmt: skip
         relay._observe("iopub", busy)  # seen after its reply (another socket): opens none
         assert pipeline.started == []
+
+    asyncio.run(main())
+
+
+def test_a_connection_closed_under_a_running_cell_closes_its_window():
+    """Its idle will never be seen now; the cell may run on (a process it started too)."""
+
+    async def main():
+        session, pipeline = fake_session(), Pipeline()
+        relay, _ = connect(session, pipeline)
+        relay.send(request("while True: calls()", "x"))
+        await settle()
+        relay.close()
+        assert pipeline.ended == pipeline.admitted and session.relayed == set()
 
     asyncio.run(main())
