@@ -240,7 +240,6 @@ class SessionTools:
         masker = Masker(values)
         limits = (config.limits or self.ceiling).within(self.ceiling)
         room = 2 * limits.result_bytes + (64 << 10)  # content and structured copies, JSON-RPC
-        connections: list[McpConnection] = []
         tools: dict[str, tuple[Tool, McpConnection]] = {}
         functions: dict[str, Tool] = {}  # by the name sbx_tools gives its function
         servers: list[tuple[McpServer | StdioServer, McpConnection, str, str]] = [
@@ -262,16 +261,19 @@ class SessionTools:
             servers.append((stdio, StdioConnection(stdio, start, room),
                             "did not answer as a stdio MCP server in its sandbox",
                             "its command and image"))  # fmt: skip
+        # All at once: slow or silent servers hold a give for the longest one, not the sum.
+        opened = await asyncio.gather(*(c.open() for _, c, _, _ in servers), return_exceptions=True)
+        connections = [c for (_, c, _, _), got in zip(servers, opened, strict=True)
+                       if not isinstance(got, BaseException)]  # fmt: skip
         try:
-            for server, connection, failed, check in servers:
-                try:
-                    listed = await connection.open()
-                except ToolFailed as e:
+            for (server, connection, failed, check), listed in zip(servers, opened, strict=True):
+                if isinstance(listed, ToolFailed):
                     raise ToolServerFailed(
-                        f"MCP server {server.name} {failed}: {masker.text(str(e))}; check "
-                        f"{check} and that it runs"
-                    ) from None
-                connections.append(connection)
+                        f"MCP server {server.name} {failed}: {masker.text(str(listed))}; "
+                        f"check {check} and that it runs"
+                    )
+                if isinstance(listed, BaseException):
+                    raise listed
                 for spec in masker.tree(listed):  # a server's words: shown to the sandbox
                     name = spec["name"]
                     if not isinstance(name, str) or not re.fullmatch(TOOL_NAME, name):

@@ -58,6 +58,8 @@ class FakeServer:
         FakeServer.made.append(self)
 
     async def open(self) -> list[dict[str, Any]]:
+        if "slow" in self.server.url:
+            await asyncio.sleep(0.3)
         if "down" in self.server.url:
             raise ToolFailed("All connection attempts failed")
         return LISTED
@@ -862,5 +864,20 @@ def test_a_stdio_server_starts_only_from_a_kernels_image_or_the_tenants_template
         with pytest.raises(ToolServerFailed):  # made from the session's: it is made first
             await w.tools.create(request, AGENT)
         assert w.manager.created == 1 and deleted == ["s1"]
+
+    run(test)
+
+
+def test_servers_are_reached_at_once_so_slow_ones_hold_a_give_the_longest_not_the_sum():
+    import time as clock
+
+    async def test(w: World):
+        mcp = [{"url": "http://slow.example/mcp", "name": "first"},
+               {"url": "http://slow-down.example/mcp", "name": "last"}]  # fmt: skip
+        began = clock.monotonic()
+        with pytest.raises(ToolServerFailed, match="MCP server last"):
+            await w.give(mcp=mcp)
+        assert clock.monotonic() - began < 0.5  # one after the other: 0.6 s
+        assert FakeServer.made[0].closed
 
     run(test)
