@@ -4,12 +4,13 @@ The placement starts the server (``Placement.start_tool_server``); the gateway
 speaks MCP over its stdin and stdout, one JSON-RPC message per line as
 ``mcp.client.stdio`` frames them (``line_streams``). What the server writes is
 hostile: a line longer than ``max_line`` ends the connection with an error
-saying so, its stderr is read and dropped, nothing is read ahead of what
-the client takes (streams of no buffer), so a flood waits on the server's own
-pipe, and a line past ``OFF_LOOP`` bytes is parsed on a thread, so a flood of
-big ones does not hold the event loop every session shares. A server that
-exits ends the connection (a call made later starts it again, at most every
-``RECONNECT_EVERY`` seconds); its sandbox goes whenever the connection ends.
+saying so, its stderr and the lines that are not JSON-RPC are dropped,
+nothing is read ahead of what the client takes (streams of no buffer), so a
+flood waits on the server's own pipe, and a line past ``OFF_LOOP`` bytes is
+parsed on a thread, so a flood of big ones does not hold the event loop every
+session shares. A server that exits ends the connection (a call made later
+starts it again, at most every ``RECONNECT_EVERY`` seconds); its sandbox goes
+whenever the connection ends.
 """
 
 from __future__ import annotations
@@ -62,9 +63,8 @@ async def line_streams(
             async for line in _lines(process, max_line):
                 try:
                     message = await _parse(line)
-                except ValueError as e:
-                    await to_client.send(e)
-                    continue
+                except ValueError:  # a banner or a stray print: the SDK would only spawn a
+                    continue  # task per line to hand it to a handler that drops it
                 await to_client.send(SessionMessage(message))
         except ServerGone as e:
             broken(str(e))

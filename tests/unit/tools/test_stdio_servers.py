@@ -201,3 +201,29 @@ def test_a_big_line_is_parsed_off_the_event_loop_so_a_flood_of_them_stalls_no_on
     run(server, test, max_bytes=1 << 20)
     assert [on_loop for size, on_loop in seen if size > 64 << 10] == [False]
     assert all(on_loop for size, on_loop in seen if size <= 64 << 10)
+
+
+def test_lines_that_are_not_json_rpc_are_dropped_not_handed_to_the_client(monkeypatch):
+    from mcp.client.session import ClientSession
+
+    handed = []
+
+    async def on_stream_exception(self, exc):
+        handed.append(exc)
+
+    monkeypatch.setattr(ClientSession, "_on_stream_exception", on_stream_exception)
+
+    async def noise(server: FakeServer, message: dict):
+        for _ in range(300):
+            await server.out.put(("stdout", b"Server started, listening on stdio " * 20 + b"\n"))
+        reply = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "isError": False}}
+        await server.out.put(("stdout", json.dumps(reply).encode() + b"\n"))
+
+    server = FakeServer(hostile=noise)
+
+    async def test(c: StdioConnection):
+        await c.open()
+        assert (await c.call("echo", {}, timeout=5))["content"] == []
+
+    run(server, test)
+    assert handed == []
