@@ -50,7 +50,7 @@ def mcp_gateway_token(argv: list[str], env: dict[str, str]) -> str | None:
 
 def tools_of(servers: object) -> ToolsConfig | None:
     """E2B's ``mcp=`` as the session's tools: ``sbxTools`` (this gateway's own entry, the
-    body of ``PUT /v1/sessions/{id}/tools``) names streamable-HTTP servers by URL; E2B's
+    body of ``PUT /v1/sessions/{id}/tools``) names servers by URL or stdio command; E2B's
     catalogue entries are refused, each by name (None: no entry, an MCP URL of no tools)."""
     if not isinstance(servers, dict):
         raise BadRequest("mcp must be an object of MCP servers by name")
@@ -58,9 +58,10 @@ def tools_of(servers: object) -> ToolsConfig | None:
     if catalogue:
         raise BadRequest(
             f"mcp.{catalogue[0]}: E2B's catalogue servers are stdio processes that E2B runs in "
-            "the sandbox and most reach the internet; this gateway runs no server's process and "
-            f"its sandboxes have no network. Serve it over streamable HTTP and name it in mcp."
-            f'{OWN_ENTRY}: {{"mcp": [{{"url": ..., "name": ...}}]}} (docs/e2b.md)'
+            "the sandbox and most reach the internet; this gateway's sandboxes have no network. "
+            f"Serve it over streamable HTTP and name it in mcp.{OWN_ENTRY}: "
+            f'{{"mcp": [{{"url": ..., "name": ...}}]}}, or give a stdio one that needs no '
+            'network as {"stdio": [{"name": ..., "command": [...]}]} (docs/e2b.md)'
         )
     return parse_tools(servers[OWN_ENTRY]) if OWN_ENTRY in servers else None
 
