@@ -313,6 +313,7 @@ class ChannelsRelay:
                         self._refuse(msg, e)
                         continue
                     if not self.streams:  # closed while it was held
+                        self.executions.cell_ended(self.session, admitted)
                         await self.executions.finish(self.session, admitted.recorder, _never_sent())
                         break
                     self.pending[msg_id] = _Pending(admitted, self.session)

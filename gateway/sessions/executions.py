@@ -305,6 +305,8 @@ class Executions:
             await self.tools.ready(session, session.kernel)
             caller = who
         recorder = self.begin(session, recorded, review=review, running=False)
+        if self.tools is not None and caller is not None:
+            self.tools.expect(session.id, recorder)
         cap = self.output_cap(session)
         return Admitted(recorder, cap, session.kernel.interrupts, who=caller)
 
@@ -319,7 +321,7 @@ class Executions:
         """A relayed execute ended (its reply, or idle for it), or will never be seen to: close
         its window."""
         if self.tools is not None:
-            self.tools.end(session.id, admitted.tool_turn)
+            self.tools.end(session.id, admitted.tool_turn, admitted.recorder)
 
     def debugger_refusal(self, session: Session) -> str | None:
         """Why the session's policy refuses a debugger request, or None if it allows it.

@@ -72,6 +72,7 @@ _INSTALL = (
 )
 INJECT = f"exec({_INSTALL!r}, {{}})\n"
 MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
+BEGIN_WAIT = 2.0  # seconds a call waits for the window of an execute sent, not yet begun
 
 Connect = Callable[[McpServer, dict[str, str], int, Refusal], McpConnection]
 CallHook = Callable[[str, Principal, str, dict[str, Any]], None]
@@ -127,6 +128,10 @@ class Toolbox:
     turn: ToolTurn | None = None
     injected: tuple[int, int] | None = None  # (kernel, its restarts) the module was put in
     encoded: tuple[ToolTurn | None, bytes] | None = None  # the listing as last sent, its turn
+    # Executes sent to the kernel whose code has not begun (by record): a call may come
+    # before the gateway reads the kernel's word that one began, so it waits for its window.
+    coming: set[ExecutionRecorder] = dataclasses.field(default_factory=set)
+    opened: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # a turn opened
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -342,6 +347,7 @@ class SessionTools:
         old = self._boxes.pop(session.id, None)
         if old is not None:
             box.turn, box.injected = old.turn, old.injected  # a running execute keeps its turn
+            box.coming = old.coming
             await old.close()
         self._boxes[session.id] = box
         session.tools = box
@@ -432,6 +438,8 @@ class SessionTools:
         over its stream): callable in this execute only.
         """
         await self.ready(session, kernel, empty=bool(client_tools))
+        if at_begin:
+            self.expect(session.id, recorder)
         opened: list[ToolTurn | None] = []
 
         def begin() -> None:
@@ -445,8 +453,7 @@ class SessionTools:
         try:
             yield begin
         finally:
-            for turn in opened:
-                self.end(session.id, turn)
+            self.end(session.id, opened[0] if opened else None, recorder)
 
     async def ready(self, session: Session, kernel: Kernel | None, empty: bool = False) -> None:
         """Before an execute is sent: the socket served, and a Python kernel given
@@ -483,18 +490,32 @@ class SessionTools:
             return None
         restarts = kernel.restarts if kernel is not None else 0
         turn = box.turn = ToolTurn(who, recorder, on_hold=on_hold, kernel=kernel, restarts=restarts)
+        box.coming.discard(recorder)
+        box.opened.set()  # wakes calls that came first
+        box.opened = asyncio.Event()
         for spec in client_tools:
             assert client is not None
             tool = _tool(spec, "client", box.config, default="allow")  # the agent's own code
             turn.client[spec["name"]] = (tool, client)
         return turn
 
-    def end(self, session_id: str, turn: ToolTurn | None) -> None:
-        """Close an execute's window: its calls still open are cut, later ones refused."""
+    def expect(self, session_id: str, recorder: ExecutionRecorder) -> None:
+        """An execute (``recorder``'s) is sent to the kernel: its window opens when it begins."""
+        box = self._boxes.get(session_id)
+        if box is not None:
+            box.coming.add(recorder)
+
+    def end(
+        self, session_id: str, turn: ToolTurn | None, recorder: ExecutionRecorder | None = None
+    ) -> None:
+        """Close an execute's window (``recorder``'s, begun or not): its calls still open are
+        cut, later ones refused."""
+        current = self._boxes.get(session_id)
+        if current is not None:
+            current.coming.discard(recorder or (turn and turn.recorder))
         if turn is None:
             return
         turn.ended.set()
-        current = self._boxes.get(session_id)
         if current is not None and current.turn is turn:
             current.turn = None
 
@@ -508,6 +529,10 @@ class SessionTools:
         """A call from the session's tool socket: judged, held, made, bounded and recorded."""
         session, box = self._given(session_id)
         turn = box.turn
+        if (turn is None or not turn.live()) and box.coming:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(box.opened.wait(), BEGIN_WAIT)
+            turn = box.turn
         if turn is None or not turn.live():
             why = "tools are called from code while an execute runs; this call came outside one"
             raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")

@@ -90,3 +90,22 @@ def test_a_relayed_cells_held_call_waits_for_another_approver_as_an_executes_doe
         assert entry["decision"] == "hold" and entry["status"] == "ok"
 
     run(test)
+
+
+def test_a_call_that_comes_before_the_gateway_reads_its_cell_began_waits_for_its_window():
+    """The kernel's busy and the code's first call come on different sockets: the call may
+    be read first, and is then taken in the window once it opens, not refused."""
+
+    async def test(w: World):
+        await w.give()
+        pipeline = executions(w)
+        admitted = await pipeline.admit(w.session, AGENT, {"code": "query()"})
+        call = asyncio.ensure_future(w.tools.call("s1", "query", {}))
+        await asyncio.sleep(0.05)
+        pipeline.cell_started(w.session, admitted)
+        assert (await call)["result"]["name"] == "query"
+        pipeline.cell_ended(w.session, admitted)
+        assert [c["tool"] for c in admitted.recorder.tool_calls] == ["query"]
+        assert "outside" in await refused(w)  # none coming now: refused at once
+
+    run(test)
