@@ -42,6 +42,9 @@ from .model import CodeContext, Session
 from .starts import StartQueue
 
 MAX_CONTEXTS = 8  # per session, besides its own kernel; they share its memory and CPU
+# Memory each kernel of a session keeps of its limit: a context past that would start
+# only to be killed by the sandbox's OOM killer (an idle ipykernel holds about 50 MiB).
+KERNEL_MEMORY = 64 * 2**20
 DEFAULT = "default"  # the id that names the session's own kernel
 WORKSPACE = "/workspace"
 
@@ -157,6 +160,14 @@ class Contexts:
                 f"session {session.id} has {len(session.contexts)} code contexts besides its "
                 f"own kernel, the most it may have (they share its memory and CPU); remove one "
                 f"(DELETE /v1/sessions/{session.id}/contexts/ID) first"
+            )
+        kernels = session.limits.memory // KERNEL_MEMORY
+        if len(session.contexts) + 2 > kernels:
+            raise TooManyContexts(
+                f"session {session.id}'s {session.limits.memory >> 20} MiB of memory holds "
+                f"{kernels} kernels of {KERNEL_MEMORY >> 20} MiB, its own and "
+                f"{len(session.contexts)} contexts; remove a context or create the session "
+                f"with more memory"
             )
         context = CodeContext(_new_id(session), name, self._language(name), where, time.time())
         session.contexts[context.id] = context  # counted from now: creates at once are bounded

@@ -8,6 +8,7 @@ prefix of its own in the session's run directory.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -179,6 +180,21 @@ def test_a_context_is_of_a_kernel_the_image_holds_and_a_session_holds_a_few(tmp_
         assert sum(isinstance(m, TooManyContexts) for m in made) == 2, made
         assert len(session.contexts) == 2
         assert sorted(placement_made(manager)) == sorted(session.contexts)
+
+    run(tmp_path, scenario)
+
+
+def test_each_kernel_of_a_session_keeps_a_share_of_its_memory(tmp_path):
+    """A context past what the session's memory holds is refused, not started to be killed."""
+
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        session.limits = dataclasses.replace(session.limits, memory=256 * 2**20)
+        for _ in range(3):  # four kernels of 64 MiB each
+            await manager.contexts.create(session)
+        with pytest.raises(TooManyContexts, match="256 MiB of memory holds 4 kernels"):
+            await manager.contexts.create(session)
+        assert len(session.contexts) == 3
 
     run(tmp_path, scenario)
 
