@@ -109,7 +109,7 @@ def test_hostile_control_api_bodies(gateway: GatewayProcess, watched: Canary) ->
             (b'{"templateID": "base", "timeout": "soon"}', "timeout"),
             (b'{"templateID": "base", "envVars": {"A": 1}}', "env"),
             (b'{"templateID": "base", "autoPause": "yes"}', "autoPause"),
-            (b'{"templateID": "base", "mcp": {"x": {}}}', "not supported"),
+            (b'{"templateID": "base", "mcp": {"x": {}}}', "mcp.x: E2B's catalogue servers"),
             (b'{"templateID": "no-such-template"}', "no kernel"),
         ]:
             r = api.post("/v2/sandboxes", content=body)
