@@ -246,7 +246,9 @@ def test_sqlite_writes_made_on_the_loop_keep_the_wal_checkpointed(tmp_path, monk
 
     wal, kept = asyncio.run(scenario())
     assert kept == 300
-    assert wal < 2 << 20, f"the WAL grew to {wal} bytes: it is not checkpointed"
+    # Under load a few checkpoints each find a read open and leave the WAL whole (3 MB
+    # was seen beside the full suite); without any it grows to 6 MB.
+    assert wal < 4 << 20, f"the WAL grew to {wal} bytes: it is not checkpointed"
 
 
 def test_a_wal_checkpoint_does_not_hold_up_the_writes_made_on_the_loop(tmp_path, monkeypatch):
