@@ -68,7 +68,8 @@ def instructions(source: str) -> list[Instruction]:
             parts.append(line[:-1])
             while i < len(lines) and lines[i].lstrip().startswith("#"):
                 i += 1  # a comment inside a continued instruction
-        keyword, _, text = " ".join(p.strip() for p in parts).strip().partition(" ")
+        # Split on any blank, as the engine does (a tab after the keyword is one).
+        keyword, text = [*" ".join(p.strip() for p in parts).split(maxsplit=1), "", ""][:2]
         found.append(Instruction(start, keyword.upper(), text.strip()))
     return found
 

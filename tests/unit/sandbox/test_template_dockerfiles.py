@@ -242,3 +242,16 @@ def test_a_failed_build_removes_the_images_its_steps_committed_and_no_tagged_one
     engine = TemplateEngine(SimpleNamespace(api=Api()), BuildLimits())
     engine._drop_untagged(watch.layers)
     assert removed == ["111111111111"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ADD\tx http://169.254.169.254/latest/ /d/",  # the daemon splits words on tabs too
+        "ONBUILD\tRUN echo in the gateway's layer",
+        "COPY\t--from=sbxt/other /x /y",
+    ],
+)
+def test_a_tab_after_the_keyword_does_not_hide_the_instruction(line):
+    with pytest.raises(DockerfileRefused):
+        _resolve(f"FROM sbx/python\n{line}\n")
