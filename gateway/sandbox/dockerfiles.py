@@ -24,6 +24,13 @@ MAX_DOCKERFILE = 256 * 1024
 _FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
 _URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.I)
 _STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
+# Instructions whose effect lands outside the tenant's own build step: why each goes.
+_REFUSED = {
+    "ONBUILD": "a trigger would run in the gateway's own layer and in later builds",
+    "VOLUME": "a volume is writable past the sandbox's read-only root and disk bounds; "
+    "write to /workspace or /tmp",
+    "HEALTHCHECK": "the daemon would run it in every sandbox of the template; leave it out",
+}
 PIP = DIRECTIVE  # the keyword of a '# sbx: pip install' line: no written instruction's
 
 
@@ -98,8 +105,10 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
             )
         if not seen_from:
             raise DockerfileRefused(f"{where}: {ins.keyword} before the first FROM")
-        if ins.keyword == "ONBUILD":
-            raise DockerfileRefused(f"{where}: ONBUILD is not supported in templates")
+        if ins.keyword in _REFUSED:
+            raise DockerfileRefused(
+                f"{where}: {ins.keyword} is not supported in templates ({_REFUSED[ins.keyword]})"
+            )
         if ins.keyword in ("ADD", "COPY"):
             _copy(ins, where, stages)
         if ins.keyword == PIP:

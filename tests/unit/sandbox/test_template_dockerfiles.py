@@ -255,3 +255,16 @@ def test_a_failed_build_removes_the_images_its_steps_committed_and_no_tagged_one
 def test_a_tab_after_the_keyword_does_not_hide_the_instruction(line):
     with pytest.raises(DockerfileRefused):
         _resolve(f"FROM sbx/python\n{line}\n")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "VOLUME /data",  # writable past the read-only root and /tmp's bound, kept after removal
+        'volume ["/data"]',
+        "HEALTHCHECK --interval=1ms CMD true",  # the daemon would exec it a thousand times a second
+    ],
+)
+def test_what_a_session_started_from_the_image_would_get_from_the_daemon_is_refused(line):
+    with pytest.raises(DockerfileRefused, match="not supported in templates"):
+        _resolve(f"FROM sbx/python\n{line}\n")
