@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 MAX_NAME = 63
 LOG_BYTES = 256 * 1024  # of a build's log kept (its last lines): read at every listing
+LINE_COST = 64  # what a log line costs a listing beyond its text (E2B's timestamped entry)
 MAX_KEPT = 32  # builds a tenant keeps (each ready one an image on the host's disk)
 UPLOADS_KEPT = 3600.0  # seconds E2B's uploaded files wait for their build
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -88,9 +89,9 @@ class BuildLog(collections.deque):
 
     def append(self, line: str) -> None:
         super().append(line)
-        self.size += len(line)
+        self.size += len(line) + LINE_COST
         while self.size > LOG_BYTES and len(self) > 1:
-            self.size -= len(self.popleft())
+            self.size -= len(self.popleft()) + LINE_COST
 
 
 class Base(NamedTuple):

@@ -23,6 +23,7 @@ from gateway.sessions.templates import (
     MAX_KEPT,
     UPLOADS_KEPT,
     BuildBounds,
+    BuildLog,
     TemplateNotFound,
     Templates,
 )
@@ -363,3 +364,11 @@ def test_a_placement_whose_sessions_run_elsewhere_refuses_templates_saying_why(t
             await t.session_request(CreateSession(template="geo"), "alice")
 
     asyncio.run(scenario())
+
+
+def test_a_log_of_tiny_lines_keeps_few_of_them_as_each_costs_a_listing_more_than_its_text():
+    log = BuildLog()
+    for _ in range(LOG_BYTES):  # a step printing one character a line
+        log.append("x")
+    assert len(log) <= LOG_BYTES // 64  # E2B's status makes each a timestamped entry
+    assert sum(map(len, log)) <= LOG_BYTES
