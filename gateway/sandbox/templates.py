@@ -176,7 +176,8 @@ def _members(source: tarfile.TarFile):
                 f"the build context holds {name[:200]!r}, which is neither a file, a directory "
                 "nor a symbolic link"
             )
-        if name == DOCKERFILE or name.split("/")[0] == DIR:
+        parts = [p for p in name.split("/") if p not in ("", ".")]  # './x' is 'x' unpacked
+        if parts[:1] == [DOCKERFILE] or parts[:1] == [DIR]:
             continue
         yield member
 

@@ -16,6 +16,7 @@ from gateway.sandbox.templates import (
     _gateway_layer,
     context_tar,
 )
+from gateway.sandbox.wheels import DIR
 
 BASES = {"sbx/python": "sbx/python:abc", "geo": "sbxt/t-geo:2"}
 
@@ -268,3 +269,12 @@ def test_a_tab_after_the_keyword_does_not_hide_the_instruction(line):
 def test_what_a_session_started_from_the_image_would_get_from_the_daemon_is_refused(line):
     with pytest.raises(DockerfileRefused, match="not supported in templates"):
         _resolve(f"FROM sbx/python\n{line}\n")
+
+
+@pytest.mark.parametrize(
+    "planted", [f"./{DOCKERFILE}", f"./{DIR}/0/six-9.0-py3-none-any.whl", f".//{DIR}/0/x.whl"]
+)
+def test_the_tenants_files_named_as_the_gateways_through_dot_paths_are_dropped(planted):
+    built = context_tar(_tar({planted: b"FROM evil", "keep": b"x"}), "FROM a\n", BuildLimits())
+    with tarfile.open(fileobj=io.BytesIO(built)) as tar:
+        assert tar.getnames() == ["keep", DOCKERFILE]
