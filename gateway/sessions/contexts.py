@@ -177,6 +177,9 @@ class Contexts:
                     assert session.workspace is not None
                     await session.workspace.make_dir(where)
                 await self._start(session, context)
+                if session.contexts.get(context.id) is not context:  # removed as it started
+                    await _stop(context)
+                    raise NotFound(f"context {context.id} was removed while its kernel started")
         except BaseException:
             session.contexts.pop(context.id, None)
             raise

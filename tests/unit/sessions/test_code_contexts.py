@@ -305,3 +305,18 @@ def test_a_context_stopped_by_its_sessions_kernel_restart_at_a_timeout_says_so(t
         assert a.stopped == "the session's kernel was restarted in a new sandbox"
 
     run(tmp_path, scenario)
+
+
+def test_a_context_removed_while_its_kernel_starts_leaves_no_kernel_running(tmp_path):
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        creating = asyncio.ensure_future(manager.contexts.create(session))
+        await asyncio.sleep(0.05)  # its kernel is starting
+        await manager.contexts.remove(session, next(iter(session.contexts)))
+        with pytest.raises(NotFound):
+            await creating
+        for _, provisioner in manager.lifecycle.placement.started:
+            assert provisioner.process is None or provisioner.process.poll() is not None
+        assert not session.contexts
+
+    run(tmp_path, scenario)
