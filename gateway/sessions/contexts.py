@@ -177,9 +177,6 @@ class Contexts:
                     assert session.workspace is not None
                     await session.workspace.make_dir(where)
                 await self._start(session, context)
-                if session.contexts.get(context.id) is not context:  # removed as it started
-                    await _stop(context)
-                    raise NotFound(f"context {context.id} was removed while its kernel started")
         except BaseException:
             session.contexts.pop(context.id, None)
             raise
@@ -260,6 +257,8 @@ class Contexts:
             await self.starts.run(session.tenant, kernel.start)
             if session.state == "deleted":  # ended meanwhile: nothing of it may stay
                 raise SessionEnded(f"session {session.id} ended while a context started")
+            if session.contexts.get(context.id) is not context:  # removed as it started
+                raise NotFound(f"context {context.id} was removed while its kernel started")
         except BaseException:
             await _stop_kernel(kernel)
             raise

@@ -320,3 +320,18 @@ def test_a_context_removed_while_its_kernel_starts_leaves_no_kernel_running(tmp_
         assert not session.contexts
 
     run(tmp_path, scenario)
+
+
+def test_a_context_removed_while_its_kernel_restarts_leaves_no_kernel_running(tmp_path):
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+        a = await manager.contexts.create(session)
+        restarting = asyncio.ensure_future(manager.contexts.restart(session, a.id))
+        await asyncio.sleep(0.05)  # its new kernel is starting
+        await manager.contexts.remove(session, a.id)
+        with pytest.raises(NotFound):
+            await restarting
+        for _, provisioner in manager.lifecycle.placement.started:
+            assert provisioner.process is None or provisioner.process.poll() is not None
+
+    run(tmp_path, scenario)
