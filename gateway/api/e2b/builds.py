@@ -142,6 +142,8 @@ class TemplateRequestHandler(ControlHandler):
 class TemplateFilesHandler(ControlHandler):
     """A COPY's file set: whether it is here and where to upload it (GET), the upload (PUT)."""
 
+    actions = {"PUT": "template.build"}
+
     async def get(self, template_id: str, files_hash: str) -> None:
         tenant = self.principal.tenant
         present = self.templates.uploaded(tenant, template_name(template_id), files_hash)

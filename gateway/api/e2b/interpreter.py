@@ -190,6 +190,8 @@ class ContextsHandler(InterpreterHandler):
 class ContextHandler(InterpreterHandler):
     """Removing the default context leaves it as it is: it lives as long as the sandbox."""
 
+    actions = {"DELETE": "session.context"}
+
     async def delete(self, context_id: str) -> None:
         session = self.session()
         found = self.context_id(context_id)
