@@ -22,7 +22,7 @@ from .wheels import DIRECTIVE, parse_pip
 
 MAX_DOCKERFILE = 256 * 1024
 _FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
-_URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@)", re.I)
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://|git@", re.I)  # anywhere: JSON and words may differ
 _STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
 # Instructions whose effect lands outside the tenant's own build step: why each goes.
 _REFUSED = {
@@ -191,7 +191,7 @@ def _copy(ins: Instruction, where: str, stages: dict[str, str]) -> None:
             f"{where}: {ins.keyword} --from must name an earlier stage of this Dockerfile "
             f"({', '.join(s for s in stages if not s.isdigit()) or 'none'}), not an image"
         )
-    if ins.keyword == "ADD" and any(_URL.match(s) for s in _sources(rest)):
+    if ins.keyword == "ADD" and any(_URL.search(s) for s in [rest, *_sources(rest)]):
         raise DockerfileRefused(
             f"{where}: ADD of a URL is not supported (the build has no network); put the file "
             "in the build context and COPY it"

@@ -278,3 +278,21 @@ def test_the_tenants_files_named_as_the_gateways_through_dot_paths_are_dropped(p
     built = context_tar(_tar({planted: b"FROM evil", "keep": b"x"}), "FROM a\n", BuildLimits())
     with tarfile.open(fileobj=io.BytesIO(built)) as tar:
         assert tar.getnames() == ["keep", DOCKERFILE]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # NaN is JSON to Python, not to the engine: it reads the words split on blanks
+        'ADD [NaN, "a http://169.254.169.254/", "/d/"]',
+        'ADD ["a http://169.254.169.254/", "/d/"]',
+    ],
+)
+def test_add_names_no_url_in_any_reading_of_its_words(line):
+    with pytest.raises(DockerfileRefused, match="URL"):
+        _resolve(f"FROM sbx/python\n{line}\n")
+
+
+def test_add_of_a_url_spelled_with_json_escapes_is_refused():
+    with pytest.raises(DockerfileRefused, match="URL"):
+        _resolve('FROM sbx/python\nADD ["\\u0068ttp://169.254.169.254/", "/d/"]\n')
