@@ -30,7 +30,10 @@ _REFUSED = {
     "VOLUME": "a volume is writable past the sandbox's read-only root and disk bounds; "
     "write to /workspace or /tmp",
     "HEALTHCHECK": "the daemon would run it in every sandbox of the template; leave it out",
+    "STOPSIGNAL": "a sandbox stops on SIGTERM, as the gateway's teardown expects",
 }
+# Labels the gateway finds its own containers by; a sandbox inherits its image's labels.
+_OWN_LABELS = "sbx."
 PIP = DIRECTIVE  # the keyword of a '# sbx: pip install' line: no written instruction's
 
 
@@ -108,6 +111,11 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
         if ins.keyword in _REFUSED:
             raise DockerfileRefused(
                 f"{where}: {ins.keyword} is not supported in templates ({_REFUSED[ins.keyword]})"
+            )
+        if ins.keyword == "LABEL" and _OWN_LABELS in ins.text.lower():
+            raise DockerfileRefused(
+                f"{where}: LABEL is not supported in templates with a key or value naming "
+                f"{_OWN_LABELS!r} (the gateway's own labels); name yours otherwise"
             )
         if ins.keyword in ("ADD", "COPY"):
             _copy(ins, where, stages)

@@ -264,6 +264,9 @@ def test_a_tab_after_the_keyword_does_not_hide_the_instruction(line):
         "VOLUME /data",  # writable past the read-only root and /tmp's bound, kept after removal
         'volume ["/data"]',
         "HEALTHCHECK --interval=1ms CMD true",  # the daemon would exec it a thousand times a second
+        "STOPSIGNAL SIGWINCH",  # a sandbox ignoring its stop until the engine's timeout
+        'LABEL sbx.tool-server="x"',  # the gateway finds its own containers by these labels
+        "LABEL a=1 SBX.GATEWAY=other",
     ],
 )
 def test_what_a_session_started_from_the_image_would_get_from_the_daemon_is_refused(line):
