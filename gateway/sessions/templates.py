@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -343,9 +344,26 @@ class Templates:
             self.kernelspecs.sandbox(doc["kernel"]).get("image", doc["kernel"])
         )
         loop = asyncio.get_running_loop()
+        # Lines gather on the build's thread (as bounded as the log) and reach the loop in
+        # batches, one callback waiting at a time: a step printing without end (`RUN yes`)
+        # costs the loop every tenant shares a callback per batch, not per line.
+        pending, guard, flushing = BuildLog(), threading.Lock(), False
+
+        def flush() -> None:
+            nonlocal pending, flushing
+            with guard:
+                batch, pending, flushing = pending, BuildLog(), False
+            for line in batch:
+                lines.append(line)
 
         def said(line: str) -> None:  # on the build's thread: the log is the loop's to change
-            loop.call_soon_threadsafe(lines.append, line)
+            nonlocal flushing
+            with guard:
+                pending.append(line)
+                if flushing:
+                    return
+                flushing = True
+            loop.call_soon_threadsafe(flush)
 
         try:
             async with self.slots:

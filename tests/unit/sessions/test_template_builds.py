@@ -372,3 +372,35 @@ def test_a_log_of_tiny_lines_keeps_few_of_them_as_each_costs_a_listing_more_than
         log.append("x")
     assert len(log) <= LOG_BYTES // 64  # E2B's status makes each a timestamped entry
     assert sum(map(len, log)) <= LOG_BYTES
+
+
+def test_a_flood_of_build_output_reaches_the_loop_in_batches_not_a_callback_a_line(templates):
+    """`RUN yes` prints without end: a callback a line on the loop every tenant shares."""
+
+    async def scenario():
+        t = await templates()
+        build = t.engine.build
+        loop = asyncio.get_running_loop()
+        scheduled = 0
+        schedule = loop.call_soon_threadsafe
+
+        def counted(*args, **kwargs):
+            nonlocal scheduled
+            scheduled += 1
+            return schedule(*args, **kwargs)
+
+        def flood(tag, dockerfile, context, kernel_image, user, log, refusal=None):
+            loop.call_soon_threadsafe = counted
+            try:
+                for _ in range(100_000):
+                    log("y")
+            finally:
+                loop.call_soon_threadsafe = schedule
+            return build(tag, dockerfile, context, kernel_image, user, log)
+
+        t.engine.build = flood
+        doc = await _built(t, "alice", "geo")
+        assert doc["logs"][-1] == "Step 1/2 : FROM x" and doc["logs"][-2] == "y"
+        assert scheduled < 1000, f"{scheduled} callbacks for 100,000 lines"
+
+    asyncio.run(scenario())
