@@ -31,6 +31,7 @@ from ..errors import (
     BadRequest,
     Conflict,
     GatewayError,
+    KernelStartFailed,
     NotFound,
     SessionEnded,
     TooManyContexts,
@@ -254,7 +255,15 @@ class Contexts:
         timeout = session.start_timeout or self.lifecycle.settings.kernel_start_timeout
         kernel = Kernel(context.kernel_name, self.lifecycle.kernelspecs.manager, spec, timeout)
         try:
-            await self.starts.run(session.tenant, kernel.start)
+            try:
+                await self.starts.run(session.tenant, kernel.start)
+            except KernelStartFailed as e:  # it ran out of the session's own limits, most likely
+                limits = session.limits
+                raise Conflict(
+                    f"{e}; session {session.id}'s limits ({limits.memory >> 20} MiB of memory, "
+                    f"{limits.pids} processes, shared by its kernels) may not hold another "
+                    f"kernel: remove a context or create the session with more"
+                ) from None
             if session.state == "deleted":  # ended meanwhile: nothing of it may stay
                 raise SessionEnded(f"session {session.id} ended while a context started")
             if session.contexts.get(context.id) is not context:  # removed as it started

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +28,14 @@ from unit.sessions.test_manager import (
 
 from gateway.access.auth import Principal
 from gateway.app import build_domain
-from gateway.errors import BadRequest, NotFound, SessionNotFound, TooManyContexts
+from gateway.errors import (
+    BadRequest,
+    Conflict,
+    KernelStartFailed,
+    NotFound,
+    SessionNotFound,
+    TooManyContexts,
+)
 from gateway.execution.recorder import ran_in_kernel
 from gateway.sessions.contexts import working_dir
 from gateway.sessions.model import Session
@@ -195,6 +203,23 @@ def test_each_kernel_of_a_session_keeps_a_share_of_its_memory(tmp_path):
         with pytest.raises(TooManyContexts, match="256 MiB of memory holds 4 kernels"):
             await manager.contexts.create(session)
         assert len(session.contexts) == 3
+
+    run(tmp_path, scenario)
+
+
+def test_a_context_whose_kernel_dies_at_its_start_is_a_409_naming_the_sessions_limits(tmp_path):
+    """It ran out of the session's own memory or processes: the caller's to change, no 503."""
+
+    async def scenario(manager, executions) -> None:
+        session = await manager.create(CreateSession(), WHO)
+
+        async def dies(tenant, start):
+            raise KernelStartFailed("the kernel did not start (it stopped before it answered)")
+
+        manager.contexts.starts = SimpleNamespace(run=dies)
+        with pytest.raises(Conflict, match=r"limits .* may not hold another kernel") as refused:
+            await manager.contexts.create(session)
+        assert refused.value.status == 409 and not session.contexts
 
     run(tmp_path, scenario)
 
