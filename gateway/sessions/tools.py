@@ -72,7 +72,9 @@ _INSTALL = (
 )
 INJECT = f"exec({_INSTALL!r}, {{}})\n"
 MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
-BEGIN_WAIT = 2.0  # seconds a call waits for the window of an execute sent, not yet begun
+# Seconds a call waits for the window of an execute sent, not yet begun: a loaded host
+# reads the kernel's word that it began after the code's first call (2 s was too short).
+BEGIN_WAIT = 10.0
 
 Connect = Callable[[McpServer, dict[str, str], int, Refusal], McpConnection]
 CallHook = Callable[[str, Principal, str, dict[str, Any]], None]
