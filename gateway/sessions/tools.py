@@ -523,18 +523,17 @@ class SessionTools:
 
     # -- a call from the sandbox ------------------------------------------------------------
 
-    def _listing(self, session_id: str) -> bytes:
+    async def _listing(self, session_id: str) -> bytes:
         box = self._boxes.get(session_id)
-        return box.encoded_listing() if box is not None else b'{"tools":[]}'
+        if box is None:
+            return b'{"tools":[]}'
+        await _begun(box)
+        return box.encoded_listing()
 
     async def call(self, session_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A call from the session's tool socket: judged, held, made, bounded and recorded."""
         session, box = self._given(session_id)
-        turn = box.turn
-        if (turn is None or not turn.live()) and box.coming:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(box.opened.wait(), BEGIN_WAIT)
-            turn = box.turn
+        turn = await _begun(box)
         if turn is None or not turn.live():
             why = "tools are called from code while an execute runs; this call came outside one"
             raise CallRefused(409, "no_execute", f"{why} (a thread left running?)")
@@ -701,6 +700,17 @@ class SessionTools:
         finally:
             del turn.pending[tool.name]
             decided.set_result(approved)
+
+
+async def _begun(box: Toolbox) -> ToolTurn | None:
+    """The running execute's window; one sent but not yet begun is waited for (its code may
+    list or call tools before the gateway reads the kernel's begin)."""
+    turn = box.turn
+    if (turn is None or not turn.live()) and box.coming:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(box.opened.wait(), BEGIN_WAIT)
+        turn = box.turn
+    return turn
 
 
 def _tool(spec: dict[str, Any], server: str, config: ToolsConfig, default: str = "") -> Tool:

@@ -64,7 +64,7 @@ class CallRefused(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-Listing = Callable[[str], bytes]  # the answer to GET /tools, encoded
+Listing = Callable[[str], Awaitable[bytes]]  # the answer to GET /tools, encoded
 Caller = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
@@ -121,7 +121,7 @@ class ToolEndpoint:
     ) -> dict[str, Any] | bytes:
         tool, body = await _read(reader)
         if tool is None:
-            return self.listing(session_id)
+            return await self.listing(session_id)
         return await self.call(session_id, tool, _arguments(body))
 
 

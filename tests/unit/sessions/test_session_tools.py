@@ -541,7 +541,8 @@ def test_an_executes_client_tools_are_callable_in_that_execute_only_even_without
         client = ClientSide()
         recorder = Recorder()
         async with w.tools.turn(w.session, AGENT, recorder, w.session.kernel, CLIENT_TOOLS, client):
-            assert [t["name"] for t in json.loads(w.tools._listing("s1"))["tools"]] == ["notify"]
+            listed = json.loads(await w.tools._listing("s1"))["tools"]
+            assert [t["name"] for t in listed] == ["notify"]
             answer = await w.tools.call("s1", "notify", {"text": "hi"})
         assert answer["result"] == "notify ok" and client.calls == [("notify", {"text": "hi"})]
         assert recorder.tool_calls[0]["server"] == "client"
@@ -684,7 +685,7 @@ def test_a_server_listing_a_header_secret_back_shows_the_sandbox_it_masked(monke
         headers = {"Authorization": {"secret": "WH_TOKEN", "prefix": "Bearer "}}
         body = {"mcp": [{"url": "http://127.0.0.1:9/mcp", "name": "wh", "headers": headers}]}
         await w.tools.give("s1", AGENT, parse_tools(body))
-        listing = w.tools.endpoint.listing("s1").decode()
+        listing = (await w.tools.endpoint.listing("s1")).decode()
         assert "s3cret" not in listing and "***WH_TOKEN***" in listing
         assert "s3cret" not in json.dumps(w.tools.view("s1", AGENT))
 
@@ -751,9 +752,9 @@ def test_a_kernel_asking_for_the_listing_again_and_again_costs_one_encoding_per_
         async with w.tools.turn(
             w.session, AGENT, Recorder(), w.session.kernel, CLIENT_TOOLS, client
         ):
-            answers = [w.tools.endpoint.listing("s1") for _ in range(50)]
+            answers = [await w.tools.endpoint.listing("s1") for _ in range(50)]
         async with w.tools.turn(w.session, AGENT, Recorder(), w.session.kernel):
-            after = w.tools.endpoint.listing("s1")
+            after = await w.tools.endpoint.listing("s1")
         assert len(made) == 2  # once per execute
         assert all(answer is answers[0] for answer in answers)
         assert "notify" in answers[0].decode() and "notify" not in after.decode()
@@ -879,5 +880,27 @@ def test_servers_are_reached_at_once_so_slow_ones_hold_a_give_the_longest_not_th
             await w.give(mcp=mcp)
         assert clock.monotonic() - began < 0.5  # one after the other: 0.6 s
         assert FakeServer.made[0].closed
+
+    run(test)
+
+
+def test_the_listing_asked_before_the_gateway_reads_the_begin_holds_the_executes_tools():
+    """A kernel may run ``from sbx_tools import convert`` before the gateway reads its begin
+    (the full suite's load): the listing, as a call does, waits for the window of an execute
+    sent but not yet begun, or the execute's own tools are missing from it."""
+    from gateway.tools import sbx_tools
+
+    async def test(w: World):
+        client = ClientSide()
+        kernel = w.session.kernel
+        async with w.tools.turn(
+            w.session, AGENT, Recorder(), kernel, CLIENT_TOOLS, client, at_begin=True
+        ) as begin:
+            sbx_tools.SOCKET = str(kernel.sandbox.run_dir / "tools.sock")
+            asked = asyncio.ensure_future(asyncio.to_thread(sbx_tools.tools))
+            await asyncio.sleep(0.3)
+            begin()
+            listed = await asked
+        assert [t["name"] for t in listed] == ["notify"]
 
     run(test)

@@ -49,12 +49,14 @@ class Served:
         self.calls: list[tuple[str, dict]] = []
         self.release = threading.Event()
         self.loop = asyncio.new_event_loop()
-        listing = json.dumps({"tools": TOOLS}).encode()
-        self.endpoint = ToolEndpoint(lambda sid: listing, self._call, max_connections)
+        self.endpoint = ToolEndpoint(self._listing, self._call, max_connections)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.run(self.endpoint.open("s1", self.dir / "run"))
         sbx_tools.SOCKET = str(self.dir / "run" / "tools.sock")
+
+    async def _listing(self, session_id: str) -> bytes:
+        return json.dumps({"tools": TOOLS}).encode()
 
     async def _call(self, session_id: str, tool: str, arguments: dict) -> dict:
         self.calls.append((tool, arguments))
