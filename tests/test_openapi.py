@@ -629,6 +629,21 @@ def test_templates_and_their_errors(admin, user):
     assert admin.get("/v1/templates/contract").json()["versions"][0]["status"] == "ready"
     assert "contract" in json.dumps(admin.get("/v1/templates").json())
     assert user.get("/v1/templates/contract").status_code == 404  # another tenant's
+    tagged = admin.post("/v1/templates/contract/tags", json={"version": 1, "tags": ["prod"]})
+    assert tagged.json()["tags"] == ["prod"]
+    assert (
+        admin.post("/v1/templates/contract/tags", json={"version": 9, "tags": ["x"]}).status_code
+        == 404
+    )
+    assert (
+        user.post("/v1/templates/contract/tags", json={"version": 1, "tags": ["x"]}).status_code
+        == 404
+    )
+    assert [t["tag"] for t in admin.get("/v1/templates/contract/tags").json()["tags"]] == [
+        "default", "prod"
+    ]  # fmt: skip
+    untag = admin.request("DELETE", "/v1/templates/contract/tags", json={"tags": ["prod"]})
+    assert untag.status_code == 204
     bad = {"name": "x", "dockerfile": "FROM elsewhere/base\n"}
     assert admin.post("/v1/templates", json=bad).status_code == 400
     assert (

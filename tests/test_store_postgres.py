@@ -32,6 +32,10 @@ from unit.store.test_store import (  # noqa: F401 (run again here, on PostgreSQL
     test_store_prunes_history_past_its_retention_in_batches,
     test_store_records_executions_as_they_run_and_closes_cut_ones,
 )
+from unit.store.test_template_tag_records import (  # noqa: F401 (run again here, on PostgreSQL)
+    test_a_tag_moves_between_versions_and_goes_with_its_version,
+    test_tags_outlive_the_store_being_opened_again,
+)
 from unit.store.test_volume_records import (  # noqa: F401 (run again here, on PostgreSQL)
     test_a_mount_is_taken_whole_or_not_at_all,
     test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from helpers import Canary, GatewayProcess, e2b_env, run
@@ -191,10 +192,13 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
             .set_envs({"STACK": "geo"})
         )
         logs: list = []
-        Template.build(template, "e2b-geo", on_build_logs=logs.append)
+        built = Template.build(template, "e2b-geo:v1", tags=["stable"], on_build_logs=logs.append)
         assert any("COPY" in entry.message for entry in logs)
+        assert sorted(built.tags) == ["stable", "v1"]
         assert Template.exists("e2b-geo") and not Template.exists("e2b-nobody")
-        sandbox = Sandbox.create("e2b-geo")
+        assert Template.exists("e2b-geo:stable") and not Template.exists("e2b-geo:nope")
+        _e2b_tags_move_and_go(gw, built.build_id)
+        sandbox = Sandbox.create("e2b-geo:prod")
         try:
             ran = sandbox.run_code(
                 "import os; print(open('/opt/data.txt').read().strip(), os.environ['STACK'],"
@@ -206,6 +210,36 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
             assert gw.client.delete("/v1/templates/e2b-geo").status_code == 204
         with pytest.raises(BuildException, match="non-zero code: 3"):
             Template.build(Template().from_base_image().run_cmd("exit 3"), "e2b-broken")
+
+
+def _e2b_tags_move_and_go(gw: GatewayProcess, build_id: str) -> None:
+    """E2B's tag calls on a built template, and /v1's view and calls of the same tags."""
+    from e2b import Template
+    from e2b.exceptions import TemplateException
+
+    assigned = Template.assign_tags("e2b-geo:v1", "prod")
+    assert assigned.tags == ["prod"] and UUID(assigned.build_id) == UUID(build_id)
+    tags = {t.tag: UUID(t.build_id) for t in Template.get_tags("e2b-geo")}
+    assert tags == dict.fromkeys(["prod", "stable", "v1"], UUID(build_id))
+    Template.remove_tags("e2b-geo", ["stable"])
+    assert not Template.exists("e2b-geo:stable")
+    with pytest.raises(TemplateException, match="404: template 'e2b-geo' has no version 9"):
+        Template.assign_tags("e2b-geo:9", "x")
+    view = gw.client.get("/v1/templates/e2b-geo").json()["versions"]
+    assert [v["tags"] for v in view] == [["prod", "v1"]]
+    r = gw.client.post("/v1/templates/e2b-geo/tags", json={"version": "v1", "tags": ["latest"]})
+    assert r.status_code == 200 and r.json() == {
+        "name": "e2b-geo",
+        "version": 1,
+        "tags": ["latest"],
+    }
+    bad = gw.client.post("/v1/templates/e2b-geo/tags", json={"version": 1, "tags": ["a\x00.."]})
+    assert bad.status_code == 400 and "\\u0000" not in bad.text and "\x00" not in bad.text
+    r = gw.client.request("DELETE", "/v1/templates/e2b-geo/tags", json={"tags": ["latest"]})
+    assert r.status_code == 204
+    assert [t["tag"] for t in gw.client.get("/v1/templates/e2b-geo/tags").json()["tags"]] == [
+        "prod", "v1"
+    ]  # fmt: skip
 
 
 def test_a_build_that_forks_without_end_is_stopped_by_a_pids_bound(gw):

@@ -29,7 +29,12 @@ class TemplatesHandler(JSONHandler):
     async def post(self) -> None:
         request = BuildTemplate.from_json(self.json_body())
         doc = await self.templates.build(
-            self.principal.tenant, request.name, request.dockerfile, request.context, request.kernel
+            self.principal.tenant,
+            request.name,
+            request.dockerfile,
+            request.context,
+            request.kernel,
+            request.tags,
         )
         self.audit_detail.update(template=doc["name"], version=doc["version"])
         self.set_header("Location", f"/v1/templates/{doc['name']}")

@@ -62,6 +62,7 @@ class BuildTemplate:
     dockerfile: str
     context: bytes | None = None
     kernel: str | None = None  # None: the base's kernel
+    tags: tuple[Any, ...] = ()  # the version's once ready (checked by sessions/templates.py)
 
     @classmethod
     def from_json(cls, body: Any) -> BuildTemplate:
@@ -79,14 +80,18 @@ class BuildTemplate:
                 raise BadRequest("context must be a tar archive, base64-encoded") from None
         if kernel is not None and not isinstance(kernel, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
-        return cls(name, dockerfile, context, kernel)
+        tags = body.get("tags") or []
+        if not isinstance(tags, list):
+            raise BadRequest('tags must be a list, like ["v1.2", "production"]')
+        return cls(name, dockerfile, context, kernel, tuple(tags))
 
 
 def template_of(value: Any) -> str | None:
     """A template's reference, read in full when it is resolved (``sessions/templates.py``)."""
     if value is not None and (not isinstance(value, str) or not value):
         raise BadRequest(
-            "template must name one of your templates, like 'geo-stack' or 'geo-stack:2'"
+            "template must name one of your templates, like 'geo-stack', 'geo-stack:2' or "
+            "'geo-stack:prod' (a tag)"
         )
     return value
 

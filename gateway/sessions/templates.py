@@ -1,7 +1,10 @@
 """Tenants' templates: images built from their Dockerfiles, versioned, started by name.
 
 A template is a tenant's name; each build of it is a new version, and the
-name resolves to its newest ready version (``name:3`` to one). Builds run in
+name resolves to the version its ``default`` tag names, else its newest ready
+one (``name:3`` to one version, ``name:prod`` to the one a tag names: E2B's
+tags, ``template_tags`` in the store). A build moves ``default`` unless it is
+given tags of its own; a tag moves only to a ready version. Builds run in
 the background on threads of their own, a bounded number at a time and a
 bounded number waiting, so a build never holds the event loop or the
 threads sessions' creates use; a build's log and status are read while it
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 MAX_NAME = 63
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_TAG = 128
+MAX_TAGS = 32  # a template holds (a request names at most half of them)
+DEFAULT_TAG = "default"  # E2B's: what a bare name means, moved by a build without tags
+REQUESTS_KEPT = 16  # E2B build requests of a tenant waiting for their steps
 LOG_BYTES = 256 * 1024  # of a build's log kept (its last lines): read at every listing
 LINE_COST = 64  # what a log line costs a listing beyond its text (E2B's timestamped entry)
 MAX_KEPT = 32  # builds a tenant keeps (each ready one an image on the host's disk)
@@ -69,16 +77,46 @@ def template_name(value: Any) -> str:
     return value
 
 
-def template_ref(value: Any) -> tuple[str, int | None]:
-    """``name`` (its newest ready version) or ``name:version``."""
+def template_ref(value: Any) -> tuple[str, int | str | None]:
+    """``name`` (its default), ``name:version`` (a number) or ``name:tag``."""
     if not isinstance(value, str):
-        raise BadRequest("template must be a template's name, like 'geo-stack' or 'geo-stack:2'")
-    name, colon, version = value.partition(":")
+        raise BadRequest(
+            "template must be a template's name, like 'geo-stack', 'geo-stack:2' or 'geo-stack:v1'"
+        )
+    name, colon, pin = value.partition(":")
     if not colon:
         return template_name(name), None
-    if not version.isdigit() or len(version) > 9 or int(version) < 1:
-        raise BadRequest(f"template version {version[:20]!r} must be a number such as 1")
-    return template_name(name), int(version)
+    if not (pin.isascii() and pin.isdigit()):
+        return template_name(name), template_tag(pin)
+    if len(pin) > 9 or int(pin) < 1:
+        raise BadRequest(f"template version {pin[:20]!r} must be a number such as 1")
+    return template_name(name), int(pin)
+
+
+def template_tag(value: Any) -> str:
+    """A tag: never echoed when refused (it may be anything a client sent)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        raise BadRequest("a tag cannot be a number alone: 'name:3' names a version")
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_TAG
+        or not TAG.fullmatch(value)
+        or ".." in value
+    ):
+        raise BadRequest(
+            f"a tag is 1 to {MAX_TAG} letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit and without '..' (like 'v1.2' or 'production')"
+        )
+    return value
+
+
+def template_tags(values: Any) -> tuple[str, ...]:
+    """A list of tags, each once, in order."""
+    if not isinstance(values, list | tuple):
+        raise BadRequest('tags must be a list, like ["v1.2", "production"]')
+    if len(values) > MAX_TAGS // 2:
+        raise BadRequest(f"name at most {MAX_TAGS // 2} tags at once")
+    return tuple(dict.fromkeys(template_tag(v) for v in values))
 
 
 class BuildLog(collections.deque):
@@ -149,6 +187,8 @@ class Templates:
         self.live: dict[str, dict[str, Any]] = {}  # builds under way, by id: logs as they come
         self.uploads: dict[tuple[str, str], dict[str, bytes]] = {}  # E2B's file sets, by hash
         self.uploaded_at: dict[tuple[str, str], float] = {}  # the last upload, by template
+        # E2B's build requests, by (tenant, name, build id): their tags and when asked
+        self.requested: dict[tuple[str, str, str], tuple[tuple[str, ...], float]] = {}
         self.clock = time.time
         self.tasks = TaskSet()
         self._naming = asyncio.Lock()
@@ -184,8 +224,10 @@ class Templates:
         """Start building a new version of ``name``; return its record (status building).
 
         ``build_id``: the id E2B's builder was handed before the build started.
+        ``tags``: what the version is tagged once ready (none: it moves ``default``).
         """
         template_name(name)
+        tags = template_tags(tags)
         self._check_here()
         if not isinstance(dockerfile, str) or not dockerfile.strip():
             raise BadRequest("dockerfile must be the Dockerfile's text")
@@ -233,7 +275,8 @@ class Templates:
                 # The build's id in the tag: another gateway on this engine (a data dir of
                 # its own) has the same tenants' names and versions, never the same build.
                 "image": f"{REPO}/{_tenant_key(tenant)}-{name}:{version}-{key[:12]}",
-                "tags": list(tags),
+                "tags": list(tags),  # once ready; a view shows the tags it holds
+                **({"build_id": build_id} if build_id is not None else {}),
                 "logs": [],
                 "error": None,
             }
@@ -282,16 +325,35 @@ class Templates:
         self.uploads.setdefault((tenant, name), {})[files_hash] = data
         self.uploaded_at[(tenant, name)] = now
 
+    def request_build(self, tenant: str, ref: str, tags: Any) -> tuple[str, str, tuple[str, ...]]:
+        """E2B's build request (``name`` or ``name:tag``, and more tags): name, build id, tags.
+
+        Its tags wait, in memory, for the build's steps (``build_uploaded``): an
+        hour at most, and a tenant's newest ``REQUESTS_KEPT`` (older ones go).
+        """
+        name, pin = template_ref(ref)
+        if isinstance(pin, int):
+            raise BadRequest("a build makes a new version: name the template, or name:tag")
+        tags = template_tags(([pin] if pin else []) + list(template_tags(tags or [])))
+        now = self.clock()
+        self.requested = {k: v for k, v in self.requested.items() if now - v[1] <= UPLOADS_KEPT}
+        mine = sorted((v[1], k) for k, v in self.requested.items() if k[0] == tenant)
+        for _, key in mine[: max(0, len(mine) + 1 - REQUESTS_KEPT)]:
+            del self.requested[key]
+        build_id = uuid.uuid4().hex
+        self.requested[(tenant, name, build_id)] = (tags, now)
+        return name, build_id, tags
+
     async def build_uploaded(
-        self,
-        tenant: str,
-        name: str,
-        dockerfile: str,
-        hashes: list[str],
-        tags: tuple[str, ...],
-        build_id: str,
+        self, tenant: str, name: str, dockerfile: str, hashes: list[str], build_id: str
     ) -> dict[str, Any]:
-        """A build whose context is the file sets uploaded for it, each under its hash."""
+        """The build E2B requested, whose context is the file sets uploaded for it by hash."""
+        asked = self.requested.get((tenant, name, build_id))
+        if asked is None:
+            raise TemplateNotFound(
+                f"build {build_id} of template {name!r} was not requested here, or over an hour "
+                "ago: call Template.build again"
+            )
         kept = self.uploads.get((tenant, name), {})
         missing = [h for h in hashes if h not in kept]
         if missing:
@@ -299,7 +361,8 @@ class Templates:
         limits = self.engine.limits
         parts = {h: kept[h] for h in hashes}
         context = await asyncio.to_thread(merge_contexts, parts, limits) if parts else None
-        doc = await self.build(tenant, name, dockerfile, context, tags=tags, build_id=build_id)
+        doc = await self.build(tenant, name, dockerfile, context, tags=asked[0], build_id=build_id)
+        self.requested.pop((tenant, name, build_id), None)
         self.uploads.pop((tenant, name), None)
         self.uploaded_at.pop((tenant, name), None)
         return doc
@@ -385,7 +448,17 @@ class Templates:
             await self._finish(doc, FAILED, error=("", f"the container engine failed: {e}"))
         else:
             await self._finish(doc, READY)
+            await self._tag_built(doc)
         await self.sweep()
+
+    async def _tag_built(self, doc: dict[str, Any]) -> None:
+        """A ready build takes its tags (none asked: ``default`` moves to it)."""
+        tags = list(doc["tags"]) or [DEFAULT_TAG]
+        done = await self.store.tag_template(
+            doc["id"], doc["tenant"], doc["name"], tags, time.time(), MAX_TAGS
+        )
+        if done is not None:  # deleted meanwhile, or its template's tags filled meanwhile
+            log.warning("template build %s was not tagged: %s", doc["id"], done)
 
     async def _finish(
         self, doc: dict[str, Any], status: str, error: tuple[str, str] | None = None
@@ -411,7 +484,16 @@ class Templates:
         ]
         if not docs:
             raise TemplateNotFound(f"you have no template {name!r}; GET /v1/templates lists yours")
-        return docs
+        return await self._tagged(tenant, name, docs)
+
+    async def _tagged(
+        self, tenant: str, name: str | None, docs: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Builds' records as views: each with the tags it holds now."""
+        held: dict[str, list[str]] = {}
+        for row in await self.store.template_tags(tenant, name):
+            held.setdefault(row["build"], []).append(row["tag"])
+        return [dict(d, tags=held.get(d["id"], [])) for d in docs]
 
     async def build_of(self, tenant: str, name: str, build_id: str) -> dict[str, Any]:
         """The build E2B's builder knows by ``build_id`` (its own id, scoped to the tenant)."""
@@ -424,13 +506,26 @@ class Templates:
     async def list(self, tenant: str) -> list[dict[str, Any]]:
         """A tenant's templates' builds, newest first per name."""
         docs = await self.store.templates_of_tenant(tenant)
-        return [self.live.get(d["id"], d) for d in docs if d["status"] != DELETED]
+        kept = [self.live.get(d["id"], d) for d in docs if d["status"] != DELETED]
+        return await self._tagged(tenant, None, kept)
 
     async def resolve(self, tenant: str, ref: str) -> dict[str, Any]:
-        """The ready build ``ref`` names (``name``: the newest ready; ``name:version``)."""
+        """The ready build ``ref`` names: ``name`` (its default, else its newest ready),
+        ``name:version``, ``name:tag`` or ``name:build-id`` (E2B's, or ``id``)."""
         name, version = template_ref(ref)
         docs = await self.versions(tenant, name)
-        if version is None:
+        if not isinstance(version, int):
+            tag = version or DEFAULT_TAG
+            build = tag.replace("-", "").lower()
+            found = next((d for d in docs if tag in d["tags"]), None) or next(
+                (d for d in docs if build in (d["id"], d.get("build_id"))), None
+            )
+            if found is not None and found["status"] != READY:
+                raise Conflict(f"template {name}:{tag} is {found['status']}, not ready")
+            if found is not None:
+                return found
+            if version is not None:
+                raise TemplateNotFound(f"template {name!r} has no tag {tag!r}")
             ready = [d for d in docs if d["status"] == READY]
             if not ready:
                 raise Conflict(
@@ -462,8 +557,55 @@ class Templates:
         for doc in docs:
             doc.update(status=DELETED)
             await self.store.save_template(doc)
+        await self.store.untag_template(tenant, name, None)
         await self.sweep()
         return len(docs)
+
+    async def assign(
+        self, tenant: str, target: str, tags: Any
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """Move ``tags`` to the ready version ``target`` names (``name:version``, ``name:tag``)."""
+        tags = template_tags(tags)
+        if not tags:
+            raise BadRequest('name the tags to assign, like ["production"]')
+        doc = await self.resolve(tenant, target)
+        name = doc["name"]
+        done = await self.store.tag_template(
+            doc["id"], tenant, name, list(tags), time.time(), MAX_TAGS
+        )
+        if done == "full":
+            raise QuotaExceeded(
+                f"a template holds at most {MAX_TAGS} tags; remove some first "
+                f"(DELETE /v1/templates/{name}/tags)"
+            )
+        if done is not None:
+            raise TemplateNotFound(f"template {name}:{doc['version']} was deleted meanwhile")
+        return doc, tags
+
+    async def remove(self, tenant: str, name: str, tags: Any) -> None:
+        """Remove tags from a template (every one of them must be there); its versions stay."""
+        tags = template_tags(tags)
+        if not tags:
+            raise BadRequest('name the tags to remove, like ["production"]')
+        held = {t for d in await self.versions(tenant, name) for t in d["tags"]}
+        missing = [t for t in tags if t not in held]
+        if missing:
+            raise TemplateNotFound(f"template {name!r} has no tag {missing[0]!r}")
+        await self.store.untag_template(tenant, name, list(tags))
+
+    async def tags(self, tenant: str, name: str) -> list[dict[str, Any]]:
+        """A template's tags: each with its version, build id and when it was assigned."""
+        docs = {d["id"]: d for d in await self.versions(tenant, name)}
+        return [
+            {
+                "tag": row["tag"],
+                "version": docs[row["build"]]["version"],
+                "build_id": docs[row["build"]].get("build_id", row["build"]),
+                "created_at": row["created_at"],
+            }
+            for row in await self.store.template_tags(tenant, name)
+            if row["build"] in docs
+        ]
 
     async def sweep(self) -> None:
         """Remove the images of deleted versions no session uses, and then their records."""

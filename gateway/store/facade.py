@@ -50,7 +50,7 @@ METHODS = {
     "approvals": ("save_approval", "approvals", "get_approval"),
     "templates": (
         "save_template", "template_versions", "templates_of_tenant", "templates_in_status",
-        "delete_template_version",
+        "delete_template_version", "tag_template", "untag_template", "template_tags",
     ),
     "volumes": (
         "add_volume", "get_volume", "volumes_of_tenant", "volume_holders", "delete_volume",

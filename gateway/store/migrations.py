@@ -266,6 +266,18 @@ MIGRATIONS = [
     );
     CREATE INDEX volume_mounts_by_session ON volume_mounts (session_id);
     """,
+    # Templates' tags (templates.py): a tag names one version of a tenant's template.
+    """
+    CREATE TABLE template_tags (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        build TEXT NOT NULL,
+        created_at {real} NOT NULL,
+        PRIMARY KEY (tenant, name, tag)
+    );
+    CREATE INDEX template_tags_by_build ON template_tags (build);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -1,4 +1,8 @@
-"""Tenants' templates: one row per build, a version of its name; they outlive sessions."""
+"""Tenants' templates: one row per build, a version of its name; they outlive sessions.
+
+A tag (``template_tags``) names one version of a tenant's template: moved to
+another in one transaction, gone with the version it names.
+"""
 
 from __future__ import annotations
 
@@ -41,4 +45,62 @@ class Templates(Repository):
         return [json.loads(r["doc"]) for r in rows]
 
     async def delete_template_version(self, build_id: str) -> None:
-        await self.db.select("DELETE FROM templates WHERE id = ?", (build_id,))
+        await self.db.run(self._delete_version, build_id)
+
+    def _delete_version(self, build_id: str) -> None:
+        self.db.rows("DELETE FROM template_tags WHERE build = ?", (build_id,))
+        self.db.rows("DELETE FROM templates WHERE id = ?", (build_id,))
+
+    async def tag_template(
+        self, build_id: str, tenant: str, name: str, tags: list[str], at: float, cap: int
+    ) -> str | None:
+        """Point ``tags`` at a ready build of the tenant's template, all or none.
+
+        None when done; "gone" when the build is not (or no longer) a ready one
+        of that template; "full" when the template would hold more than ``cap`` tags.
+        """
+        return await self.db.run(self._tag, build_id, tenant, name, tags, at, cap)
+
+    def _tag(
+        self, build_id: str, tenant: str, name: str, tags: list[str], at: float, cap: int
+    ) -> str | None:
+        db = self.db
+        if not db.rows(
+            "SELECT 1 FROM templates WHERE id = ? AND tenant = ? AND name = ? AND status = 'ready'",
+            (build_id, tenant, name),
+        ):
+            return "gone"
+        held = {r[0] for r in db.rows(
+            "SELECT tag FROM template_tags WHERE tenant = ? AND name = ?", (tenant, name)
+        )}  # fmt: skip
+        if len(held | set(tags)) > cap:
+            return "full"
+        db.cursor_many(
+            "INSERT INTO template_tags (tenant, name, tag, build, created_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name, tag) DO UPDATE"
+            " SET build = excluded.build, created_at = excluded.created_at",
+            [(tenant, name, tag, build_id, at) for tag in tags],
+        )
+        return None
+
+    async def untag_template(self, tenant: str, name: str, tags: list[str] | None) -> int:
+        """Remove some of a template's tags (None: all); how many there were."""
+        return await self.db.run(self._untag, tenant, name, tags)
+
+    def _untag(self, tenant: str, name: str, tags: list[str] | None) -> int:
+        sql = "DELETE FROM template_tags WHERE tenant = ? AND name = ?"
+        if tags is None:
+            return self.db.cursor(sql, (tenant, name)).rowcount
+        return sum(self.db.cursor(f"{sql} AND tag = ?", (tenant, name, t)).rowcount for t in tags)
+
+    async def template_tags(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
+        """A tenant's tags (of one template, or all): tag, name, build, created_at, by tag."""
+        where, params = (
+            ("tenant = ? AND name = ?", (tenant, name)) if name else ("tenant = ?", (tenant,))
+        )
+        rows = await self.db.select(
+            f"SELECT tag, name, build, created_at FROM template_tags WHERE {where}"
+            " ORDER BY name, tag",
+            params,
+        )
+        return [{"tag": r[0], "name": r[1], "build": r[2], "created_at": float(r[3])} for r in rows]

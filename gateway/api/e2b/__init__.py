@@ -16,11 +16,11 @@ from .base import Credentials
 __all__ = ["Credentials", "routes"]
 
 routes = [
+    *builds.routes,  # its /templates/tags before control's /templates/{snapshot}
     *control.routes,
     *secrets.routes,
     *volumes.routes,
     *volume_content.routes,
-    *builds.routes,
     *interpreter.routes,
     *envd.routes,
     *rpc.routes,

@@ -11,18 +11,20 @@ reads its uploaded set (a directory named by its hash in the context), and
 E2B's ``user`` is the sandbox's user. The Dockerfile then takes the same
 path as ``/v1``'s: read strictly, built without network, hardened. A start
 or ready command is refused: a sandbox here runs a kernel, not a command.
+Tags (``name:tag``, ``tags=``) wait with the build's request and are the
+version's once it is ready; ``assign_tags``, ``remove_tags`` and ``get_tags``
+move, remove and list them (``sessions/templates.py``).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import uuid
 from typing import Any
 
-from ...errors import BadRequest
+from ...errors import BadRequest, Conflict
 from ...sandbox.wheels import parse_pip
-from ...sessions.templates import template_name
+from ...sessions.templates import DEFAULT_TAG, template_name
 from .control import ControlHandler
 
 _TEMPLATE = r"(?P<template_id>[^/]+)"
@@ -124,16 +126,17 @@ class TemplateRequestHandler(ControlHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        name = template_name(body.get("name") or body.get("alias"))
-        tags = body.get("tags") or []
+        name, build_id, tags = self.templates.request_build(
+            self.principal.tenant, body.get("name") or body.get("alias"), body.get("tags") or []
+        )
         self.send(
             {
                 "templateID": name,
-                "buildID": uuid.uuid4().hex,
+                "buildID": build_id,
                 "public": False,
                 "names": [name],
                 "aliases": [name],
-                "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+                "tags": list(tags) or [DEFAULT_TAG],
             },
             status=202,
         )
@@ -169,7 +172,7 @@ class TemplateBuildHandler(ControlHandler):
         body = self.json_body()
         dockerfile, hashes = dockerfile_of(body)
         doc = await self.templates.build_uploaded(
-            self.principal.tenant, template_name(template_id), dockerfile, hashes, (), build_id
+            self.principal.tenant, template_name(template_id), dockerfile, hashes, build_id
         )
         self.audit_detail.update(template=doc["name"], version=doc["version"])
         self.set_status(202)
@@ -186,15 +189,61 @@ class TemplateBuildStatusHandler(ControlHandler):
 
 
 class TemplateAliasHandler(ControlHandler):
-    """``Template.exists(name)``: the tenant's template by name (another tenant's is a 404)."""
+    """``Template.exists(name)``: the tenant's template by name, or ``name:tag`` (another
+    tenant's is a 404); one still building exists."""
 
     async def get(self, alias: str) -> None:
-        await self.templates.versions(self.principal.tenant, alias)
-        self.send({"templateID": alias, "public": False})
+        try:
+            await self.templates.resolve(self.principal.tenant, alias)
+        except Conflict:
+            pass
+        self.send({"templateID": alias.partition(":")[0], "public": False})
+
+
+def _iso(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat()
+
+
+class TemplateTagsHandler(ControlHandler):
+    """``Template.assign_tags`` (``POST``: a target ``name:tag`` or ``name:version``, its
+    tags moved to that version) and ``Template.remove_tags`` (``DELETE``)."""
+
+    actions = {"POST": "template.tag", "DELETE": "template.untag"}
+
+    async def post(self) -> None:
+        body = self.json_body()
+        doc, tags = await self.templates.assign(
+            self.principal.tenant, body.get("target"), body.get("tags")
+        )
+        self.audit_detail.update(template=doc["name"], version=doc["version"], tags=list(tags))
+        self.send({"tags": list(tags), "buildID": doc.get("build_id", doc["id"])}, status=201)
+
+    async def delete(self) -> None:
+        body = self.json_body()
+        name = template_name(body.get("name"))
+        self.audit_detail.update(template=name)
+        await self.templates.remove(self.principal.tenant, name, body.get("tags"))
+        self.set_status(204)
+        self.finish()
+
+
+class TemplateTagListHandler(ControlHandler):
+    """``Template.get_tags(name)``: its tags, each with its build and when it was assigned."""
+
+    async def get(self, template_id: str) -> None:
+        rows = await self.templates.tags(self.principal.tenant, template_id)
+        self.send(
+            [
+                {"tag": r["tag"], "buildID": r["build_id"], "createdAt": _iso(r["created_at"])}
+                for r in rows
+            ]
+        )
 
 
 routes = [
     (r"/v3/templates", TemplateRequestHandler),
+    (r"/templates/tags", TemplateTagsHandler),  # (these come before control's /templates/ID)
+    (rf"/templates/{_TEMPLATE}/tags", TemplateTagListHandler),
     (r"/templates/aliases/(?P<alias>[^/]+)", TemplateAliasHandler),
     (rf"/templates/{_TEMPLATE}/files/(?P<files_hash>[0-9a-f]{{64}})", TemplateFilesHandler),
     (rf"/v2/templates/{_TEMPLATE}/builds/{_BUILD}", TemplateBuildHandler),

@@ -184,7 +184,8 @@ async def from_snapshot(handler: ControlHandler, request: CreateSession) -> Crea
 async def from_template(handler: ControlHandler, request: CreateSession) -> CreateSession:
     """A create whose template is one of the caller's templates (``Template.build``)."""
     try:
-        await handler.templates.versions(handler.principal.tenant, request.kernel)
+        name = request.kernel.partition(":")[0]  # "name:tag" and "name:3" too
+        await handler.templates.versions(handler.principal.tenant, name)
     except (TemplateNotFound, BadRequest):
         return request  # a kernel's name; an unknown one is refused as on /v1
     return dataclasses.replace(request, template=request.kernel)
