@@ -144,9 +144,20 @@ def _add_template_commands(commands: Any) -> None:
     build.add_argument("context", nargs="?", help="build context: a directory or a .tar file")
     build.add_argument("--kernel", help="the kernel its sessions run (default: its base's)")
     build.add_argument("--no-wait", action="store_true", help="return once the build started")
+    build.add_argument(
+        "--tag", action="append", dest="tags", metavar="TAG", help="a tag it takes once ready"
+    )
     _command(sub, "ls", c.templates_ls, "list your templates' builds")
     show = _command(sub, "show", c.templates_show, "a template's builds: status, failed step")
     show.add_argument("name", help="template name")
+    tag = _command(sub, "tag", c.templates_tag, "move tags to a version (NAME:TAG starts it)")
+    tag.add_argument("ref", metavar="NAME:VERSION", help="the version: its number or a tag")
+    tag.add_argument("tags", nargs="+", metavar="TAG", help="tags to move there")
+    untag = _command(sub, "untag", c.templates_untag, "remove tags from a template")
+    untag.add_argument("name", help="template name")
+    untag.add_argument("tags", nargs="+", metavar="TAG", help="tags to remove")
+    tags = _command(sub, "tags", c.templates_tags, "a template's tags and their versions")
+    tags.add_argument("name", help="template name")
     rm = _command(sub, "rm", c.templates_rm, "delete templates (every version)")
     rm.add_argument("names", nargs="+", metavar="NAME", help="template names")
 

@@ -585,7 +585,7 @@ def templates_build(settings: ClientSettings, args: argparse.Namespace) -> int:
     context = _build_context(args.context or (rest[0] if rest else None))
     with _client(settings) as client:
         build = client.build_template(
-            args.name, _read_code(dockerfile), context, kernel=args.kernel
+            args.name, _read_code(dockerfile), context, kernel=args.kernel, tags=args.tags
         )
         shown = 0
         while not args.no_wait and build["status"] == "building":
@@ -617,9 +617,36 @@ def templates_show(settings: ClientSettings, args: argparse.Namespace) -> int:
     def lines() -> None:
         for b in builds:
             why = f" at {b['error']['step']}: {b['error']['reason']}" if b.get("error") else ""
-            terminal.out.print(f"{b['name']}:{b['version']}\t{b['status']}{why}")
+            tags = f" (tags: {', '.join(b['tags'])})" if b.get("tags") else ""
+            terminal.out.print(f"{b['name']}:{b['version']}\t{b['status']}{why}{tags}")
 
     _show(args, builds, lines)
+    return 0
+
+
+def templates_tag(settings: ClientSettings, args: argparse.Namespace) -> int:
+    name, colon, version = args.ref.partition(":")
+    if not colon or not version:
+        raise BadRequest("give the version to tag: sbx templates tag NAME:VERSION TAG...")
+    with _client(settings) as client:
+        moved = client.tag_template(name, int(version) if version.isdigit() else version, args.tags)
+    line = f"{name}:{moved['version']} {' '.join(moved['tags'])}"
+    _show(args, moved, lambda: terminal.out.print(line))
+    return 0
+
+
+def templates_untag(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        client.untag_template(args.name, args.tags)
+    _show(args, {"removed": args.tags}, lambda: terminal.err.print(f"untagged {args.name}"))
+    return 0
+
+
+def templates_tags(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.template_tags(args.name)
+    lines = "\n".join(f"{args.name}:{t['tag']}\t{t['version']}" for t in found)
+    _show(args, found, lambda: terminal.out.print(lines or "no tags"))
     return 0
 
 

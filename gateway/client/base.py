@@ -377,14 +377,28 @@ class BaseClient:
         return self.snapshot_class(self, response.json())
 
     def _build_template_call(
-        self, name: str, dockerfile: str, context: bytes | None, kernel: str | None
+        self,
+        name: str,
+        dockerfile: str,
+        context: bytes | None,
+        kernel: str | None,
+        tags: list[str] | None = None,
     ) -> Call[dict[str, Any]]:
         body: dict[str, Any] = {"name": name, "dockerfile": dockerfile}
         if context is not None:
             body["context"] = base64.b64encode(context).decode()
         if kernel is not None:
             body["kernel"] = kernel
+        if tags:
+            body["tags"] = list(tags)
         return Call("POST", "/v1/templates", _json, json=body)
+
+    def _template_tags_call(
+        self, name: str, method: str = "GET", body: dict[str, Any] | None = None
+    ) -> Call[Any]:
+        """A template's tags (GET), moved to a version (POST) or removed (DELETE)."""
+        parse = {"GET": lambda r: r.json()["tags"], "POST": _json}.get(method, _nothing)
+        return Call(method, f"/v1/templates/{_segment(name)}/tags", parse, json=body)
 
     def _templates_call(self) -> Call[list[dict[str, Any]]]:
         return Call("GET", "/v1/templates", lambda r: r.json()["templates"])

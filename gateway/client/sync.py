@@ -165,9 +165,26 @@ class Client(BaseClient):
         context: bytes | None = None,
         *,
         kernel: str | None = None,
+        tags: list[str] | None = None,
     ) -> dict[str, Any]:
-        """Start building a new version of a template (``context``: a tar); its record."""
-        return self.call(self._build_template_call(name, dockerfile, context, kernel))
+        """Start building a new version of a template (``context``: a tar); its record.
+
+        ``tags``: the version's once ready (none: it takes ``default``, the bare name's).
+        """
+        return self.call(self._build_template_call(name, dockerfile, context, kernel, tags))
+
+    def tag_template(self, name: str, version: int | str, tags: list[str]) -> dict[str, Any]:
+        """Move ``tags`` to a ready version (a number, or a tag it has): ``name:TAG`` names it."""
+        body = {"version": version, "tags": list(tags)}
+        return self.call(self._template_tags_call(name, "POST", body))
+
+    def template_tags(self, name: str) -> list[dict[str, Any]]:
+        """A template's tags, each with its version, build id and when it was moved there."""
+        return self.call(self._template_tags_call(name))
+
+    def untag_template(self, name: str, tags: list[str]) -> None:
+        """Remove tags from a template (each must be there); its versions stay."""
+        self.call(self._template_tags_call(name, "DELETE", {"tags": list(tags)}))
 
     def templates(self) -> list[dict[str, Any]]:
         """The tenant's templates' builds, newest first per name."""
