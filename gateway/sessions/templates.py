@@ -378,11 +378,14 @@ class Templates:
             for alias in (f"sbx/{d}", f"sbx/{d}:latest", tags[d]):
                 bases[alias] = Base(tags[d], d, None)
         bases.update({a: Base(tags[d], d, None) for a, d in ALIASES.items() if d in built})
-        for doc in await self.store.templates_of_tenant(tenant):
+        for doc in await self.list(tenant):
             if doc["status"] == READY:
                 base = Base(doc["image"], specs.sandbox(doc["kernel"]).get("image"), doc["kernel"])
-                bases[f"{doc['name']}:{doc['version']}"] = base
-                bases.setdefault(doc["name"], base)  # newest first: the bare name's newest
+                for pin in (doc["version"], *doc["tags"]):
+                    bases[f"{doc['name']}:{pin}"] = base
+                if DEFAULT_TAG in doc["tags"]:  # the bare name: its default, else its newest
+                    bases[doc["name"]] = base
+                bases.setdefault(doc["name"], base)
         return bases
 
     def _kernel(self, asked: str | None, root: Base) -> str:

@@ -184,3 +184,20 @@ def test_e2b_build_requests_keep_their_tags_until_the_build_starts(templates):  
         assert len(t.requested) <= 16
 
     asyncio.run(scenario())
+
+
+def test_a_template_builds_from_a_tagged_version_and_the_bare_name_is_its_default(templates):  # noqa: F811
+    async def scenario():
+        t = await templates()
+        await t.build("alice", "r-base", "FROM sbx/r\n", tags=("stable",))
+        await _settled(t)
+        await _built(t, "alice", "r-base")  # version 2 takes default
+        await t.assign("alice", "r-base:1", ["default"])  # back to 1
+        for base in ("r-base:stable", "r-base"):
+            await t.build("alice", "more", f"FROM {base}\nRUN true\n")
+            await _settled(t)
+        dockerfiles = [d for _, d, _, _ in t.engine.built[-2:]]
+        one = (await t.resolve("alice", "r-base:1"))["image"]
+        assert all(d.startswith(f"FROM {one}") for d in dockerfiles), dockerfiles
+
+    asyncio.run(scenario())
