@@ -85,6 +85,7 @@ from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
+from .sessions.template_pools import TemplatePools
 from .sessions.templates import BuildBounds, Templates
 from .sessions.tools import SessionTools
 from .sessions.upkeep import Upkeep
@@ -162,6 +163,7 @@ def make_app(
         sbx_snapshots=manager.snapshots,
         sbx_templates=manager.templates,
         sbx_volumes=manager.volumes,
+        sbx_template_pools=domain.template_pools,
         sbx_options=ApiOptions(
             cors_origins=settings.cors_origins,
             max_timeout=settings.max_timeout,
@@ -273,6 +275,8 @@ class Gateway:
             await self.manager.volumes.sweep()  # a volume delete a crash cut short
         self.manager.spawn(self.domain.tools.restore())  # servers reached in the background
         await self.manager.templates.start()
+        if self.domain.template_pools is not None:
+            await self.domain.template_pools.start()
         upkeep.start()
         await self.domain.webhooks.start(self.manager.leases.owner)
         first, *others = self.manager.lifecycle.placement.api_hosts(self.settings.host)
@@ -478,6 +482,7 @@ class Domain:
     previews: Previews
     webhooks: Webhooks
     tools: SessionTools
+    template_pools: TemplatePools | None  # None: this gateway builds no templates
 
 
 def build_domain(settings: Settings, manager: SessionManager) -> Domain:
@@ -531,6 +536,11 @@ def build_domain(settings: Settings, manager: SessionManager) -> Domain:
             AddressGuard(list(settings.webhook_allow_ranges), set()),
         ),
         tools=session_tools,
+        template_pools=None
+        if manager.templates is None
+        else TemplatePools(
+            manager.templates, manager.pool, store, settings.template_pool_per_tenant
+        ),
     )
 
 
@@ -556,7 +566,7 @@ def watch_sessions(observed: GatewayMetrics, sessions: dict[str, Session], pool:
     )
     observed.watch(
         "counter", "sbx_pool_claims", "Session creates, by whether a warm kernel served them.",
-        ["kernel", "result"], lambda: {k: float(v) for k, v in pool.claims.items()},
+        ["kernel", "result"], lambda: {k: float(v) for k, v in pool.claims_by_kernel().items()},
     )  # fmt: skip
 
 

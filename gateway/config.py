@@ -533,6 +533,14 @@ class Settings:
         POOLING,
         POOL,
     )
+    template_pool_per_tenant: int = _opt(
+        4,
+        "most ready sandboxes one tenant keeps pooled for its templates, all together "
+        "(PUT /v1/templates/NAME/pool); they count against its quota and max_sessions "
+        "(0: tenants cannot pool templates)",
+        POOLING,
+        INT,
+    )
     pool_shrink_after: float = _opt(
         60.0,
         "seconds without a create finding the pool empty before a grown pool gives back one "

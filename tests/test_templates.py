@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+import httpx
 import pytest
-from helpers import Canary, GatewayProcess, e2b_env, run
+from helpers import Canary, GatewayProcess, e2b_env, run, short_tmpdir, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -25,19 +26,28 @@ HARDENED = (
 )
 
 
+BETA = "beta-pool-token-0123456789"  # a second tenant's, beside the admin's (tenant "default")
+
+
 @pytest.fixture(scope="module")
 def gw(start_gateway) -> GatewayProcess:
-    return start_gateway("--template-build-timeout", "8", "--template-build-disk", "100m")
+    data_dir = short_tmpdir()
+    (data_dir / "tokens.toml").write_text(f'[[tokens]]\ntenant = "beta"\ntoken = "{BETA}"\n')
+    return start_gateway(
+        "--template-build-timeout", "8", "--template-build-disk", "100m",
+        "--tokens-file", str(data_dir / "tokens.toml"), data_dir=data_dir,
+    )  # fmt: skip
 
 
-def _build(gw: GatewayProcess, name: str, dockerfile: str) -> dict:
-    """Build and wait until the build ends; return the build's record."""
-    r = gw.client.post("/v1/templates", json={"name": name, "dockerfile": dockerfile})
+def _build(gw: GatewayProcess, name: str, dockerfile: str, api: httpx.Client | None = None) -> dict:
+    """Build (as ``api``'s tenant, the admin's by default) and wait until the build ends."""
+    api = api or gw.client
+    r = api.post("/v1/templates", json={"name": name, "dockerfile": dockerfile})
     assert r.status_code == 202, r.text
     version = r.json()["version"]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        found = gw.client.get(f"/v1/templates/{name}").json()["versions"]
+        found = api.get(f"/v1/templates/{name}").json()["versions"]
         doc = next(d for d in found if d["version"] == version)
         if doc["status"] != "building":
             return doc
@@ -273,3 +283,34 @@ def test_e2b_pip_install_builds_from_the_hosts_wheels_without_a_network(gw):
             assert gw.client.delete("/v1/templates/e2b-pip").status_code == 204
         with pytest.raises(BuildException, match="no wheel"):
             Template.build(Template().from_base_image().pip_install(["sbx-no-such-pkg"]), "e2b-pip")
+
+
+def test_a_create_from_a_pooled_template_is_served_from_its_tenants_pool_alone(gw):
+    beta = httpx.Client(base_url=gw.url, timeout=120, headers={"Authorization": f"Bearer {BETA}"})
+    ours = lambda: gw.client.get("/v1/templates/pooled").json()["pool"]  # noqa: E731
+    made: list[tuple[httpx.Client, str]] = []
+    try:
+        assert _build(gw, "pooled", "FROM sbx/python\nENV BAKED=yes\n")["status"] == "ready"
+        assert _build(gw, "pooled", "FROM sbx/python\n", api=beta)["status"] == "ready"
+        r = gw.client.put("/v1/templates/pooled/pool", json={"size": 1})
+        assert r.status_code == 200 and r.json()["size"] == 1 and r.json()["version"] == 1, r.text
+        assert wait_for(lambda: ours()["ready"] == 1, timeout=60), ours()
+        # beta's same name is its own template (no BAKED), never a sandbox of our pool
+        for api, baked in ((beta, "None\n"), (gw.client, "yes\n")):
+            r = api.post("/v1/sessions", json={"template": "pooled"})
+            assert r.status_code == 201, r.text
+            made.append((api, r.json()["id"]))
+            reply = run(api, made[-1][1], "import os; print(os.environ.get('BAKED'))")
+            assert "".join(o.get("text", "") for o in reply["outputs"]) == baked, reply
+        assert ours()["served"] == 1, "the tenant's create did not come from its pool"
+        assert beta.get("/v1/templates/pooled").json()["pool"]["size"] == 0
+        r = gw.client.put("/v1/templates/pooled/pool", json={"size": 5})
+        assert r.status_code == 422 and "over the 4 a tenant may keep" in r.text, r.text
+    finally:
+        for api, sid in made:
+            api.delete(f"/v1/sessions/{sid}")
+        for api in (gw.client, beta):
+            api.delete("/v1/templates/pooled")
+        beta.close()
+    r = gw.client.put("/v1/templates/pooled/pool", json={"size": 1})
+    assert r.status_code == 404, "a deleted template keeps a pool"

@@ -54,6 +54,7 @@ from ..sessions.manager import SessionManager
 from ..sessions.networks import NetworkRules
 from ..sessions.reports import Reports
 from ..sessions.snapshots import Snapshots
+from ..sessions.template_pools import TemplatePools
 from ..sessions.templates import Templates
 from ..sessions.tools import SessionTools
 from ..sessions.volumes import Volumes
@@ -159,6 +160,10 @@ class GatewayHandlerMixin:
     @property
     def templates(self) -> Templates:
         return self.settings["sbx_templates"]
+
+    @property
+    def template_pools(self) -> TemplatePools | None:
+        return self.settings["sbx_template_pools"]
 
     @property
     def reports(self) -> Reports:

@@ -1,12 +1,14 @@
 """The v1 API for templates: build one from a Dockerfile, list, inspect and delete them.
 
-A session starts from one with ``POST /v1/sessions {"template": "name[:version]"}``.
+A session starts from one with ``POST /v1/sessions {"template": "name[:version]"}``;
+``PUT /v1/templates/NAME/pool {"size": N}`` keeps N sandboxes of it ready for those.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..errors import BadRequest, NotAllowed
 from ..sessions.requests import BuildTemplate
 from .base import JSONHandler
 
@@ -45,8 +47,12 @@ class TemplateHandler(JSONHandler):
     actions = {"DELETE": "template.delete"}
 
     async def get(self, name: str) -> None:
-        docs = await self.templates.versions(self.principal.tenant, name)
-        self.send({"name": name, "versions": [public(d) for d in docs]})
+        tenant = self.principal.tenant
+        docs = await self.templates.versions(tenant, name)
+        view = {"name": name, "versions": [public(d) for d in docs]}
+        if self.template_pools is not None:
+            view["pool"] = self.template_pools.view(tenant, name)
+        self.send(view)
 
     async def delete(self, name: str) -> None:
         self.audit_detail.update(template=name)
@@ -55,7 +61,21 @@ class TemplateHandler(JSONHandler):
         self.finish()
 
 
+class TemplatePoolHandler(JSONHandler):
+    actions = {"PUT": "template.pool"}
+
+    async def put(self, name: str) -> None:
+        if self.template_pools is None:
+            raise NotAllowed("this gateway builds no templates, so it pools none")
+        body = self.json_body()
+        if not isinstance(body, dict) or "size" not in body:
+            raise BadRequest('send the sandboxes to keep ready, like {"size": 2} (0: none)')
+        self.audit_detail.update(template=name, size=body["size"])
+        self.send(await self.template_pools.resize(self.principal.tenant, name, body["size"]))
+
+
 routes = [
     (r"/v1/templates", TemplatesHandler),
     (r"/v1/templates/(?P<name>[^/]+)", TemplateHandler),
+    (r"/v1/templates/(?P<name>[^/]+)/pool", TemplatePoolHandler),
 ]

@@ -160,6 +160,9 @@ def _add_template_commands(commands: Any) -> None:
     tags.add_argument("name", help="template name")
     rm = _command(sub, "rm", c.templates_rm, "delete templates (every version)")
     rm.add_argument("names", nargs="+", metavar="NAME", help="template names")
+    pool = _command(sub, "pool", c.templates_pool, "keep sandboxes of a template ready, or show")
+    pool.add_argument("name", help="template name")
+    pool.add_argument("size", nargs="?", type=int, help="sandboxes to keep ready (0: none)")
 
 
 def add_client_commands(commands: Any) -> None:

@@ -624,6 +624,19 @@ def templates_show(settings: ClientSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def templates_pool(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        if args.size is None:
+            pool = client.template_pool(args.name)
+        else:
+            pool = client.set_template_pool(args.name, args.size)
+    version = f":{pool['version']}" if pool["version"] is not None else ""
+    waiting = f" (waiting: {pool['waiting']})" if pool.get("waiting") else ""
+    line = f"{args.name}{version}\tsize {pool['size']}\tready {pool['ready']}{waiting}"
+    _show(args, pool, lambda: terminal.out.print(line))
+    return 0
+
+
 def templates_tag(settings: ClientSettings, args: argparse.Namespace) -> int:
     name, colon, version = args.ref.partition(":")
     if not colon or not version:

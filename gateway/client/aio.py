@@ -231,6 +231,14 @@ class AsyncClient(BaseClient):
         """Delete every version (images go once no session uses them)."""
         await self.call(self._template_call(name, "DELETE"))
 
+    async def set_template_pool(self, name: str, size: int) -> dict[str, Any]:
+        """Keep ``size`` sandboxes of a template ready for your creates (0: none); the pool."""
+        return await self.call(self._template_pool_call(name, size))
+
+    async def template_pool(self, name: str) -> dict[str, Any]:
+        """A template's pool: size, the version kept, ready, starting, served, waiting."""
+        return await self.call(self._template_pool_call(name))
+
     async def health(self) -> dict[str, Any]:
         return await self.call(self._health_call())
 

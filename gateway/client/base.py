@@ -408,6 +408,12 @@ class BaseClient:
         parse = _nothing if method == "DELETE" else (lambda r: r.json()["versions"])
         return Call(method, f"/v1/templates/{_segment(name)}", parse)
 
+    def _template_pool_call(self, name: str, size: int | None = None) -> Call[dict[str, Any]]:
+        """A template's warm pool as it is (from its view), or sized (PUT)."""
+        if size is None:
+            return Call("GET", f"/v1/templates/{_segment(name)}", lambda r: r.json()["pool"])
+        return Call("PUT", f"/v1/templates/{_segment(name)}/pool", _json, json={"size": size})
+
     def _health_call(self) -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", _json)
 

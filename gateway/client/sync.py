@@ -198,6 +198,14 @@ class Client(BaseClient):
         """Delete every version (images go once no session uses them)."""
         self.call(self._template_call(name, "DELETE"))
 
+    def set_template_pool(self, name: str, size: int) -> dict[str, Any]:
+        """Keep ``size`` sandboxes of a template ready for your creates (0: none); the pool."""
+        return self.call(self._template_pool_call(name, size))
+
+    def template_pool(self, name: str) -> dict[str, Any]:
+        """A template's pool: size, the version kept, ready, starting, served, waiting."""
+        return self.call(self._template_pool_call(name))
+
     def health(self) -> dict[str, Any]:
         return self.call(self._health_call())
 

@@ -111,6 +111,11 @@ class Admission:
             raise _refusal(new, refused)
         self._in_flight.add(new.id)
 
+    async def let_go(self, pooled_id: str) -> None:
+        """A template's pooled sandbox no longer holds its tenant's quota (taken or removed)."""
+        self._in_flight.discard(pooled_id)
+        await asyncio.shield(self.store.release_claim(pooled_id))
+
     def rebind(self, old_id: str, new_id: str) -> None:
         """The claim made as ``old_id`` is ``new_id``'s now (a warm sandbox's id)."""
         if old_id != new_id:

@@ -140,6 +140,7 @@ class SessionManager:
         self.leases = leases or Leases(store, settings.lease_ttl)
         host = HostCaps(settings.host_id, settings.host_max_sessions, settings.host_max_memory)
         self.admission = Admission(sessions, quota, settings.max_sessions, store, self.leases, host)
+        pool.quotas = self.admission  # a template's pooled sandboxes hold their tenant's quota
         self.tasks = TaskSet()
         self.ending: set[str] = set()  # sessions being ended (recovery.Registry)
         self.metrics = metrics or GatewayMetrics()
@@ -317,13 +318,21 @@ class SessionManager:
         if request.session_id is not None and await self.store.get_session(session.id):
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self.admission.reserve(session)
-        await self.admission.claim(session)
+        requested = session.id
+        # Set aside before the quota is claimed: a template's pooled sandbox gives its share back.
+        await self.pool.reserve(session, request)
+        try:
+            await self.admission.claim(session)
+        except BaseException:
+            self.pool.unreserve(requested)
+            raise
         started = False
         try:
             session.volumes = await self._mount_volumes(session, request, who)
-            warm = await self._start(session, request, snapshot)
+            warm = await self._start(session, snapshot)
             started = True
         finally:
+            self.pool.unreserve(requested)  # what a create cut short never took
             await self.admission.done(session, started)
         return session, warm
 
@@ -341,13 +350,11 @@ class SessionManager:
             )
         return await self.volumes.mount(session.id, who, request.volumes)
 
-    async def _start(
-        self, session: Session, request: CreateSession, snapshot: dict[str, Any] | None
-    ) -> bool:
+    async def _start(self, session: Session, snapshot: dict[str, Any] | None) -> bool:
         """Start an admitted session's kernel (a warm one if the pool has it); whether it was."""
         requested_id = session.id
         try:
-            warm = await self.pool.claim(session, request)
+            warm = await self.pool.claim(session)
         finally:
             del self.sessions[requested_id]
             self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id

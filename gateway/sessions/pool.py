@@ -22,23 +22,36 @@ Demand moves the sizes (``PoolTargets``): each create that finds a
 kernelspec's pool empty raises its target by one, up to ``pool_max``; once
 ``pool_shrink_after`` seconds pass without one, it falls back by one, down
 to its ``pool`` size, and a ready sandbox past the target is removed.
+
+A pool's key is a kernelspec's name (the server's pool, any tenant's create
+takes from it) or a ``TemplateKey``: one version of one tenant's template,
+whose sandboxes run the template's image, count against that tenant's quota
+while they wait (``Admission.claim``, given back as a create takes one) and
+serve that tenant's creates alone. Such pools are sized by their tenant
+(``template_pools.TemplatePools``), not by demand.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..errors import TooManySessions
 from .lifecycle import SandboxLifecycle
 from .model import Session
 from .requests import CreateSession
 from .tasks import TaskSet
+from .templates import REPO
+
+if TYPE_CHECKING:
+    from .admission import Admission
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +59,39 @@ log = logging.getLogger(__name__)
 _SET_ENV = {"python": "import os as _o; _o.environ.update({env}); del _o"}
 
 
+@dataclasses.dataclass(frozen=True)
+class TemplateKey:
+    """The pool of one version of a tenant's template: its sandboxes serve that tenant alone.
+
+    Two keys are one pool when tenant and image match: the image names the
+    template and its version (``sessions/templates.py``), and is what a
+    session started from the template runs.
+    """
+
+    tenant: str
+    image: str
+    kernel: str = dataclasses.field(compare=False)
+    template: str = dataclasses.field(default="", compare=False)  # as its tenant names it
+    version: int = dataclasses.field(default=0, compare=False)
+
+
+PoolKey = str | TemplateKey  # a kernelspec's name: the server's pool, any tenant's
+
+
+def pool_key(session: Session) -> PoolKey:
+    """The pool a session could be served from: its template version's, or its kernelspec's."""
+    if session.image.startswith(f"{REPO}/"):
+        return TemplateKey(session.tenant, session.image, session.kernel_name)
+    return session.kernel_name
+
+
 class PoolTargets:
-    """Ready sandboxes to keep per kernelspec: its pool size, more while creates find none."""
+    """Ready sandboxes to keep per pool: its size, more while creates find none."""
 
     def __init__(
         self,
-        base: Mapping[str, int],
-        most: Mapping[str, int],
+        base: Mapping[PoolKey, int],
+        most: Mapping[PoolKey, int],
         shrink_after: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -61,9 +100,16 @@ class PoolTargets:
         self.sizes = dict(base)  # the targets now
         self.shrink_after = shrink_after
         self.clock = clock
-        self._moved: dict[str, float] = {}  # kernelspec -> when its target last moved
+        self._moved: dict[PoolKey, float] = {}  # pool -> when its target last moved
 
-    def missed(self, name: str) -> None:
+    def set(self, key: PoolKey, size: int) -> None:
+        """Keep ``size`` ready for ``key`` as asked, not moved by demand (0: no pool)."""
+        for sizes in (self.base, self.most, self.sizes, self._moved):
+            sizes.pop(key, None)
+        if size:
+            self.base[key] = self.most[key] = self.sizes[key] = size
+
+    def missed(self, name: PoolKey) -> None:
         """A create found ``name``'s pool empty: keep one more ready, within its bound."""
         if name in self.sizes:
             self.sizes[name] = min(self.most[name], self.sizes[name] + 1)
@@ -90,7 +136,7 @@ del _sbx_module
 
 
 class WarmPool:
-    """Ready sandboxes per kernelspec, each claimed by at most one session."""
+    """Ready sandboxes per pool key, each claimed by at most one session."""
 
     def __init__(
         self,
@@ -111,10 +157,14 @@ class WarmPool:
         self.live = live
         self.imports = imports
         self.tasks = TaskSet()  # refills and discards, cancelled by ``stop``
-        self.ready: dict[str, list[Session]] = {name: [] for name in self.sizes}
-        self.starting: Counter[str] = Counter()
-        self._made: dict[str, Session] = {}  # the last sandbox started per kernelspec
-        self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
+        self.ready: dict[PoolKey, list[Session]] = {name: [] for name in self.sizes}
+        self.starting: Counter[PoolKey] = Counter()
+        self._made: dict[PoolKey, Session] = {}  # the last sandbox started per pool
+        self.claims: Counter[tuple[PoolKey, str]] = Counter()  # (pool, hit|miss)
+        self.short: dict[PoolKey, str] = {}  # why a template's pool cannot fill (its quota)
+        self.reserved: dict[str, Session] = {}  # set aside for creates, by their session id
+        # Where a template's pooled sandboxes hold their tenant's quota (the manager's).
+        self.quotas: Admission | None = None
         self._refills = asyncio.Semaphore(refill_concurrency)
         self._wake = asyncio.Event()
         self._filler: asyncio.Task | None = None
@@ -123,8 +173,14 @@ class WarmPool:
         return sum(len(r) for r in self.ready.values()) + sum(self.starting.values())
 
     def start(self) -> None:
-        if self.sizes:
-            self._filler = asyncio.create_task(self._fill_forever(), name="sbx-pool")
+        self._filler = asyncio.create_task(self._fill_forever(), name="sbx-pool")
+
+    def resize(self, key: PoolKey, size: int) -> None:
+        """Keep ``size`` sandboxes of ``key`` ready (0: remove its pool and what it holds)."""
+        self.targets.set(key, size)
+        if size:
+            self.ready.setdefault(key, [])
+        self._wake.set()
 
     async def stop(self) -> None:
         """Stop refilling and remove every unclaimed sandbox: they belong to no session."""
@@ -135,23 +191,45 @@ class WarmPool:
         # A refill cut short removes its half-started sandbox itself.
         await self.tasks.cancel(timeout=30)
         entries = [entry for ready in self.ready.values() for entry in ready]
+        entries += self.reserved.values()
+        self.reserved.clear()
         for ready in self.ready.values():
             ready.clear()
         await asyncio.gather(*(self._discard(e) for e in entries), return_exceptions=True)
 
     # -- claiming ----------------------------------------------------------------------
 
-    async def claim(self, session: Session, request: CreateSession) -> bool:
-        """Give ``session`` a ready sandbox if one fits; False means start it cold.
+    async def reserve(self, session: Session, request: CreateSession) -> None:
+        """Set a ready sandbox that fits aside for a create, before its quota is claimed.
+
+        A template's sandbox gives its quota hold back here: the create's own
+        claim takes its place, so a tenant at its quota is still served.
+        """
+        entry = self._take(session, request)
+        key = pool_key(session)
+        made = self._made.get(key)  # what the pool's sandboxes are like
+        if entry is None and made is not None and self._fits(session, request, made):
+            self.targets.missed(key)  # one would have served it: keep more
+        self._wake.set()
+        if entry is not None:
+            self.reserved[session.id] = entry
+            await self._let_go(entry)
+
+    def unreserve(self, session_id: str) -> None:
+        """A create that never claimed what it set aside: the sandbox is removed."""
+        entry = self.reserved.pop(session_id, None)
+        if entry is not None:
+            self.tasks.spawn(self._discard(entry))
+            self._wake.set()
+
+    async def claim(self, session: Session) -> bool:
+        """Give ``session`` the sandbox set aside for it, if any; False means start it cold.
 
         On success the session has taken the pooled sandbox's id, kernel and
         workspace, with its own limits and env applied.
         """
-        entry = self._take(session, request)
-        made = self._made.get(session.kernel_name)  # what the pool's sandboxes are like
-        if entry is None and made is not None and self._fits(session, request, made):
-            self.targets.missed(session.kernel_name)  # one would have served it: keep more
-        self._wake.set()
+        entry = self.reserved.pop(session.id, None)
+        self._wake.set()  # its refill may start
         hit = entry is not None
         if entry is not None:
             try:
@@ -162,7 +240,7 @@ class WarmPool:
                 hit = False
                 await self._discard(entry)
         # Counted once the outcome is known: /metrics exposes it as a counter, which never falls.
-        self.claims[(session.kernel_name, "hit" if hit else "miss")] += 1
+        self.claims[(pool_key(session), "hit" if hit else "miss")] += 1
         return hit
 
     async def take_for(self, session: Session) -> Session | None:
@@ -177,16 +255,17 @@ class WarmPool:
         self._wake.set()
         if entry is not None:
             try:
+                await self._let_go(entry)  # the resumed session holds its own claim
                 await self._fit(entry, session)
             except Exception as e:
                 log.warning("pooled kernel %s could not be fitted (%s); resuming cold", entry.id, e)
                 await self._discard(entry)
                 entry = None
-        self.claims[(session.kernel_name, "hit" if entry else "miss")] += 1
+        self.claims[(pool_key(session), "hit" if entry else "miss")] += 1
         return entry
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
-        ready = self.ready.get(session.kernel_name)
+        ready = self.ready.get(pool_key(session))
         if not ready or not self._fits(session, request, ready[0]):
             return None
         return ready.pop(0)
@@ -199,6 +278,7 @@ class WarmPool:
             request.session_id is not None
             or session.secret_names
             or session.volumes  # bound when its container is made: a cold start
+            or request.volumes
             or session.image != pooled.image
             or session.runtime != pooled.runtime
             or not session.network.is_none
@@ -225,38 +305,64 @@ class WarmPool:
         while True:
             self._wake.clear()
             self.targets.relax()
-            for name, size in self.sizes.items():
-                if len(self.ready[name]) > size:  # demand fell: one fewer kept ready
-                    self.tasks.spawn(self._discard(self.ready[name].pop()))
-                while len(self.ready[name]) + self.starting[name] < size and self._has_room():
-                    self.starting[name] += 1
-                    self.tasks.spawn(self._refill(name))
+            for key in list(self.ready):
+                ready, size = self.ready[key], self.sizes.get(key, 0)
+                if key not in self.sizes:  # its pool was removed: all of it goes
+                    del self.ready[key]
+                    self.short.pop(key, None)
+                    for entry in ready:
+                        self.tasks.spawn(self._discard(entry))
+                    continue
+                if len(ready) > size:  # demand fell: one fewer kept ready
+                    self.tasks.spawn(self._discard(ready.pop()))
+                while len(ready) + self._coming(key) < size and self._has_room():
+                    self.starting[key] += 1
+                    self.tasks.spawn(self._refill(key))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 5.0)
+
+    def _coming(self, key: PoolKey) -> int:
+        """Sandboxes of ``key`` starting, or set aside for a create not yet done: one
+        refilled meanwhile would race that create for its tenant's quota."""
+        return self.starting[key] + sum(pool_key(e) == key for e in self.reserved.values())
 
     def _has_room(self) -> bool:
         return len(self.live) + len(self) < self.max_sandboxes
 
-    async def _refill(self, name: str) -> None:
+    async def _refill(self, key: PoolKey) -> None:
         try:
             async with self._refills:
-                entry = await self._start(name)
-            self._made[name] = entry
-            if len(self.live) + len(self) > self.max_sandboxes:
-                await self._discard(entry)  # sessions took the room while it started
+                entry = await self._start(key)
+            self._made[key] = entry
+            self.short.pop(key, None)
+            if len(self.live) + len(self) > self.max_sandboxes or key not in self.sizes:
+                await self._discard(entry)  # sessions took the room, or its pool went meanwhile
             else:
-                self.ready[name].append(entry)
+                self.ready[key].append(entry)
+        except TooManySessions as e:  # its tenant's quota is full: it waits for room
+            self.short[key] = e.message
+            await asyncio.sleep(5)
         except Exception:
-            log.exception("could not start a pooled %s kernel; will retry", name)
+            log.exception("could not start a pooled %s kernel; will retry", key)
             await asyncio.sleep(5)
         finally:
-            self.starting[name] -= 1
+            self.starting[key] -= 1
             self._wake.set()
 
-    async def _start(self, name: str) -> Session:
-        """A sandbox with the server's default limits, its kernel answering."""
-        entry = self.lifecycle.new_session(CreateSession(kernel=name), tenant="")
+    async def _start(self, key: PoolKey) -> Session:
+        """A sandbox with the server's default limits, its kernel answering.
+
+        A template's holds its share of its tenant's quota first.
+        """
+        if isinstance(key, TemplateKey):
+            request, tenant = CreateSession(kernel=key.kernel, image=key.image), key.tenant
+        else:
+            request, tenant = CreateSession(kernel=key), ""
+        entry = self.lifecycle.new_session(request, tenant=tenant)
         entry.state = "pooled"
+        if tenant:
+            assert self.quotas is not None, "a template's pool needs its tenants' quotas"
+            await self.quotas.claim(entry)
         try:
             await self.lifecycle.launch(entry)
             if self.imports and entry.language_info.get("name") == "python":
@@ -265,11 +371,19 @@ class WarmPool:
         except BaseException:
             await self._discard(entry)
             raise
-        log.debug("pooled %s kernel %s ready", name, entry.id)
+        log.debug("pooled %s kernel %s ready", key, entry.id)
         return entry
 
     async def _discard(self, entry: Session) -> None:
-        await self.lifecycle.teardown(entry)
+        try:
+            await self.lifecycle.teardown(entry)
+        finally:
+            await self._let_go(entry)
+
+    async def _let_go(self, entry: Session) -> None:
+        """Give back the quota a template's pooled sandbox held (once; none for the server's)."""
+        if entry.tenant and self.quotas is not None:
+            await self.quotas.let_go(entry.id)
 
     # -- upkeep ------------------------------------------------------------------------
 
@@ -294,15 +408,23 @@ class WarmPool:
                 return
 
     def stats(self) -> dict[str, Any]:
+        """The server's pools, by kernelspec (tenants' templates' are theirs to see)."""
+        return {name: self.stats_of(name) for name in self.sizes if isinstance(name, str)}
+
+    def claims_by_kernel(self) -> Counter[tuple[str, str]]:
+        """Claims by kernel and outcome (a template's pool counts under its kernel)."""
+        counts: Counter[tuple[str, str]] = Counter()
+        for (key, result), n in self.claims.items():
+            counts[(key if isinstance(key, str) else key.kernel, result)] += n
+        return counts
+
+    def stats_of(self, key: PoolKey) -> dict[str, Any]:
         return {
-            name: {
-                "target": self.sizes[name],
-                "ready": len(self.ready[name]),
-                "starting": self.starting[name],
-                "hits": self.claims[(name, "hit")],
-                "misses": self.claims[(name, "miss")],
-            }
-            for name in self.sizes
+            "target": self.sizes.get(key, 0),
+            "ready": len(self.ready.get(key, ())),
+            "starting": self.starting[key],
+            "hits": self.claims[(key, "hit")],
+            "misses": self.claims[(key, "miss")],
         }
 
 

@@ -28,7 +28,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from ..errors import BadRequest, Conflict, NotAllowed, NotFound, Overloaded, QuotaExceeded
@@ -192,6 +192,8 @@ class Templates:
         self.clock = time.time
         self.tasks = TaskSet()
         self._naming = asyncio.Lock()
+        # Told (tenant, name) when what a name resolves to may have moved (its pool follows).
+        self.moved: list[Callable[[str, str], Awaitable[None]]] = []
 
     async def start(self) -> None:
         """Builds a stopped gateway cut short failed; remove images nothing uses any more.
@@ -452,7 +454,15 @@ class Templates:
         else:
             await self._finish(doc, READY)
             await self._tag_built(doc)
+            await self._moved(doc["tenant"], doc["name"])
         await self.sweep()
+
+    async def _moved(self, tenant: str, name: str) -> None:
+        for listener in self.moved:
+            try:
+                await listener(tenant, name)
+            except Exception:  # the build or delete stands; its pool catches up at a restart
+                log.exception("template %s of %s moved; a listener failed", name, tenant)
 
     async def _tag_built(self, doc: dict[str, Any]) -> None:
         """A ready build takes its tags (none asked: ``default`` moves to it)."""
@@ -561,6 +571,7 @@ class Templates:
             doc.update(status=DELETED)
             await self.store.save_template(doc)
         await self.store.untag_template(tenant, name, None)
+        await self._moved(tenant, name)
         await self.sweep()
         return len(docs)
 

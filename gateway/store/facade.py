@@ -51,6 +51,7 @@ METHODS = {
     "templates": (
         "save_template", "template_versions", "templates_of_tenant", "templates_in_status",
         "delete_template_version", "tag_template", "untag_template", "template_tags",
+        "set_template_pool", "template_pools",
     ),
     "volumes": (
         "add_volume", "get_volume", "volumes_of_tenant", "volume_holders", "delete_volume",

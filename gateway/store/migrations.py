@@ -278,6 +278,15 @@ MIGRATIONS = [
     );
     CREATE INDEX template_tags_by_build ON template_tags (build);
     """,
+    # Templates' warm pools (template_pools.py): how many ready sandboxes a tenant keeps.
+    """
+    CREATE TABLE template_pools (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        PRIMARY KEY (tenant, name)
+    );
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -104,3 +104,20 @@ class Templates(Repository):
             params,
         )
         return [{"tag": r[0], "name": r[1], "build": r[2], "created_at": float(r[3])} for r in rows]
+
+    async def set_template_pool(self, tenant: str, name: str, size: int) -> None:
+        """Record how many ready sandboxes a tenant's template keeps (0: none, forgotten)."""
+        if not size:
+            sql, params = "DELETE FROM template_pools WHERE tenant = ? AND name = ?", (tenant, name)
+        else:
+            sql, params = (
+                "INSERT INTO template_pools (tenant, name, size) VALUES (?, ?, ?)"
+                " ON CONFLICT (tenant, name) DO UPDATE SET size = excluded.size",
+                (tenant, name, size),
+            )
+        await self.db.select(sql, params)
+
+    async def template_pools(self) -> list[dict[str, Any]]:
+        """Every tenant's templates' pools: tenant, name, size."""
+        rows = await self.db.select("SELECT tenant, name, size FROM template_pools")
+        return [{"tenant": r[0], "name": r[1], "size": int(r[2])} for r in rows]

@@ -66,6 +66,7 @@ SAMPLES = {
     "host_id": "host-a",
     "pool_max": "python3=6",
     "pool_shrink_after": "30",
+    "template_pool_per_tenant": "2",
     "pool_imports": "numpy,pandas",
     "start_concurrency": "3",
     "start_queue": "20",
