@@ -187,7 +187,7 @@ def test_the_cli_builds_from_a_context_and_the_sdk_starts_a_session_from_it(gw, 
 
 def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tmp_path):
     from e2b import Template
-    from e2b.exceptions import BuildException
+    from e2b.exceptions import BuildException, TemplateException
     from e2b_code_interpreter import Sandbox
 
     (tmp_path / "data.txt").write_text("copied\n")
@@ -217,7 +217,12 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
             assert ran.logs.stdout == ["copied geo 1000\n"], ran
         finally:
             sandbox.kill()
-            assert gw.client.delete("/v1/templates/e2b-geo").status_code == 204
+            # E2B's raw API deletes a template as it does a snapshot: its every version goes
+            gone = httpx.delete(f"{gw.url}/templates/e2b-geo", headers={"X-API-Key": gw.token})
+            assert gone.status_code == 204, gone.text
+        assert not Template.exists("e2b-geo")
+        with pytest.raises(TemplateException, match="404"):
+            Template.get_tags("e2b-geo")  # its tags went with it
         with pytest.raises(BuildException, match="non-zero code: 3"):
             Template.build(Template().from_base_image().run_cmd("exit 3"), "e2b-broken")
 

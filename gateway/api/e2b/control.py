@@ -32,7 +32,7 @@ from ...sessions.requests import (
     UpdateSession,
     seconds_of,
 )
-from ...sessions.templates import TemplateNotFound
+from ...sessions.templates import TemplateNotFound, template_name
 from ...timestamps import iso
 from ...validation import env_vars, metadata_dict
 from ..snapshots import delete_snapshot
@@ -337,16 +337,28 @@ class SnapshotListHandler(ControlHandler):
 
 
 class SnapshotDeleteHandler(ControlHandler):
-    """``DELETE /templates/{id}``, which the SDK's ``delete_snapshot`` calls.
+    """``DELETE /templates/{id}``: the SDK's ``delete_snapshot``, and E2B's API's delete
+    of a template (every version of the tenant's template of that name).
 
-    Only snapshots are templates one can delete here; anything else is a 404
-    (the SDK's ``False``), as is another tenant's snapshot.
+    Anything else is a 404 (the SDK's ``False``), as is another tenant's snapshot
+    or template.
     """
 
     actions = {"DELETE": "snapshot.delete"}
 
     async def delete(self, snapshot_id: str) -> None:
-        await delete_snapshot(self, snapshot_id)
+        try:
+            await delete_snapshot(self, snapshot_id)
+        except SnapshotNotFound as missing:
+            try:
+                template_name(snapshot_id)
+            except BadRequest:
+                raise missing from None
+            self.actions = {"DELETE": "template.delete"}  # audited as /v1's delete is
+            self.audit_detail.update(template=snapshot_id)
+            await self.templates.delete(self.principal.tenant, snapshot_id)
+            self.set_status(204)
+            self.finish()
 
 
 class ForkHandler(ControlHandler):
