@@ -594,6 +594,7 @@ class Templates:
             )
         if done is not None:
             raise TemplateNotFound(f"template {name}:{doc['version']} was deleted meanwhile")
+        await self._moved(tenant, name)  # ``default`` may name another version now
         return doc, tags
 
     async def remove(self, tenant: str, name: str, tags: Any) -> None:
@@ -606,6 +607,7 @@ class Templates:
         if missing:
             raise TemplateNotFound(f"template {name!r} has no tag {missing[0]!r}")
         await self.store.untag_template(tenant, name, list(tags))
+        await self._moved(tenant, name)
 
     async def tags(self, tenant: str, name: str) -> list[dict[str, Any]]:
         """A template's tags: each with its version, build id and when it was assigned."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from test_manager import build, local_kernels, started, stopped
+from test_template_builds import _built, templates  # noqa: F401 (its fixture)
 
 from gateway.access.auth import Principal, Quota
 from gateway.errors import Conflict, LimitExceeded, QuotaExceeded
@@ -200,3 +201,23 @@ def test_the_servers_pool_stats_show_no_tenants_template():
     pool = WarmPool(None, {"python3": 1}, 1, 10, live={})  # type: ignore[arg-type]
     pool.resize(TemplateKey("alice", image("alice", "geo", 1), "python3"), 2)
     assert set(pool.stats()) == {"python3"}, "a tenant's template shows in /healthz"
+
+
+def test_the_pool_moves_with_what_the_templates_name_resolves_to(templates):  # noqa: F811
+    async def scenario() -> None:
+        t = await templates()
+        pool = WarmPool(None, {}, 1, 100, live={})  # type: ignore[arg-type]
+        pools = TemplatePools(t, pool, t.store, 4)
+        kept = lambda: {(k.version, n) for k, n in pool.sizes.items()}  # noqa: E731
+        await _built(t, "alice", "geo")
+        await pools.resize("alice", "geo", 2)
+        await _built(t, "alice", "geo")  # a new version takes ``default``: the pool follows
+        assert kept() == {(2, 2)}
+        await t.assign("alice", "geo:1", ["default"])  # a rollback of the bare name
+        assert kept() == {(1, 2)}
+        await t.remove("alice", "geo", ["default"])  # no default: the newest ready
+        assert kept() == {(2, 2)}
+        await t.delete("alice", "geo")
+        assert kept() == set() and await t.store.template_pools() == []
+
+    asyncio.run(scenario())
