@@ -64,7 +64,7 @@ class Admission:
         self.max_sessions = max_sessions
         self.store = store
         self.leases = leases
-        self._in_flight: set[str] = set()  # claims of creates not yet done: kept fresh
+        self._in_flight: set[str] = set()  # creates in flight, pooled templates: kept fresh
         self._extender: asyncio.Task | None = None
 
     @property
@@ -133,9 +133,9 @@ class Admission:
             await asyncio.shield(self.store.release_claim(session.id))
 
     def start(self) -> None:
-        """Keep the claims of creates in flight fresh (only others sharing the store care)."""
-        if self.leases.shared:
-            self._extender = asyncio.create_task(self._extend_forever(), name="sbx-claims")
+        """Keep the claims in flight fresh: creates' (others sharing the store count them) and
+        templates' pooled sandboxes' (which no session record holds, even here alone)."""
+        self._extender = asyncio.create_task(self._extend_forever(), name="sbx-claims")
 
     async def stop(self) -> None:
         if self._extender is not None:

@@ -17,6 +17,9 @@ from test_template_builds import _built, templates  # noqa: F401 (its fixture)
 from gateway.access.auth import Principal, Quota
 from gateway.errors import Conflict, LimitExceeded, QuotaExceeded
 from gateway.limits import Limits
+from gateway.sessions import admission
+from gateway.sessions.admission import Admission
+from gateway.sessions.leases import Leases
 from gateway.sessions.model import Session
 from gateway.sessions.pool import PoolTargets, TemplateKey, WarmPool, pool_key
 from gateway.sessions.requests import CreateSession
@@ -219,5 +222,25 @@ def test_the_pool_moves_with_what_the_templates_name_resolves_to(templates):  # 
         assert kept() == {(2, 2)}
         await t.delete("alice", "geo")
         assert kept() == set() and await t.store.template_pools() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_pooled_sandboxs_quota_hold_stays_fresh_on_a_store_nobody_shares(tmp_path, monkeypatch):
+    monkeypatch.setattr(admission, "UNSHARED_CLAIM", 0.3)  # seconds an unextended claim counts
+
+    async def scenario() -> None:
+        store = SQLiteStore(tmp_path / "gateway.sqlite3")
+        await store.open()
+        held = Admission({}, lambda t: Quota(1, 8 * 2**30, 8 * 2**30), 10, store, Leases(store, 30))
+        held.start()
+        try:
+            await held.claim(session("alice", image("alice", "geo", 1)))  # a pooled one's hold
+            await asyncio.sleep(1.0)
+            with pytest.raises(QuotaExceeded, match="holds 1 live sessions"):
+                await held.claim(session("alice", "sbx/python:local"))
+        finally:
+            await held.stop()
+            await store.close()
 
     asyncio.run(scenario())
