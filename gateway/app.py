@@ -566,7 +566,7 @@ def watch_sessions(observed: GatewayMetrics, sessions: dict[str, Session], pool:
     )
     observed.watch(
         "counter", "sbx_pool_claims", "Session creates, by whether a warm kernel served them.",
-        ["kernel", "result"], lambda: {k: float(v) for k, v in pool.claims_by_kernel().items()},
+        ["kernel", "result"], lambda: {k: float(v) for k, v in pool.claims.items()},
     )  # fmt: skip
 
 

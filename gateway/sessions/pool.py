@@ -160,7 +160,8 @@ class WarmPool:
         self.ready: dict[PoolKey, list[Session]] = {name: [] for name in self.sizes}
         self.starting: Counter[PoolKey] = Counter()
         self._made: dict[PoolKey, Session] = {}  # the last sandbox started per pool
-        self.claims: Counter[tuple[PoolKey, str]] = Counter()  # (pool, hit|miss)
+        self.claims: Counter[tuple[str, str]] = Counter()  # (kernel, hit|miss)
+        self.served: Counter[TemplateKey] = Counter()  # creates a template's pool served
         self.short: dict[PoolKey, str] = {}  # why a template's pool cannot fill (its quota)
         self.reserved: dict[str, Session] = {}  # set aside for creates, by their session id
         # Where a template's pooled sandboxes hold their tenant's quota (the manager's).
@@ -239,8 +240,7 @@ class WarmPool:
                 log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
                 hit = False
                 await self._discard(entry)
-        # Counted once the outcome is known: /metrics exposes it as a counter, which never falls.
-        self.claims[(pool_key(session), "hit" if hit else "miss")] += 1
+        self._count(session, hit)
         return hit
 
     async def take_for(self, session: Session) -> Session | None:
@@ -261,8 +261,16 @@ class WarmPool:
                 log.warning("pooled kernel %s could not be fitted (%s); resuming cold", entry.id, e)
                 await self._discard(entry)
                 entry = None
-        self.claims[(pool_key(session), "hit" if entry else "miss")] += 1
+        self._count(session, entry is not None)
         return entry
+
+    def _count(self, session: Session, hit: bool) -> None:
+        """Counted once the outcome is known: /metrics exposes it as a counter, which never
+        falls; a template's pool counts under its kernel there, and its hits for its tenant."""
+        key = pool_key(session)
+        self.claims[(session.kernel_name, "hit" if hit else "miss")] += 1
+        if hit and isinstance(key, TemplateKey):
+            self.served[key] += 1
 
     def _take(self, session: Session, request: CreateSession) -> Session | None:
         ready = self.ready.get(pool_key(session))
@@ -308,8 +316,8 @@ class WarmPool:
             for key in list(self.ready):
                 ready, size = self.ready[key], self.sizes.get(key, 0)
                 if key not in self.sizes:  # its pool was removed: all of it goes
-                    del self.ready[key]
-                    self.short.pop(key, None)
+                    for kept in (self.ready, self.short, self.served, self._made):
+                        kept.pop(key, None)  # type: ignore[call-overload]
                     for entry in ready:
                         self.tasks.spawn(self._discard(entry))
                     continue
@@ -347,6 +355,8 @@ class WarmPool:
             await asyncio.sleep(5)
         finally:
             self.starting[key] -= 1
+            if not self.starting[key]:
+                del self.starting[key]  # a removed template's pool leaves nothing behind
             self._wake.set()
 
     async def _start(self, key: PoolKey) -> Session:
@@ -411,21 +421,17 @@ class WarmPool:
         """The server's pools, by kernelspec (tenants' templates' are theirs to see)."""
         return {name: self.stats_of(name) for name in self.sizes if isinstance(name, str)}
 
-    def claims_by_kernel(self) -> Counter[tuple[str, str]]:
-        """Claims by kernel and outcome (a template's pool counts under its kernel)."""
-        counts: Counter[tuple[str, str]] = Counter()
-        for (key, result), n in self.claims.items():
-            counts[(key if isinstance(key, str) else key.kernel, result)] += n
-        return counts
-
     def stats_of(self, key: PoolKey) -> dict[str, Any]:
-        return {
+        """A pool's target, its sandboxes ready and starting, and the creates it served
+        (a kernelspec's also those it could not: a template's misses are not its own)."""
+        stats = {
             "target": self.sizes.get(key, 0),
             "ready": len(self.ready.get(key, ())),
             "starting": self.starting[key],
-            "hits": self.claims[(key, "hit")],
-            "misses": self.claims[(key, "miss")],
         }
+        if isinstance(key, TemplateKey):
+            return {**stats, "hits": self.served[key]}
+        return {**stats, "hits": self.claims[(key, "hit")], "misses": self.claims[(key, "miss")]}
 
 
 def _same_box(session: Session, pooled: Session) -> bool:
