@@ -6,6 +6,7 @@ in seconds; the images are tiny layers over the local sbx/python.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -229,7 +230,7 @@ def test_the_stock_e2b_sdk_builds_a_template_and_a_sandbox_starts_from_it(gw, tm
 
 def _e2b_tags_move_and_go(gw: GatewayProcess, build_id: str) -> None:
     """E2B's tag calls on a built template, and /v1's view and calls of the same tags."""
-    from e2b import Template
+    from e2b import AsyncTemplate, Template
     from e2b.exceptions import TemplateException
 
     assigned = Template.assign_tags("e2b-geo:v1", "prod")
@@ -238,6 +239,13 @@ def _e2b_tags_move_and_go(gw: GatewayProcess, build_id: str) -> None:
     assert tags == dict.fromkeys(["prod", "stable", "v1"], UUID(build_id))
     Template.remove_tags("e2b-geo", ["stable"])
     assert not Template.exists("e2b-geo:stable")
+
+    async def the_async_half() -> list[str]:  # the same calls, from AsyncTemplate
+        await AsyncTemplate.assign_tags("e2b-geo:prod", ["canary"])
+        await AsyncTemplate.remove_tags("e2b-geo", "canary")
+        return [t.tag for t in await AsyncTemplate.get_tags("e2b-geo")]
+
+    assert asyncio.run(the_async_half()) == ["prod", "v1"]
     with pytest.raises(TemplateException, match="404: template 'e2b-geo' has no version 9"):
         Template.assign_tags("e2b-geo:9", "x")
     view = gw.client.get("/v1/templates/e2b-geo").json()["versions"]
