@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import Conflict, LimitExceeded, NotFound
+from ..errors import Conflict, LimitExceeded, NotAllowed, NotFound
 from ..store.base import Store
 from .pool import TemplateKey, WarmPool
 from .templates import Templates, template_name
@@ -38,6 +38,8 @@ class TemplatePools:
 
     async def start(self) -> None:
         """Take up the pools recorded before a restart (their sandboxes start afresh)."""
+        if self.templates.unavailable is not None:
+            return  # kept for a gateway that can run them
         for doc in await self.store.template_pools():
             self.sizes[(doc["tenant"], doc["name"])] = doc["size"]
             await self.follow(doc["tenant"], doc["name"])
@@ -45,6 +47,8 @@ class TemplatePools:
     async def resize(self, tenant: str, name: str, size: Any) -> dict[str, Any]:
         """Keep ``size`` sandboxes of a tenant's template ready (0: none); its pool's view."""
         template_name(name)
+        if self.templates.unavailable is not None:
+            raise NotAllowed(f"templates are not offered here: {self.templates.unavailable}")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise LimitExceeded('size must be a whole number of sandboxes, like {"size": 2}')
         others = sum(n for (t, other), n in self.sizes.items() if t == tenant and other != name)

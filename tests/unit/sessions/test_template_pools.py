@@ -15,7 +15,7 @@ from test_manager import build, local_kernels, started, stopped
 from test_template_builds import _built, templates  # noqa: F401 (its fixture)
 
 from gateway.access.auth import Principal, Quota
-from gateway.errors import Conflict, LimitExceeded, QuotaExceeded
+from gateway.errors import Conflict, LimitExceeded, NotAllowed, QuotaExceeded
 from gateway.limits import Limits
 from gateway.sessions import admission
 from gateway.sessions.admission import Admission
@@ -40,6 +40,7 @@ class Kept:
     def __init__(self) -> None:
         self.docs: dict[tuple[str, str], list[int]] = {}
         self.moved: list[Any] = []
+        self.unavailable: str | None = None
 
     def add(self, tenant: str, name: str, version: int) -> None:
         self.docs.setdefault((tenant, name), []).insert(0, version)
@@ -107,6 +108,9 @@ def test_a_tenants_template_pools_are_bounded_together_and_named_templates_only(
             for size in (1, 0):  # a name the tenant lacks (bob's is not carol's)
                 with pytest.raises(TemplateNotFound):
                     await pools.resize("carol", "geo", size)
+            kept.unavailable = "the swarm placement runs sessions on other nodes"
+            with pytest.raises(NotAllowed, match="not offered here: the swarm"):
+                await pools.resize("bob", "geo", 1)
             assert {k: n for k, n in pool.sizes.items()} == {
                 TemplateKey("alice", image("alice", "geo", 1), "python3"): 3,
                 TemplateKey("alice", image("alice", "ml", 1), "python3"): 1,
