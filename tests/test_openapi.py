@@ -644,6 +644,13 @@ def test_templates_and_their_errors(admin, user):
     ]  # fmt: skip
     untag = admin.request("DELETE", "/v1/templates/contract/tags", json={"tags": ["prod"]})
     assert untag.status_code == 204
+    pooled = admin.put("/v1/templates/contract/pool", json={"size": 1})
+    assert pooled.status_code == 200 and pooled.json()["size"] == 1, pooled.text
+    assert admin.get("/v1/templates/contract").json()["pool"]["size"] == 1
+    assert user.put("/v1/templates/contract/pool", json={"size": 1}).status_code == 404
+    assert admin.put("/v1/templates/contract/pool", json={"size": -1}).status_code == 422
+    assert admin.put("/v1/templates/contract/pool", json={}).status_code == 400
+    assert admin.put("/v1/templates/contract/pool", json={"size": 0}).json()["size"] == 0
     bad = {"name": "x", "dockerfile": "FROM elsewhere/base\n"}
     assert admin.post("/v1/templates", json=bad).status_code == 400
     assert (
