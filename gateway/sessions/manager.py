@@ -319,9 +319,10 @@ class SessionManager:
             raise Conflict(f"session id {session.id} was used before; ids are never reused")
         self.admission.reserve(session)
         requested = session.id
-        # Set aside before the quota is claimed: a template's pooled sandbox gives its share back.
-        await self.pool.reserve(session, request)
         try:
+            # Set aside before the quota is claimed: a template's pooled sandbox gives its
+            # share back.
+            await self.pool.reserve(session, request)
             await self.admission.claim(session)
         except BaseException:
             self.pool.unreserve(requested)
