@@ -13,6 +13,7 @@ pool and its record.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -34,6 +35,9 @@ class TemplatePools:
         self.per_tenant = per_tenant
         self.sizes: dict[tuple[str, str], int] = {}  # (tenant, name) -> ready sandboxes asked
         self.keys: dict[tuple[str, str], TemplateKey] = {}  # (tenant, name) -> the version kept
+        # One resize or follow at a time: each reads sizes, awaits, then writes what it read
+        # (racing PUTs passed the tenant's bound; a follow revived a pool emptied meanwhile).
+        self._sizing = asyncio.Lock()
         templates.moved.append(self.follow)  # a new version, a delete
 
     async def start(self) -> None:
@@ -51,20 +55,21 @@ class TemplatePools:
             raise NotAllowed(f"templates are not offered here: {self.templates.unavailable}")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise LimitExceeded('size must be a whole number of sandboxes, like {"size": 2}')
-        others = sum(n for (t, other), n in self.sizes.items() if t == tenant and other != name)
-        if others + size > self.per_tenant:
-            raise LimitExceeded(
-                f"your templates' pools would keep {others + size} sandboxes ready, over the "
-                f"{self.per_tenant} a tenant may keep ({others} kept for other templates); "
-                "ask for fewer, or shrink another template's pool"
-            )
-        if size:
-            await self.templates.resolve(tenant, name)  # 404 or 409 without a ready version
-        elif (tenant, name) not in self.sizes:
-            await self.templates.versions(tenant, name)  # 404 for a name the tenant lacks
-        await self.store.set_template_pool(tenant, name, size)
-        self._set_size(tenant, name, size)
-        await self.follow(tenant, name)
+        async with self._sizing:
+            others = sum(n for (t, o), n in self.sizes.items() if t == tenant and o != name)
+            if others + size > self.per_tenant:
+                raise LimitExceeded(
+                    f"your templates' pools would keep {others + size} sandboxes ready, over the "
+                    f"{self.per_tenant} a tenant may keep ({others} kept for other templates); "
+                    "ask for fewer, or shrink another template's pool"
+                )
+            if size:
+                await self.templates.resolve(tenant, name)  # 404 or 409 without a ready version
+            elif (tenant, name) not in self.sizes:
+                await self.templates.versions(tenant, name)  # 404 for a name the tenant lacks
+            await self.store.set_template_pool(tenant, name, size)
+            self._set_size(tenant, name, size)
+            await self._follow(tenant, name)
         return self.view(tenant, name)
 
     def _set_size(self, tenant: str, name: str, size: int) -> None:
@@ -75,6 +80,10 @@ class TemplatePools:
 
     async def follow(self, tenant: str, name: str) -> None:
         """Keep the pool on the template's newest ready version (none once it is deleted)."""
+        async with self._sizing:
+            await self._follow(tenant, name)
+
+    async def _follow(self, tenant: str, name: str) -> None:
         size = self.sizes.get((tenant, name), 0)
         doc = None
         if size:
