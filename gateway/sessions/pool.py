@@ -343,8 +343,12 @@ class WarmPool:
                 entry = await self._start(key)
             self._made[key] = entry
             self.short.pop(key, None)
-            if len(self.live) + len(self) > self.max_sandboxes or key not in self.sizes:
-                await self._discard(entry)  # sessions took the room, or its pool went meanwhile
+            if key not in self.sizes:  # its pool went meanwhile (and is forgotten: stay so)
+                await self._discard(entry)
+                return
+            self._made[key] = entry
+            if len(self.live) + len(self) > self.max_sandboxes:
+                await self._discard(entry)  # sessions took the room while it started
             else:
                 self.ready[key].append(entry)
         except TooManySessions as e:  # its tenant's quota is full: it waits for room

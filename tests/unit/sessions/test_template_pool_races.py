@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from test_template_pools import Kept, pools_over
+import pytest
+from test_template_pools import LIMITS, Kept, pools_over
 
-from gateway.errors import LimitExceeded
+from gateway.errors import LimitExceeded, QuotaExceeded
+from gateway.sessions.model import Session
+from gateway.sessions.pool import TemplateKey, WarmPool
+from gateway.sessions.requests import CreateSession
 
 
 class Slow(Kept):
@@ -59,5 +63,66 @@ def test_a_pool_emptied_while_it_follows_a_new_version_stays_empty(tmp_path):
             assert pools.view("alice", "geo")["size"] == 0
         finally:
             await store.close()
+
+    asyncio.run(scenario())
+
+
+class Launches:
+    """A lifecycle whose launches wait to be let through, and quotas that say who holds."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.go = asyncio.Event()
+        self.refuse = refuse
+        self.held: set[str] = set()
+
+    def new_session(self, request: CreateSession, tenant: str) -> Session:
+        return Session(request.kernel, request.image or "", LIMITS, 60, 60, {}, {}, tenant=tenant)
+
+    async def launch(self, entry: Session) -> None:
+        await self.go.wait()
+
+    async def teardown(self, entry: Session) -> None:
+        pass
+
+    async def claim(self, entry: Session) -> None:
+        if self.refuse:
+            await self.go.wait()
+            raise QuotaExceeded("tenant 'alice' holds 1 live sessions, its quota of 1")
+        self.held.add(entry.id)
+
+    async def let_go(self, pooled_id: str) -> None:
+        self.held.discard(pooled_id)
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["started", "over-quota"])
+def test_a_pool_removed_while_it_refills_leaves_nothing_behind(refuse):
+    async def scenario() -> None:
+        fake = Launches(refuse)
+        pool = WarmPool(fake, {}, 1, 100, live={})  # type: ignore[arg-type]
+        pool.quotas = fake  # type: ignore[assignment]
+        key = TemplateKey("alice", "sbxt/alice-geo:1-0123456789ab", "python3", "geo", 1)
+        pool.start()
+        try:
+            pool.resize(key, 1)
+            for _ in range(100):
+                if pool.starting[key]:
+                    break
+                await asyncio.sleep(0.01)
+            pool.resize(key, 0)  # the template is deleted mid-refill
+            await asyncio.sleep(0.05)  # the pool's loop forgets it
+            fake.go.set()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if not pool.starting:
+                    break
+            kept = {
+                what: key in held
+                for what, held in (("made", pool._made), ("short", pool.short),
+                                   ("ready", pool.ready))
+            }  # fmt: skip
+            assert not any(kept.values()), f"a removed pool is remembered for good: {kept}"
+            assert not fake.held, "its sandbox's quota hold was never given back"
+        finally:
+            await pool.stop()
 
     asyncio.run(scenario())
