@@ -341,7 +341,6 @@ class WarmPool:
         try:
             async with self._refills:
                 entry = await self._start(key)
-            self._made[key] = entry
             self.short.pop(key, None)
             if key not in self.sizes:  # its pool went meanwhile (and is forgotten: stay so)
                 await self._discard(entry)
@@ -352,7 +351,8 @@ class WarmPool:
             else:
                 self.ready[key].append(entry)
         except TooManySessions as e:  # its tenant's quota is full: it waits for room
-            self.short[key] = e.message
+            if key in self.sizes:
+                self.short[key] = e.message
             await asyncio.sleep(5)
         except Exception:
             log.exception("could not start a pooled %s kernel; will retry", key)
