@@ -41,12 +41,19 @@ class TemplatePools:
         templates.moved.append(self.follow)  # a new version, a delete
 
     async def start(self) -> None:
-        """Take up the pools recorded before a restart (their sandboxes start afresh)."""
+        """Take up the pools recorded before a restart (their sandboxes start afresh), each
+        tenant's within the bound set now (an operator may have lowered it, or set 0)."""
         if self.templates.unavailable is not None:
             return  # kept for a gateway that can run them
         for doc in await self.store.template_pools():
-            self.sizes[(doc["tenant"], doc["name"])] = doc["size"]
-            await self.follow(doc["tenant"], doc["name"])
+            tenant, name = doc["tenant"], doc["name"]
+            room = self.per_tenant - sum(n for (t, _), n in self.sizes.items() if t == tenant)
+            if doc["size"] > room:
+                log.warning("template %s of %s: %d of %d kept ready, the tenant's bound",
+                            name, tenant, max(room, 0), doc["size"])  # fmt: skip
+            if room > 0:
+                self.sizes[(tenant, name)] = min(doc["size"], room)
+                await self.follow(tenant, name)
 
     async def resize(self, tenant: str, name: str, size: Any) -> dict[str, Any]:
         """Keep ``size`` sandboxes of a tenant's template ready (0: none); its pool's view."""

@@ -126,3 +126,23 @@ def test_a_pool_removed_while_it_refills_leaves_nothing_behind(refuse):
             await pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restart_keeps_recorded_pools_within_the_tenants_bound_as_set_now(tmp_path):
+    async def scenario() -> None:
+        pools, kept, _, store = await pools_over(tmp_path, per_tenant=4)
+        try:
+            for name in ("geo", "ml"):
+                kept.add("alice", name, 1)
+                await pools.resize("alice", name, 2)
+            for bound, kept_ready in ((0, 0), (3, 3)):  # the operator lowered the bound
+                again, _, pool, other = await pools_over(tmp_path, per_tenant=bound)
+                again.templates = kept
+                await again.start()
+                await other.close()
+                held = sum(pool.sizes.values())
+                assert held == kept_ready, f"a restart kept {held} ready, over the bound {bound}"
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
