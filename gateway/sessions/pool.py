@@ -217,9 +217,17 @@ class WarmPool:
             await self._let_go(entry)
 
     def unreserve(self, session_id: str) -> None:
-        """A create that never claimed what it set aside: the sandbox is removed."""
+        """A create that never claimed what it set aside (refused, cut short): the server's
+        sandbox, untouched, is ready again (else each refused create spent one); a
+        template's, whose quota hold went, is removed."""
         entry = self.reserved.pop(session_id, None)
-        if entry is not None:
+        if entry is None:
+            return
+        key = pool_key(entry)
+        ready = self.ready.get(key)
+        if not entry.tenant and ready is not None and key in self.sizes:
+            ready.insert(0, entry)
+        else:
             self.tasks.spawn(self._discard(entry))
             self._wake.set()
 

@@ -11,8 +11,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from test_manager import build, local_kernels, started, stopped
 from test_template_pools import LIMITS, Kept, pools_over
 
+from gateway.access.auth import Principal, Quota
 from gateway.errors import LimitExceeded, QuotaExceeded
 from gateway.sessions.model import Session
 from gateway.sessions.pool import TemplateKey, WarmPool
@@ -144,5 +146,38 @@ def test_a_restart_keeps_recorded_pools_within_the_tenants_bound_as_set_now(tmp_
                 assert held == kept_ready, f"a restart kept {held} ready, over the bound {bound}"
         finally:
             await store.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def kernels_dir(tmp_path):
+    return local_kernels(tmp_path)
+
+
+def test_a_refused_create_leaves_the_servers_pool_as_it_was(tmp_path, kernels_dir):
+    """A tenant at its quota sends creates that are refused: the warm sandbox every
+    tenant's create takes stays ready (it was torn down and started again for each)."""
+    bob = Principal(tenant="bob", token_id="b")
+
+    async def scenario() -> None:
+        manager, _, store = build(tmp_path, kernels_dir, pool="python3=1")
+        manager.admission.quota = lambda tenant: Quota(0, 8 * 2**30, 8 * 2**30)
+        await started(manager, store)
+        try:
+            pool = manager.pool
+            for _ in range(300):
+                if pool.ready["python3"]:
+                    break
+                await asyncio.sleep(0.1)
+            warm = pool.ready["python3"][0].id
+            for _ in range(3):
+                with pytest.raises(QuotaExceeded):
+                    await manager.create(CreateSession(), bob)
+            await asyncio.sleep(0.2)
+            ready = [e.id for e in pool.ready["python3"]]
+            assert ready == [warm], f"refused creates spent the server's warm sandbox: {ready}"
+        finally:
+            await stopped(manager, store)
 
     asyncio.run(scenario())
