@@ -229,7 +229,7 @@ class WarmPool:
             ready.insert(0, entry)
         else:
             self.tasks.spawn(self._discard(entry))
-            self._wake.set()
+        self._wake.set()
 
     async def claim(self, session: Session) -> bool:
         """Give ``session`` the sandbox set aside for it, if any; False means start it cold.
