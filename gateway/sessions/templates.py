@@ -238,25 +238,13 @@ class Templates:
                 f"the build context is larger than {self.engine.limits.context >> 20} MiB; "
                 "send only what the Dockerfile copies"
             )
-        kept = await self.store.templates_of_tenant(tenant)
-        if sum(d["status"] != DELETED for d in kept) >= MAX_KEPT:
-            raise QuotaExceeded(
-                f"you keep {MAX_KEPT} template builds, the most a tenant may; delete templates "
-                "you no longer use (DELETE /v1/templates/NAME) and build again"
-            )
-        mine = [d for d in self.live.values() if d["tenant"] == tenant]
-        if len(mine) >= self.bounds.per_tenant:
-            raise Overloaded(
-                f"{len(mine)} of your template builds are under way; retry once one ends"
-            )
-        if len(self.live) >= self.bounds.running + self.bounds.waiting:
-            raise Overloaded("the gateway's template builds are all busy; retry in a minute")
         bases = await self._bases(tenant)
         text, root = resolve(
             dockerfile, lambda n: bases[n].image if n in bases else None, sorted(bases)
         )
         kernel = self._kernel(kernel, bases[root])
-        async with self._naming:
+        async with self._naming:  # counted and registered at once: builds racing count each other
+            await self._check_bounds(tenant)
             versions = await self.store.template_versions(tenant, name)
             if build_id is not None and any(
                 d["id"] == _scoped(tenant, name, build_id) for d in versions
@@ -286,6 +274,22 @@ class Templates:
             await self.store.save_template(doc)
         self.tasks.spawn(self._run(doc, text, context))
         return doc
+
+    async def _check_bounds(self, tenant: str) -> None:
+        """The builds a tenant keeps, and those under way: its own and the gateway's."""
+        kept = await self.store.templates_of_tenant(tenant)
+        if sum(d["status"] != DELETED for d in kept) >= MAX_KEPT:
+            raise QuotaExceeded(
+                f"you keep {MAX_KEPT} template builds, the most a tenant may; delete templates "
+                "you no longer use (DELETE /v1/templates/NAME) and build again"
+            )
+        mine = [d for d in self.live.values() if d["tenant"] == tenant]
+        if len(mine) >= self.bounds.per_tenant:
+            raise Overloaded(
+                f"{len(mine)} of your template builds are under way; retry once one ends"
+            )
+        if len(self.live) >= self.bounds.running + self.bounds.waiting:
+            raise Overloaded("the gateway's template builds are all busy; retry in a minute")
 
     def _check_here(self) -> None:
         if self.unavailable is not None:
