@@ -37,6 +37,7 @@ async def _both(client) -> list:
 @HALVES
 def test_a_templates_pool_is_sized_and_read(on):
     seen: list[httpx.Request] = []
+
     def act(client):
         return asyncio.run(_both(client)) if on is on_sync else _both(client)
 
