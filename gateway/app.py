@@ -86,6 +86,7 @@ from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
 from .sessions.template_pools import TemplatePools
+from .sessions.template_files import UploadedSets
 from .sessions.templates import BuildBounds, Templates
 from .sessions.tools import SessionTools
 from .sessions.upkeep import Upkeep
@@ -308,7 +309,9 @@ class Gateway:
         egress.set_host_hook(hooks.approve_host)
         # Until the edge knows the caller, a body may be max_anonymous_body at most.
         settings = self.settings
-        credentials = e2b.Credentials.in_data_dir(Path(settings.data_dir), auth, manager.owner_of)
+        credentials = e2b.Credentials.in_data_dir(
+            Path(settings.data_dir), auth, manager.owner_of, manager.mcp_token_of
+        )
         app = make_app(
             self.manager,
             auth,
@@ -439,6 +442,7 @@ def build_manager(
         lifecycle.kernelspecs,
         lifecycle.images,
         lambda image: any(s.image == image for s in sessions.values()),
+        UploadedSets(Path(settings.data_dir) / "template-files", settings.template_upload_disk),
         BuildBounds(running=settings.template_builds),
         None
         if lifecycle.placement.name == "docker"

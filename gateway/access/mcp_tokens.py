@@ -3,41 +3,68 @@
 The stock SDK makes the token itself (a random UUID) and hands it to the
 ``mcp-gateway`` command it runs in the sandbox right after create; the E2B
 edge takes that command as the token's registration (by a caller holding the
-sandbox's own access token). Only a digest is kept, with the API token it
-was registered under, so the token itself is in no memory, record or log.
-Kept in memory: a restarted gateway forgets it (the MCP URL then answers 401).
+sandbox's own access token). The registration is kept in the session's
+record: an HMAC of the token under the sandbox-token key, and the API token
+it was registered under. A restarted gateway, or another on the shared store
+that takes the session over, checks the token as the first did; the token
+itself is in no memory, record or log, and a reader of the store cannot test
+guesses without the key. It lives as long as its session: a later session of
+the same id has no registration, or another.
+
+A ``connect``ed SDK reads the token from a file (``issue``); the UUID being
+kept nowhere, the gateway answers a token of its own, ``<holder>.<HMAC>`` of
+the sandbox, its registration and the reader's API token id: it ends with
+the registration too, and no sandbox or volume token passes for one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+from collections.abc import Callable, Mapping
+
+from .sandbox_tokens import SandboxTokens
 
 MIN_LENGTH = 32  # characters: the SDK's UUID is 36; a guessable token is refused
 
+Registration = Mapping[str, str]  # {"digest": HMAC of the token, "holder": API token id}
+
 
 class McpTokens:
-    """The one MCP token of each sandbox that has one."""
+    """The MCP tokens of each sandbox that registered one.
 
-    def __init__(self) -> None:
-        self._digests: dict[str, tuple[bytes, str]] = {}  # sandbox id -> (digest, holder)
+    ``registered``: a live sandbox's registration (its session's), None if none.
+    """
 
-    def register(self, sandbox_id: str, token: str, holder: str) -> None:
-        """``token`` opens ``sandbox_id``'s MCP URL from now on, acting for ``holder``."""
+    def __init__(
+        self, tokens: SandboxTokens, registered: Callable[[str], Registration | None]
+    ) -> None:
+        self.tokens = tokens
+        self.registered = registered
+
+    def registration(self, sandbox_id: str, token: str, holder: str) -> dict[str, str]:
+        """What the session keeps so that ``token`` opens ``sandbox_id``'s MCP URL, acting
+        for ``holder``."""
         if len(token) < MIN_LENGTH:
             raise ValueError(f"an MCP token is at least {MIN_LENGTH} characters")
-        self._digests[sandbox_id] = (_digest(token), holder)
+        return {"digest": self._digest(sandbox_id, token), "holder": holder}
 
     def holder(self, sandbox_id: str, token: str | None) -> str | None:
-        """Whose token ``token`` is, if it is ``sandbox_id``'s MCP token; else None."""
-        kept = self._digests.get(sandbox_id)
-        if kept is None or not token or not hmac.compare_digest(kept[0], _digest(token)):
+        """Whose token ``token`` is, if it is one of ``sandbox_id``'s MCP tokens; else None."""
+        kept = self.registered(sandbox_id)
+        if kept is None or not token:
             return None
-        return kept[1]
+        if hmac.compare_digest(self._digest(sandbox_id, token).encode(), kept["digest"].encode()):
+            return kept["holder"]
+        return self.tokens.holder(_subject(sandbox_id, kept), token)
 
-    def forget(self, sandbox_id: str) -> None:
-        self._digests.pop(sandbox_id, None)
+    def issue(self, sandbox_id: str, holder: str) -> str | None:
+        """A token of ``sandbox_id``'s MCP URL for ``holder`` (None: it registered none)."""
+        kept = self.registered(sandbox_id)
+        return None if kept is None else self.tokens.issue(_subject(sandbox_id, kept), holder)
+
+    def _digest(self, sandbox_id: str, token: str) -> str:
+        return self.tokens.mac(f"mcp-registered\0{sandbox_id}", token)
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+def _subject(sandbox_id: str, kept: Registration) -> str:
+    return f"mcp\0{sandbox_id}\0{kept['digest']}"

@@ -40,15 +40,16 @@ class SandboxTokens:
 
     def issue(self, sandbox_id: str, holder: str) -> str:
         """The token for ``holder`` (an API token's id) to reach ``sandbox_id``."""
-        return f"{holder}.{self._mac(sandbox_id, holder)}"
+        return f"{holder}.{self.mac(sandbox_id, holder)}"
 
     def holder(self, sandbox_id: str, token: str | None) -> str | None:
         """Whose token ``token`` is, if it was issued for ``sandbox_id``; else None."""
         holder, _, mac = (token or "").rpartition(".")
-        if holder and hmac.compare_digest(self._mac(sandbox_id, holder).encode(), mac.encode()):
+        if holder and hmac.compare_digest(self.mac(sandbox_id, holder).encode(), mac.encode()):
             return holder
         return None
 
-    def _mac(self, sandbox_id: str, holder: str) -> str:
+    def mac(self, sandbox_id: str, holder: str) -> str:
+        """The HMAC of ``sandbox_id`` (or another subject) and ``holder`` under the key."""
         message = f"{sandbox_id}\0{holder}".encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()

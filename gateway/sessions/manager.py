@@ -279,6 +279,11 @@ class SessionManager:
         session = self.sessions.get(session_id or "")
         return session.owner if session else None
 
+    def mcp_token_of(self, session_id: str) -> dict[str, str] | None:
+        """A live session's E2B MCP token registration, if it has one."""
+        session = self.sessions.get(session_id)
+        return session.mcp_token if session else None
+
     async def image_available(self, ref: str) -> bool:
         return await asyncio.to_thread(self.lifecycle.images.exists, ref)
 

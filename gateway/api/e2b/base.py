@@ -29,7 +29,7 @@ from tornado import httputil
 
 from ...access.auth import Authenticator, Principal, presented_token
 from ...access.file_urls import FileUrls, Grant, signed
-from ...access.mcp_tokens import McpTokens
+from ...access.mcp_tokens import McpTokens, Registration
 from ...access.sandbox_tokens import SandboxTokens
 from ...access.volume_tokens import VolumeTokens
 from ...errors import BadRequest, GatewayError, NotFound, SessionNotFound, Unauthorized
@@ -91,6 +91,7 @@ class Credentials:
     ``holders``: the ids of the API tokens that may hold a sandbox's token
     (those acting for its tenant; none once the sandbox is gone).
     ``principal_of``: the API token with an id, while it is configured.
+    ``mcp_of``: a live sandbox's MCP token registration (``mcp_tokens.py``).
     """
 
     def __init__(
@@ -99,17 +100,22 @@ class Credentials:
         urls: FileUrls,
         holders: Callable[[str], Iterable[str]],
         principal_of: Callable[[str], Principal | None],
+        mcp_of: Callable[[str], Registration | None],
     ) -> None:
         self.tokens = tokens
         self.volumes = VolumeTokens(tokens)
-        self.mcp_tokens = McpTokens()
+        self.mcp_tokens = McpTokens(tokens, mcp_of)
         self.urls = urls
         self.holders = holders
         self.principal_of = principal_of
 
     @classmethod
     def in_data_dir(
-        cls, data_dir: Path, auth: Authenticator, owner_of: Callable[[str], Principal | None]
+        cls,
+        data_dir: Path,
+        auth: Authenticator,
+        owner_of: Callable[[str], Principal | None],
+        mcp_of: Callable[[str], Registration | None],
     ) -> Credentials:
         """Under the key and the revocations kept in ``data_dir``; a sandbox's token may be
         held by any token acting for its tenant (``owner_of`` a sandbox: its tenant)."""
@@ -119,7 +125,8 @@ class Credentials:
             owner = owner_of(sandbox_id)
             return auth.holders(owner.tenant) if owner is not None else ()
 
-        return cls(tokens, FileUrls.in_data_dir(tokens, data_dir), holders, auth.principal_of)
+        urls = FileUrls.in_data_dir(tokens, data_dir)
+        return cls(tokens, urls, holders, auth.principal_of, mcp_of)
 
     def volume_holder(self, volume_id: str, token: str | None) -> Principal | None:
         """The API token a volume token was handed to, if it was for ``volume_id`` and that

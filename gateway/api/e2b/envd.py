@@ -19,6 +19,7 @@ from ...errors import (
     Denied,
     FileTooLarge,
     Forbidden,
+    NotFound,
     PathForbidden,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -27,6 +28,7 @@ from ...workspace.files import AsyncWorkspace
 from ..base import JSONHandler
 from ..files import MAX_BATCH, StreamedUpload, open_upload, stream_file
 from .base import FILES, Credentials, SandboxHandler
+from .mcp import TOKEN_FILE
 from .templates import HOME
 
 
@@ -104,9 +106,10 @@ class FilesHandler(StreamedUpload, SandboxHandler):
 
     async def get(self) -> None:
         self.answer_refusal()
-        source, info = await self.workspace().open_read(
-            workspace_path(self.get_query_argument("path"))
-        )
+        path = self.get_query_argument("path")
+        if path == TOKEN_FILE:
+            return self._mcp_token()
+        source, info = await self.workspace().open_read(workspace_path(path))
         try:  # the session's policy rules these as it rules /v1's
             self.workspaces.check_file(self.sandbox_id, self.principal, "download", info.st_size)
         except Denied:
@@ -115,6 +118,17 @@ class FilesHandler(StreamedUpload, SandboxHandler):
         self.set_header("Content-Length", str(info.st_size))
         self.set_header("Content-Type", "application/octet-stream")
         await stream_file(self, source)
+
+    def _mcp_token(self) -> None:
+        """The sandbox's MCP token for the caller (``get_mcp_token()`` after ``connect``)."""
+        token = self.credentials.mcp_tokens.issue(self.sandbox_id, self.principal.acting_for or "")
+        if token is None:
+            raise NotFound(
+                f"{TOKEN_FILE}: no MCP gateway runs in this sandbox; create it with mcp=..."
+            )
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(token)
 
     async def post(self) -> None:
         self.answer_refusal()

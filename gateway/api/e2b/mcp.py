@@ -5,8 +5,9 @@ answers MCP over streamable HTTP (the ``mcp`` package's server, stateless,
 JSON answers) with the session's tools, each call through
 ``SessionTools.call_over_mcp``: the gate, limits and record of a call from
 the kernel. The caller brings the sandbox's MCP token (``get_mcp_token()``),
-checked before the body is read (``base.Credentials``). ``register`` is how
-that token comes: the SDK's ``mcp-gateway`` command, taken by ``process.py``.
+checked before the body is read (``base.Credentials``). The token comes from
+the SDK's ``mcp-gateway`` command, taken by ``process.py``; a ``connect``ed
+SDK reads ``TOKEN_FILE``, which ``envd.py`` answers with one for its caller.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from .connect import serve_asgi
 MAX_MESSAGE = MAX_BODY  # bytes of one MCP request: what the tool socket takes of a call
 COMMAND = "mcp-gateway"  # what the SDK runs in the sandbox after create(mcp=...)
 TOKEN_ENV = "GATEWAY_ACCESS_TOKEN"
+# What get_mcp_token() reads after Sandbox.connect: in E2B, mcp-gateway's file. Here no such
+# file is in the sandbox (its code can neither read nor plant one): the gateway answers it.
+TOKEN_FILE = "/etc/mcp-gateway/.token"
 OWN_ENTRY = "sbxTools"  # the mcp= entry naming streamable-HTTP servers (no E2B catalogue name)
 
 

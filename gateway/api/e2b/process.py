@@ -65,7 +65,7 @@ class ProcessService(proc_rpc.Process):
         with as_connect_errors():
             token = mcp_gateway_token([config.cmd, *config.args], dict(config.envs))
             if token is not None:
-                self._register_mcp(token)
+                await self._register_mcp(token)
         if token is not None:
             for event in _ran_at_once():
                 yield proc.StartResponse(event=event)
@@ -85,16 +85,20 @@ class ProcessService(proc_rpc.Process):
         async for event in _events(command, _keepalive(ctx)):
             yield proc.StartResponse(event=event)
 
-    def _register_mcp(self, token: str) -> None:
+    async def _register_mcp(self, token: str) -> None:
         """The SDK's ``mcp-gateway`` command after ``create(mcp=...)``: no process here (the
-        gateway answers the sandbox's MCP URL), its token made the URL's."""
-        session = self.executions.sessions.get(self.sandbox_id, self.who)  # still there
+        gateway answers the sandbox's MCP URL), its token made the URL's, in the session's
+        record before the command answers (a restart right after create keeps it)."""
+        sessions = self.executions.sessions
+        session = sessions.get(self.sandbox_id, self.who)  # still there
         try:
-            self.mcp_tokens.register(self.sandbox_id, token, self.who.acting_for or "")
+            registration = self.mcp_tokens.registration(
+                self.sandbox_id, token, self.who.acting_for or ""
+            )
         except ValueError as e:
             raise BadRequest(f"{e}; the SDK makes a random UUID") from None
-        sandbox_id, tokens = self.sandbox_id, self.mcp_tokens
-        session.on_end.add(lambda reason: tokens.forget(sandbox_id))  # none kept of one gone
+        session.mcp_token = registration
+        await sessions.save(session)
 
     async def connect(
         self, request: proc.ConnectRequest, ctx: Any, /

@@ -18,7 +18,9 @@ VOLUMES = VolumeTokens(KEY)
 VOL, OTHER = "a" * 32, "b" * 32
 ACME = Principal(tenant="acme", token_id="acme-id")
 AUTH = Authenticator({"digest": ACME}, {}, Quota(1, 1, 1))
-CREDENTIALS = Credentials(KEY, FileUrls(KEY), lambda sandbox_id: ("acme-id",), AUTH.principal_of)
+CREDENTIALS = Credentials(
+    KEY, FileUrls(KEY), lambda sandbox_id: ("acme-id",), AUTH.principal_of, lambda s: None
+)
 
 
 def accepts(method: str, path: str, **headers: str) -> bool:
@@ -63,7 +65,7 @@ def test_the_edge_lets_a_body_in_only_with_the_named_volumes_token() -> None:
 
 
 def test_a_volume_token_whose_api_token_is_gone_is_refused_at_the_edge(tmp_path) -> None:
-    credentials = Credentials.in_data_dir(tmp_path, AUTH, lambda sandbox_id: None)
+    credentials = Credentials.in_data_dir(tmp_path, AUTH, lambda s: None, lambda s: None)
     start = httputil.RequestStartLine("PUT", f"/volumecontent/{VOL}/file?path=a", "HTTP/1.1")
 
     def accepted(holder: str) -> bool:

@@ -1,28 +1,34 @@
-"""The MCP token the SDK's ``mcp-gateway`` command registers is forgotten when its sandbox ends:
-the gateway keeps no digest of a sandbox that is gone (one per sandbox created with mcp=)."""
+"""The MCP token the SDK's ``mcp-gateway`` command registers goes into its session's record, saved
+before the command answers: a gateway restarted right after create (or another taking the
+session over) checks it from there, and it ends with the session (one per sandbox created with
+mcp=)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from gateway.access.auth import Principal
 from gateway.access.mcp_tokens import McpTokens
+from gateway.access.sandbox_tokens import SandboxTokens
 from gateway.api.e2b.process import ProcessService
 
 WHO = Principal(tenant="t1", token_id="sandbox:x", acting_for="acme-id")
 
 
 class Session:
-    def __init__(self) -> None:
-        self.on_end: set = set()
+    mcp_token: dict[str, str] | None = None
 
 
 class Sessions:
     def __init__(self, session: Session) -> None:
-        self.session = session
+        self.session, self.saved = session, []
 
     def get(self, session_id: str, who: Principal) -> Session:
         return self.session
+
+    async def save(self, session: Session) -> None:
+        self.saved.append(dict(session.mcp_token or {}))
 
 
 class Executions:
@@ -30,11 +36,15 @@ class Executions:
         self.sessions = Sessions(session)
 
 
-def test_a_sandboxs_mcp_token_is_forgotten_when_it_ends():
-    session, tokens, token = Session(), McpTokens(), str(uuid.uuid4())
-    service = ProcessService(Executions(session), "sbx", WHO, tokens)  # type: ignore[arg-type]
-    service._register_mcp(token)
+def test_a_sandboxs_mcp_token_is_saved_with_its_session_and_ends_with_it():
+    session, token = Session(), str(uuid.uuid4())
+    live: dict[str, Session] = {"sbx": session}
+    tokens = McpTokens(SandboxTokens(b"k" * 32), lambda s: getattr(live.get(s), "mcp_token", None))
+    executions = Executions(session)
+    service = ProcessService(executions, "sbx", WHO, tokens)  # type: ignore[arg-type]
+    asyncio.run(service._register_mcp(token))
+    assert executions.sessions.saved == [session.mcp_token]  # stored, as an HMAC only
+    assert token not in repr(session.mcp_token)
     assert tokens.holder("sbx", token) == "acme-id"
-    for tell in list(session.on_end):
-        tell("killed")
-    assert tokens.holder("sbx", token) is None and tokens._digests == {}
+    del live["sbx"]  # the session ended
+    assert tokens.holder("sbx", token) is None
