@@ -329,9 +329,13 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
             calls = [c for e in history["executions"] for c in e["review"]["tools"]]
             assert [(c["tool"], c["status"]) for c in calls][-1] == ("drop_orders", "denied")
             assert not [line for line in gw.log if token in line]  # never logged, at debug level
+            read = Sandbox.connect(sandbox.sandbox_id).get_mcp_token()  # the gateway's file
+            assert read and read != token and asyncio.run(mcp_call(url, read))[0] == names
+            assert asyncio.run(refused(other.get_mcp_url(), read)) == 401
         finally:
             sandbox.kill()
             other.kill()
+        assert asyncio.run(refused(url, token)) == asyncio.run(refused(url, read)) == 401  # ended
 
 
 def test_a_cell_sent_over_the_jupyter_channels_calls_a_tool_recorded_and_its_window_closes(

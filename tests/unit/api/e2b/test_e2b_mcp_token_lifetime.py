@@ -6,12 +6,15 @@ mcp=)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 from gateway.access.auth import Principal
 from gateway.access.mcp_tokens import McpTokens
 from gateway.access.sandbox_tokens import SandboxTokens
 from gateway.api.e2b.process import ProcessService
+from gateway.limits import Limits
+from gateway.sessions import model
 
 WHO = Principal(tenant="t1", token_id="sandbox:x", acting_for="acme-id")
 
@@ -48,3 +51,16 @@ def test_a_sandboxs_mcp_token_is_saved_with_its_session_and_ends_with_it():
     assert tokens.holder("sbx", token) == "acme-id"
     del live["sbx"]  # the session ended
     assert tokens.holder("sbx", token) is None
+
+
+def test_the_registration_comes_back_from_the_store_with_its_session_and_stays_out_of_its_view():
+    """What a restarted gateway (or another on the store) takes over: the record as stored."""
+    key, token = SandboxTokens(b"k" * 32), str(uuid.uuid4())
+    limits = Limits(2**30, 1.0, 256, 2**30, 30.0, 2**20)
+    session = model.Session("python3", "img", limits, 60, 60, {}, {})
+    first = McpTokens(key, lambda s: session.mcp_token)
+    session.mcp_token = first.registration(session.id, token, "acme-id")
+    stored = json.loads(json.dumps(session.record()))
+    assert token not in json.dumps(stored) and "mcp_token" not in model.public_view(stored)
+    back = model.Session.from_record(stored)
+    assert McpTokens(key, lambda s: back.mcp_token).holder(back.id, token) == "acme-id"
