@@ -166,6 +166,7 @@ class WarmPool:
         self.reserved: dict[str, Session] = {}  # set aside for creates, by their session id
         # Where a template's pooled sandboxes hold their tenant's quota (the manager's).
         self.quotas: Admission | None = None
+        self._holding: set[str] = set()  # the template sandboxes whose quota hold is theirs
         self._refills = asyncio.Semaphore(refill_concurrency)
         self._wake = asyncio.Event()
         self._filler: asyncio.Task | None = None
@@ -239,15 +240,10 @@ class WarmPool:
         """
         entry = self.reserved.pop(session.id, None)
         self._wake.set()  # its refill may start
-        hit = entry is not None
-        if entry is not None:
-            try:
-                await self._fit(entry, session)
-                session.take_sandbox(entry)
-            except Exception as e:  # the sandbox is spent either way; a cold start still works
-                log.warning("pooled kernel %s could not be fitted (%s); starting cold", entry.id, e)
-                hit = False
-                await self._discard(entry)
+        hit = False
+        if entry is not None and await self._fitted(entry, session, "starting cold"):
+            session.take_sandbox(entry)
+            hit = True
         self._count(session, hit)
         return hit
 
@@ -261,16 +257,29 @@ class WarmPool:
             return None
         entry = self._take(session, CreateSession(kernel=session.kernel_name))
         self._wake.set()
-        if entry is not None:
-            try:
-                await self._let_go(entry)  # the resumed session holds its own claim
-                await self._fit(entry, session)
-            except Exception as e:
-                log.warning("pooled kernel %s could not be fitted (%s); resuming cold", entry.id, e)
-                await self._discard(entry)
-                entry = None
+        if entry is not None and not await self._fitted(entry, session, "resuming cold"):
+            entry = None
         self._count(session, entry is not None)
         return entry
+
+    async def _fitted(self, entry: Session, session: Session, otherwise: str) -> bool:
+        """Fit a sandbox taken from the pool to ``session``, which holds its own quota claim.
+
+        One that cannot be fitted is spent (a cold start still works); so is one
+        whose fit is cut short (the create or resume cancelled): out of the pool
+        and no session's, it is removed in the pool's own task, where a second
+        cancel of the caller cannot stop the removal halfway.
+        """
+        try:
+            await self._let_go(entry)
+            await self._fit(entry, session)
+            return True
+        except BaseException as e:
+            self.tasks.spawn(self._discard(entry))
+            if not isinstance(e, Exception):
+                raise
+            log.warning("pooled kernel %s could not be fitted (%s); %s", entry.id, e, otherwise)
+            return False
 
     def _count(self, session: Session, hit: bool) -> None:
         """Counted once the outcome is known: /metrics exposes it as a counter, which never
@@ -385,6 +394,7 @@ class WarmPool:
         if tenant:
             assert self.quotas is not None, "a template's pool needs its tenants' quotas"
             await self.quotas.claim(entry)
+            self._holding.add(entry.id)
         try:
             await self.lifecycle.launch(entry)
             if self.imports and entry.language_info.get("name") == "python":
@@ -403,8 +413,10 @@ class WarmPool:
             await self._let_go(entry)
 
     async def _let_go(self, entry: Session) -> None:
-        """Give back the quota a template's pooled sandbox held (once; none for the server's)."""
-        if entry.tenant and self.quotas is not None:
+        """Give back the quota a template's pooled sandbox holds, once: a session that took
+        the sandbox holds its claim under the same id, which a second give-back would free."""
+        if entry.id in self._holding and self.quotas is not None:
+            self._holding.discard(entry.id)
             await self.quotas.let_go(entry.id)
 
     # -- upkeep ------------------------------------------------------------------------
