@@ -85,6 +85,7 @@ from .sessions.previews import Previews
 from .sessions.reports import Reports
 from .sessions.snapshots import Snapshots
 from .sessions.state import KernelState
+from .sessions.template_files import UploadedSets
 from .sessions.template_pools import TemplatePools
 from .sessions.templates import BuildBounds, Templates
 from .sessions.tools import SessionTools
@@ -441,6 +442,7 @@ def build_manager(
         lifecycle.kernelspecs,
         lifecycle.images,
         lambda image: any(s.image == image for s in sessions.values()),
+        UploadedSets(Path(settings.data_dir) / "template-files", settings.template_upload_disk),
         BuildBounds(running=settings.template_builds),
         None
         if lifecycle.placement.name == "docker"

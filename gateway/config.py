@@ -505,6 +505,14 @@ class Settings:
     template_builds: int = _opt(
         1, "template builds at once (a few more wait; past those, 503 overloaded)", LIMITS, INT
     )
+    template_upload_disk: int = _opt(
+        "2g",
+        "disk E2B's uploaded COPY file sets may take together while they wait for their "
+        "builds (each tenant's within the 64 MiB context bound); past it the oldest sets "
+        "of the tenant holding the most go first",
+        LIMITS,
+        SIZE,
+    )
 
     # -- pool
     pool: Mapping[str, int] = _opt(

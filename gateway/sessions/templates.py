@@ -39,6 +39,7 @@ from ..sandbox.templates import BuildFailed, TemplateEngine, merge_contexts
 from ..store.base import Store
 from .requests import CreateSession
 from .tasks import TaskSet
+from .template_files import SetUpload, UploadedSets
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ REQUESTS_KEPT = 16  # E2B build requests of a tenant waiting for their steps
 LOG_BYTES = 256 * 1024  # of a build's log kept (its last lines): read at every listing
 LINE_COST = 64  # what a log line costs a listing beyond its text (E2B's timestamped entry)
 MAX_KEPT = 32  # builds a tenant keeps (each ready one an image on the host's disk)
-UPLOADS_KEPT = 3600.0  # seconds E2B's uploaded files wait for their build
+UPLOADS_KEPT = 3600.0  # seconds E2B's build requests wait for their steps
 _HASH = re.compile(r"[0-9a-f]{64}")
 REPO = "sbxt"  # template images: never a name a session's ``image`` may give
 BUILDING, READY, FAILED, DELETED = "building", "ready", "failed", "deleted"
@@ -160,11 +161,14 @@ class Templates:
         kernelspecs: KernelSpecs,
         images: ImageBuilder,
         in_use: Callable[[str], bool],
+        files: UploadedSets,
         bounds: BuildBounds = BuildBounds(),
         unavailable: str | None = None,
         package_refusal: Callable[[str], Callable[[str, str], str | None]] | None = None,
     ) -> None:
         """``in_use``: whether a live session's sandbox runs an image (it is kept).
+
+        ``files``: the file sets E2B's builder uploads for its COPY steps, on disk.
 
         ``package_refusal``: a tenant's package policy (why it refuses a name and
         version, or None), which holds for the packages its builds install too.
@@ -177,6 +181,7 @@ class Templates:
         self.kernelspecs = kernelspecs
         self.images = images
         self.in_use = in_use
+        self.files = files
         self.bounds = bounds
         self.unavailable = unavailable
         self.package_refusal = package_refusal
@@ -185,8 +190,6 @@ class Templates:
         )
         self.slots = asyncio.Semaphore(bounds.running)
         self.live: dict[str, dict[str, Any]] = {}  # builds under way, by id: logs as they come
-        self.uploads: dict[tuple[str, str], dict[str, bytes]] = {}  # E2B's file sets, by hash
-        self.uploaded_at: dict[tuple[str, str], float] = {}  # the last upload, by template
         # E2B's build requests, by (tenant, name, build id): their tags and when asked
         self.requested: dict[tuple[str, str, str], tuple[tuple[str, ...], float]] = {}
         self.clock = time.time
@@ -201,6 +204,7 @@ class Templates:
         With a shared store, another gateway's build is failed only once it is
         past its time bound (it would have been stopped by then).
         """
+        await self.files.start()
         past = time.time() - self.engine.limits.timeout - 60
         for doc in await self.store.templates_in_status(BUILDING):
             if doc["id"] not in self.live and (not self.store.SHARED or doc["created_at"] < past):
@@ -297,39 +301,22 @@ class Templates:
 
     def uploaded(self, tenant: str, name: str, files_hash: str) -> bool:
         """Whether E2B's builder already uploaded this file set for a build of ``name``."""
-        return files_hash in self.uploads.get((tenant, name), {})
+        return self.files.present(_tenant_key(tenant), name, files_hash)
 
-    def upload(self, tenant: str, name: str, files_hash: str, data: bytes) -> None:
-        """Keep a file set (a tar) E2B's builder uploads for a COPY, until a build uses it.
+    async def open_upload(
+        self, tenant: str, name: str, files_hash: str, declared: int | None
+    ) -> SetUpload:
+        """Start the upload of a file set (a tar) E2B's builder sends for a COPY.
 
-        Held in memory, so bounded: a tenant's sets by the context bound, all
-        tenants' together by twice that (past it, 503 until builds use theirs),
-        and kept an hour at most.
+        Written to disk as it comes (``template_files.py``), ``declared`` bytes
+        (None: up to what the tenant has left of its bound, the context bound).
         """
         template_name(name)
         if not _HASH.fullmatch(files_hash):
             raise BadRequest("a file set is named by its SHA-256, 64 hex digits")
-        now = self.clock()
-        for key, when in list(self.uploaded_at.items()):
-            if now - when > UPLOADS_KEPT:  # a build never started: its files go
-                self.uploads.pop(key, None)
-                self.uploaded_at.pop(key)
-        bound = self.engine.limits.context
-        held = (
-            len(d)
-            for (who, _), sets in self.uploads.items()
-            if who == tenant
-            for d in sets.values()
+        return await self.files.open(
+            _tenant_key(tenant), name, files_hash, declared, self.engine.limits.context
         )
-        if sum(held) + len(data) > bound:
-            raise BadRequest(
-                f"your templates' uploaded files are larger than {bound >> 20} MiB together; "
-                "copy less into them, or build the ones waiting first"
-            )
-        if sum(len(d) for sets in self.uploads.values() for d in sets.values()) > 2 * bound:
-            raise Overloaded("too many template files wait for their builds; retry in a minute")
-        self.uploads.setdefault((tenant, name), {})[files_hash] = data
-        self.uploaded_at[(tenant, name)] = now
 
     def request_build(self, tenant: str, ref: str, tags: Any) -> tuple[str, str, tuple[str, ...]]:
         """E2B's build request (``name`` or ``name:tag``, and more tags): name, build id, tags.
@@ -360,17 +347,18 @@ class Templates:
                 f"build {build_id} of template {name!r} was not requested here, or over an hour "
                 "ago: call Template.build again"
             )
-        kept = self.uploads.get((tenant, name), {})
+        kept = await self.files.take(_tenant_key(tenant), name, hashes)  # gone, built or not
         missing = [h for h in hashes if h not in kept]
         if missing:
-            raise BadRequest(f"the files of a COPY step were not uploaded (set {missing[0][:12]})")
+            raise BadRequest(
+                f"the files of a COPY step were not uploaded (set {missing[0][:12]}), or waited "
+                "over an hour, or went with a build asked for before: call Template.build again"
+            )
         limits = self.engine.limits
         parts = {h: kept[h] for h in hashes}
         context = await asyncio.to_thread(merge_contexts, parts, limits) if parts else None
         doc = await self.build(tenant, name, dockerfile, context, tags=asked[0], build_id=build_id)
         self.requested.pop((tenant, name, build_id), None)
-        self.uploads.pop((tenant, name), None)
-        self.uploaded_at.pop((tenant, name), None)
         return doc
 
     async def _bases(self, tenant: str) -> dict[str, Base]:

@@ -22,9 +22,12 @@ import datetime
 import json
 from typing import Any
 
+import tornado.web
+
 from ...errors import BadRequest, Conflict
 from ...sandbox.wheels import parse_pip
 from ...sessions.templates import DEFAULT_TAG, template_name
+from ..files import StreamedUpload
 from .control import ControlHandler
 
 _TEMPLATE = r"(?P<template_id>[^/]+)"
@@ -142,10 +145,26 @@ class TemplateRequestHandler(ControlHandler):
         )
 
 
-class TemplateFilesHandler(ControlHandler):
-    """A COPY's file set: whether it is here and where to upload it (GET), the upload (PUT)."""
+@tornado.web.stream_request_body
+class TemplateFilesHandler(StreamedUpload, ControlHandler):
+    """A COPY's file set: whether it is here and where to upload it (GET), the upload (PUT,
+    streamed to disk)."""
 
     actions = {"PUT": "template.build"}
+    forwards = False
+
+    async def start_upload(self) -> None:
+        declared = self.request.headers.get("Content-Length")
+        self.upload = await self.templates.open_upload(
+            self.principal.tenant,
+            self.path_kwargs["template_id"],
+            self.path_kwargs["files_hash"],
+            int(declared) if declared else None,
+        )
+        self.request.connection.set_max_body_size(self.upload.room)
+
+    def check_upload(self, size: int) -> None:
+        """Its size is bounded as it streams in (``room``)."""
 
     async def get(self, template_id: str, files_hash: str) -> None:
         tenant = self.principal.tenant
@@ -158,7 +177,8 @@ class TemplateFilesHandler(ControlHandler):
         self.send({"present": present, **link}, status=201)  # E2B's API answers 201
 
     async def put(self, template_id: str, files_hash: str) -> None:
-        self.templates.upload(self.principal.tenant, template_id, files_hash, self.request.body)
+        self.answer_refusal()
+        await self.finish_upload()
         self.set_status(201)
         self.finish()
 

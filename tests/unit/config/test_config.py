@@ -97,6 +97,7 @@ SAMPLES = {
     "template_build_disk": "2g",
     "template_build_timeout": "300",
     "template_builds": "2",
+    "template_upload_disk": "1g",
     "tmp_size": "32m",
     "pool": "python3=1,bash",
     "pool_refill_concurrency": "2",

@@ -13,11 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import BadRequest, Conflict, NotAllowed, Overloaded, QuotaExceeded
+from gateway.errors import (
+    BadRequest,
+    Conflict,
+    NotAllowed,
+    Overloaded,
+    PayloadTooLarge,
+    QuotaExceeded,
+)
 from gateway.sandbox.images import ImageBuilder
 from gateway.sandbox.kernelspecs import KernelSpecs
 from gateway.sandbox.templates import BuildFailed, BuildLimits
 from gateway.sessions.requests import CreateSession
+from gateway.sessions.template_files import UploadedSets
 from gateway.sessions.templates import (
     LOG_BYTES,
     MAX_KEPT,
@@ -83,6 +91,7 @@ def templates(tmp_path):
             KernelSpecs(GATEWAY / "kernels"),
             FakeImages(),
             in_use,
+            UploadedSets(tmp_path / "template-files", 1 << 30),
             bounds or BuildBounds(),
         )
         await kept.start()
@@ -99,6 +108,13 @@ async def _settled(templates: Templates) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("builds did not end")
+
+
+async def _upload(templates: Templates, tenant: str, name: str, files_hash: str, data: bytes):
+    """A file set uploaded as E2B's builder sends one: declared, streamed, put in place."""
+    upload = await templates.open_upload(tenant, name, files_hash, len(data))
+    await upload.write(data)
+    await upload.finish(True)
 
 
 async def _built(templates: Templates, tenant: str, name: str, dockerfile: str = PY) -> dict:
@@ -246,7 +262,7 @@ def test_a_build_a_stopped_gateway_cut_short_is_failed_at_the_next_start(templat
         t = await templates()
         t.engine.hold.clear()
         doc = await t.build("alice", "geo", PY)
-        fresh = Templates(t.store, t.engine, t.kernelspecs, t.images, lambda image: False)
+        fresh = Templates(t.store, t.engine, t.kernelspecs, t.images, lambda image: False, t.files)
         await fresh.start()
         (found,) = await fresh.versions("alice", "geo")
         assert (
@@ -264,7 +280,7 @@ def test_a_build_id_another_tenant_chose_reaches_none_of_their_builds(templates)
     async def scenario():
         t = await templates()
         _, chosen, _ = t.request_build("alice", "geo", [])
-        t.upload("alice", "geo", "d" * 64, b"")
+        await _upload(t, "alice", "geo", "d" * 64, b"")
         alice = await t.build_uploaded("alice", "geo", PY, [], chosen)
         await _settled(t)
         with pytest.raises(TemplateNotFound, match="not requested"):
@@ -298,14 +314,14 @@ def test_a_tenant_keeps_a_bounded_number_of_builds(templates):
 def test_e2b_uploads_are_bounded_per_tenant_and_abandoned_ones_expire(templates):
     async def scenario():
         t = await templates()
-        t.engine.limits = BuildLimits(context=1000)
-        t.upload("alice", "a", "1" * 64, b"x" * 600)
-        with pytest.raises(BadRequest, match="larger than"):
-            t.upload("alice", "b", "2" * 64, b"x" * 600)  # another name, the same tenant
-        t.upload("bob", "a", "1" * 64, b"x" * 600)
+        t.engine.limits = BuildLimits(context=10_000)
+        await _upload(t, "alice", "a", "1" * 64, b"x" * 6000)
+        with pytest.raises(PayloadTooLarge, match="would pass"):
+            await _upload(t, "alice", "b", "2" * 64, b"x" * 6000)  # another name, the same tenant
+        await _upload(t, "bob", "a", "1" * 64, b"x" * 6000)
         later = time.time() + UPLOADS_KEPT + 1
-        t.clock = lambda: later
-        t.upload("alice", "b", "2" * 64, b"x" * 600)  # alice's first set expired
+        t.files.clock = lambda: later
+        await _upload(t, "alice", "b", "2" * 64, b"x" * 6000)  # alice's first set expired
         assert not t.uploaded("alice", "a", "1" * 64)
 
     asyncio.run(scenario())
@@ -319,8 +335,9 @@ def test_two_gateways_on_one_engine_never_name_one_image(templates, tmp_path):
         store = SQLiteStore(tmp_path / "other.sqlite3")
         await store.open()
         other = Templates(
-            store, FakeEngine(), KernelSpecs(GATEWAY / "kernels"), FakeImages(), lambda i: False
-        )
+            store, FakeEngine(), KernelSpecs(GATEWAY / "kernels"), FakeImages(), lambda i: False,
+            UploadedSets(tmp_path / "other-files", 1 << 30),
+        )  # fmt: skip
         second = await _built(other, "alice", "geo")
         assert first["version"] == second["version"] == 1
         assert first["image"] != second["image"]
@@ -355,7 +372,7 @@ def test_a_placement_whose_sessions_run_elsewhere_refuses_templates_saying_why(t
         why = "the swarm placement runs sessions on other nodes"
         t = Templates(
             store, FakeEngine(), KernelSpecs(GATEWAY / "kernels"), FakeImages(),
-            lambda image: False, unavailable=why,
+            lambda image: False, UploadedSets(tmp_path / "files", 1 << 30), unavailable=why,
         )  # fmt: skip
         with pytest.raises(NotAllowed, match=why):
             await t.build("alice", "geo", PY)
