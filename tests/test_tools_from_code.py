@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,32 @@ def test_a_v1_execute_queued_behind_a_jupyter_cell_does_not_take_that_cells_tool
     history = api.get(f"/v1/sessions/{sid}/history").json()["executions"]
     calls = {e["code"]: [c["tool"] for c in (e["review"] or {}).get("tools", [])] for e in history}
     assert calls[code] == ["list_tables"] and calls["'queued behind'"] == [], calls
+
+
+def test_e2bs_mcp_token_outlives_a_gateway_restart(start_gateway):
+    """The token the SDK made at create opens the sandbox's MCP URL on the gateway that took
+    the session over after a restart (its record holds the token's HMAC); no other does."""
+    from e2b import Sandbox
+    from helpers import e2b_env
+
+    first = start_gateway(keep_sessions=True)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in e2b_env(first, first.token).items():
+            mp.setenv(name, value)
+        sandbox = Sandbox.create(template="base", mcp={})
+    token = sandbox.get_mcp_token()
+    first.stop()
+    second = start_gateway(data_dir=first.data_dir, env={"SBX_TOKEN": first.token})  # its holder
+
+    def listed(bearer: str) -> int:
+        headers = {
+            "E2b-Sandbox-Id": sandbox.sandbox_id,
+            "E2b-Sandbox-Port": "50005",
+            "Authorization": f"Bearer {bearer}",
+            "Accept": "application/json, text/event-stream",
+        }
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        return second.client.post("/mcp", headers=headers, json=body).status_code
+
+    assert listed(token) == 200
+    assert listed(str(uuid.uuid4())) == 401
