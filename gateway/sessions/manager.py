@@ -337,6 +337,10 @@ class SessionManager:
             session.volumes = await self._mount_volumes(session, request, who)
             warm = await self._start(session, snapshot)
             started = True
+        except BaseException:
+            if session.kernel is not None:  # in a sandbox (a pooled one, or launched): not left up
+                await self.end(session, "its create was cut short before the session was ready")
+            raise
         finally:
             self.pool.unreserve(requested)  # what a create cut short never took
             await self.admission.done(session, started)

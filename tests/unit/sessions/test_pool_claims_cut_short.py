@@ -17,10 +17,13 @@ import contextlib
 import dataclasses
 import types
 from collections import Counter
+from typing import Any
 
 import pytest
+from test_manager import build, local_kernels, started, stopped
 from test_template_pools import LIMITS, image
 
+from gateway.access.auth import Principal, Quota
 from gateway.errors import KernelDied
 from gateway.sessions.model import Session
 from gateway.sessions.pool import TemplateKey, WarmPool, pool_key
@@ -156,5 +159,63 @@ def test_a_taken_sandbox_is_the_sessions_ready_again_or_removed_at_every_step(ta
             if not await once(steps):
                 return
         raise AssertionError("never ran to its end")
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def kernels_dir(tmp_path):
+    return local_kernels(tmp_path)
+
+
+def test_a_create_cut_short_once_it_holds_the_warm_sandbox_removes_it(tmp_path, kernels_dir):
+    """After the claim the session runs in the pooled sandbox; until its record says idle,
+    a cancel (at its lease, its working directory, its record) ends it, sandbox and all, and
+    its quota claim goes: the tenant may hold one session, and each next create gets it."""
+    alice = Principal(tenant="alice", token_id="a")
+
+    async def scenario() -> None:
+        manager, placement, store = build(tmp_path, kernels_dir, pool="python3=1")
+        manager.admission.quota = lambda tenant: Quota(1, 8 * 2**30, 8 * 2**30)
+        await started(manager, store)
+        reached, hold = asyncio.Event(), asyncio.Event()
+
+        async def gate(*args: Any) -> None:
+            reached.set()
+            await hold.wait()
+
+        async def at_the_record(session: Session) -> None:
+            if session.state == "idle":
+                await gate()
+            await save(session)
+
+        save = manager.save
+        at = {
+            "lease": (manager.leases, "claim"),
+            "working dir": (manager.lifecycle, "enter_working_dir"),
+            "record": (manager, "save"),
+        }
+        try:
+            for point, (owner, name) in at.items():
+                for _ in range(300):
+                    if manager.pool.ready["python3"]:
+                        break
+                    await asyncio.sleep(0.1)
+                pooled_id = manager.pool.ready["python3"][0].id
+                real = getattr(owner, name)
+                setattr(owner, name, at_the_record if point == "record" else gate)
+                reached.clear()
+                creating = asyncio.create_task(manager.create(CreateSession(), alice))
+                await asyncio.wait_for(reached.wait(), 10)
+                creating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await creating
+                setattr(owner, name, real)
+                assert pooled_id in placement.removed, f"cut short at its {point}: left running"
+                assert pooled_id not in manager.sessions, f"cut short at its {point}: still kept"
+            session = await manager.create(CreateSession(), alice)  # its quota was given back
+            assert session.state == "idle"
+        finally:
+            await stopped(manager, store)
 
     asyncio.run(scenario())
