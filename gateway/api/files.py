@@ -124,6 +124,7 @@ class StreamedUpload(abc.ABC):
     """
 
     upload_method = "PUT"
+    disk = "the workspace"  # what an upload that found no room filled
     upload: AsyncUpload | None = None
     failure: BaseException | None = None
     refusal: GatewayError | None = None
@@ -173,7 +174,7 @@ class StreamedUpload(abc.ABC):
             raise
         await upload.finish(self.failure is None)
         if self.failure is not None:
-            raise FileTooLarge(f"upload failed: {self.failure}; the workspace is full")
+            raise FileTooLarge(f"upload failed: {self.failure}; {self.disk} is full")
         return upload
 
     def on_finish(self) -> None:

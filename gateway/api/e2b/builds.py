@@ -152,6 +152,7 @@ class TemplateFilesHandler(StreamedUpload, ControlHandler):
 
     actions = {"PUT": "template.build"}
     forwards = False
+    disk = "the gateway's disk (retry later)"
 
     async def start_upload(self) -> None:
         declared = self.request.headers.get("Content-Length")

@@ -11,7 +11,7 @@ from gateway.api.e2b import builds, interpreter
     ("handler", "method"),
     [
         (interpreter.ContextHandler, "DELETE"),  # /v1's DELETE of a context is audited
-        (builds.TemplateFilesHandler, "PUT"),  # a build's files, held in the gateway's memory
+        (builds.TemplateFilesHandler, "PUT"),  # a build's files, kept on the gateway's disk
     ],
 )
 def test_a_state_change_names_its_audited_action(handler, method):
