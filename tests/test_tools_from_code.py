@@ -333,6 +333,7 @@ def test_e2bs_mcp_url_lists_and_calls_the_sessions_tools_through_the_gate_with_i
             read = Sandbox.connect(sandbox.sandbox_id).get_mcp_token()  # the gateway's file
             assert read and read != token and asyncio.run(mcp_call(url, read))[0] == names
             assert asyncio.run(refused(other.get_mcp_url(), read)) == 401
+            assert not [line for line in gw.log if read in line]
         finally:
             sandbox.kill()
             other.kill()
