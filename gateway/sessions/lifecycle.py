@@ -299,8 +299,18 @@ class SandboxLifecycle:
         await kernel.let_go()
         self._release(pooled.id)
         try:
-            await self.placement.move_in(session.id, pooled.id, container)
-        except BaseException:
+            filled, done = await asyncio.gather(
+                self.placement.fill_pooled(session.id, pooled.id, carry),
+                meanwhile or asyncio.sleep(0),
+                return_exceptions=True,
+            )
+            # Both finished: nothing writes to the pooled sandbox.
+            failed = next((o for o in (done, filled) if isinstance(o, BaseException)), None)
+            if failed is None:
+                await kernel.let_go()
+                self._release(pooled.id)
+                await self.placement.move_in(session.id, pooled.id, container)
+        except BaseException:  # the resume cut short too: the sandbox would run for nobody
             await self.teardown(pooled)
             raise
         self._equip(session)

@@ -219,3 +219,55 @@ def test_a_create_cut_short_once_it_holds_the_warm_sandbox_removes_it(tmp_path, 
             await stopped(manager, store)
 
     asyncio.run(scenario())
+
+
+class Pooled:
+    """A pooled sandbox's kernel as ``move_in`` hands it over; ``let_go`` may be held."""
+
+    container_id = "c-pooled"
+
+    def __init__(self, hold: asyncio.Event | None) -> None:
+        self.hold = hold
+        self.shut = False
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {"container_id": self.container_id}
+
+    async def let_go(self) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+
+    async def shutdown(self) -> None:
+        self.shut = True
+
+
+@pytest.mark.parametrize("point", ["files", "hand-over"])
+def test_a_resume_cut_short_while_it_moves_in_removes_the_pooled_sandbox(
+    tmp_path, kernels_dir, point
+):
+    """A resume's pooled sandbox is its caller's from ``take_for``; cancelled while the
+    session's files are copied in, or as the kernel is handed over, it is removed."""
+
+    async def scenario() -> None:
+        manager, placement, _ = build(tmp_path, kernels_dir)
+        held, reached = asyncio.Event(), asyncio.Event()
+
+        async def copying(*args: Any) -> None:
+            reached.set()
+            if point == "files":
+                await held.wait()
+
+        placement.fill_pooled = copying  # type: ignore[method-assign]
+        pooled = Session("python3", "sbx/python:local", LIMITS, 60, 60, {}, {})
+        pooled.kernel = Pooled(held if point == "hand-over" else None)  # type: ignore[assignment]
+        paused = Session("python3", "sbx/python:local", LIMITS, 60, 60, {}, {})
+        moving = asyncio.create_task(manager.lifecycle.move_in(paused, pooled, "state"))
+        await asyncio.wait_for(reached.wait(), 5)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        moving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await moving
+        assert placement.removed == [pooled.id], f"cut short at its {point}: left running"
+
+    asyncio.run(scenario())
