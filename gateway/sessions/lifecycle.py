@@ -282,22 +282,6 @@ class SandboxLifecycle:
         kernel = pooled.kernel
         assert kernel is not None and kernel.container_id is not None
         container, runtime = kernel.container_id, kernel.runtime_info()
-        filled, done = await asyncio.gather(
-            self.placement.fill_pooled(session.id, pooled.id, carry),
-            meanwhile or asyncio.sleep(0),
-            return_exceptions=True,
-        )
-        for outcome in (done, filled):  # both finished: nothing writes to the pooled sandbox
-            if isinstance(outcome, BaseException):
-                await self.teardown(pooled)
-                if isinstance(outcome, OSError | ValueError):  # its files: it may start cold
-                    log.warning(
-                        "session %s: no pooled sandbox to resume in: %s", session.id, outcome
-                    )
-                    return False
-                raise outcome
-        await kernel.let_go()
-        self._release(pooled.id)
         try:
             filled, done = await asyncio.gather(
                 self.placement.fill_pooled(session.id, pooled.id, carry),
@@ -313,6 +297,12 @@ class SandboxLifecycle:
         except BaseException:  # the resume cut short too: the sandbox would run for nobody
             await self.teardown(pooled)
             raise
+        if failed is not None:
+            await self.teardown(pooled)
+            if isinstance(failed, OSError | ValueError):  # its files: it may start cold
+                log.warning("session %s: no pooled sandbox to resume in: %s", session.id, failed)
+                return False
+            raise failed
         self._equip(session)
         assert session.kernel is not None
         await session.kernel.adopt({**runtime, "kernel_id": session.id})
