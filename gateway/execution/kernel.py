@@ -270,11 +270,22 @@ class Kernel:
         return await provisioner.output_tail() if provisioner is not None else ""
 
     async def run_silently(self, code: str) -> None:
-        """Run setup code that leaves no trace: no execution count, history or output."""
-        reply = await self._reply(
-            self._request("execute_request", _execute_content(code, silent=True))
-        )
-        if reply is None or reply.get("status") != "ok":
+        """Run setup code that leaves no trace: no execution count, history or output.
+
+        A live kernel gets its start timeout to answer, not a few seconds: on a loaded
+        host a late reply is no refusal (a death still fails it at once)."""
+        request = self._request("execute_request", _execute_content(code, silent=True))
+        try:
+            reply = await self._reply_while_alive(request, self.start_timeout)
+        except RuntimeError as e:
+            raise KernelStartFailed(str(e)) from None
+        finally:
+            request.close()
+        if reply is None:
+            raise KernelStartFailed(
+                f"the kernel did not answer its setup code in {self.start_timeout:g} s"
+            )
+        if reply.get("status") != "ok":
             raise KernelStartFailed(f"the kernel refused its setup code: {reply}")
 
     async def evaluate(self, code: str, expression: str, timeout: float) -> str:

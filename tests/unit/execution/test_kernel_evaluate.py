@@ -65,3 +65,35 @@ def test_a_live_kernel_still_gets_its_whole_timeout():
         return k.manager.asked  # type: ignore[attr-defined]
 
     assert asyncio.run(scenario()) >= 1
+
+
+class LateRequest(Request):
+    """A request answered after 5.2 s: a loaded host's kernel, slow but alive."""
+
+    async def wait_reply(self, timeout: float):
+        left = self.at - asyncio.get_running_loop().time()
+        if left > timeout:
+            await asyncio.sleep(timeout)
+            return None
+        await asyncio.sleep(max(0.0, left))
+        return {"status": "ok"}
+
+
+def test_setup_code_answered_late_by_a_live_kernel_is_waited_for_up_to_the_start_timeout():
+    """schemathesis on a loaded CI host got a 503 'the kernel refused its setup code: None'
+    from an execute: the gateway's own code in a live kernel got 5 s, whatever the kernel's
+    start timeout, and a late reply was called a refusal."""
+
+    async def scenario() -> None:
+        k = kernel(alive=True)
+        k.start_timeout = 30.0
+
+        def late(*a, **kw) -> LateRequest:
+            request = LateRequest()
+            request.at = asyncio.get_running_loop().time() + 5.2
+            return request
+
+        k._request = late  # type: ignore[method-assign]
+        await k.run_silently("setup()")
+
+    asyncio.run(scenario())
