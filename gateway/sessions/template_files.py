@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import heapq
 import os
 import re
 import time
@@ -139,20 +140,39 @@ class UploadedSets:
             del self.held[upload.key]
 
     async def _make_room(self, need: int) -> None:
-        """Remove the oldest sets of the tenant holding the most until ``need`` fits."""
-        while sum(s.cost for s in self.held.values()) + need > self.total:
-            holding: dict[str, int] = {}
-            for k, s in self.held.items():
-                holding[k[0]] = holding.get(k[0], 0) + s.cost
-            done = [(s.when, k) for k, s in self.held.items() if s.done]
-            if not done:
+        """Remove the oldest sets of the tenant holding the most until ``need`` fits.
+
+        Chosen in one pass (a heap of holders) and removed together: a tenant's
+        thousands of block-sized sets are not recounted on the loop for each one.
+        """
+        excess = sum(s.cost for s in self.held.values()) + need - self.total
+        if excess <= 0:
+            return
+        holding: dict[str, int] = {}
+        done: dict[str, list[tuple[float, tuple[str, str, str]]]] = {}
+        for k, s in self.held.items():
+            holding[k[0]] = holding.get(k[0], 0) + s.cost
+            if s.done:
+                done.setdefault(k[0], []).append((s.when, k))
+        for sets in done.values():
+            sets.sort(reverse=True)  # the oldest last, popped first
+        holders = [(-holding[tenant], tenant) for tenant in done]
+        heapq.heapify(holders)
+        gone = []
+        while excess > 0:
+            if not holders:
                 raise Unavailable(
                     "the gateway's disk for template files is taken by uploads under way; "
                     "retry in a minute"
                 )
-            most = max({k[0] for _, k in done}, key=holding.__getitem__)
-            _, oldest = min((w, k) for w, k in done if k[0] == most)
-            await self._remove([(oldest, self.held[oldest])])
+            most, tenant = heapq.heappop(holders)
+            _, oldest = done[tenant].pop()
+            cost = self.held[oldest].cost
+            gone.append((oldest, self.held[oldest]))
+            excess -= cost
+            if done[tenant]:
+                heapq.heappush(holders, (most + cost, tenant))
+        await self._remove(gone)
 
     async def _expire(self) -> None:
         now = self.clock()

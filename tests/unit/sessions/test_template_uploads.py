@@ -9,13 +9,14 @@ import asyncio
 import io
 import os
 import tarfile
+import time
 
 import pytest
 from test_template_builds import PY, _settled, _upload, templates  # noqa: F401 (its fixture)
 
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.sandbox.templates import BuildLimits
-from gateway.sessions.template_files import BLOCK, _file_name
+from gateway.sessions.template_files import BLOCK, _file_name, _Set
 
 BOUND = 100_000
 
@@ -155,5 +156,27 @@ def test_hostile_names_and_hashes_are_refused_and_write_nothing(bounded, name, f
         assert _on_disk(t) == [] and not t.files.held
         with pytest.raises(ValueError):
             _file_name(("0" * 16, name, files_hash))
+
+    asyncio.run(scenario())
+
+
+def test_room_made_from_many_tiny_sets_does_not_hold_the_event_loop(bounded):
+    """A tenant leaving thousands of block-sized sets (its bound allows 16384 at 64 MiB)
+    made the next upload that needed room recount every set for each one removed, on
+    the event loop (and a thread hop each): minutes of a stalled gateway at full scale."""
+
+    async def scenario():
+        t = await bounded()
+        tiny = 4000
+        t.engine.limits = BuildLimits(context=tiny * BLOCK)
+        t.files.total = tiny * BLOCK
+        now = t.files.clock()
+        for i in range(tiny):  # held as uploaded sets (their files need not exist)
+            t.files.held[("0" * 16, "geo", f"{i:064x}")] = _Set(BLOCK, now + i, done=True)
+        started = time.perf_counter()
+        upload = await t.open_upload("bob", "geo", "1" * 64, tiny * BLOCK)
+        assert time.perf_counter() - started < 1.0
+        assert list(t.files.held) == [upload.key]
+        await upload.finish(False)
 
     asyncio.run(scenario())
