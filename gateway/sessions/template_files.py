@@ -32,6 +32,9 @@ from ..workspace.files import AsyncUpload
 from ..workspace.rules import Upload, remove_tree
 
 KEPT = 3600.0  # seconds a set waits for its build
+# seconds a set's upload may take (64 MiB at 110 KB/s): a stalled one, never evicted while
+# under way, would hold its reservation (the tenant's bound, the gateway's) for good
+UPLOAD_TIME = 600.0
 BLOCK = 4096  # what a set costs at least (a file on disk): empty sets are not free
 _FILE = re.compile(r"[0-9a-f]{16}-[a-z0-9]+(?:[_-][a-z0-9]+)*-[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

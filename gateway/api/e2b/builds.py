@@ -26,6 +26,7 @@ import tornado.web
 
 from ...errors import BadRequest, Conflict
 from ...sandbox.wheels import parse_pip
+from ...sessions.template_files import UPLOAD_TIME
 from ...sessions.templates import DEFAULT_TAG, template_name
 from ..files import StreamedUpload
 from .control import ControlHandler
@@ -163,6 +164,7 @@ class TemplateFilesHandler(StreamedUpload, ControlHandler):
             int(declared) if declared else None,
         )
         self.request.connection.set_max_body_size(self.upload.room)
+        self.request.connection.set_body_timeout(UPLOAD_TIME)  # then closed: the set goes
 
     def check_upload(self, size: int) -> None:
         """Its size is bounded as it streams in (``room``)."""
