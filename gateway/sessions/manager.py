@@ -369,7 +369,15 @@ class SessionManager:
             del self.sessions[requested_id]
             self.sessions[session.id] = session  # a claim gives it the pooled sandbox's id
             self.admission.rebind(requested_id, session.id)
-        if not await self.leases.claim(session.id):
+        try:
+            leased = await self.leases.claim(session.id)
+        except BaseException:  # cut short: end() would take it for another gateway's
+            if warm and not self.leases.holds(session.id):  # a pooled id: this gateway's alone
+                session.state, session.reason = "deleted", "its create was cut short"
+                self.sessions.pop(session.id, None)
+                await asyncio.shield(self.spawn(self.lifecycle.teardown(session)))
+            raise
+        if not leased:
             await self.end(session, "another gateway made a session with this id")
             raise Conflict(f"session id {session.id} is taken")
         if not warm:

@@ -271,3 +271,42 @@ def test_a_resume_cut_short_while_it_moves_in_removes_the_pooled_sandbox(
         assert placement.removed == [pooled.id], f"cut short at its {point}: left running"
 
     asyncio.run(scenario())
+
+
+def test_a_create_cut_short_at_its_lease_on_a_shared_store_removes_the_warm_sandbox(
+    tmp_path, kernels_dir
+):
+    """On a shared store the lease is a call to it; a create cancelled during that call
+    holds no lease yet, so ending it took the session for another gateway's: the pooled
+    sandbox was only let go, left running for nobody (no record says it exists)."""
+    alice = Principal(tenant="alice", token_id="a")
+
+    async def scenario() -> None:
+        manager, placement, store = build(tmp_path, kernels_dir, pool="python3=1")
+        await started(manager, store)
+        manager.leases.shared = True  # as on a shared store: the lease is the store's
+        reached, hold = asyncio.Event(), asyncio.Event()
+
+        async def claim_lease(*args: Any) -> bool:
+            reached.set()
+            await hold.wait()
+            return True
+
+        try:
+            for _ in range(300):
+                if manager.pool.ready["python3"]:
+                    break
+                await asyncio.sleep(0.1)
+            pooled_id = manager.pool.ready["python3"][0].id
+            store.claim_lease = claim_lease
+            creating = asyncio.create_task(manager.create(CreateSession(), alice))
+            await asyncio.wait_for(reached.wait(), 10)
+            creating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await creating
+            assert pooled_id in placement.removed, "left running for nobody"
+            assert pooled_id not in manager.sessions
+        finally:
+            await stopped(manager, store)
+
+    asyncio.run(scenario())
