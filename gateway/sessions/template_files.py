@@ -147,6 +147,8 @@ class UploadedSets:
 
         Chosen in one pass (a heap of holders) and removed together: a tenant's
         thousands of block-sized sets are not recounted on the loop for each one.
+        If the most held is in uploads under way, nothing goes: a smaller holder's
+        sets are never taken for it (503 until those uploads end, within UPLOAD_TIME).
         """
         excess = sum(s.cost for s in self.held.values()) + need - self.total
         if excess <= 0:
@@ -159,22 +161,21 @@ class UploadedSets:
                 done.setdefault(k[0], []).append((s.when, k))
         for sets in done.values():
             sets.sort(reverse=True)  # the oldest last, popped first
-        holders = [(-holding[tenant], tenant) for tenant in done]
+        holders = [(-held, tenant) for tenant, held in holding.items()]
         heapq.heapify(holders)
         gone = []
         while excess > 0:
-            if not holders:
+            most, tenant = heapq.heappop(holders) if holders else (0, "")
+            if not done.get(tenant):  # the most held is in uploads under way: none goes
                 raise Unavailable(
                     "the gateway's disk for template files is taken by uploads under way; "
                     "retry in a minute"
                 )
-            most, tenant = heapq.heappop(holders)
             _, oldest = done[tenant].pop()
             cost = self.held[oldest].cost
             gone.append((oldest, self.held[oldest]))
             excess -= cost
-            if done[tenant]:
-                heapq.heappush(holders, (most + cost, tenant))
+            heapq.heappush(holders, (most + cost, tenant))
         await self._remove(gone)
 
     async def _expire(self) -> None:

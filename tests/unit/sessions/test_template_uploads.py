@@ -14,7 +14,7 @@ import time
 import pytest
 from test_template_builds import PY, _settled, _upload, templates  # noqa: F401 (its fixture)
 
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, PayloadTooLarge, Unavailable
 from gateway.sandbox.templates import BuildLimits
 from gateway.sessions.template_files import BLOCK, _file_name, _Set
 
@@ -178,5 +178,23 @@ def test_room_made_from_many_tiny_sets_does_not_hold_the_event_loop(bounded):
         assert time.perf_counter() - started < 1.0
         assert list(t.files.held) == [upload.key]
         await upload.finish(False)
+
+    asyncio.run(scenario())
+
+
+def test_room_is_never_made_from_a_tenant_holding_less_than_one_still_uploading(bounded):
+    """The biggest holder's bytes all in an upload under way (not removable) made the next
+    holder lose its sets, though within its bound and holding less: a tenant keeping a big
+    upload open could have another's sets removed again and again."""
+
+    async def scenario():
+        t = await bounded()
+        t.files.total = 2 * BOUND
+        alice = await t.open_upload("alice", "geo", "1" * 64, BOUND)  # under way
+        await _upload(t, "bob", "geo", "1" * 64, b"x" * (BOUND // 2))
+        with pytest.raises(Unavailable, match="uploads under way"):
+            await t.open_upload("carol", "geo", "1" * 64, 3 * BOUND // 4)
+        assert t.uploaded("bob", "geo", "1" * 64)
+        await alice.finish(False)
 
     asyncio.run(scenario())
