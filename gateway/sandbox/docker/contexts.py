@@ -107,6 +107,11 @@ class ContextProvisioner(DockerProvisioner):
         except docker.errors.NotFound as e:
             raise Conflict("the session's sandbox is gone; restart the session") from e
         except ENGINE_ERRORS as e:
+            if "is not running" in str(getattr(e, "explanation", "") or ""):  # ended, or killed
+                raise Conflict(
+                    "the session's sandbox is not running (it ended, or its processes were "
+                    "killed); restart the session, or create another"
+                ) from e
             raise EngineUnavailable(f"the container engine refused the kernel: {e}") from e
         self.process, self.container_id = process, spec.container_id
         self._drain = asyncio.get_running_loop().create_task(self._follow(process, spec))
