@@ -50,6 +50,7 @@ INDEX = "root/sbx"  # the cache's mirror index
 RELAY_PORT = 3141  # where pip finds the index on a sandbox's own loopback
 SOCKET_NAME = "pkg.sock"  # in the session's run directory
 CHUNK = 64 * 1024
+UPSTREAM_TIMEOUT = 60  # seconds devpi waits on the index it mirrors (its default: 5)
 
 # Set in the kernel's environment: pip asks the relay, and nothing else.
 PIP_ENV = {
@@ -315,8 +316,10 @@ class PackageCache(Cache):
             await self._run("devpi-init", "--serverdir", str(self.server_dir),
                             f"--root-passwd={password}")  # fmt: skip
         self.port = _free_port()
+        # A mirror answer slower than devpi's 5 s left pip "no versions" on a loaded host.
         await self._launch(_tool("devpi-server"), "--serverdir", str(self.server_dir),
-                           "--host", "127.0.0.1", "--port", str(self.port))  # fmt: skip
+                           "--host", "127.0.0.1", "--port", str(self.port),
+                           "--request-timeout", str(UPSTREAM_TIMEOUT))  # fmt: skip
         async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
             await self._wait_ready(client)
             await self._configure(client, password, configured_index())
