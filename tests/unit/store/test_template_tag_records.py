@@ -3,36 +3,13 @@ tests/test_store_postgres.py runs them again on PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
-
-from gateway.store.sqlite import SQLiteStore
-
 
 def build(build_id: str, version: int, tenant: str = "acme", status: str = "ready") -> dict:
     return {"id": build_id, "tenant": tenant, "name": "geo", "version": version,
             "status": status, "created_at": 1.0}  # fmt: skip
 
 
-@pytest.fixture
-def make_store(tmp_path):
-    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
-
-
-def run(make_store, scenario) -> None:
-    async def go() -> None:
-        store = make_store()
-        await store.open()
-        try:
-            await scenario(store)
-        finally:
-            await store.close()
-
-    asyncio.run(go())
-
-
-def test_a_tag_moves_between_versions_and_goes_with_its_version(make_store):
+def test_a_tag_moves_between_versions_and_goes_with_its_version(in_store):
     async def scenario(store):
         for doc in (build("b1", 1), build("b2", 2), build("b3", 3, status="failed")):
             await store.save_template(doc)
@@ -53,17 +30,17 @@ def test_a_tag_moves_between_versions_and_goes_with_its_version(make_store):
         await store.tag_template("b1", "acme", "geo", ["p", "q"], 8.0, 8)
         assert await store.untag_template("acme", "geo", None) == 2
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_tags_outlive_the_store_being_opened_again(make_store):
+def test_tags_outlive_the_store_being_opened_again(in_store):
     async def scenario(store):
         await store.save_template(build("b1", 1))
         await store.tag_template("b1", "acme", "geo", ["prod"], 5.0, 8)
 
-    run(make_store, scenario)
+    in_store(scenario)
 
     async def again(store):
         assert [r["tag"] for r in await store.template_tags("acme", "geo")] == ["prod"]
 
-    run(make_store, again)
+    in_store(again)

@@ -3,12 +3,6 @@ tests/test_store_postgres.py runs them again on PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
-
-from gateway.store.sqlite import SQLiteStore
-
 GIB = 2**30
 CAPS = {"volumes": 2, "disk": 10 * GIB}
 SESSION_CAPS = {"sessions": 10, "memory": 100 * GIB, "cpus": 64.0, "disk": 10 * GIB,
@@ -25,24 +19,7 @@ def claim(session_id: str, disk: int = GIB, tenant: str = "acme") -> dict:
             "cpus": 1.0, "disk": disk}  # fmt: skip
 
 
-@pytest.fixture
-def make_store(tmp_path):
-    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
-
-
-def run(make_store, scenario) -> None:
-    async def go() -> None:
-        store = make_store()
-        await store.open()
-        try:
-            await scenario(store)
-        finally:
-            await store.close()
-
-    asyncio.run(go())
-
-
-def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible(make_store):
+def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible(in_store):
     async def scenario(store):
         assert await store.add_volume(vol("v1", "data"), CAPS) is None
         assert (await store.add_volume(vol("v2", "data"), CAPS))["what"] == "name"
@@ -52,10 +29,10 @@ def test_a_volume_name_is_taken_once_per_tenant_and_another_tenants_is_invisible
         assert await store.get_volume("acme", "v3") is None  # zeta's, by id
         assert [v["id"] for v in await store.volumes_of_tenant("zeta")] == ["v3"]
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(make_store):
+def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(in_store):
     async def scenario(store):
         assert await store.claim_quota(claim("s1", disk=6 * GIB), SESSION_CAPS, 60) is None
         refused = await store.add_volume(vol("v1", "big", size=5 * GIB), CAPS)
@@ -67,10 +44,10 @@ def test_volumes_count_toward_the_tenants_disk_beside_its_sessions(make_store):
         assert await store.add_volume(vol("v2", "one"), CAPS) is None
         assert (await store.add_volume(vol("v3", "two", size=1), CAPS))["what"] == "volumes"
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_holds(make_store):
+def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_holds(in_store):
     async def scenario(store):
         await store.add_volume(vol("v1", "data"), CAPS)
         for sid in ("r1", "r2", "w1", "w2"):
@@ -97,10 +74,10 @@ def test_readers_share_a_volume_and_a_writer_holds_it_alone_while_its_claim_hold
         assert await store.delete_volume("v1") == []
         assert await store.get_volume("acme", "data") is None
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_a_mount_is_taken_whole_or_not_at_all(make_store):
+def test_a_mount_is_taken_whole_or_not_at_all(in_store):
     async def scenario(store):
         await store.add_volume(vol("v1", "a"), CAPS)
         await store.add_volume(vol("v2", "b"), CAPS)
@@ -110,10 +87,10 @@ def test_a_mount_is_taken_whole_or_not_at_all(make_store):
         assert (await store.mount_volumes("s2", [("v1", False), ("v2", True)]))["volume_id"] == "v2"
         assert await store.volume_holders("v1") == []  # not half taken
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_a_volume_deleted_meanwhile_is_not_mounted(make_store):
+def test_a_volume_deleted_meanwhile_is_not_mounted(in_store):
     """A create found the volume, a delete then removed it: the mount must not be taken."""
 
     async def scenario(store):
@@ -125,10 +102,10 @@ def test_a_volume_deleted_meanwhile_is_not_mounted(make_store):
         }  # fmt: skip
         assert await store.volume_holders("v1") == []
 
-    run(make_store, scenario)
+    in_store(scenario)
 
 
-def test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id(make_store):
+def test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id(in_store):
     """Else a delete by name could remove the other volume, the one with that id."""
 
     async def scenario(store):
@@ -137,4 +114,4 @@ def test_a_name_wins_over_an_id_when_a_volume_is_named_as_another_ones_id(make_s
         assert (await store.get_volume("acme", "7f3a"))["id"] == "9b1c"
         assert (await store.get_volume("acme", "data"))["id"] == "7f3a"
 
-    run(make_store, scenario)
+    in_store(scenario)
