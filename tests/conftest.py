@@ -28,6 +28,25 @@ if TYPE_CHECKING:
     import docker
 
 
+# What a test names to bound how fast the gateway answers while something strains it.
+_LIVENESS_NAMES = {"Canary", "canary_session", "CANARY_SECONDS"}
+_LIVENESS_FIXTURES = {"canary", "bystander"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``liveness`` the tests that time a canary's answers during an attack.
+
+    scripts/test runs the rest in two processes and these after, alone: beside another
+    module's kernels on two cores, a canary's 1-2 s bound measured the machine, not the
+    gateway. A test is one when its own code names the canary or it asks for one.
+    """
+    for item in items:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        named = _LIVENESS_NAMES.intersection(code.co_names if code else ())
+        if named or _LIVENESS_FIXTURES.intersection(item.fixturenames):
+            item.add_marker("liveness")
+
+
 @pytest.fixture(scope="session")
 def engine() -> docker.DockerClient:
     import docker

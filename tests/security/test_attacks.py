@@ -349,8 +349,12 @@ def in_child(fn):
     os.close(r)
     os.waitpid(pid, 0)
     return out
+# A raw clone copies the GIL as it stands: through CDLL (which lets go of the GIL for the
+# call) a kernel thread that took it meanwhile leaves the child waiting on it for ever.
+held = ctypes.PyDLL(None, use_errno=True)
+held.syscall.restype = ctypes.c_long
 def clone(flags):
-    pid = libc.syscall(NR['clone'], ctypes.c_long(flags | 17), 0, 0, 0, 0)  # 17: SIGCHLD
+    pid = held.syscall(NR['clone'], ctypes.c_long(flags | 17), 0, 0, 0, 0)  # 17: SIGCHLD
     if pid == 0:
         os._exit(0)
     if pid > 0:
