@@ -165,6 +165,27 @@ def _add_template_commands(commands: Any) -> None:
     pool.add_argument("size", nargs="?", type=int, help="sandboxes to keep ready (0: none)")
 
 
+def _add_context_commands(commands: Any) -> None:
+    contexts = commands.add_parser(
+        "contexts", help="code contexts: more kernels in a session's sandbox (exec --context)"
+    )
+    sub = contexts.add_subparsers(dest="contexts_command", required=True, metavar="COMMAND")
+    ls = _command(sub, "ls", c.contexts_ls, "list a session's contexts, its own kernel first")
+    ls.add_argument("session", help="session id")
+    new = _command(sub, "create", c.contexts_create, "start a context and print its id")
+    new.add_argument("session", help="session id")
+    kind = new.add_mutually_exclusive_group()
+    kind.add_argument("--kernel", help="a kernelspec the session's image holds")
+    kind.add_argument("--language", help="a language of one (default: the session's kernel)")
+    new.add_argument("--cwd", help="its working directory under /workspace (made if missing)")
+    restart = _command(sub, "restart", c.contexts_restart, "give a context a fresh kernel")
+    restart.add_argument("session", help="session id")
+    restart.add_argument("context", help="context id")
+    rm = _command(sub, "rm", c.contexts_rm, "stop contexts' kernels (their history stays)")
+    rm.add_argument("session", help="session id")
+    rm.add_argument("names", nargs="+", metavar="CONTEXT", help="context ids")
+
+
 def add_client_commands(commands: Any) -> None:
     """Add the gateway-client commands to ``sbx``'s subcommand parsers."""
     run = _command(
@@ -188,6 +209,9 @@ def add_client_commands(commands: Any) -> None:
     exec_.add_argument("session", help="session id")
     exec_.add_argument("code", nargs="?", help="code to run (or use --file)")
     exec_.add_argument("--file", metavar="SCRIPT", help="run this file instead (- for stdin)")
+    exec_.add_argument(
+        "--context", metavar="ID", help="run in this code context (sbx contexts create)"
+    )
     _add_execution_options(exec_)
 
     sessions = commands.add_parser("sessions", help="list, start, inspect and delete sessions")
@@ -244,6 +268,7 @@ def add_client_commands(commands: Any) -> None:
     frm.add_argument("session", help="session id")
     frm.add_argument("path", help="workspace path")
 
+    _add_context_commands(commands)
     _add_volume_commands(commands)
     _add_template_commands(commands)
 

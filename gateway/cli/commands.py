@@ -141,13 +141,16 @@ def _fetch(
     return {"path": remote, "local": str(dest), "size": dest.stat().st_size}
 
 
-def _execute(session: Session, code: str, args: argparse.Namespace, stem: str) -> Execution:
+def _execute(
+    session: Session, code: str, args: argparse.Namespace, stem: str, context: str | None = None
+) -> Execution:
+    """Run ``code`` in the session's kernel, or in its code ``context``."""
     if args.json:  # the reply as the gateway gave it, outputs and all, and nothing else
-        execution = session.run(code, timeout=args.timeout)
+        execution = session.run(code, timeout=args.timeout, context=context)
         terminal.print_json(execution.raw)
         return execution
     printer = terminal.ExecutionPrinter(Path(args.out), stem)
-    execution = session.run(code, timeout=args.timeout, **printer.callbacks())
+    execution = session.run(code, timeout=args.timeout, context=context, **printer.callbacks())
     if not args.quiet:
         terminal.summary(execution)
     return execution
@@ -180,8 +183,39 @@ def exec_(settings: ClientSettings, args: argparse.Namespace) -> int:
     if code is None:
         raise BadRequest("give the code to run, or --file SCRIPT ('-' for standard input)")
     with _client(settings) as client:
-        execution = _execute(client.session(args.session), code, args, "output")
+        execution = _execute(client.session(args.session), code, args, "output", args.context)
     return 0 if execution.ok else 1
+
+
+def contexts_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client:
+        found = client.session(args.session).contexts()
+    lines = "\n".join(f"{x.id}\t{x.kernel}\t{x.language}\t{x.state}\t{x.cwd}" for x in found)
+    _show(args, [x.raw for x in found], lambda: terminal.out.print(lines))
+    return 0
+
+
+def contexts_create(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("starting a kernel"):
+        made = client.session(args.session).create_context(
+            kernel=args.kernel, language=args.language, cwd=args.cwd
+        )
+    _show(args, made.raw, lambda: print(made.id))
+    return 0
+
+
+def contexts_restart(settings: ClientSettings, args: argparse.Namespace) -> int:
+    with _client(settings) as client, terminal.waiting("restarting the kernel"):
+        fresh = client.session(args.session).restart_context(args.context)
+    said = f"{fresh.id} restarted: a fresh kernel, the files kept"
+    _show(args, fresh.raw, lambda: terminal.err.print(said))
+    return 0
+
+
+def contexts_rm(settings: ClientSettings, args: argparse.Namespace) -> int:
+    return _delete_each(
+        settings, args, lambda client, context: client.session(args.session).remove_context(context)
+    )
 
 
 def sessions_ls(settings: ClientSettings, args: argparse.Namespace) -> int:
