@@ -50,7 +50,7 @@ from ..client import (
     GatewayError,
     Result,
 )
-from ..client.models import IMAGE_TYPES, SessionInfo
+from ..client.models import IMAGE_TYPES, CodeContext, SessionInfo
 from ..client.settings import ClientSettings
 from .access import GatewayClients
 
@@ -70,10 +70,13 @@ Call create_session once, then run_code as often as needed: variables, imports a
 persist between calls in the same session. Files live in the session's workspace (the
 kernel's working directory). To try several paths from one state, call snapshot, then fork
 it once per path: each fork is a new session holding that state and files, and the original
-is untouched. Delete the session when done; it also ends on its TTL."""
+is untouched. For another kernel over the same files (another language, or variables kept
+apart), call create_context and pass its id to run_code as context. Delete the session when
+done; it also ends on its TTL."""
 
 SessionId = Annotated[str, Field(description="id returned by create_session")]
 WorkspacePath = Annotated[str, Field(description="path in the session's workspace, e.g. data.csv")]
+ContextId = Annotated[str, Field(description="id returned by create_context")]
 
 
 def _tool(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -214,6 +217,10 @@ class SandboxTools:
         session_id: SessionId,
         code: Annotated[str, Field(description="source code to execute in the kernel")],
         timeout: Annotated[float | None, Field(description="seconds before it is stopped")] = None,
+        context: Annotated[
+            str | None,
+            Field(description="a code context's id (create_context); default: the session's own"),
+        ] = None,
         ctx: Context | None = None,
     ) -> CallToolResult:
         """Execute code in the session's kernel; returns stdout/stderr, results, images, errors.
@@ -235,7 +242,12 @@ class SandboxTools:
         beat = asyncio.ensure_future(progress.heartbeat())
         try:
             execution = await session.run(
-                code, timeout=timeout, on_pending=pending, on_stdout=progress, on_stderr=progress
+                code,
+                timeout=timeout,
+                context=context,
+                on_pending=pending,
+                on_stdout=progress,
+                on_stderr=progress,
             )
         finally:
             beat.cancel()
@@ -249,6 +261,8 @@ class SandboxTools:
         }
         if held:  # it ran once approved
             summary["approval"] = {"id": held[0].id, "reasons": held[0].reasons}
+        if context is not None:  # its ``restarted`` says why the context's variables are gone
+            summary["context"] = execution.raw.get("context")
         return CallToolResult(content=execution_content(execution), structured_content=summary)
 
     @_tool
@@ -335,6 +349,43 @@ class SandboxTools:
         return {"session_id": session.id, "forked_from": snapshot_id, "state": session.info.state}
 
     @_tool
+    async def list_contexts(self, session_id: SessionId) -> dict[str, Any]:
+        """List the session's code contexts: its own kernel ('default') first, then each made."""
+        found = await (await self._session(session_id)).contexts()
+        return {"contexts": [_context_summary(c) for c in found]}
+
+    @_tool
+    async def create_context(
+        self,
+        session_id: SessionId,
+        kernel: Annotated[
+            str | None, Field(description="a kernel the session's image holds, e.g. python3")
+        ] = None,
+        language: Annotated[
+            str | None, Field(description="or a language of one, e.g. python (not both)")
+        ] = None,
+        cwd: Annotated[
+            str | None, Field(description="its working directory under the workspace")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Start another kernel in the session's sandbox: the same files, variables of its own;
+        pass its context_id to run_code. Neither kernel nor language: one like the session's."""
+        session = await self._session(session_id)
+        made = await session.create_context(kernel=kernel, language=language, cwd=cwd)
+        return _context_summary(made)
+
+    @_tool
+    async def restart_context(self, session_id: SessionId, context_id: ContextId) -> dict[str, Any]:
+        """Give a code context a fresh kernel: its variables and imports are lost, files stay."""
+        return _context_summary(await (await self._session(session_id)).restart_context(context_id))
+
+    @_tool
+    async def remove_context(self, session_id: SessionId, context_id: ContextId) -> str:
+        """Stop a code context's kernel; what it ran stays in the session's history."""
+        await (await self._session(session_id)).remove_context(context_id)
+        return f"removed context {context_id} of session {session_id}"
+
+    @_tool
     async def create_volume(
         self,
         name: Annotated[str, Field(description="1 to 63 letters, digits, _ . -")],
@@ -377,6 +428,17 @@ def _session_summary(info: SessionInfo) -> dict[str, Any]:
         "state": info.state,
         "expires_at": info.expires_at,
         "metadata": info.metadata,
+    }
+
+
+def _context_summary(context: CodeContext) -> dict[str, Any]:
+    return {
+        "context_id": context.id,
+        "kernel": context.kernel,
+        "language": context.language,
+        "cwd": context.cwd,
+        "state": context.state,
+        "stopped": context.raw.get("stopped"),
     }
 
 
