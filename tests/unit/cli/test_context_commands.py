@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.cli import commands
-from gateway.cli.main import build_parser, main
+from gateway.cli.main import main
 from gateway.client import Client
 from gateway.client.models import CodeContext
 from gateway.client.settings import ClientSettings
@@ -52,29 +52,16 @@ class FakeClient:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def __enter__(self) -> FakeClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
     def session(self, session_id: str) -> FakeSession:
         return FakeSession(self.calls, session_id)
 
 
 @pytest.fixture
-def client(monkeypatch):
-    fake = FakeClient()
-    monkeypatch.setattr(commands, "_client", lambda settings: fake)
-    return fake
+def client(use_client):
+    return use_client(FakeClient())
 
 
-def sbx(*argv: str) -> int:
-    args = build_parser().parse_args(list(argv))
-    return args.func.args[0](None, args)  # the command itself, past the settings it loads
-
-
-def test_create_prints_the_new_contexts_id(client, capsys):
+def test_create_prints_the_new_contexts_id(client, sbx, capsys):
     assert sbx("contexts", "create", "s1", "--language", "python", "--cwd", "work") == 0
     assert sbx("contexts", "create", "s1", "--kernel", "xpython") == 0
     assert client.calls == [
@@ -84,14 +71,14 @@ def test_create_prints_the_new_contexts_id(client, capsys):
     assert capsys.readouterr().out.split() == ["3f9c0a1e", "3f9c0a1e"]
 
 
-def test_create_takes_a_kernel_or_a_language_not_both(client, capsys):
+def test_create_takes_a_kernel_or_a_language_not_both(client, sbx, capsys):
     with pytest.raises(SystemExit):
         sbx("contexts", "create", "s1", "--kernel", "python3", "--language", "python")
     assert "not allowed with argument" in capsys.readouterr().err
     assert client.calls == []
 
 
-def test_ls_lists_each_context_and_json_gives_their_records(client, capsys):
+def test_ls_lists_each_context_and_json_gives_their_records(client, sbx, capsys):
     assert sbx("contexts", "ls", "s1") == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[:4] for line in lines] == [
@@ -102,14 +89,14 @@ def test_ls_lists_each_context_and_json_gives_their_records(client, capsys):
     assert [c["id"] for c in json.loads(capsys.readouterr().out)] == ["default", "3f9c0a1e"]
 
 
-def test_restart_and_rm(client, capsys):
+def test_restart_and_rm(client, sbx, capsys):
     assert sbx("contexts", "restart", "s1", "3f9c0a1e") == 0
     assert sbx("contexts", "rm", "s1", "3f9c0a1e", "--json") == 0
     assert client.calls == [("restart", "s1", "3f9c0a1e"), ("remove", "s1", "3f9c0a1e")]
     assert json.loads(capsys.readouterr().out) == {"deleted": ["3f9c0a1e"]}
 
 
-def test_exec_runs_in_the_context_given(client, capsys):
+def test_exec_runs_in_the_context_given(client, sbx, capsys):
     assert sbx("exec", "s1", "x = 1", "--context", "3f9c0a1e", "--json") == 0
     assert sbx("exec", "s1", "x = 2", "--json") == 0
     assert client.calls == [("run", "s1", "x = 1", "3f9c0a1e"), ("run", "s1", "x = 2", None)]

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cli import commands
-from gateway.cli.main import build_parser
 from gateway.errors import BadRequest
 
 
 class FakeClient:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-
-    def __enter__(self) -> FakeClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
     def tag_template(self, name, version, tags):
         self.calls.append(("tag", name, version, tags))
@@ -36,37 +28,30 @@ class FakeClient:
 
 
 @pytest.fixture
-def client(monkeypatch):
-    fake = FakeClient()
-    monkeypatch.setattr(commands, "_client", lambda settings: fake)
-    return fake
+def client(use_client):
+    return use_client(FakeClient())
 
 
-def sbx(*argv: str) -> int:
-    args = build_parser().parse_args(list(argv))
-    return args.func.args[0](None, args)  # the command itself, past the settings it loads
-
-
-def test_tag_moves_tags_to_a_version_by_number_or_by_tag(client, capsys):
+def test_tag_moves_tags_to_a_version_by_number_or_by_tag(client, sbx, capsys):
     assert sbx("templates", "tag", "geo:2", "prod", "stable") == 0
     assert sbx("templates", "tag", "geo:prod", "live") == 0
     assert client.calls == [("tag", "geo", 2, ["prod", "stable"]), ("tag", "geo", "prod", ["live"])]
     assert "geo:2 prod stable" in capsys.readouterr().out
 
 
-def test_tag_needs_the_version_it_moves_tags_to(client):
+def test_tag_needs_the_version_it_moves_tags_to(client, sbx):
     with pytest.raises(BadRequest, match="NAME:VERSION"):
         sbx("templates", "tag", "geo", "prod")
 
 
-def test_untag_and_tags(client, capsys):
+def test_untag_and_tags(client, sbx, capsys):
     assert sbx("templates", "untag", "geo", "prod") == 0
     assert sbx("templates", "tags", "geo") == 0
     assert client.calls == [("untag", "geo", ["prod"]), ("tags", "geo")]
     assert capsys.readouterr().out.split() == ["geo:prod", "2"]
 
 
-def test_a_build_takes_tags(client, tmp_path):
+def test_a_build_takes_tags(client, sbx, tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM sbx/python\n")
     argv = ["templates", "build", "geo", "--tag", "v1", "--tag", "stable", "--no-wait"]
     assert sbx(*argv, "-f", str(tmp_path / "Dockerfile")) == 0
