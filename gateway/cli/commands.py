@@ -151,6 +151,8 @@ def _execute(
         return execution
     printer = terminal.ExecutionPrinter(Path(args.out), stem)
     execution = session.run(code, timeout=args.timeout, context=context, **printer.callbacks())
+    if restarted := (execution.raw.get("context") or {}).get("restarted"):
+        terminal.err.print(f"context {context} started empty: {restarted}", markup=False)
     if not args.quiet:
         terminal.summary(execution)
     return execution

@@ -45,7 +45,9 @@ class FakeSession:
 
     def run(self, code, **options):
         self.calls.append(("run", self.id, code, options.get("context")))
-        return SimpleNamespace(ok=True, raw={"status": "ok", "context": options.get("context")})
+        why = "the session was paused to disk" if options.get("context") else None
+        ran_in = {"id": options.get("context"), "kernel": "python3", "restarted": why}
+        return SimpleNamespace(ok=True, raw={"status": "ok", "context": ran_in})
 
 
 class FakeClient:
@@ -100,6 +102,12 @@ def test_exec_runs_in_the_context_given(client, sbx, capsys):
     assert sbx("exec", "s1", "x = 1", "--context", "3f9c0a1e", "--json") == 0
     assert sbx("exec", "s1", "x = 2", "--json") == 0
     assert client.calls == [("run", "s1", "x = 1", "3f9c0a1e"), ("run", "s1", "x = 2", None)]
+
+
+def test_exec_says_when_its_context_started_empty(client, sbx, capsys):
+    assert sbx("exec", "s1", "x", "--context", "3f9c0a1e", "-q") == 0
+    said = capsys.readouterr().err
+    assert "context 3f9c0a1e started empty: the session was paused to disk" in said
 
 
 def refusing(code: str, message: str):
