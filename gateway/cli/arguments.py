@@ -175,8 +175,10 @@ def _add_context_commands(commands: Any) -> None:
     new = _command(sub, "create", c.contexts_create, "start a context and print its id")
     new.add_argument("session", help="session id")
     kind = new.add_mutually_exclusive_group()
-    kind.add_argument("--kernel", help="a kernelspec the session's image holds")
-    kind.add_argument("--language", help="a language of one (default: the session's kernel)")
+    kind.add_argument("--kernel", help="a kernelspec the session's image holds, e.g. xpython")
+    kind.add_argument(
+        "--language", help="or a language one of them runs (default: the session's kernel)"
+    )
     new.add_argument("--cwd", help="its working directory under /workspace (made if missing)")
     restart = _command(sub, "restart", c.contexts_restart, "give a context a fresh kernel")
     restart.add_argument("session", help="session id")
