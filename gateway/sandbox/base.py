@@ -148,6 +148,8 @@ class SandboxProcess(Protocol):
 class ToolServerProcess(Protocol):
     """A stdio MCP server in a sandbox of its own (``Placement.start_tool_server``)."""
 
+    sandbox_id: str  # its session's pause freezes and thaws it (``freeze``, ``thaw``)
+
     async def read(self) -> tuple[str, bytes] | None:
         """The next output as (stdout | stderr, bytes); None once it has ended."""
         ...

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from ..access.auth import Principal
@@ -37,10 +37,19 @@ class Relay(Protocol):
     def close(self) -> None: ...
 
 
-class Viewed(Protocol):
-    """Something of the session's shown in its view (its tools)."""
+class ToolServers(Protocol):
+    """Its tools (``Toolbox``, sessions/tools.py), shown in its view; their servers'
+    sandboxes are paused with its own."""
 
     def to_json(self) -> dict[str, Any]: ...
+
+    async def on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
+        """``act`` (the placement's freeze or thaw) on each running server's sandbox."""
+        ...
+
+    async def rest(self) -> None:
+        """End each server and its sandbox till the next call starts it again."""
+        ...
 
 
 class Session:
@@ -128,7 +137,7 @@ class Session:
         self.egress_recorded = 0  # connections through the egress proxy recorded so far
         self.egress_bytes = [0, 0]  # sent, received through it since this gateway started
         self.stream: Relay | None = None  # the agent stream, made on first use
-        self.tools: Viewed | None = None  # its Toolbox (sessions/tools.py), shown in its view
+        self.tools: ToolServers | None = None  # shown in its view, paused with it
         # What it was given as tools, as sent (header values too): in its record, never in
         # its view, so a restarted gateway gives them again.
         self.tool_config: dict[str, Any] | None = None

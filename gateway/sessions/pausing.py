@@ -8,7 +8,9 @@ kernel's state is saved (``KernelState``, by strategy) and its sandbox goes;
 the workspace stays. A pause that names a strategy goes deep at once. A deep
 resume starts a kernel (from the warm pool when one fits) over the workspace
 and gives its state back; a failure leaves the session paused with its state
-kept. Snapshots save the same state and the workspace while the session
+kept. Its stdio tool servers' sandboxes follow its own: frozen and thawed
+with it, removed with it on the deep tier (the next tool call starts them
+again). Snapshots save the same state and the workspace while the session
 carries on. The manager resolves who asks and hands the session over;
 nothing here looks sessions up.
 """
@@ -134,6 +136,8 @@ class Pausing:
         except ENGINE_ERRORS as e:
             log.warning("session %s: could not freeze its sandbox, saving it: %s", session.id, e)
             return await self.paused(session, None)
+        if session.tools is not None:  # its stdio servers' sandboxes with it
+            await session.tools.on_sandboxes(self.lifecycle.placement.freeze)
         now = self.clock()
         saved = SavedState(FREEZE, [], session.executions, now, now + self.freeze_for)
         session.state = "paused"
@@ -176,6 +180,8 @@ class Pausing:
         One ended meanwhile stays ended (SessionEnded), its end's to remove.
         """
         assert session.kernel is not None and session.kernel.container_id is not None
+        if session.tools is not None:  # its stdio servers' sandboxes, frozen with it
+            await session.tools.on_sandboxes(self.lifecycle.placement.thaw)
         try:
             async with ended_meanwhile(session, "thawed"):
                 await self.lifecycle.placement.thaw(session.kernel.container_id)
@@ -220,6 +226,8 @@ class Pausing:
             await session.kernel.stop()
         except ENGINE_ERRORS as e:  # the next start's recovery removes what is left
             log.warning("session %s: its paused sandbox is left for later: %s", session.id, e)
+        if session.tools is not None:  # the next tool call starts its stdio servers again
+            await session.tools.rest()
         log.info("session %s paused (%s)", session.id, strategy)
         return saved
 

@@ -40,6 +40,7 @@ from ..masking import Masker
 from ..policy.approvals import Approval
 from ..policy.gate import Gate
 from ..policy.model import Decision
+from ..sandbox.base import ENGINE_ERRORS
 from ..tools.endpoint import MAX_DEPTH, CallRefused, ToolEndpoint, depth
 from ..tools.mcp_servers import McpConnection, Refusal, ToolFailed
 from ..tools.sbx_tools import python_name
@@ -165,6 +166,32 @@ class Toolbox:
     async def close(self) -> None:
         connections = {id(c): c for _, c in self.tools.values()}
         await asyncio.gather(*(c.close() for c in connections.values()))
+
+    def _stdio(self) -> list[StdioConnection]:
+        connections = {id(c): c for _, c in self.tools.values() if isinstance(c, StdioConnection)}
+        return list(connections.values())
+
+    async def on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
+        """``act`` (the placement's freeze or thaw) on each running stdio server's sandbox, as
+        on its session's; one the engine refuses is ended instead, logged: the next call
+        starts it again."""
+
+        async def one(connection: StdioConnection, sandbox_id: str) -> None:
+            try:
+                await act(sandbox_id)
+            except ENGINE_ERRORS as e:
+                log.warning("stdio server %s: the engine did not %s its sandbox %s with its "
+                            "session's, so it is ended (the next call starts it again): %s",
+                            connection.server.name, act.__name__, sandbox_id, e)  # fmt: skip
+                await connection.rest()
+
+        running = {c: c.sandbox_id for c in self._stdio()}
+        await asyncio.gather(*(one(c, sid) for c, sid in running.items() if sid is not None))
+
+    async def rest(self) -> None:
+        """End each stdio server and its sandbox (its session is paused deep): the next call
+        starts it again."""
+        await asyncio.gather(*(c.rest() for c in self._stdio()))
 
 
 class SessionTools:
@@ -351,6 +378,8 @@ class SessionTools:
             box.turn, box.injected = old.turn, old.injected  # a running execute keeps its turn
             box.coming = old.coming
             await old.close()
+        if session.state == "paused":  # given back at a restart, or by a PUT: no server
+            await box.rest()  # runs for a paused session till a call after its resume
         self._boxes[session.id] = box
         session.tools = box
         given = box.config.mcp or box.config.stdio

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -225,6 +226,13 @@ class McpConnection:
             "structured": result.structured_content,
             "is_error": bool(result.is_error),
         }
+
+    async def rest(self) -> None:
+        """End the connection (a stdio server's sandbox with it) till the next call makes it
+        again, at once: its session is paused deep."""
+        await self.close()
+        self._stop = asyncio.Event()
+        self._gone, self._tried = "its session was paused", -math.inf
 
     async def close(self) -> None:
         self._stop.set()

@@ -10,7 +10,8 @@ flood waits on the server's own pipe, and a line past ``OFF_LOOP`` bytes is
 parsed on a thread, so a flood of big ones does not hold the event loop every
 session shares. A server that exits ends the connection (a call made later
 starts it again, at most every ``RECONNECT_EVERY`` seconds); its sandbox goes
-whenever the connection ends.
+whenever the connection ends. Its session's pause freezes the sandbox by its
+``sandbox_id``, or ends the connection (``rest``) till the next call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from .specs import StdioServer
 
 class ServerProcess(Protocol):
     """The server running in its sandbox: its output, its stdin, its end."""
+
+    sandbox_id: str
 
     async def read(self) -> tuple[str, bytes] | None: ...
 
@@ -130,6 +133,12 @@ class StdioConnection(McpConnection):
         super().__init__(server, {}, max_bytes)  # type: ignore[arg-type]
         self.start = start
         self._broken: str | None = None  # why the server went away, if it did
+        self._process: ServerProcess | None = None  # while connected
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """The sandbox the server runs in while it is connected (a pause freezes it)."""
+        return self._process.sandbox_id if self._process is not None else None
 
     async def call(self, name: str, arguments: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         try:
@@ -145,11 +154,12 @@ class StdioConnection(McpConnection):
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[TransportStreams]:
         with anyio.fail_after(CONNECT_TIMEOUT, shield=True):  # a sandbox made is never lost
-            process = await self.start()
+            process = self._process = await self.start()
         self._broken = None
         try:
             async with line_streams(process, self.max_bytes, self._went) as streams:
                 yield streams
         finally:
+            self._process = None
             with anyio.CancelScope(shield=True):
                 await process.end()

@@ -14,16 +14,19 @@ of its sandboxes, and ``sbx.tool-server`` naming its session.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
+import logging
 import secrets
 from collections.abc import Mapping
 
 import docker
+import docker.errors
 
 from ..base import ENGINE_ERRORS
 from .exec import WORKDIR, DockerProcess
 from .provisioner import LABEL_GATEWAY, SandboxSpec, _create_and_start
+
+log = logging.getLogger(__name__)
 
 LABEL_TOOL_SERVER = "sbx.tool-server"
 IDLE = ["sleep", "infinity"]
@@ -37,7 +40,7 @@ class ToolServerContainer:
     """The server's process and the container it alone runs in."""
 
     def __init__(self, client: docker.DockerClient, container_id: str) -> None:
-        self.client, self.container_id = client, container_id
+        self.client, self.sandbox_id = client, container_id
         self.process: DockerProcess | None = None
 
     async def read(self) -> tuple[str, bytes] | None:
@@ -51,8 +54,12 @@ class ToolServerContainer:
     async def end(self) -> None:
         if self.process is not None:
             self.process.close()
-        with contextlib.suppress(*ENGINE_ERRORS):
-            await asyncio.to_thread(self.client.api.remove_container, self.container_id, force=True)
+        try:
+            await asyncio.to_thread(self.client.api.remove_container, self.sandbox_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS as e:  # the gateway's next start removes it as a leftover
+            log.warning("stdio server container %s is left for later: %s", self.sandbox_id, e)
 
 
 async def start_tool_server(

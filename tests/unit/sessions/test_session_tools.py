@@ -90,6 +90,7 @@ class FakeSession:
         self.id, self.tenant, self.policy = "s1", "t1", None
         self.kernel = FakeKernel(run_dir)
         self.language = "python"
+        self.state = "idle"
         self.masker = NO_SECRETS
         self.on_end: set = set()
         self.tools = None
