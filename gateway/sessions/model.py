@@ -43,9 +43,11 @@ class ToolServers(Protocol):
 
     def to_json(self) -> dict[str, Any]: ...
 
-    async def on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
-        """``act`` (the placement's freeze or thaw) on each running server's sandbox."""
+    async def freeze(self, freeze: Callable[[str], Awaitable[None]]) -> None:
+        """Freeze each running server's sandbox with ``freeze`` (the placement's)."""
         ...
+
+    async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None: ...
 
     async def rest(self) -> None:
         """End each server and its sandbox till the next call starts it again."""

@@ -137,7 +137,7 @@ class Pausing:
             log.warning("session %s: could not freeze its sandbox, saving it: %s", session.id, e)
             return await self.paused(session, None)
         if session.tools is not None:  # its stdio servers' sandboxes with it
-            await session.tools.on_sandboxes(self.lifecycle.placement.freeze)
+            await session.tools.freeze(self.lifecycle.placement.freeze)
         now = self.clock()
         saved = SavedState(FREEZE, [], session.executions, now, now + self.freeze_for)
         session.state = "paused"
@@ -181,7 +181,7 @@ class Pausing:
         """
         assert session.kernel is not None and session.kernel.container_id is not None
         if session.tools is not None:  # its stdio servers' sandboxes, frozen with it
-            await session.tools.on_sandboxes(self.lifecycle.placement.thaw)
+            await session.tools.thaw(self.lifecycle.placement.thaw)
         try:
             async with ended_meanwhile(session, "thawed"):
                 await self.lifecycle.placement.thaw(session.kernel.container_id)

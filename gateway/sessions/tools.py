@@ -135,11 +135,18 @@ class Toolbox:
     # before the gateway reads the kernel's word that one began, so it waits for its window.
     coming: set[ExecutionRecorder] = dataclasses.field(default_factory=set)
     opened: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # a turn opened
+    servers: tuple[McpConnection, ...] = ()  # each server's, whether it lists tools or not
+    frozen: bool = False  # its stdio servers' sandboxes, with its session's
 
     def to_json(self) -> dict[str, Any]:
+        running = {c.server.name: c.sandbox_id is not None for c in self._stdio()}
+        up = "frozen" if self.frozen else "running"
         return {
             "mcp": [server.to_json() for server in self.config.mcp],
-            "stdio": [server.to_json() for server in self.config.stdio],
+            "stdio": [
+                {**server.to_json(), "container": up if running.get(server.name) else "stopped"}
+                for server in self.config.stdio
+            ],
             "tools": [tool.to_json() for tool, _ in self.tools.values()],
             "limits": self.limits.to_json(),
         }
@@ -164,17 +171,24 @@ class Toolbox:
         return {**self.tools, **(self.turn.client if self.turn is not None else {})}
 
     async def close(self) -> None:
-        connections = {id(c): c for _, c in self.tools.values()}
-        await asyncio.gather(*(c.close() for c in connections.values()))
+        await asyncio.gather(*(c.close() for c in self.servers))
 
     def _stdio(self) -> list[StdioConnection]:
-        connections = {id(c): c for _, c in self.tools.values() if isinstance(c, StdioConnection)}
-        return list(connections.values())
+        return [c for c in self.servers if isinstance(c, StdioConnection)]
 
-    async def on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
-        """``act`` (the placement's freeze or thaw) on each running stdio server's sandbox, as
-        on its session's; one the engine refuses is ended instead, logged: the next call
-        starts it again."""
+    async def freeze(self, freeze: Callable[[str], Awaitable[None]]) -> None:
+        """Freeze each running stdio server's sandbox (``freeze``: the placement's) with its
+        session's."""
+        self.frozen = True
+        await self._on_sandboxes(freeze)
+
+    async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None:
+        self.frozen = False
+        await self._on_sandboxes(thaw)
+
+    async def _on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
+        """``act`` on each running stdio server's sandbox; one the engine refuses is ended
+        instead, logged: the next call starts it again."""
 
         async def one(connection: StdioConnection, sandbox_id: str) -> None:
             try:
@@ -338,7 +352,8 @@ class SessionTools:
         if unknown:
             await asyncio.gather(*(c.close() for c in connections))
             raise BadRequest(f"tools.rules names tools no server lists: {', '.join(unknown)}")
-        return Toolbox(config, limits, tools, masker, asyncio.Semaphore(limits.concurrent))
+        slots = asyncio.Semaphore(limits.concurrent)
+        return Toolbox(config, limits, tools, masker, slots, servers=tuple(connections))
 
     async def _stdio_start(
         self, server: StdioServer, tenant: str, session: Session | None
@@ -579,8 +594,11 @@ class SessionTools:
         """A call through the sandbox's MCP URL (E2B's ``get_mcp_url()``), from outside the
         kernel: the same gate, limits and record as the kernel's, each call a turn of its own
         recorded as an execution of kind ``tool`` (no execute's client tools, and
-        ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood)."""
+        ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood). A paused
+        session is resumed first, as by any traffic: its servers run only while it does."""
         session, box = self._given(session_id)
+        if session.state == "paused":
+            await self.manager.wake(session_id, who)
         if depth(arguments) > MAX_DEPTH:  # as the tool socket refuses them
             raise CallRefused(
                 400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels"

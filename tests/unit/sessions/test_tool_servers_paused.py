@@ -14,7 +14,7 @@ import logging
 from types import SimpleNamespace
 
 import docker.errors
-from test_session_tools import World, run
+from test_session_tools import AGENT, World, run
 
 from gateway.limits import Limits
 from gateway.sessions.model import Session
@@ -27,8 +27,8 @@ KERNEL = "kernel-container"
 class Process:
     """A stdio MCP server in its sandbox: answers initialize, tools/list and tools/call."""
 
-    def __init__(self, engine: Engine, sandbox_id: str) -> None:
-        self.engine, self.sandbox_id = engine, sandbox_id
+    def __init__(self, engine: Engine, sandbox_id: str, listed: bool = True) -> None:
+        self.engine, self.sandbox_id, self.listed = engine, sandbox_id, listed
         self.out: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
 
     async def read(self) -> tuple[str, bytes] | None:
@@ -43,7 +43,7 @@ class Process:
                            "capabilities": {"tools": {}},
                            "serverInfo": {"name": "notes", "version": "1"}},
             "tools/list": {"tools": [{"name": "echo", "inputSchema": {"type": "object"},
-                                      "annotations": {"readOnlyHint": True}}]},
+                                      "annotations": {"readOnlyHint": True}}][: self.listed]},
             "tools/call": {"content": [{"type": "text", "text": self.sandbox_id}]},
         }  # fmt: skip
         result = results.get(asked["method"])  # else unknown, as the SDK's server/discover
@@ -70,7 +70,8 @@ class Engine:
 
     async def start_tool_server(self, spec, name, image, argv, env) -> Process:
         self.started += 1
-        process = self.running[f"tool-{self.started}"] = Process(self, f"tool-{self.started}")
+        sandbox_id = f"tool-{self.started}"
+        process = self.running[sandbox_id] = Process(self, sandbox_id, listed=name != "quiet")
         return process
 
     async def freeze(self, sandbox_id: str) -> None:
@@ -194,5 +195,62 @@ def test_a_paused_session_given_tools_again_starts_no_server_till_a_call():
         assert [t["name"] for t in session.tools.to_json()["tools"]] == ["echo"]  # type: ignore[union-attr]
         await pausing.resume(session)
         assert await called(session) == [{"type": "text", "text": "tool-3"}]
+
+    run(test)
+
+
+def test_a_call_over_the_mcp_url_resumes_a_paused_session_first():
+    """As traffic to a paused sandbox does: its server never runs again for a session that
+    stays paused (deep), nor waits out the call's timeout frozen."""
+    from test_tools_over_mcp import Store
+
+    async def test(w: World):
+        pausing, session, _ = await paused_world(w)
+        w.manager.store = Store()
+        woken = []
+
+        async def wake(session_id, who) -> None:
+            woken.append(session_id)
+            session.state, session.paused = "idle", None  # resumed (deep: a new sandbox)
+
+        w.manager.wake = wake
+        await pausing.pause(session, "namespace")
+        answer = await w.tools.call_over_mcp("s1", AGENT, "echo", {})
+        assert woken == ["s1"] and answer["result"] == "tool-2"
+        await w.tools.call_over_mcp("s1", AGENT, "echo", {})
+        assert woken == ["s1"]
+
+    run(test)
+
+
+def test_a_server_listing_no_tools_is_paused_and_ended_with_the_others():
+    """It is connected all the same: its container ran on through pauses and the end."""
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        quiet = {"name": "quiet", "command": ["quiet"]}
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}, quiet])
+        assert sorted(engine.running) == ["tool-2", "tool-3"]
+        await pausing.pause(session, None)
+        assert engine.frozen == {KERNEL, "tool-2", "tool-3"}
+        states = [s["container"] for s in session.tools.to_json()["stdio"]]  # type: ignore[union-attr]
+        assert states == ["frozen", "frozen"]
+        await pausing.deepen(session)
+        assert engine.running == {}
+        states = [s["container"] for s in session.tools.to_json()["stdio"]]  # type: ignore[union-attr]
+        assert states == ["stopped", "stopped"]
+
+    run(test)
+
+
+def test_the_view_says_each_stdio_servers_container_runs_and_the_end_removes_them_all():
+    async def test(w: World):
+        _, session, engine = await paused_world(w)
+        quiet = {"name": "quiet", "command": ["quiet"]}
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}, quiet])
+        view = session.tools.to_json()  # type: ignore[union-attr]
+        assert [s["container"] for s in view["stdio"]] == ["running", "running"]
+        await w.tools.close("s1")  # the session ended
+        assert engine.running == {}
 
     run(test)
