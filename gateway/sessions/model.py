@@ -50,7 +50,8 @@ class ToolServers(Protocol):
     async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None: ...
 
     async def rest(self) -> None:
-        """End each server and its sandbox till the next call starts it again."""
+        """End each server and its sandbox till the next call starts it again (a deep pause:
+        its kernel went too)."""
         ...
 
 

@@ -204,7 +204,9 @@ class Toolbox:
 
     async def rest(self) -> None:
         """End each stdio server and its sandbox (its session is paused deep): the next call
-        starts it again."""
+        starts it again. Its kernel went too: the one its resume starts (the same Kernel,
+        not restarted) is given sbx_tools again."""
+        self.injected = None
         await asyncio.gather(*(c.rest() for c in self._stdio()))
 
 

@@ -89,9 +89,10 @@ class Kernel:
         self.container_id, self.connected, self.stopped = KERNEL, True, False
         self.died = asyncio.Event()
         self.restarts = 0
+        self.silent: list[str] = []
 
     async def run_silently(self, code: str) -> None:
-        pass
+        self.silent.append(code)
 
     async def stop(self) -> None:
         self.stopped = True
@@ -108,7 +109,7 @@ async def paused_world(w: World) -> tuple[Pausing, Session, Engine]:
     session = Session("python3", "img", Limits(2**30, 1.0, 64, 2**30, 30.0, 2**20), 60.0, 60.0,
                       {}, {}, session_id="s1")  # fmt: skip
     session.kernel = Kernel(w.session.kernel.sandbox.run_dir)  # type: ignore[assignment]
-    session.state = "idle"
+    session.state, session.language_info = "idle", {"name": "python"}
     w.manager.sessions["s1"] = session  # type: ignore[assignment]
     await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}])
 
@@ -252,5 +253,24 @@ def test_the_view_says_each_stdio_servers_container_runs_and_the_end_removes_the
         assert [s["container"] for s in view["stdio"]] == ["running", "running"]
         await w.tools.close("s1")  # the session ended
         assert engine.running == {}
+
+    run(test)
+
+
+def test_the_kernel_a_deep_resume_starts_is_given_sbx_tools_again():
+    """The same Kernel, neither restarted: the module went with the process it was put in."""
+
+    async def test(w: World):
+        pausing, session, _ = await paused_world(w)
+        kernel = session.kernel
+        await w.tools.ready(session, kernel)  # type: ignore[arg-type]
+        await pausing.pause(session, None)
+        await pausing.resume(session)
+        await w.tools.ready(session, kernel)  # type: ignore[arg-type]
+        assert len(kernel.silent) == 1  # type: ignore[union-attr]  # frozen: it kept it
+        await pausing.pause(session, "namespace")
+        session.state = "idle"  # resumed
+        await w.tools.ready(session, kernel)  # type: ignore[arg-type]
+        assert len(kernel.silent) == 2  # type: ignore[union-attr]
 
     run(test)
