@@ -183,6 +183,7 @@ class Toolbox:
         await self._on_sandboxes(freeze)
 
     async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None:
+        """Let them run again with their session (or before its sandbox is saved)."""
         self.frozen = False
         await self._on_sandboxes(thaw)
 
