@@ -8,6 +8,7 @@ import threading
 
 import psycopg
 import pytest
+from unit.store.conftest import in_store  # noqa: F401 (over this module's make_store)
 from unit.store.test_chain import (  # noqa: F401 (run again here, on PostgreSQL)
     test_a_forked_sessions_copied_history_is_chained_in_the_fork,
     test_records_pruned_by_the_retention_are_told_apart_from_deleted_ones,

@@ -10,17 +10,11 @@ import sqlite3
 import pytest
 
 from gateway.store.base import Retention
-from gateway.store.sqlite import SQLiteStore
 
 TENANT = "acme"
 TABLES = ("audit", "connections", "executions")
 EDITS = {"audit": ("action", "'session.delete'"), "connections": ("record", "'{}'"),
          "executions": ("code", "'rm -rf /'")}  # fmt: skip
-
-
-@pytest.fixture
-def make_store(tmp_path):
-    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
 
 
 def connection(at: str, host: str) -> dict:

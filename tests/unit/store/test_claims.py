@@ -8,19 +8,12 @@ import json
 import sqlite3
 import time
 
-import pytest
-
 from gateway.store.claims import ORPHANED
 from gateway.store.migrations import pending
 from gateway.store.sqlite import TERMS, SQLiteStore
 
 CAPS = {"sessions": 2, "memory": 3 * 2**30, "cpus": 8.0, "disk": 100 * 2**30, "per_minute": 0}
 GIB = 2**30
-
-
-@pytest.fixture
-def make_store(tmp_path):
-    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
 
 
 def claim(session_id: str, tenant: str = "acme", memory: int = GIB) -> dict:

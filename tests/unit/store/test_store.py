@@ -17,12 +17,6 @@ from gateway.store.sqlite import TERMS, WalCheckpoints
 from gateway.store.sqlite import SQLiteStore as Store
 
 
-@pytest.fixture
-def make_store(tmp_path):
-    """Build a store (again, on the same data)."""
-    return lambda retention=None: Store(tmp_path / "db.sqlite3", retention)
-
-
 def test_store_records_executions_as_they_run_and_closes_cut_ones(make_store):
     from gateway.execution.recorder import CUT_BY_RESTART, close_cut_executions
 

@@ -7,15 +7,6 @@ import asyncio
 import json
 import sqlite3
 
-import pytest
-
-from gateway.store.sqlite import SQLiteStore
-
-
-@pytest.fixture
-def make_store(tmp_path):
-    return lambda retention=None: SQLiteStore(tmp_path / "db.sqlite3", retention)
-
 
 def delivery(delivery_id: str, session_id: str, endpoint: str = "main") -> dict:
     body = json.dumps({"id": "e" + delivery_id, "session_id": session_id})
