@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     import docker
 
 
-# What a test names to bound how fast the gateway answers while something strains it.
-_LIVENESS_NAMES = {"Canary", "canary_session", "CANARY_SECONDS"}
-_LIVENESS_FIXTURES = {"canary", "bystander"}
+def _names_in(function) -> set[str]:
+    code = getattr(function, "__code__", None)
+    return set(code.co_names) if code else set()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,12 +38,16 @@ def pytest_collection_modifyitems(config, items):
 
     scripts/test runs the rest in two processes and these after, alone: beside another
     module's kernels on two cores, a canary's 1-2 s bound measured the machine, not the
-    gateway. A test is one when its own code names the canary or it asks for one.
+    gateway. A test is one when its code or a fixture's names the timed ``Canary``, or its
+    code a canary's bound (the check after each security attack is not one: it asks twice,
+    riding out a pause of the machine).
     """
     for item in items:
-        code = getattr(getattr(item, "function", None), "__code__", None)
-        named = _LIVENESS_NAMES.intersection(code.co_names if code else ())
-        if named or _LIVENESS_FIXTURES.intersection(item.fixturenames):
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = fixtures.name2fixturedefs.values() if fixtures else ()
+        used = set().union(*(_names_in(d.func) for each in defs for d in each))
+        own = _names_in(getattr(item, "function", None))
+        if "Canary" in own | used or "CANARY_SECONDS" in own:
             item.add_marker("liveness")
 
 

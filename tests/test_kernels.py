@@ -120,11 +120,19 @@ def test_r_install_packages_fails_fast_saying_why(api, new_session):
 
 @pytest.mark.parametrize("kernel", ["python3", "bash", "ir"])
 def test_interrupt_stops_the_cell_and_keeps_state(api, new_session, kernel):
-    """ipykernel, bash_kernel and IRkernel each say 'interrupted' their own way."""
-    lang = BY_KERNEL[kernel]
+    """ipykernel, bash_kernel and IRkernel each say 'interrupted' their own way.
+
+    The interrupt comes once the cell runs (it made a file): IRkernel says it is busy before
+    it catches interrupts, and one in between ends R (seen on a loaded machine).
+    """
     sid = new_session(kernel=kernel)["id"]
-    thread, box = execute_in_background(api, sid, lang.sleep, timeout=60)
-    wait_for(lambda: api.get(f"/v1/sessions/{sid}").json()["state"] == "busy")
+    code = {
+        "python3": "y = 5; open('began', 'w').close(); import time; time.sleep(30)",
+        "bash": "y=5; touch began; sleep 30",
+        "ir": "y <- 5; invisible(file.create('began')); Sys.sleep(30)",
+    }[kernel]
+    thread, box = execute_in_background(api, sid, code, timeout=60)
+    assert wait_for(lambda: api.get(f"/v1/sessions/{sid}/files/began").status_code == 200)
     assert wait_for(lambda: api.post(f"/v1/sessions/{sid}/interrupt").status_code < 300)
     thread.join(30)
     assert box["reply"]["status"] == "interrupted", box["reply"]
