@@ -83,6 +83,43 @@ def test_two_tokens_never_see_each_others_sessions(shared):
     assert owned["tenant"] == "acme", owned
 
 
+def test_a_tokens_code_contexts_are_its_own_and_another_tenant_reaches_none(shared):
+    server, _ = shared
+
+    async def scenario() -> dict:
+        seen: dict = {}
+        async with server.client(TOKENS["acme"]) as acme, server.client(TOKENS["beta"]) as beta:
+            sid = (await acme.call_tool("create_session", {})).structured_content["session_id"]
+            made = await acme.call_tool("create_context", {"session_id": sid, "cwd": "work"})
+            assert not made.is_error, _texts(made)
+            ctx = seen["ctx"] = made.structured_content["context_id"]
+            seen["in_context"] = await acme.call_tool(
+                "run_code", {"session_id": sid, "code": "import os; os.getcwd()", "context": ctx}
+            )
+            on = {"session_id": sid, "context_id": ctx}
+            for tool, arguments in [
+                ("list_contexts", {"session_id": sid}),
+                ("create_context", {"session_id": sid}),
+                ("restart_context", on),
+                ("remove_context", on),
+                ("run_code", {"session_id": sid, "code": "os", "context": ctx}),
+            ]:
+                seen[f"beta_{tool}"] = await beta.call_tool(tool, arguments)
+            seen["acme_list"] = await acme.call_tool("list_contexts", {"session_id": sid})
+            seen["acme_remove"] = await acme.call_tool("remove_context", on)
+            await acme.call_tool("delete_session", {"session_id": sid})
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert _texts(seen["in_context"]) == ["'/workspace/work'"]
+    assert seen["in_context"].structured_content["context"]["restarted"] is None
+    for name in [name for name in seen if name.startswith("beta_")]:
+        assert seen[name].is_error and "session_not_found" in _texts(seen[name])[0], name
+    listed = seen["acme_list"].structured_content["contexts"]
+    assert [(c["context_id"], c["state"]) for c in listed][1:] == [(seen["ctx"], "running")]
+    assert not seen["acme_remove"].is_error, _texts(seen["acme_remove"])
+
+
 def test_list_interrupt_restart_progress_and_resources(shared):
     server, _ = shared
     progress: list[tuple[float, str | None]] = []
