@@ -40,6 +40,10 @@ TOOLS = {
     "create_volume",
     "list_volumes",
     "delete_volume",
+    "list_contexts",
+    "create_context",
+    "restart_context",
+    "remove_context",
 }
 PLOT = (
     "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
