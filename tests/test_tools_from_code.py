@@ -418,6 +418,32 @@ def test_a_stdio_mcp_server_runs_in_a_hardened_container_of_its_own_gone_with_th
         time.sleep(0.2)
 
 
+def test_a_paused_sessions_stdio_server_is_frozen_with_it_and_gone_while_it_is_saved(
+    api, new_session, engine
+):
+    """Frozen with the session and thawed on resume; removed by a deep pause, started again
+    by the first call after the resume (the execute resumes the session first)."""
+    server = {"name": "who", "command": ["/opt/venv/bin/python", "-c", STDIO_SERVER]}
+    sid = new_session(tools={"stdio": [server]})["id"]
+    label = {"label": f"sbx.tool-server={sid}"}
+
+    def container() -> str:
+        found = engine.api.containers(all=True, filters=label)
+        view = api.get(f"/v1/sessions/{sid}").json()["tools"]["stdio"][0]["container"]
+        return f"{view}: " + ",".join(c["State"] for c in found)
+
+    assert api.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    assert container() == "frozen: paused"
+    assert api.post(f"/v1/sessions/{sid}/resume").status_code == 200
+    assert container() == "running: running"
+    r = api.post(f"/v1/sessions/{sid}/pause", json={"strategy": "namespace"})
+    assert r.status_code == 200 and container() == "stopped: "
+    reply = run(api, sid, "from sbx_tools import whoami\nprint(whoami()['uid'])")
+    assert reply["resumed"]["strategy"] == "namespace", reply
+    assert reply["outputs"][0].get("text") == "1000\n", reply["outputs"]
+    assert container() == "running: running"
+
+
 def test_a_v1_execute_queued_behind_a_jupyter_cell_does_not_take_that_cells_tool_calls(
     gateway, api, new_session, warehouse
 ):

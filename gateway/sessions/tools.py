@@ -130,6 +130,7 @@ class Toolbox:
     slots: asyncio.Semaphore
     turn: ToolTurn | None = None
     injected: tuple[int, int] | None = None  # (kernel, its restarts) the module was put in
+    served: Path | None = None  # the run directory its socket is served in
     encoded: tuple[ToolTurn | None, bytes] | None = None  # the listing as last sent, its turn
     # Executes sent to the kernel whose code has not begun (by record): a call may come
     # before the gateway reads the kernel's word that one began, so it waits for its window.
@@ -206,8 +207,9 @@ class Toolbox:
     async def rest(self) -> None:
         """End each stdio server and its sandbox (its session is paused deep): the next call
         starts it again. Its kernel went too: the one its resume starts (the same Kernel,
-        not restarted) is given sbx_tools again."""
-        self.injected = None
+        not restarted) is given sbx_tools again, and its socket (a pooled sandbox's
+        directory takes the place of the session's) is served again."""
+        self.injected = self.served = None
         await asyncio.gather(*(c.rest() for c in self._stdio()))
 
 
@@ -235,7 +237,6 @@ class SessionTools:
         self.endpoint = ToolEndpoint(self._listing, self.call)
         self.on_call: CallHook | None = None  # the audit log hears each call
         self._boxes: dict[str, Toolbox] = {}
-        self._served: dict[str, Path] = {}  # the run directory each session's socket is in
 
     # -- giving tools ---------------------------------------------------------------------
 
@@ -394,25 +395,26 @@ class SessionTools:
         old = self._boxes.pop(session.id, None)
         if old is not None:
             box.turn, box.injected = old.turn, old.injected  # a running execute keeps its turn
+            box.served = old.served
             box.coming = old.coming
             await old.close()
-        if session.state == "paused":  # given back at a restart, or by a PUT: no server
-            await box.rest()  # runs for a paused session till a call after its resume
         self._boxes[session.id] = box
         session.tools = box
         given = box.config.mcp or box.config.stdio
         session.tool_config = dict(box.config.sent) if given else None
         self.manager.save_soon(session)
-        if session.id not in self._served:
+        if old is None:
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
-        await self._serve(session, run_dir)
+        await self._serve(session, box, run_dir)
+        if session.state == "paused":  # given back at a restart, or by a PUT: no server
+            await box.rest()  # runs for a paused session till a call after its resume
 
-    async def _serve(self, session: Session, run_dir: Path) -> None:
+    async def _serve(self, session: Session, box: Toolbox, run_dir: Path) -> None:
         """Serve the session's socket in ``run_dir``, unless it is there already (a session
         resumed in a pooled sandbox has another run directory)."""
-        if self._served.get(session.id) != run_dir:
+        if box.served != run_dir:
             await self.endpoint.open(session.id, run_dir)
-            self._served[session.id] = run_dir
+            box.served = run_dir
 
     async def restore(self) -> None:
         """Give the sessions a restarted gateway took over the tools they had (their servers
@@ -437,7 +439,6 @@ class SessionTools:
     async def close(self, session_id: str) -> None:
         """Stop serving a session's tools (it ended)."""
         self.endpoint.close(session_id)
-        self._served.pop(session_id, None)
         box = self._boxes.pop(session_id, None)
         if box is not None:
             if box.turn is not None:
@@ -515,7 +516,7 @@ class SessionTools:
             return
         run_dir = getattr(session.kernel.sandbox, "run_dir", None) if session.kernel else None
         if run_dir is not None:
-            await self._serve(session, run_dir)
+            await self._serve(session, box, run_dir)
         if kernel is not None and session.language == "python":
             mark = (id(kernel), kernel.restarts)
             if box.injected != mark:

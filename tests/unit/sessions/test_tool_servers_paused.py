@@ -274,3 +274,20 @@ def test_the_kernel_a_deep_resume_starts_is_given_sbx_tools_again():
         assert len(kernel.silent) == 2  # type: ignore[union-attr]
 
     run(test)
+
+
+def test_a_session_resumed_deep_into_a_pooled_sandbox_has_its_tool_socket_served_again():
+    """The pooled sandbox's directory takes the session's place (the same path): the socket
+    went with the old one, and the next execute found none (FileNotFoundError in sbx_tools)."""
+
+    async def test(w: World):
+        pausing, session, _ = await paused_world(w)
+        socket = session.kernel.sandbox.run_dir / "tools.sock"  # type: ignore[union-attr]
+        assert socket.is_socket()
+        await pausing.pause(session, "namespace")
+        socket.unlink()  # the directories exchanged (``Placement.move_in``)
+        session.state = "idle"  # resumed
+        await w.tools.ready(session, session.kernel)  # type: ignore[arg-type]
+        assert socket.is_socket()
+
+    run(test)
