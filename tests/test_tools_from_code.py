@@ -442,6 +442,12 @@ def test_a_paused_sessions_stdio_server_is_frozen_with_it_and_gone_while_it_is_s
     assert reply["resumed"]["strategy"] == "namespace", reply
     assert reply["outputs"][0].get("text") == "1000\n", reply["outputs"]
     assert container() == "running: running"
+    assert api.post(f"/v1/sessions/{sid}/pause").status_code == 200  # frozen, then ended
+    assert api.delete(f"/v1/sessions/{sid}").status_code in (200, 204)
+    deadline = time.monotonic() + 10
+    while engine.api.containers(all=True, filters=label):
+        assert time.monotonic() < deadline, "a frozen stdio server outlived its session"
+        time.sleep(0.2)
 
 
 def test_a_v1_execute_queued_behind_a_jupyter_cell_does_not_take_that_cells_tool_calls(
