@@ -223,7 +223,10 @@ def _code_context(response: httpx.Response) -> CodeContext:
 
 
 def _segment(value: str) -> str:
-    return quote(str(value), safe="")
+    """One path segment whatever the id: '.' and '..' are escaped too, else the URL folds them
+    away and a call meant for a context reaches its session (remove_context(s, '..'))."""
+    quoted = quote(str(value), safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
 
 
 def file_path(path: str) -> str:
