@@ -181,12 +181,20 @@ class Toolbox:
         """Freeze each running stdio server's sandbox (``freeze``: the placement's) with its
         session's."""
         self.frozen = True
+        self._hold(True)
         await self._on_sandboxes(freeze)
 
     async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None:
         """Let them run again with their session (or before its sandbox is saved)."""
         self.frozen = False
+        self._hold(False)
         await self._on_sandboxes(thaw)
+
+    def _hold(self, held: bool) -> None:
+        """A server still starting when its session freezes ends once started, not left
+        running unfrozen (the freeze found no sandbox of it)."""
+        for connection in self._stdio():
+            connection.held = held
 
     async def _on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
         """``act`` on each running stdio server's sandbox; one the engine refuses is ended

@@ -134,6 +134,7 @@ class StdioConnection(McpConnection):
         self.start = start
         self._broken: str | None = None  # why the server went away, if it did
         self._process: ServerProcess | None = None  # while connected
+        self.held = False  # its session is frozen: a server that starts meanwhile is ended
 
     @property
     def sandbox_id(self) -> str | None:
@@ -154,7 +155,12 @@ class StdioConnection(McpConnection):
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[TransportStreams]:
         with anyio.fail_after(CONNECT_TIMEOUT, shield=True):  # a sandbox made is never lost
-            process = self._process = await self.start()
+            process = await self.start()
+        if self.held:  # the freeze came while it started, finding no sandbox to freeze
+            with anyio.CancelScope(shield=True):
+                await process.end()
+            raise ToolFailed(f"its session was paused while {self.server.name} started")
+        self._process = process
         self._broken = None
         try:
             async with line_streams(process, self.max_bytes, self._went) as streams:

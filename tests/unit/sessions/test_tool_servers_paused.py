@@ -291,3 +291,34 @@ def test_a_session_resumed_deep_into_a_pooled_sandbox_has_its_tool_socket_served
         assert socket.is_socket()
 
     run(test)
+
+
+def test_a_server_still_starting_when_its_session_freezes_is_not_left_running():
+    """A call (over the MCP URL, or the kernel's just before) that starts a server races the
+    pause: the freeze found no sandbox yet, and the server then ran on, unfrozen, for as
+    long as its session stayed paused."""
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        await pausing.pause(session, "namespace")  # the server ended with the kernel
+        session.state, session.paused = "idle", None  # resumed, its server not yet started
+        gate, entered = asyncio.Event(), asyncio.Event()
+        start = engine.start_tool_server
+
+        async def slow_start(*args) -> Process:
+            entered.set()
+            await gate.wait()  # the container is being made
+            return await start(*args)
+
+        engine.start_tool_server = slow_start  # type: ignore[method-assign]
+        call = asyncio.ensure_future(called(session))
+        await entered.wait()
+        await pausing.pause(session, None)  # frozen meanwhile
+        gate.set()
+        try:
+            await call
+        except Exception as e:  # the call may fail: its session is paused
+            assert "paused" in str(e), e
+        assert set(engine.running) <= engine.frozen, (engine.running, engine.frozen)
+
+    run(test)
