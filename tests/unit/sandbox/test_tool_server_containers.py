@@ -60,3 +60,34 @@ def test_each_server_is_bounded_below_its_session_so_four_do_not_take_four_sessi
     assert (
         asked["mem_limit"] == 256 << 20 and asked["nano_cpus"] == 5e8 and asked["pids_limit"] == 64
     )
+
+
+def test_the_live_reconcile_never_lists_a_servers_container_only_a_start_removes_them(
+    monkeypatch, tmp_path
+):
+    """The suspicion: reconciliation (``Upkeep._reconcile``: sandboxes of the live sessions)
+    counting a live session's server container, which carries the gateway's label but no
+    session label, as a leftover. It lists by the session label, so never sees one; only
+    recovery at start (every container of the gateway) removes them, when no session of
+    this process holds one."""
+    from gateway.sandbox.docker.placement import DockerPlacement
+    from gateway.sandbox.docker.provisioner import LABEL_SESSION
+
+    asked = started(monkeypatch, BIG)
+    kernel = {"Id": "k1", "Names": ["/sbx-s1"], "State": "running",
+              "Labels": {"sbx.gateway": "g1", LABEL_SESSION: "s1"}}  # fmt: skip
+    server = {"Id": "t1", "Names": [f"/{asked['name']}"], "State": "running",
+              "Labels": asked["labels"]}  # fmt: skip
+
+    def containers(all: bool, filters: dict) -> list[dict]:  # the engine's label filter
+        key, _, value = filters["label"].partition("=")
+        return [
+            c for c in (kernel, server) if key in c["Labels"] and value in ("", c["Labels"][key])
+        ]
+
+    client = type("Client", (), {"api": type("Api", (), {"containers": staticmethod(containers)})})
+    placement = DockerPlacement(client, None, tmp_path, 0, 0)  # type: ignore[arg-type]
+    live = asyncio.run(placement.sandboxes("g1", ["s1"]))
+    assert [s.id for s in live] == ["k1"]
+    at_start = asyncio.run(placement.sandboxes("g1"))
+    assert {s.id for s in at_start} == {"k1", "t1"}
