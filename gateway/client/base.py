@@ -26,7 +26,7 @@ import httpx
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from .. import __version__
-from ..errors import FileTooLarge, GatewayError, NotFound, SessionEnded
+from ..errors import BadRequest, FileTooLarge, GatewayError, NotFound, SessionEnded
 from .errors import GatewayUnreachable, error_from_body, error_from_event
 from .models import (
     Approval,
@@ -230,8 +230,19 @@ def _segment(value: str) -> str:
 
 
 def file_path(path: str) -> str:
-    """A workspace path as a URL path, each segment quoted."""
-    return quote(str(path).strip("/"), safe="/")
+    """A workspace path as a URL path, each segment quoted, its dot segments folded here: sent
+    as is, the URL folds them itself, and '../tools' reached the session's tools route."""
+    kept: list[str] = []
+    for segment in str(path).split("/"):
+        if segment == "..":
+            if not kept:
+                raise BadRequest(
+                    f"workspace path {path!r} goes above the workspace; name one in it"
+                )
+            kept.pop()
+        elif segment not in ("", "."):
+            kept.append(segment)
+    return quote("/".join(kept), safe="/")
 
 
 class BaseClient:
