@@ -181,20 +181,18 @@ class Toolbox:
         """Freeze each running stdio server's sandbox (``freeze``: the placement's) with its
         session's."""
         self.frozen = True
-        self._hold(True)
         await self._on_sandboxes(freeze)
 
     async def thaw(self, thaw: Callable[[str], Awaitable[None]]) -> None:
         """Let them run again with their session (or before its sandbox is saved)."""
         self.frozen = False
-        self._hold(False)
         await self._on_sandboxes(thaw)
 
-    def _hold(self, held: bool) -> None:
-        """A server still starting when its session freezes ends once started, not left
-        running unfrozen (the freeze found no sandbox of it)."""
+    def hold(self, session: Session) -> None:
+        """No server starts while ``session`` is paused (or being frozen): one still starting
+        when the pause came, which found no sandbox of it, is ended once started."""
         for connection in self._stdio():
-            connection.held = held
+            connection.held = lambda: self.frozen or session.state == "paused"
 
     async def _on_sandboxes(self, act: Callable[[str], Awaitable[None]]) -> None:
         """``act`` on each running stdio server's sandbox; one the engine refuses is ended
@@ -407,6 +405,7 @@ class SessionTools:
             box.coming = old.coming
             await old.close()
         self._boxes[session.id] = box
+        box.hold(session)
         session.tools = box
         given = box.config.mcp or box.config.stdio
         session.tool_config = dict(box.config.sent) if given else None

@@ -134,7 +134,8 @@ class StdioConnection(McpConnection):
         self.start = start
         self._broken: str | None = None  # why the server went away, if it did
         self._process: ServerProcess | None = None  # while connected
-        self.held = False  # its session is frozen: a server that starts meanwhile is ended
+        # Whether its session is paused: no server starts, one that started meanwhile is ended.
+        self.held: Callable[[], bool] = lambda: False
 
     @property
     def sandbox_id(self) -> str | None:
@@ -154,12 +155,15 @@ class StdioConnection(McpConnection):
 
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[TransportStreams]:
+        paused = f"its session is paused; {self.server.name} starts again with it"
+        if self.held():
+            raise ToolFailed(paused)
         with anyio.fail_after(CONNECT_TIMEOUT, shield=True):  # a sandbox made is never lost
             process = await self.start()
-        if self.held:  # the freeze came while it started, finding no sandbox to freeze
+        if self.held():  # the pause came while it started, finding no sandbox of it
             with anyio.CancelScope(shield=True):
                 await process.end()
-            raise ToolFailed(f"its session was paused while {self.server.name} started")
+            raise ToolFailed(paused)
         self._process = process
         self._broken = None
         try:

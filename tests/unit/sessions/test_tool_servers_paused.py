@@ -9,6 +9,7 @@ MCP process in its sandbox (``Process``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from gateway.limits import Limits
 from gateway.sessions.model import Session
 from gateway.sessions.pausing import Pausing
 from gateway.sessions.state import SavedState
+from gateway.tools.mcp_servers import ToolFailed
 
 KERNEL = "kernel-container"
 
@@ -320,5 +322,38 @@ def test_a_server_still_starting_when_its_session_freezes_is_not_left_running():
         except Exception as e:  # the call may fail: its session is paused
             assert "paused" in str(e), e
         assert set(engine.running) <= engine.frozen, (engine.running, engine.frozen)
+
+    run(test)
+
+
+def test_a_server_still_starting_when_its_session_pauses_deep_is_not_left_running():
+    """The same race with a deep pause: the call (over the MCP URL, woken before the pause)
+    reached its server again once the pause had ended it, and the server ran for as long
+    as the session stayed paused, its kernel gone."""
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        await pausing.pause(session, "namespace")
+        session.state, session.paused = "idle", None  # resumed, its server not yet started
+        gate, entered = asyncio.Event(), asyncio.Event()
+        start = engine.start_tool_server
+
+        async def slow_start(*args) -> Process:
+            entered.set()
+            await gate.wait()
+            return await start(*args)
+
+        engine.start_tool_server = slow_start  # type: ignore[method-assign]
+        call = asyncio.ensure_future(called(session))
+        await entered.wait()
+        pause = asyncio.ensure_future(pausing.pause(session, "namespace"))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await pause
+        late = asyncio.ensure_future(called(session))  # a call the pause did not wait for
+        for done in (call, late):
+            with contextlib.suppress(ToolFailed):  # it may fail: its session paused
+                await done
+        assert session.state == "paused" and engine.running == {}, engine.running
 
     run(test)
