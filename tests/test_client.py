@@ -149,9 +149,11 @@ def test_token_goes_on_http_and_websocket_requests(gateway, token):
 def test_interrupt_restart_timeouts_history_export(sdk_session, tmp_path):
     s = sdk_session
     box: dict[str, Execution] = {}
-    runner = threading.Thread(target=lambda: box.update(e=s.run("import time; time.sleep(60)")))
+    code = "open('began', 'w').close(); import time; time.sleep(60)"
+    runner = threading.Thread(target=lambda: box.update(e=s.run(code)))
     runner.start()
-    assert wait_for(lambda: s.refresh().state == "busy", 20), "the long cell never started"
+    # Once the cell runs: an interrupt in ipykernel's own code before it says no KeyboardInterrupt.
+    assert wait_for(lambda: s.files.exists("began"), 20), "the long cell never started"
     assert s.interrupt().id == s.id
     runner.join(30)
     assert box["e"].status == "interrupted" and box["e"].error.name == "KeyboardInterrupt"

@@ -104,9 +104,12 @@ def kernel_start(body: Any, ttl_from: str) -> KernelStart:
     for name, why in REFUSED.items():
         if env.get(name):
             raise BadRequest(f"{name} is not supported: {why}")
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest("name must be a kernelspec name such as 'python3' (GET /api/kernelspecs)")
     metadata: dict[str, Any] = {"client": "jupyter"}
     request: dict[str, Any] = {
-        "kernel": body.get("name") or None,
+        "kernel": name or None,
         "env": {k: v for k, v in env.items() if k not in CONSUMED},
         "metadata": metadata,
     }

@@ -80,7 +80,8 @@ class BuildTemplate:
                 raise BadRequest("context must be a tar archive, base64-encoded") from None
         if kernel is not None and not isinstance(kernel, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
-        tags = body.get("tags") or []
+        tags = body.get("tags")
+        tags = [] if tags is None else tags
         if not isinstance(tags, list):
             raise BadRequest('tags must be a list, like ["v1.2", "production"]')
         return cls(name, dockerfile, context, kernel, tuple(tags))
@@ -132,7 +133,9 @@ class CreateSession:
         from_snapshot = body.get("from_snapshot")
         if from_snapshot is not None and not isinstance(from_snapshot, str):
             raise BadRequest("from_snapshot must be a snapshot id (POST .../snapshots made one)")
-        kernel = body.get("kernel") or ("" if from_snapshot else "python3")
+        kernel = body.get("kernel")
+        if kernel is None or kernel == "":  # not `or`: a falsy 0 or false is a mistake
+            kernel = "" if from_snapshot else "python3"
         if not isinstance(kernel, str):
             raise BadRequest("kernel must be a kernelspec name such as 'python3'")
         session_id = body.get("id")
@@ -145,7 +148,8 @@ class CreateSession:
         if runtime is not None and not isinstance(runtime, str):
             raise BadRequest(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
         env, secrets = env_vars(body.get("env")), secret_names(body.get("secrets"))
-        secrets_as = body.get("secrets_as") or "env"
+        secrets_as = body.get("secrets_as")
+        secrets_as = "env" if secrets_as is None else secrets_as
         if secrets_as not in ("env", "files"):
             raise BadRequest(f"secrets_as must be 'env' or 'files', not {secrets_as!r}")
         credentials = parse_credentials(body.get("credentials"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import BadRequest, PolicyInvalid
+from gateway.sessions.kernel_env import kernel_start
 from gateway.sessions.requests import (
+    BuildTemplate,
     CreateSession,
     ExecuteCode,
     PauseSession,
@@ -60,6 +62,9 @@ def test_a_fork_takes_its_kernel_from_the_snapshot():
     [
         ([], "the request body must be a JSON object"),
         ({"kernel": 3}, "kernel must be a kernelspec name"),
+        ({"kernel": 0}, "kernel must be a kernelspec name"),  # falsy: was read as the default
+        ({"kernel": False}, "kernel must be a kernelspec name"),
+        ({"kernel": []}, "kernel must be a kernelspec name"),
         ({"id": "not-a-uuid"}, "id must be a UUID"),
         ({"runtime": ["runc"]}, "runtime must be one of"),
         ({"from_snapshot": 7}, "from_snapshot must be a snapshot id"),
@@ -68,6 +73,7 @@ def test_a_fork_takes_its_kernel_from_the_snapshot():
         ({"idle_timeout": float("nan")}, "idle_timeout must be a number of seconds"),
         ({"idle_action": "sleep"}, "idle_action must be 'end' or 'pause', not 'sleep'"),
         ({"secrets_as": "disk"}, "secrets_as must be 'env' or 'files', not 'disk'"),
+        ({"secrets_as": 0}, "secrets_as must be 'env' or 'files', not 0"),
         ({"env": {"A": 1}}, "env must be an object of string values"),
         ({"env": {"1A": "x"}}, "invalid environment variable name(s): ['1A']"),
         ({"secrets": "KEY"}, "secrets must be a list of secret names"),
@@ -157,3 +163,12 @@ def test_a_command_is_a_shell_line_run_in_the_workspace():
         with pytest.raises(BadRequest) as refused:
             StartCommand.from_json(body)
         assert says in refused.value.message, body
+
+
+@pytest.mark.parametrize("falsy", [0, False, {}])
+def test_a_falsy_value_of_the_wrong_type_is_refused_not_read_as_the_default(falsy):
+    """``value or default`` read a kernel of 0 as python3 (schemathesis: 201 for kernel 0)."""
+    with pytest.raises(BadRequest, match="tags must be a list"):
+        BuildTemplate.from_json({"name": "t", "dockerfile": "FROM python", "tags": falsy})
+    with pytest.raises(BadRequest, match="name must be a kernelspec name"):
+        kernel_start({"name": falsy}, "created")
