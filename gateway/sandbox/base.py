@@ -303,6 +303,15 @@ class Placement(abc.ABC):
             "server over streamable HTTP and give its url"
         )
 
+    async def remove_tool_servers(  # noqa: B027 (a placement that starts none has none)
+        self, gateway_id: str, sessions: Collection[str]
+    ) -> None:
+        """Remove the stdio server sandboxes of ``sessions`` that another gateway started.
+
+        Recovery calls it for the sessions it takes over, before their tools can start
+        servers here: nothing reaches a dead gateway's, which would run on for nobody.
+        """
+
     def context_sandbox(
         self,
         spec: Any,

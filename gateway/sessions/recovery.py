@@ -92,6 +92,7 @@ async def take_back(
     did not answer, and nobody else took: their kernels ran on meanwhile.
     Always, a dead gateway's sessions the placement can adopt (``Placement.adoptable``),
     and those it was still starting, which end (their quota claims go back with them).
+    Another gateway's stdio server containers of them go first (nothing reaches them).
     Returns the containers the sessions taken over run in.
     """
     gateway_id, placement = lifecycle.gateway_id, lifecycle.placement
@@ -116,6 +117,10 @@ async def take_back(
     taken = {doc["id"] for doc, _ in left}
     cut = await close_cut_executions(store, taken)
     await registry.taken_over(taken)
+    try:  # before any is registered, so its tools start their servers only after
+        await placement.remove_tool_servers(gateway_id, taken)
+    except ENGINE_ERRORS as e:
+        log.warning("stdio server containers of sessions taken over are left running: %s", e)
     # Sandboxes are labelled with the gateway that started them: a session this
     # gateway adopted once (its own now) still runs in the first one's.
     containers = await placement.sandboxes(gateway_id, taken)

@@ -45,7 +45,7 @@ from .provisioner import (
     sandbox_name,
     update_limits,
 )
-from .tool_servers import ToolServerContainer, start_tool_server
+from .tool_servers import LABEL_TOOL_SERVER, ToolServerContainer, start_tool_server
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,18 @@ class DockerPlacement(Placement):
             for s, c in zip(found, containers, strict=True)
             if c["Labels"].get(LABEL_GATEWAY) == gateway_id or s.session_id in wanted
         ]
+
+    async def remove_tool_servers(self, gateway_id: str, sessions: Collection[str]) -> None:
+        servers = await asyncio.to_thread(
+            self.docker.api.containers, all=True, filters={"label": LABEL_TOOL_SERVER}
+        )
+        for c in servers:
+            session_id = c["Labels"][LABEL_TOOL_SERVER]
+            if session_id in sessions and c["Labels"].get(LABEL_GATEWAY) != gateway_id:
+                log.info(
+                    "removing session %s's stdio server container of another gateway", session_id
+                )
+                await self.remove_sandbox(c["Id"])
 
     async def remove(self, session_id: str) -> None:
         await self.remove_sandbox(sandbox_name(session_id))
