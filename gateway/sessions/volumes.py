@@ -218,8 +218,9 @@ def public(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in ("id", "name", "size_bytes", "created_at")}
 
 
-def _no_filesystem(name: str, why: str) -> Unavailable:
-    return Unavailable(
+def _no_filesystem(name: str, why: str) -> Conflict:
+    """A 409, not a 503: the volume is there, in a state its files cannot be used in yet."""
+    return Conflict(
         f"volume {name!r} has no filesystem to use ({why}): its create is still running, or "
         "was cut short; then delete the volume and create it again"
     )

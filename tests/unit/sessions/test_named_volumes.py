@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,31 @@ def test_a_volume_is_mounted_once_per_session_so_its_holder_record_tells_the_tru
                 ]
             }
         )
+
+
+@pytest.mark.skipif(not LOOPS, reason="needs loop mounts (root)")
+def test_files_of_a_volume_whose_create_is_still_running_are_a_409_saying_so(tmp_path, monkeypatch):
+    """Not a 503: the volume is there, not yet usable (schemathesis, two workers: a DELETE of a
+    volume's file while another request's create was formatting its image)."""
+    formatting, go_on = threading.Event(), threading.Event()
+    real_create = volume.create
+
+    def slow_create(*args):
+        formatting.set()  # recorded first, then made
+        go_on.wait(10)
+        return real_create(*args)
+
+    monkeypatch.setattr(volume, "create", slow_create)
+
+    async def scenario(volumes, store):
+        creating = asyncio.create_task(volumes.create(ACME, CreateVolume("data", 16 * MIB)))
+        assert await asyncio.to_thread(formatting.wait, 10)
+        try:
+            with pytest.raises(Conflict, match="its create is still running"):
+                await volumes.files(ACME, "data")
+        finally:
+            go_on.set()
+        await creating
+        assert await (await volumes.files(ACME, "data")).free_bytes() > 0  # made: usable
+
+    run(tmp_path, scenario)

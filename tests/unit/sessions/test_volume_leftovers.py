@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.access.auth import Principal, Quota
-from gateway.errors import Unavailable
+from gateway.errors import Conflict
 from gateway.policy.approvals import ApprovalDesk
 from gateway.policy.book import PolicyBook
 from gateway.policy.gate import Gate
@@ -70,7 +70,7 @@ def _cut_short(where: Path, cut: str) -> None:
 
 
 @pytest.mark.parametrize("cut", ["before its image", "before mkfs"])
-def test_a_volume_whose_create_was_cut_short_is_a_503_never_the_hosts_disk(tmp_path, cut):
+def test_a_volume_whose_create_was_cut_short_is_a_409_never_the_hosts_disk(tmp_path, cut):
     """Its record is there, its filesystem is not: files would land on the data disk, uncapped."""
     if not volume.loop_mounts_available():
         pytest.skip("needs root")
@@ -84,9 +84,9 @@ def test_a_volume_whose_create_was_cut_short_is_a_503_never_the_hosts_disk(tmp_p
         where = Path(doc["where"])
         try:
             await asyncio.to_thread(_cut_short, where, cut)
-            with pytest.raises(Unavailable, match="create it again"):
+            with pytest.raises(Conflict, match="create it again"):
                 await volumes.files(ACME, "half")
-            with pytest.raises(Unavailable, match="create it again"):
+            with pytest.raises(Conflict, match="create it again"):
                 await volumes.mount("s1", ACME, (MountVolume("half", "data"),))
             await volumes.delete(ACME, "half")  # what the message asks for works
             assert not await asyncio.to_thread(where.exists)
