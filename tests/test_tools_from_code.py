@@ -7,6 +7,8 @@ the shared gateway connects to it as an MCP client, and code in the sandbox
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -14,8 +16,15 @@ import time
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 from helpers import Canary, run
+
+from gateway.config import Settings
+from gateway.sandbox.docker.placement import DockerPlacement
+from gateway.sandbox.docker.provisioner import LABEL_GATEWAY
+from gateway.sandbox.docker.tool_servers import LABEL_TOOL_SERVER
+from gateway.sandbox.images import ImageBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = """
@@ -448,6 +457,35 @@ def test_a_paused_sessions_stdio_server_is_frozen_with_it_and_gone_while_it_is_s
     while engine.api.containers(all=True, filters=label):
         assert time.monotonic() < deadline, "a frozen stdio server outlived its session"
         time.sleep(0.2)
+
+
+def test_a_takeover_removes_the_other_gateways_stdio_server_containers_of_its_sessions_only(
+    engine, tmp_path
+):
+    """``DockerPlacement.remove_tool_servers`` as recovery calls it for the sessions it takes
+    over (tests/unit/sessions/test_adopted_tool_servers.py is the recovery side): of three
+    servers' containers, only the dead gateway's of the adopted session goes."""
+    settings = Settings()
+    image = ImageBuilder(engine, Path(settings.images_dir), base=settings.base_image).tag_for(
+        "python"
+    )
+    here, dead, sid = (f"takeover-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    made = []
+    try:
+        for session, gateway in ((sid, dead), (sid, here), (f"{sid}-other", dead)):
+            labels = {LABEL_GATEWAY: gateway, LABEL_TOOL_SERVER: session}
+            options = dict(entrypoint=["sleep"], labels=labels, network_mode="none", detach=True)
+            made.append(engine.containers.run(image, ["60"], **options))
+        placement = DockerPlacement(engine, None, tmp_path, 0, 0)  # type: ignore[arg-type]
+        asyncio.run(placement.remove_tool_servers(here, {sid}))
+        left = {
+            c.id for c in engine.containers.list(all=True, filters={"id": [c.id for c in made]})
+        }
+        assert left == {made[1].id, made[2].id}
+    finally:
+        for container in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
 
 
 def test_a_v1_execute_queued_behind_a_jupyter_cell_does_not_take_that_cells_tool_calls(
