@@ -226,6 +226,11 @@ def test_a_call_over_the_mcp_url_resumes_a_paused_session_first():
     run(test)
 
 
+def containers(session) -> list[str]:
+    """Where the session's view says each stdio server's container is."""
+    return [s["container"] for s in session.tools.to_json()["stdio"]]
+
+
 def test_a_server_listing_no_tools_is_paused_and_ended_with_the_others():
     """It is connected all the same: its container ran on through pauses and the end."""
 
@@ -236,12 +241,10 @@ def test_a_server_listing_no_tools_is_paused_and_ended_with_the_others():
         assert sorted(engine.running) == ["tool-2", "tool-3"]
         await pausing.pause(session, None)
         assert engine.frozen == {KERNEL, "tool-2", "tool-3"}
-        states = [s["container"] for s in session.tools.to_json()["stdio"]]  # type: ignore[union-attr]
-        assert states == ["frozen", "frozen"]
+        assert containers(session) == ["frozen", "frozen"]
         await pausing.deepen(session)
         assert engine.running == {}
-        states = [s["container"] for s in session.tools.to_json()["stdio"]]  # type: ignore[union-attr]
-        assert states == ["stopped", "stopped"]
+        assert containers(session) == ["stopped", "stopped"]
 
     run(test)
 
@@ -251,8 +254,7 @@ def test_the_view_says_each_stdio_servers_container_runs_and_the_end_removes_the
         _, session, engine = await paused_world(w)
         quiet = {"name": "quiet", "command": ["quiet"]}
         await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}, quiet])
-        view = session.tools.to_json()  # type: ignore[union-attr]
-        assert [s["container"] for s in view["stdio"]] == ["running", "running"]
+        assert containers(session) == ["running", "running"]
         await w.tools.close("s1")  # the session ended
         assert engine.running == {}
 
