@@ -36,6 +36,7 @@ from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from ..hosts import Host, IPAddress, format_authority, parse_authority
+from ..tasks import end_task
 from .credentials import Broker, Brokered, TunnelRefused
 from .policy import AddressGuard, NetworkPolicy
 from .sni import server_name
@@ -601,10 +602,10 @@ async def _splice(
     try:
         await _pipe(up_reader, writer, down)
     finally:
-        upload.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await upload
-        up_writer.close()
+        try:
+            await end_task(upload)
+        finally:
+            up_writer.close()
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:

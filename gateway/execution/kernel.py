@@ -246,7 +246,8 @@ class Kernel:
                 await asyncio.wait([request.reply for request in asked], timeout=1.0)
                 if any(request.reply.done() for request in asked):
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(channels.iopub_heard.wait(), 0.2)
+                        async with asyncio.timeout(0.2):
+                            await channels.iopub_heard.wait()
                     if channels.iopub_heard.is_set():
                         return
                 channels.poke()

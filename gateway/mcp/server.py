@@ -52,6 +52,7 @@ from ..client import (
 )
 from ..client.models import IMAGE_TYPES, CodeContext, SessionInfo
 from ..client.settings import ClientSettings
+from ..tasks import end_task
 from .access import GatewayClients
 
 log = logging.getLogger(__name__)
@@ -250,9 +251,7 @@ class SandboxTools:
                 on_stderr=progress,
             )
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await end_task(beat)
         summary: dict[str, Any] = {
             "status": execution.status,
             "execution_count": execution.execution_count,

@@ -192,7 +192,8 @@ class ChannelsRelay:
             self.nudges.add(msg["header"]["msg_id"])
             self.signer.send(self.streams["shell"], msg)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.iopub_ready.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await self.iopub_ready.wait()
 
     def close(self) -> None:
         """Close the sockets; safe to call twice."""

@@ -10,7 +10,6 @@ sessions are counted, before anything starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from ..access.auth import Quota
 from ..errors import Conflict, GatewayError, QuotaExceeded, TooManySessions
 from ..limits import format_size
 from ..store.base import Store
+from ..tasks import end_task
 from .leases import Leases
 from .model import Session
 
@@ -138,10 +138,7 @@ class Admission:
         self._extender = asyncio.create_task(self._extend_forever(), name="sbx-claims")
 
     async def stop(self) -> None:
-        if self._extender is not None:
-            self._extender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._extender
+        await end_task(self._extender)
 
     async def _extend_forever(self) -> None:
         while True:

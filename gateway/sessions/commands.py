@@ -22,8 +22,8 @@ from typing import Any
 from ..errors import Conflict, LimitExceeded, NotFound
 from ..masking import NO_SECRETS, Masker
 from ..sandbox.base import ENGINE_ERRORS, Placement, SandboxProcess
+from ..tasks import TaskSet
 from .requests import StartCommand
-from .tasks import TaskSet
 
 MAX_COMMANDS = 32  # running at once in one session
 LISTEN_QUEUE = 16  # output pieces waiting for one listener
@@ -133,7 +133,8 @@ class Listener:
         """The next (stdout | stderr | pty, bytes); None at the end; TimeoutError on silence."""
         if self.ended:
             return None
-        item = await asyncio.wait_for(self._queue.get(), timeout)
+        async with asyncio.timeout(timeout):
+            item = await self._queue.get()
         self.ended = item is None
         return item
 
@@ -209,12 +210,14 @@ class Commands:
 
         killed = True
         try:
-            await asyncio.wait_for(collect(), timeout)
+            async with asyncio.timeout(timeout):
+                await collect()
         except TimeoutError:
             timed_out = True
             killed = await command.kill()  # not yet: its sandbox is frozen, no exit to wait for
         if killed:
-            await asyncio.wait_for(asyncio.shield(command.exit_code), 10)
+            async with asyncio.timeout(10):
+                await asyncio.shield(command.exit_code)
         return {
             "pid": command.pid,
             "exit_code": None if timed_out else command.exit_code.result(),

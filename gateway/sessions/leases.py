@@ -17,12 +17,12 @@ nothing is written and nothing can be lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from ..store.base import Store
+from ..tasks import end_task
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +67,7 @@ class Leases:
 
     async def stop(self) -> None:
         """Stop renewing: the leases run out unless this gateway starts again first."""
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        await end_task(self._renewer)
 
     async def _renew_forever(self) -> None:
         while True:

@@ -52,6 +52,7 @@ from ..observe.metrics import GatewayMetrics
 from ..policy.gate import Gate
 from ..sandbox.base import DeathCallback, VolumeMount
 from ..store.base import Store
+from ..tasks import TaskSet
 from ..validation import seconds
 from .admission import Admission, HostCaps
 from .commands import Commands
@@ -75,7 +76,6 @@ from .requests import (
 from .snapshots import Snapshots
 from .starts import StartQueue
 from .state import KernelState
-from .tasks import TaskSet
 from .templates import Templates
 from .volumes import Volumes
 from .watchers import Watchers

@@ -44,10 +44,10 @@ from collections.abc import Callable, Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TooManySessions
+from ..tasks import TaskSet, end_task
 from .lifecycle import SandboxLifecycle
 from .model import Session
 from .requests import CreateSession
-from .tasks import TaskSet
 from .templates import REPO
 
 if TYPE_CHECKING:
@@ -186,10 +186,7 @@ class WarmPool:
 
     async def stop(self) -> None:
         """Stop refilling and remove every unclaimed sandbox: they belong to no session."""
-        if self._filler is not None:
-            self._filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._filler
+        await end_task(self._filler)
         # A refill cut short removes its half-started sandbox itself.
         await self.tasks.cancel(timeout=30)
         entries = [entry for ready in self.ready.values() for entry in ready]
@@ -344,7 +341,8 @@ class WarmPool:
                     self.starting[key] += 1
                     self.tasks.spawn(self._refill(key))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await self._wake.wait()
 
     def _coming(self, key: PoolKey) -> int:
         """Sandboxes of ``key`` starting, or set aside for a create not yet done: one

@@ -104,7 +104,8 @@ class StartQueue:
             self._turns.append(tenant)
         queue.append(turn)
         try:
-            await asyncio.wait_for(asyncio.shield(turn), self.max_wait)
+            async with asyncio.timeout(self.max_wait):
+                await asyncio.shield(turn)
         except BaseException as e:
             if turn.done() and not turn.cancelled():  # given the slot as it gave up
                 self._release()

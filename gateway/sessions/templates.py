@@ -37,8 +37,8 @@ from ..sandbox.images import ImageBuilder
 from ..sandbox.kernelspecs import KernelSpecs
 from ..sandbox.templates import BuildFailed, TemplateEngine, merge_contexts
 from ..store.base import Store
+from ..tasks import TaskSet
 from .requests import CreateSession
-from .tasks import TaskSet
 from .template_files import SetUpload, UploadedSets
 
 log = logging.getLogger(__name__)

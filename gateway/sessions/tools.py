@@ -766,7 +766,8 @@ async def _begun(box: Toolbox) -> ToolTurn | None:
     turn = box.turn
     if (turn is None or not turn.live()) and box.coming:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(box.opened.wait(), BEGIN_WAIT)
+            async with asyncio.timeout(BEGIN_WAIT):
+                await box.opened.wait()
         turn = box.turn
     return turn
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..sandbox.base import ENGINE_ERRORS
 from ..store.base import Store
+from ..tasks import end_task
 from .leases import Leases
 from .lifecycle import SandboxLifecycle
 from .manager import SessionManager
@@ -63,10 +64,7 @@ class Upkeep:
             self._tasks.append(asyncio.create_task(self._take_back_forever(), name="sbx-take-back"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*(end_task(task) for task in self._tasks))
         self._tasks.clear()
 
     # -- deaths -------------------------------------------------------------------------

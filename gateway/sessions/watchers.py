@@ -51,9 +51,9 @@ from ..errors import (
     SessionNotFound,
     TooManyWatchers,
 )
+from ..tasks import TaskSet
 from ..workspace.files import AsyncWorkspace
 from ..workspace.rules import Bounds, Walk, clean_path
-from .tasks import TaskSet
 
 INTERVAL = 0.5  # seconds between two walks of a watched directory, at least
 SHARE = 10  # ... and at least this many times as long as the last walk took

@@ -49,9 +49,9 @@ from ..access.auth import Principal
 from ..egress.policy import AddressGuard
 from ..errors import BadRequest, ConfigError, NotFound
 from ..store.base import Store
+from ..tasks import TaskSet
 from ..timestamps import iso
 from .events import TYPES
-from .tasks import TaskSet
 
 log = logging.getLogger(__name__)
 

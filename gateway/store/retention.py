@@ -7,10 +7,10 @@ a large backlog never holds up the writes around it for long.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
+from ..tasks import end_task
 from ..timestamps import iso
 from .base import Retention
 from .database import Database
@@ -48,10 +48,7 @@ class Pruner:
             self._task = asyncio.create_task(self._prune_forever(), name="sbx-store-prune")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await end_task(self._task)
 
     async def _prune_forever(self) -> None:
         """Prune a batch at a time: back to back while there is a backlog, else each interval."""

@@ -11,7 +11,7 @@ from gateway.sandbox.isolation import runtimes
 
 PACKAGE = Path(gateway.__file__).parent
 # Modules every room may import; each imports only others of this list.
-BOTTOM = {"errors", "limits", "validation", "timestamps", "hosts", "masking", "config"}
+BOTTOM = {"errors", "limits", "validation", "timestamps", "hosts", "masking", "config", "tasks"}
 
 
 def imports_of(module: str) -> set[str]:

@@ -32,6 +32,7 @@ from ...errors import (
     TooManyWatchers,
     Unauthorized,
 )
+from ...tasks import end_task
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,7 @@ async def serve_asgi(
         # something to send (a watch, a quiet command) would not notice otherwise.
         await asyncio.wait([call, gone], return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
-            call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await call
+            await end_task(call)
             return
         call.result()
     except Exception:

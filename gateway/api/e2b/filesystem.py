@@ -148,7 +148,8 @@ class FilesystemService(fs_rpc.Filesystem):
             interval = keepalive_of(ctx)
             while True:
                 try:
-                    await asyncio.wait_for(watcher.changed.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await watcher.changed.wait()
                 except TimeoutError:
                     yield response(event=Oneof("keepalive", response.KeepAlive()))
                     continue

@@ -63,7 +63,8 @@ class DropWatch:
         while self._down and (left := deadline - time.monotonic()) > 0:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
 
     async def _watch(self, sock: zmq.asyncio.Socket) -> None:
         monitor = sock.get_monitor_socket(

@@ -158,7 +158,8 @@ class ContextProvisioner(DockerProvisioner):
         await self.kill()
         if self._drain is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._drain), 2.0)
+                async with asyncio.timeout(2.0):
+                    await asyncio.shield(self._drain)
         await self._unguard()
         spec = self._spec
         if spec is not None:

@@ -82,7 +82,8 @@ class AgentClient:
         self._pending[request_id] = future
         try:
             await socket.send_multipart([sign(self._key, message), *message])
-            reply, payload = await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                reply, payload = await future
         except TimeoutError:
             raise SandboxUnavailable(
                 f"the session's sandbox did not answer {op!r} within {timeout:g} s; its node may "

@@ -38,6 +38,7 @@ import zmq.asyncio
 
 from ...errors import ConfigError
 from ...limits import Limits
+from ...tasks import end_task
 from ..base import (
     DeathCallback,
     Placement,
@@ -147,10 +148,7 @@ class SwarmPlacement(Placement):
         self._poller = asyncio.create_task(self._poll_forever(), name="sbx-swarm-watch")
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        await end_task(self._poller)
 
     def _own_service(self) -> str:
         """The name that resolves to this gateway's tasks on the kernel network.

@@ -7,7 +7,7 @@ import asyncio
 from gateway.masking import Masker
 from gateway.sessions.commands import Command
 from gateway.sessions.requests import StartCommand
-from gateway.sessions.tasks import TaskSet
+from gateway.tasks import TaskSet
 
 VALUE = "wh-7Qx9/z+Lk2=pass&wordé"
 

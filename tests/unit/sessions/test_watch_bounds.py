@@ -13,8 +13,8 @@ import pytest
 
 from gateway.errors import TooManyWatchers
 from gateway.sessions import watchers as module
-from gateway.sessions.tasks import TaskSet
 from gateway.sessions.watchers import MAX_TENANT_WATCHERS, MAX_WATCHERS, Watchers
+from gateway.tasks import TaskSet
 from gateway.workspace.files import AsyncWorkspace
 from gateway.workspace.rules import Walk
 
