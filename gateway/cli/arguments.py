@@ -215,6 +215,7 @@ def add_client_commands(commands: Any) -> None:
         "--context", metavar="ID", help="run in this code context (sbx contexts create)"
     )
     _add_execution_options(exec_)
+    exec_.set_defaults(late_positional="code")
 
     sessions = commands.add_parser("sessions", help="list, start, inspect and delete sessions")
     sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")

@@ -169,8 +169,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, taking a command's optional last positional after its options too.
+
+    argparse binds an optional positional (``sbx exec SESSION [CODE]``) empty at the
+    positional before it, so a CODE written after the options was left over.
+    """
+    args, extra = parser.parse_known_args(argv)
+    late = getattr(args, "late_positional", None)
+    if late and len(extra) == 1 and getattr(args, late) is None and extra[0][:1] != "-":
+        setattr(args, late, extra.pop())
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         settings = Settings.load(args)
         logging.basicConfig(
