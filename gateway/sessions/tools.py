@@ -606,14 +606,17 @@ class SessionTools:
         kernel: the same gate, limits and record as the kernel's, each call a turn of its own
         recorded as an execution of kind ``tool`` (no execute's client tools, and
         ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood). A paused
-        session is resumed first, as by any traffic: its servers run only while it does."""
+        session is resumed first, as by any traffic: its servers run only while it does (a
+        call that can only be refused, for its tool's name or its arguments, leaves it be)."""
         session, box = self._given(session_id)
-        if session.state == "paused":
-            await self.manager.wake(session_id, who)
+        if name not in box.tools:
+            raise _no_tool(name)
         if depth(arguments) > MAX_DEPTH:  # as the tool socket refuses them
             raise CallRefused(
                 400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels"
             )
+        if session.state == "paused":
+            await self.manager.wake(session_id, who)
         recorder = ExecutionRecorder(
             self.manager.store, session_id, f"# MCP tools/call {name[:128]}", None, {"kind": TOOL}
         )
@@ -641,8 +644,7 @@ class SessionTools:
         session_id = session.id
         reachable = {**box.tools, **turn.client}
         if name not in reachable:
-            why = f"this session has no tool {name!r}; sbx_tools.tools() lists the ones it has"
-            raise CallRefused(404, "unknown_tool", why)
+            raise _no_tool(name)
         limits = box.limits
         if turn.calls >= limits.calls_per_execute:
             why = f"more than {limits.calls_per_execute} tool calls in one execute"
@@ -778,6 +780,11 @@ def _tool(spec: dict[str, Any], server: str, config: ToolsConfig, default: str =
     return Tool(
         spec["name"], server, spec["description"], spec["input_schema"], spec["annotations"], rule
     )
+
+
+def _no_tool(name: str) -> CallRefused:
+    why = f"this session has no tool {name!r}; sbx_tools.tools() lists the ones it has"
+    return CallRefused(404, "unknown_tool", why)
 
 
 def _entry(tool: Tool, arguments: dict[str, Any], decided: str) -> dict[str, Any]:

@@ -82,3 +82,30 @@ def test_arguments_nested_past_the_sockets_bound_are_refused_over_mcp_too():
         assert FakeServer.made[0].calls == []
 
     run(test)
+
+
+def test_a_call_over_the_mcp_url_that_can_only_be_refused_leaves_a_paused_session_paused():
+    """Its tool's name and its arguments are checked first: a call naming no tool of the
+    session, or nested past the bound, resumed the session to be refused."""
+    from test_tool_servers_paused import paused_world
+
+    async def test(w: World):
+        pausing, session, _ = await paused_world(w)
+        w.manager.store = Store()
+        woken = []
+
+        async def wake(session_id, who) -> None:
+            woken.append(session_id)
+
+        w.manager.wake = wake
+        await pausing.pause(session, "namespace")
+        deep: dict = {}
+        for _ in range(100):
+            deep = {"a": deep}
+        with pytest.raises(CallRefused, match="no tool 'nope'"):
+            await w.tools.call_over_mcp("s1", AGENT, "nope", {})
+        with pytest.raises(CallRefused, match="nested deeper than 64"):
+            await w.tools.call_over_mcp("s1", AGENT, "echo", deep)
+        assert woken == [] and session.state == "paused"
+
+    run(test)
