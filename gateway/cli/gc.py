@@ -9,7 +9,8 @@ deleted (a workspace's loop mount outlives ``rm -rf``).
 
 The host is searched, not one data directory: kernel containers by their
 ``sbx.gateway`` label (the data directory is where their socket directory
-is mounted from), loop-mounted workspaces in ``/proc/self/mountinfo``, and
+is mounted from) and stdio tool servers' containers beside them (their
+session's run directory is a label), loop-mounted workspaces in ``/proc/self/mountinfo``, and
 the session directories of every data directory found so. A data directory
 whose store a process holds open belongs to a running gateway and is left
 alone: its warm pool and sessions still starting are in no store.
@@ -36,12 +37,15 @@ from ..sandbox.docker.provisioner import (
     LABEL_SESSION,
     sandbox_name,
 )
+from ..sandbox.docker.tool_servers import LABEL_RUN_DIR, LABEL_TOOL_SERVER
 from ..store.postgres import GATEWAY_ID_FILE
 from ..store.sqlite import read_open_sessions
 
 STORE = "gateway.sqlite3"
 # A workspace mount point: <data dir>/sessions/<session id>/workspace.
 _WORKSPACE = re.compile(r"^(?P<data>/.+)/sessions/(?P<session>[^/]+)/workspace$")
+# A session's run directory, which its kernel container mounts: <data dir>/sessions/<id>/run.
+_RUN_DIR = re.compile(r"^(?P<data>/.+)/sessions/[^/]+/run$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,14 @@ def find_orphans(
         if data is not None:
             owned.append((container, data))
             found_dirs.add(data)
+    # A stdio server labelled before its run directory was: its gateway's kernels' data dir.
+    gateways = {c["Labels"][LABEL_GATEWAY]: data for c, data in owned}
+    for container in containers:
+        labels = container["Labels"]
+        if LABEL_TOOL_SERVER in labels and LABEL_RUN_DIR not in labels:
+            data = gateways.get(labels[LABEL_GATEWAY])
+            if data is not None:  # else nothing on this host says whose it is: left alone
+                owned.append((container, data))
     if under is not None:
         found_dirs = {d for d in found_dirs if d.is_relative_to(under)}
     busy = _open_stores()
@@ -132,7 +144,8 @@ def _session_of(container: dict) -> str:
     for name in container.get("Names") or []:
         if name.startswith(prefix):
             return name.removeprefix(prefix)
-    return container["Labels"].get(LABEL_SESSION, "?")
+    labels = container["Labels"]
+    return labels.get(LABEL_SESSION) or labels.get(LABEL_TOOL_SERVER, "?")
 
 
 def remove(client: docker.DockerClient, orphan: Orphan) -> None:
@@ -151,11 +164,16 @@ def remove(client: docker.DockerClient, orphan: Orphan) -> None:
 
 
 def _data_dir_of(container: dict) -> Path | None:
-    """The data directory a kernel container's socket directory is mounted from."""
+    """The data directory a kernel container's socket directory is mounted from (or a
+    stdio server's session's run directory is, by its label)."""
+    run_dir = (
+        container["Labels"].get(LABEL_RUN_DIR) if LABEL_TOOL_SERVER in container["Labels"] else None
+    )
     for mount in container.get("Mounts", []):
         if mount.get("Destination") == CONTAINER_RUN_DIR and mount.get("Type") == "bind":
-            return Path(mount["Source"]).parents[2]  # <data>/sessions/<id>/run
-    return None
+            run_dir = mount["Source"]
+    match = _RUN_DIR.match(run_dir or "")
+    return Path(match["data"]) if match else None
 
 
 def _workspace_mounts() -> list[tuple[Path, str]]:

@@ -29,6 +29,9 @@ from .provisioner import LABEL_GATEWAY, SandboxSpec, _create_and_start
 log = logging.getLogger(__name__)
 
 LABEL_TOOL_SERVER = "sbx.tool-server"
+# Its session's run directory (``<data dir>/sessions/<id>/run``): it mounts nothing that
+# says whose data directory it is, and ``sbx gc`` judges it as its session's leftovers.
+LABEL_RUN_DIR = "sbx.run-dir"
 IDLE = ["sleep", "infinity"]
 # Each server's bounds, below its session's: a session may have four, uncounted by quotas.
 MAX_MEMORY = 512 << 20
@@ -82,7 +85,11 @@ async def start_tool_server(
         mounts=[],
         working_dir=str(WORKDIR),
         tmpfs={"/tmp": scratch, str(WORKDIR): scratch},
-        labels={LABEL_GATEWAY: spec.gateway_id, LABEL_TOOL_SERVER: spec.session_id},
+        labels={
+            LABEL_GATEWAY: spec.gateway_id,
+            LABEL_TOOL_SERVER: spec.session_id,
+            LABEL_RUN_DIR: str(spec.run_dir),
+        },
     )
     container = await asyncio.to_thread(_create_and_start, spec.docker, kwargs)
     server = ToolServerContainer(spec.docker, container.id)

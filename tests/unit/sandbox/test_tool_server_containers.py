@@ -47,7 +47,11 @@ def test_the_container_is_hardened_with_no_network_mount_or_session_env(monkeypa
     assert asked["network_mode"] == "none" and asked["mounts"] == [] and asked["environment"] == {}
     assert asked["read_only"] and asked["cap_drop"] == ["ALL"] and asked["user"] == "1000:1000"
     assert "no-new-privileges" in asked["security_opt"] and asked["image"] == "sbx/notes:1"
-    assert asked["labels"] == {"sbx.gateway": "g1", "sbx.tool-server": "s1"}
+    assert asked["labels"] == {
+        "sbx.gateway": "g1",
+        "sbx.tool-server": "s1",
+        "sbx.run-dir": "/nonexistent/run",
+    }
     assert asked["argv"] == ["notes"]
 
 
