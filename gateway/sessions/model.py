@@ -144,6 +144,9 @@ class Session:
         # What it was given as tools, as sent (header values too): in its record, never in
         # its view, so a restarted gateway gives them again.
         self.tool_config: dict[str, Any] | None = None
+        # Its stdio servers' tools as they listed them, by server (bounded, in its record):
+        # a restarted gateway gives a paused session its tools without starting a server.
+        self.tool_listing: dict[str, list[dict[str, Any]]] | None = None
         # Its E2B MCP token's registration (access/mcp_tokens.py: an HMAC, never the token):
         # in its record, never in its view, so any gateway taking it over checks the token.
         self.mcp_token: dict[str, str] | None = None
@@ -199,6 +202,7 @@ class Session:
         session.executions = doc.get("executions", 0)
         session.output_bytes = doc.get("output_bytes", 0)
         session.tool_config = doc.get("tool_config")
+        session.tool_listing = doc.get("tool_listing")
         session.mcp_token = doc.get("mcp_token")
         session.contexts = {c["id"]: CodeContext.from_record(c) for c in doc.get("contexts", ())}
         return session
@@ -318,13 +322,13 @@ class Session:
         mounts = [dataclasses.asdict(v) for v in self.volumes]
         return {**self.to_json(), "env": self.env, "packages": self.packages, "policy": policy,
                 "volume_mounts": mounts, "tool_config": self.tool_config,
-                "mcp_token": self.mcp_token}  # fmt: skip
+                "tool_listing": self.tool_listing, "mcp_token": self.mcp_token}  # fmt: skip
 
 
 def public_view(record: dict[str, Any]) -> dict[str, Any]:
     """A stored session record as the API shows it: no package list, policy, env values,
     volumes' host paths, tool config (header values) or MCP token registration."""
-    hidden = ("packages", "policy", "volume_mounts", "tool_config", "mcp_token")
+    hidden = ("packages", "policy", "volume_mounts", "tool_config", "tool_listing", "mcp_token")
     view = {k: v for k, v in record.items() if k not in hidden}
     view["env"] = sorted(view.get("env", ()))
     view.setdefault("secrets", [])

@@ -73,6 +73,9 @@ _INSTALL = (
 )
 INJECT = f"exec({_INSTALL!r}, {{}})\n"
 MAX_RECORDED_ARGUMENTS = 2048  # characters of a call's arguments its record keeps
+# Bytes of its stdio servers' listed tools (JSON) a session's record keeps; one listing
+# more is not kept, and a restart lists them by starting the servers.
+MAX_KEPT_LISTING = 256 << 10
 # Seconds a call waits for the window of an execute sent, not yet begun: a loaded host
 # reads the kernel's word that it began after the code's first call (2 s was too short).
 BEGIN_WAIT = 10.0
@@ -138,6 +141,8 @@ class Toolbox:
     opened: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # a turn opened
     servers: tuple[McpConnection, ...] = ()  # each server's, whether it lists tools or not
     frozen: bool = False  # its stdio servers' sandboxes, with its session's
+    # Its stdio servers' tools as listed, by server: kept in its session's record.
+    listed: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         running = {c.server.name: c.sandbox_id is not None for c in self._stdio()}
@@ -286,10 +291,16 @@ class SessionTools:
         return box.to_json() if box is not None else empty
 
     async def _prepare(
-        self, config: ToolsConfig, tenant: str, session: Session | None = None
+        self,
+        config: ToolsConfig,
+        tenant: str,
+        session: Session | None = None,
+        recorded: dict[str, list[dict[str, Any]]] | None = None,
     ) -> Toolbox:
         """Connect to each server (header secrets unsealed; stdio ones started in sandboxes
-        of their own, made from ``session``'s) and list its tools."""
+        of their own, made from ``session``'s) and list its tools. A stdio server whose
+        tools ``recorded`` lists (a paused session's record) is not started: the first call
+        after its resume starts it."""
         values: dict[str, str] = {}
         if config.secrets:
             if self.secrets is None:
@@ -300,6 +311,7 @@ class SessionTools:
         room = 2 * limits.result_bytes + (64 << 10)  # content and structured copies, JSON-RPC
         tools: dict[str, tuple[Tool, McpConnection]] = {}
         functions: dict[str, Tool] = {}  # by the name sbx_tools gives its function
+        listings: dict[str, list[dict[str, Any]]] = {}  # the stdio servers', to keep
         servers: list[tuple[McpServer | StdioServer, McpConnection, str, str]] = [
             (
                 server,
@@ -319,8 +331,17 @@ class SessionTools:
             servers.append((stdio, StdioConnection(stdio, start, room),
                             "did not answer as a stdio MCP server in its sandbox",
                             "its command and image"))  # fmt: skip
+        recorded = recorded or {}
+
+        async def reach(server: McpServer | StdioServer, connection: McpConnection) -> Any:
+            if server.name not in recorded:
+                return await connection.open()
+            await connection.rest()  # as a deep pause leaves it: the next call starts it
+            return recorded[server.name]
+
         # All at once: slow or silent servers hold a give for the longest one, not the sum.
-        opened = await asyncio.gather(*(c.open() for _, c, _, _ in servers), return_exceptions=True)
+        opened = await asyncio.gather(*(reach(s, c) for s, c, _, _ in servers),
+                                      return_exceptions=True)  # fmt: skip
         connections = [c for (_, c, _, _), got in zip(servers, opened, strict=True)
                        if not isinstance(got, BaseException)]  # fmt: skip
         try:
@@ -332,7 +353,10 @@ class SessionTools:
                     )
                 if isinstance(listed, BaseException):
                     raise listed
-                for spec in masker.tree(listed):  # a server's words: shown to the sandbox
+                shown = masker.tree(listed)  # a server's words: shown to the sandbox
+                if isinstance(server, StdioServer):
+                    listings[server.name] = shown
+                for spec in shown:
                     name = spec["name"]
                     if not isinstance(name, str) or not re.fullmatch(TOOL_NAME, name):
                         log.warning(
@@ -363,7 +387,10 @@ class SessionTools:
             await asyncio.gather(*(c.close() for c in connections))
             raise BadRequest(f"tools.rules names tools no server lists: {', '.join(unknown)}")
         slots = asyncio.Semaphore(limits.concurrent)
-        return Toolbox(config, limits, tools, masker, slots, servers=tuple(connections))
+        if len(json.dumps(listings)) > MAX_KEPT_LISTING:
+            listings = {}
+        return Toolbox(config, limits, tools, masker, slots, servers=tuple(connections),
+                       listed=listings)  # fmt: skip
 
     async def _stdio_start(
         self, server: StdioServer, tenant: str, session: Session | None
@@ -409,12 +436,23 @@ class SessionTools:
         session.tools = box
         given = box.config.mcp or box.config.stdio
         session.tool_config = dict(box.config.sent) if given else None
+        session.tool_listing = box.listed or None
         self.manager.save_soon(session)
         if old is None:
             session.on_end.add(lambda reason: self.manager.spawn(self.close(session.id)))
         await self._serve(session, box, run_dir)
-        if session.state == "paused":  # given back at a restart, or by a PUT: no server
-            await box.rest()  # runs for a paused session till a call after its resume
+        if session.state == "paused" and box.config.stdio:
+            async with session.lock:  # not mid-resume: its servers would stay frozen
+                await self._paused(session, box)
+
+    async def _paused(self, session: Session, box: Toolbox) -> None:
+        """The servers given to a paused session (by a PUT: started to list their tools)
+        pause with it: frozen with a frozen one, thawed by its resume; else ended till the
+        first call after its resume."""
+        if session.frozen:
+            await box.freeze(self.manager.lifecycle.placement.freeze)
+        elif session.state == "paused":
+            await box.rest()
 
     async def _serve(self, session: Session, box: Toolbox, run_dir: Path) -> None:
         """Serve the session's socket in ``run_dir``, unless it is there already (a session
@@ -425,13 +463,15 @@ class SessionTools:
 
     async def restore(self) -> None:
         """Give the sessions a restarted gateway took over the tools they had (their servers
-        reached again); one whose server no longer answers goes on without, logged."""
+        reached again; a paused one's stdio servers not started, their tools as its record
+        lists them); one whose server no longer answers goes on without, logged."""
         for session in list(self.manager.sessions.values()):
             if not session.tool_config or session.kernel is None or session.id in self._boxes:
                 continue
             try:
                 config = parse_tools(session.tool_config)
-                box = await self._prepare(config, session.tenant, session)
+                listed = session.tool_listing if session.state == "paused" else None
+                box = await self._prepare(config, session.tenant, session, listed)
                 await self._install(session, box)
             except Exception as e:
                 log.warning("session %s: its tools could not be given again: %s", session.id, e)

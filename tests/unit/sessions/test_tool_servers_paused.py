@@ -21,6 +21,7 @@ from gateway.limits import Limits
 from gateway.sessions.model import Session
 from gateway.sessions.pausing import Pausing
 from gateway.sessions.state import SavedState
+from gateway.sessions.tools import SessionTools
 from gateway.tools.mcp_servers import ToolFailed
 
 KERNEL = "kernel-container"
@@ -186,18 +187,89 @@ def test_a_stdio_server_the_engine_cannot_freeze_is_removed_and_the_pause_goes_o
     run(test)
 
 
-def test_a_paused_session_given_tools_again_starts_no_server_till_a_call():
-    """A restarted gateway gives a paused session its tools back (``restore``), as a PUT of
-    its tools does: each server is reached to list its tools, then ended, not left running."""
+def test_a_deep_paused_session_given_tools_starts_no_server_till_a_call():
+    """A PUT of its tools reaches each server to list its tools, then ends it."""
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        await pausing.pause(session, "namespace")
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}])
+        assert engine.started == 2 and engine.running == {}
+        assert [t["name"] for t in session.tools.to_json()["tools"]] == ["echo"]  # type: ignore[union-attr]
+        session.state, session.paused = "idle", None  # resumed
+        assert await called(session) == [{"type": "text", "text": "tool-3"}]
+
+    run(test)
+
+
+def test_a_server_given_to_a_frozen_session_is_frozen_with_it_and_thawed_on_resume():
+    """It was ended, the view saying ``stopped`` beside servers ``frozen`` with the session."""
 
     async def test(w: World):
         pausing, session, engine = await paused_world(w)
         await pausing.pause(session, None)
-        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}])
-        assert engine.started == 2 and engine.running == {}
-        assert [t["name"] for t in session.tools.to_json()["tools"]] == ["echo"]  # type: ignore[union-attr]
+        quiet = {"name": "quiet", "command": ["quiet"]}
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}, quiet])
+        assert containers(session) == ["frozen", "frozen"]
+        assert set(engine.running) == {"tool-2", "tool-3"} <= engine.frozen
         await pausing.resume(session)
-        assert await called(session) == [{"type": "text", "text": "tool-3"}]
+        assert containers(session) == ["running", "running"]
+        assert not engine.frozen & set(engine.running)
+        assert await called(session) == [{"type": "text", "text": "tool-2"}]
+
+    run(test)
+
+
+async def restarted(w: World, session: Session) -> Session:
+    """The gateway restarted: its tools stopped with it, the session taken back from its
+    record (as the store keeps it, its kernel adopted) and given its tools (``restore``)."""
+    old = w.tools
+    await old.stop()
+    back = Session.from_record(json.loads(json.dumps(session.record())))
+    back.kernel = session.kernel
+    w.manager.sessions["s1"] = back  # type: ignore[assignment]
+    w.tools = SessionTools(w.manager, old.gate, old.secrets, old.ceiling, old.guard, old.connect)  # type: ignore[arg-type]
+    await w.tools.restore()
+    return back
+
+
+def test_a_restart_starts_no_stdio_server_of_a_frozen_session_and_its_resume_does():
+    """Its tools come from its record; they were listed by starting each server, then
+    ending it, for every paused session at every start."""
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        await pausing.pause(session, None)
+        back = await restarted(w, session)
+        assert engine.started == 1 and engine.running == {}
+        assert [t["name"] for t in back.tools.to_json()["tools"]] == ["echo"]  # type: ignore[union-attr]
+        assert containers(back) == ["stopped"]
+        assert [t["name"] for t in back.tools.listing()] == ["echo"]  # type: ignore[union-attr]
+        await pausing.resume(back)
+        assert await called(back) == [{"type": "text", "text": "tool-2"}]
+
+    run(test)
+
+
+def test_a_restart_starts_no_stdio_server_of_a_deep_paused_session_till_a_call():
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        await pausing.pause(session, "namespace")
+        back = await restarted(w, session)
+        assert engine.started == 1 and engine.running == {}
+        assert [t["name"] for t in back.tools.to_json()["tools"]] == ["echo"]  # type: ignore[union-attr]
+        back.state, back.paused = "idle", None  # resumed
+        assert await called(back) == [{"type": "text", "text": "tool-2"}]
+
+    run(test)
+
+
+def test_a_restart_starts_an_idle_sessions_stdio_servers_as_before():
+    async def test(w: World):
+        _, session, engine = await paused_world(w)
+        back = await restarted(w, session)
+        assert engine.started == 2 and list(engine.running) == ["tool-2"]
+        assert containers(back) == ["running"]
 
     run(test)
 
