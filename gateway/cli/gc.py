@@ -37,7 +37,7 @@ from ..sandbox.docker.provisioner import (
     LABEL_SESSION,
     sandbox_name,
 )
-from ..sandbox.docker.tool_servers import LABEL_RUN_DIR, LABEL_TOOL_SERVER
+from ..sandbox.docker.tool_servers import LABEL_RUN_DIR, LABEL_TOOL_SERVER, NAME_PREFIX
 from ..store.postgres import GATEWAY_ID_FILE
 from ..store.sqlite import read_open_sessions
 
@@ -45,7 +45,7 @@ STORE = "gateway.sqlite3"
 # A workspace mount point: <data dir>/sessions/<session id>/workspace.
 _WORKSPACE = re.compile(r"^(?P<data>/.+)/sessions/(?P<session>[^/]+)/workspace$")
 # A session's run directory, which its kernel container mounts: <data dir>/sessions/<id>/run.
-_RUN_DIR = re.compile(r"^(?P<data>/.+)/sessions/[^/]+/run$")
+_RUN_DIR = re.compile(r"^(?P<data>/.+)/sessions/(?P<session>[^/]+)/run$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +108,8 @@ def find_orphans(
     # A stdio server labelled before its run directory was: its gateway's kernels' data dir.
     gateways = {c["Labels"][LABEL_GATEWAY]: data for c, data in owned}
     for container in containers:
-        labels = container["Labels"]
-        if LABEL_TOOL_SERVER in labels and LABEL_RUN_DIR not in labels:
-            data = gateways.get(labels[LABEL_GATEWAY])
+        if _tool_server_of(container) and LABEL_RUN_DIR not in container["Labels"]:
+            data = gateways.get(container["Labels"][LABEL_GATEWAY])
             if data is not None:  # else nothing on this host says whose it is: left alone
                 owned.append((container, data))
     if under is not None:
@@ -144,8 +143,16 @@ def _session_of(container: dict) -> str:
     for name in container.get("Names") or []:
         if name.startswith(prefix):
             return name.removeprefix(prefix)
-    labels = container["Labels"]
-    return labels.get(LABEL_SESSION) or labels.get(LABEL_TOOL_SERVER, "?")
+    return container["Labels"].get(LABEL_SESSION) or _tool_server_of(container) or "?"
+
+
+def _tool_server_of(container: dict) -> str | None:
+    """The session of a stdio server's container: its label, if its name says the same."""
+    session = container["Labels"].get(LABEL_TOOL_SERVER)
+    names = container.get("Names") or []
+    if session and any(n.startswith(f"/{NAME_PREFIX}{session}-") for n in names):
+        return session
+    return None
 
 
 def remove(client: docker.DockerClient, orphan: Orphan) -> None:
@@ -166,14 +173,15 @@ def remove(client: docker.DockerClient, orphan: Orphan) -> None:
 def _data_dir_of(container: dict) -> Path | None:
     """The data directory a kernel container's socket directory is mounted from (or a
     stdio server's session's run directory is, by its label)."""
-    run_dir = (
-        container["Labels"].get(LABEL_RUN_DIR) if LABEL_TOOL_SERVER in container["Labels"] else None
-    )
+    server = _tool_server_of(container)
+    if server is not None:
+        match = _RUN_DIR.match(container["Labels"].get(LABEL_RUN_DIR) or "")
+        return Path(match["data"]) if match and match["session"] == server else None
     for mount in container.get("Mounts", []):
         if mount.get("Destination") == CONTAINER_RUN_DIR and mount.get("Type") == "bind":
-            run_dir = mount["Source"]
-    match = _RUN_DIR.match(run_dir or "")
-    return Path(match["data"]) if match else None
+            match = _RUN_DIR.match(mount["Source"])
+            return Path(match["data"]) if match else None
+    return None
 
 
 def _workspace_mounts() -> list[tuple[Path, str]]:

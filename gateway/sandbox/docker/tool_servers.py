@@ -32,6 +32,7 @@ LABEL_TOOL_SERVER = "sbx.tool-server"
 # Its session's run directory (``<data dir>/sessions/<id>/run``): it mounts nothing that
 # says whose data directory it is, and ``sbx gc`` judges it as its session's leftovers.
 LABEL_RUN_DIR = "sbx.run-dir"
+NAME_PREFIX = "sbxtool-"  # then the session's id: an image's labels may lie, a name does not
 IDLE = ["sleep", "infinity"]
 # Each server's bounds, below its session's: a session may have four, uncounted by quotas.
 MAX_MEMORY = 512 << 20
@@ -79,7 +80,7 @@ async def start_tool_server(
     kwargs = own.run_kwargs(IDLE, {})
     scratch = f"size={min(spec.tmp_bytes, 64 << 20)},mode=1777,nosuid,nodev"
     kwargs.update(
-        name=f"sbxtool-{spec.session_id}-{name}-{secrets.token_hex(4)}",
+        name=f"{NAME_PREFIX}{spec.session_id}-{name}-{secrets.token_hex(4)}",
         network_mode="none",
         environment={},
         mounts=[],

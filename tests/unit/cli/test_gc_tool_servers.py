@@ -68,3 +68,20 @@ def test_stdio_server_containers_are_found_with_their_sessions_leftovers(tmp_pat
         "t-s3": ("s3", f"its data directory {gone} is gone"),
         "t-s-ended": ("s-ended", "its session is not open"),
     }
+
+
+def test_a_run_dir_label_on_a_container_not_named_as_a_stdio_server_is_not_believed(tmp_path):
+    """An image's labels reach its containers (a template's, built before its labels were
+    checked): such a label on a kernel container pointed gc, as root, at any directory
+    holding ``sessions/``. Only the gateway names a container, and a server's name and
+    run directory both name its session."""
+    target, data = tmp_path / "elsewhere", tmp_path / "data"
+    (target / "sessions" / "precious").mkdir(parents=True)
+    forged = kernel(data, "g1", "s1")
+    forged["Labels"].update({"sbx.tool-server": "s1",
+                             "sbx.run-dir": str(target / "sessions" / "x" / "run")})  # fmt: skip
+    other_session = tool_server(target, "g1", "s9")
+    other_session["Names"] = ["/sbxtool-s1-notes-0a1b2c3d"]  # named for s1, labelled for s9
+    orphans = find_orphans(Engine([forged, other_session]), [], under=tmp_path)  # type: ignore[arg-type]
+    assert not [o for o in orphans if str(target) in o.target or str(target) in o.why]
+    assert [o.target for o in orphans if o.kind == "container"] == ["k-s1"]  # by its mount
