@@ -18,7 +18,7 @@ import docker.errors
 from test_session_tools import AGENT, World, run
 
 from gateway.limits import Limits
-from gateway.sessions.model import Session
+from gateway.sessions.model import Session, public_view
 from gateway.sessions.pausing import Pausing
 from gateway.sessions.state import SavedState
 from gateway.sessions.tools import SessionTools
@@ -429,5 +429,26 @@ def test_a_server_still_starting_when_its_session_pauses_deep_is_not_left_runnin
             with contextlib.suppress(ToolFailed):  # it may fail: its session paused
                 await done
         assert session.state == "paused" and engine.running == {}, engine.running
+
+    run(test)
+
+
+def test_a_listing_past_the_bound_is_not_kept_and_a_restart_lists_it_by_starting_the_server(
+    monkeypatch,
+):
+    """The record keeps a bounded listing (it is saved with every change of the session)."""
+    from gateway.sessions import tools as tools_module
+
+    async def test(w: World):
+        pausing, session, engine = await paused_world(w)
+        assert session.tool_listing == {"notes": [session.tools.servers[0].tools[0]]}  # type: ignore[union-attr]
+        assert "tool_listing" not in public_view(session.record())
+        monkeypatch.setattr(tools_module, "MAX_KEPT_LISTING", 64)
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}])
+        assert session.tool_listing is None
+        await pausing.pause(session, "namespace")
+        back = await restarted(w, session)
+        assert engine.started == 3 and engine.running == {}
+        assert [t["name"] for t in back.tools.listing()] == ["echo"]  # type: ignore[union-attr]
 
     run(test)
