@@ -5,7 +5,8 @@ name a base the host holds; the builder rewrites each to that image's id so
 nothing is ever pulled. The builder runs on the daemon's side, so what a
 Dockerfile could make the daemon itself fetch or read is refused: ``ADD``
 of a URL (fetched from the host's network, which reaches the gateway's
-ports), ``COPY --from=`` an image (another tenant's template, say) rather
+ports) or of a source the daemon puts together (variables, quotes,
+escapes), ``COPY --from=`` an image (another tenant's template, say) rather
 than an earlier stage, ``ONBUILD`` (a trigger for someone else's build), and
 variables in ``FROM``. Pure: no engine, no I/O.
 """
@@ -23,6 +24,7 @@ from .wheels import DIRECTIVE, parse_pip
 MAX_DOCKERFILE = 256 * 1024
 _FLAG = re.compile(r"--([a-z-]+)(?:=(\S*))?")
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://|git@", re.I)  # anywhere: JSON and words may differ
+_ASSEMBLED = re.compile(r"[$\\\"':]")  # what the engine reads a word's pieces by
 _STAGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,62}")
 # Instructions whose effect lands outside the tenant's own build step: why each goes.
 _REFUSED = {
@@ -33,7 +35,7 @@ _REFUSED = {
     "STOPSIGNAL": "a sandbox stops on SIGTERM, as the gateway's teardown expects",
 }
 # Labels the gateway finds its own containers by; a sandbox inherits its image's labels.
-_OWN_LABELS = "sbx."
+OWN_LABELS = "sbx."
 PIP = DIRECTIVE  # the keyword of a '# sbx: pip install' line: no written instruction's
 
 
@@ -112,10 +114,10 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
             raise DockerfileRefused(
                 f"{where}: {ins.keyword} is not supported in templates ({_REFUSED[ins.keyword]})"
             )
-        if ins.keyword == "LABEL" and _OWN_LABELS in ins.text.lower():
+        if ins.keyword == "LABEL" and OWN_LABELS in ins.text.lower():
             raise DockerfileRefused(
                 f"{where}: LABEL is not supported in templates with a key or value naming "
-                f"{_OWN_LABELS!r} (the gateway's own labels); name yours otherwise"
+                f"{OWN_LABELS!r} (the gateway's own labels); name yours otherwise"
             )
         if ins.keyword in ("ADD", "COPY"):
             _copy(ins, where, stages)
@@ -199,10 +201,20 @@ def _copy(ins: Instruction, where: str, stages: dict[str, str]) -> None:
             f"{where}: {ins.keyword} --from must name an earlier stage of this Dockerfile "
             f"({', '.join(s for s in stages if not s.isdigit()) or 'none'}), not an image"
         )
-    if ins.keyword == "ADD" and any(_URL.search(s) for s in [rest, *_sources(rest)]):
+    if ins.keyword != "ADD":
+        return
+    sources = _sources(rest)
+    if any(_URL.search(s) for s in [rest, *sources]):
         raise DockerfileRefused(
             f"{where}: ADD of a URL is not supported (the build has no network); put the file "
             "in the build context and COPY it"
+        )
+    # The engine puts a source's word together (variables, quotes, escapes) before it looks
+    # for a URL in it: so what it might make one of is refused too.
+    if any(_ASSEMBLED.search(s) for s in sources):
+        raise DockerfileRefused(
+            f"{where}: ADD takes plain paths of the build context here (no variable, quote, "
+            "escape or colon in its sources); put the file in the context and COPY it"
         )
 
 

@@ -299,3 +299,27 @@ def test_add_names_no_url_in_any_reading_of_its_words(line):
 def test_add_of_a_url_spelled_with_json_escapes_is_refused():
     with pytest.raises(DockerfileRefused, match="URL"):
         _resolve('FROM sbx/python\nADD ["\\u0068ttp://169.254.169.254/", "/d/"]\n')
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # The engine substitutes variables in ADD's sources, and joins quoted pieces and
+        # drops escapes in its words: the URL it fetches (on the host's network) is whole.
+        ["ARG U=http://169.254.169.254/latest/", "ADD $U /d/"],
+        ["ARG U=http://127.0.0.1:8888/v1/sessions", 'ADD ["${U}", "/d/"]'],
+        ["ENV H=169.254.169.254", "ADD http://${H}/latest/ /d/"],
+        ['ADD "http:"//169.254.169.254/latest/ /d/'],
+        ["ADD http:\\/\\/169.254.169.254/latest/ /d/"],
+        ["ADD h'ttp://'169.254.169.254/ /d/"],
+    ],
+    ids=["arg", "arg-json", "env-host", "split-quote", "escapes", "single-quote"],
+)
+def test_add_of_a_url_put_together_by_the_engine_is_refused(lines):
+    with pytest.raises(DockerfileRefused, match="ADD"):
+        _resolve("FROM sbx/python\n" + "\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("line", ["ADD data.tar.gz /opt/", 'ADD ["a b.txt", "/opt/"]'])
+def test_add_of_plain_paths_still_builds(line):
+    _resolve(f"FROM sbx/python\n{line}\n")
