@@ -99,6 +99,11 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
     seen_from = False
     for ins in instructions(source):
         where = f"line {ins.line}"
+        if ins.text.endswith("\\"):  # written back so, the engine would continue it
+            raise DockerfileRefused(
+                f"{where}: {ins.keyword} ends in a backslash continued into nothing (a blank "
+                "line or the end of the file); end the instruction without it"
+            )
         if ins.keyword == "FROM":
             seen_from = True
             line, last = _from(ins, where, stages, base_of, bases)
@@ -114,7 +119,13 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
             raise DockerfileRefused(
                 f"{where}: {ins.keyword} is not supported in templates ({_REFUSED[ins.keyword]})"
             )
-        if ins.keyword == "LABEL" and OWN_LABELS in ins.text.lower():
+        if ins.keyword == "LABEL" and "$" in ins.text:
+            raise DockerfileRefused(
+                f"{where}: LABEL takes no variables here (a key could become the gateway's "
+                f"own, {OWN_LABELS!r}); write its keys and values out"
+            )
+        # The engine joins a word's quoted and escaped pieces: s\bx. and "sbx". are sbx.
+        if ins.keyword == "LABEL" and OWN_LABELS in _unquoted(ins.text).lower():
             raise DockerfileRefused(
                 f"{where}: LABEL is not supported in templates with a key or value naming "
                 f"{OWN_LABELS!r} (the gateway's own labels); name yours otherwise"
@@ -169,7 +180,7 @@ def _from(
         raise DockerfileRefused(
             f"{where}: FROM takes no variables; name one of: {', '.join(bases)}"
         )
-    if name in stages:
+    if name in stages and not name.isdigit():  # the engine's FROM knows stages by name only
         image, root = name, stages[name]
     else:
         root = name
@@ -182,6 +193,8 @@ def _from(
     if len(words) == 3:
         if not _STAGE.fullmatch(words[2]):
             raise DockerfileRefused(f"{where}: stage name {words[2][:64]!r} is not a plain name")
+        if words[2].lower() in (s.lower() for s in stages):
+            raise DockerfileRefused(f"{where}: stage name {words[2]!r} is used twice")
         stages[words[2]] = root
         return f"{image} AS {words[2]}", root
     stages[str(len(stages))] = root
@@ -196,15 +209,18 @@ def _copy(ins: Instruction, where: str, stages: dict[str, str]) -> None:
             f"{where}: {ins.keyword} flag --{sorted(unknown)[0]} is not supported"
         )
     source = flags.get("from")
-    if source is not None and source not in stages:
+    # The stage being built is not the engine's yet: its name would be looked up as an image.
+    if source is not None and source not in list(stages)[:-1]:
         raise DockerfileRefused(
             f"{where}: {ins.keyword} --from must name an earlier stage of this Dockerfile "
-            f"({', '.join(s for s in stages if not s.isdigit()) or 'none'}), not an image"
+            f"({', '.join(s for s in list(stages)[:-1] if not s.isdigit()) or 'none'}), "
+            "not an image nor the stage it is in"
         )
     if ins.keyword != "ADD":
         return
-    sources = _sources(rest)
-    if any(_URL.search(s) for s in [rest, *sources]):
+    url = _URL.search(rest)  # first: a form refused as unreadable may name one too
+    sources = [] if url else _sources(rest)
+    if url or any(_URL.search(s) for s in sources):
         raise DockerfileRefused(
             f"{where}: ADD of a URL is not supported (the build has no network); put the file "
             "in the build context and COPY it"
@@ -220,9 +236,20 @@ def _copy(ins: Instruction, where: str, stages: dict[str, str]) -> None:
 
 def _sources(rest: str) -> list[str]:
     if rest.startswith("["):
-        try:
-            words = json.loads(rest)
+        try:  # NaN and Infinity too: the engine reads a form it cannot parse as words
+            words = json.loads(rest, parse_constant=_no_constant)
         except ValueError:
             raise DockerfileRefused(f"unreadable JSON form {rest[:80]!r}") from None
-        return [str(w) for w in words[:-1]]
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise DockerfileRefused(f"the JSON form {rest[:80]!r} must be a list of strings")
+        return words[:-1]
     return rest.split()[:-1]
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON the engine reads")
+
+
+def _unquoted(text: str) -> str:
+    """A LABEL's text without the quotes and escapes the engine drops from its words."""
+    return re.sub(r"[\\\"']", "", text)
