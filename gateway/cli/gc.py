@@ -98,6 +98,9 @@ def find_orphans(
 ) -> list[Orphan]:
     """Every container and session directory under ``under`` that no gateway will reap."""
     containers = client.api.containers(all=True, filters={"label": LABEL_GATEWAY})
+    for container in containers:  # a run-dir label its image gave it: an old gateway set none
+        if _tool_server_of(container) and _image_label(client, container, LABEL_RUN_DIR):
+            del container["Labels"][LABEL_RUN_DIR]
     found_dirs = set(data_dirs) | {data for data, _ in _workspace_mounts()}
     owned: list[tuple[dict, Path]] = []
     for container in containers:
@@ -153,6 +156,17 @@ def _tool_server_of(container: dict) -> str | None:
     if session and any(n.startswith(f"/{NAME_PREFIX}{session}-") for n in names):
         return session
     return None
+
+
+def _image_label(client: docker.DockerClient, container: dict, key: str) -> bool:
+    """Whether ``container``'s image carries the label ``key`` (or cannot be read)."""
+    if key not in container["Labels"]:
+        return False
+    try:
+        config = client.api.inspect_image(container.get("ImageID") or container.get("Image", ""))
+    except docker.errors.APIError:
+        return True
+    return key in (config.get("Config", {}).get("Labels") or {})
 
 
 def remove(client: docker.DockerClient, orphan: Orphan) -> None:

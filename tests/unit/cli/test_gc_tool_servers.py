@@ -13,9 +13,13 @@ from gateway.sandbox.docker.provisioner import CONTAINER_RUN_DIR
 class Engine:
     """``docker.APIClient.containers`` as gc asks it: every container with a label."""
 
-    def __init__(self, containers: list[dict]) -> None:
+    def __init__(self, containers: list[dict], images: dict[str, dict] | None = None) -> None:
         self.api = self
         self.listed = containers
+        self.images = images or {}  # image id -> its labels
+
+    def inspect_image(self, image: str) -> dict:
+        return {"Config": {"Labels": self.images.get(image)}}
 
     def containers(self, all: bool, filters: dict) -> list[dict]:
         assert all and filters == {"label": "sbx.gateway"}
@@ -85,3 +89,20 @@ def test_a_run_dir_label_on_a_container_not_named_as_a_stdio_server_is_not_belie
     orphans = find_orphans(Engine([forged, other_session]), [], under=tmp_path)  # type: ignore[arg-type]
     assert not [o for o in orphans if str(target) in o.target or str(target) in o.why]
     assert [o.target for o in orphans if o.kind == "container"] == ["k-s1"]  # by its mount
+
+
+def test_a_run_dir_label_an_old_servers_image_gave_it_is_not_believed(tmp_path):
+    """A gateway before the run-dir label set none on its stdio servers: an image's label
+    of that name showed through, and pointed gc, as root, at any directory holding
+    ``sessions/``. Such a server is judged as one labelled before: by its gateway's
+    kernels' data directory."""
+    target, data = tmp_path / "elsewhere", tmp_path / "data"
+    (target / "sessions" / "precious").mkdir(parents=True)
+    old = tool_server(target, "g1", "s1")
+    old["ImageID"] = "sha256:tenant"
+    image = {"sha256:tenant": {"sbx.run-dir": old["Labels"]["sbx.run-dir"]}}
+    alone = find_orphans(Engine([old], image), [], under=tmp_path)  # type: ignore[arg-type]
+    assert alone == []  # nothing on this host says whose it is: left alone
+    beside = find_orphans(Engine([kernel(data, "g1", "s2"), old], image), [], under=tmp_path)  # type: ignore[arg-type]
+    assert not [o for o in beside if str(target) in o.target or str(target) in o.why]
+    assert sorted(o.target for o in beside if o.kind == "container") == ["k-s2", "t-s1"]
