@@ -34,6 +34,7 @@ import docker.errors
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ..errors import BadRequest, GatewayError
+from .dockerfiles import OWN_LABELS
 from .wheels import (
     DIR,
     DIRECTIVE,
@@ -272,6 +273,14 @@ class TemplateEngine:
                 "strips them with; leave /bin/sh, find and chmod as the base has them",
             )
         image = self.client.images.get(tag)
+        own = gateways_labels(image.attrs["Config"].get("Labels"))
+        if own:
+            self.remove(tag)
+            raise BuildFailed(
+                "",
+                f"the image carries labels named as the gateway's own ({', '.join(own)}): "
+                f"a sandbox inherits them; name yours without {OWN_LABELS!r}",
+            )
         base = self.client.images.get(kernel_image).attrs.get("Size", 0)
         if image.attrs.get("Size", 0) - base > self.limits.disk:
             self.remove(tag)
@@ -471,6 +480,18 @@ class TemplateEngine:
                 return False
             raise
         return True
+
+
+def gateways_labels(labels: dict[str, str] | None) -> list[str]:
+    """An image's label keys named as the gateway's own (bar the template's own label).
+
+    The line check refuses them in a Dockerfile, but it has missed keys the engine put
+    together (variables, quotes, escapes) and a base built before it knew of one passes
+    its labels on: the image itself is the last word.
+    """
+    return sorted(
+        key[:64] for key in labels or {} if key.lower().startswith(OWN_LABELS) and key != LABEL
+    )
 
 
 def _gateway_layer(stage: str, kernel: dict, user: str) -> str:

@@ -323,3 +323,14 @@ def test_add_of_a_url_put_together_by_the_engine_is_refused(lines):
 @pytest.mark.parametrize("line", ["ADD data.tar.gz /opt/", 'ADD ["a b.txt", "/opt/"]'])
 def test_add_of_plain_paths_still_builds(line):
     _resolve(f"FROM sbx/python\n{line}\n")
+
+
+def test_an_image_whose_labels_are_named_as_the_gateways_is_found_out_whatever_made_them():
+    """Checked on the built image after the line check (a Dockerfile of the parser before
+    9dd5cd5, ``ARG K=sbx.tool-server`` + ``LABEL ${K}=x``, came out ready with them)."""
+    from gateway.sandbox.templates import LABEL, gateways_labels
+
+    labels = {LABEL: "sbxt/t-geo:2", "SBX.Gateway": "g", "sbx.run-dir": "/", "team": "geo"}
+    assert gateways_labels(labels) == ["SBX.Gateway", "sbx.run-dir"]
+    assert gateways_labels({LABEL: "sbxt/t-geo:2", "maintainer": "sbx.dev"}) == []
+    assert gateways_labels(None) == []
