@@ -99,7 +99,7 @@ def resolve(source: str, base_of: Callable[[str], str | None], bases: list[str])
     seen_from = False
     for ins in instructions(source):
         where = f"line {ins.line}"
-        if ins.text.endswith("\\"):  # written back so, the engine would continue it
+        if f"{ins.keyword} {ins.text}".rstrip().endswith("\\"):  # the engine would continue it
             raise DockerfileRefused(
                 f"{where}: {ins.keyword} ends in a backslash continued into nothing (a blank "
                 "line or the end of the file); end the instruction without it"

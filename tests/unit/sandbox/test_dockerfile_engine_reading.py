@@ -28,6 +28,8 @@ def _resolve(text: str) -> str:
         # The same with a label the gateway finds its containers by.
         "FROM sbx/python\nLABEL a=b \\\\\n   \nX=1 sbx.session=victim\n",
         "FROM sbx/python\nRUN true \\\\\n",
+        # A keyword alone: 'AD\ ' glued by the engine to the next line, 'D http://...'.
+        "FROM sbx/python\nAD\\\\\n\nD http://169.254.169.254/latest /tmp/\n",
     ],
 )
 def test_an_instruction_left_ending_in_a_backslash_is_refused(dockerfile):
