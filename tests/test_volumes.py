@@ -158,6 +158,33 @@ def test_volumes_outlive_a_gateway_restart_and_a_host_reboot_unmounting_them(sta
     assert not where.exists()
 
 
+def test_two_gateways_on_one_host_and_store_share_a_tenants_volumes(start_gateway, postgres):
+    """Either reaches what the other made: files without a session, mounts, and the rule of
+    one writer alone or many readers, decided across them; a delete waits for both."""
+    url = postgres.database()
+    a, b = (start_gateway("--database-url", url) for _ in range(2))
+    assert a.client.post("/v1/volumes", json={"name": "shared", "size": "16m"}).status_code == 201
+    assert a.client.put("/v1/volumes/shared/files/in.txt", content=b"from a").status_code == 201
+    assert b.client.get("/v1/volumes/shared/files/in.txt").content == b"from a"
+    assert b.client.put("/v1/volumes/shared/files/out.txt", content=b"from b").status_code == 201
+
+    writer = _session(a.client, volumes=[{"name": "shared", "path": "data"}])["id"]
+    assert text_of(run(a.client, writer, "print(open('data/out.txt').read())")) == "from b\n"
+    for read_only in (False, True):  # a writer mounts it alone, wherever the next one asks
+        mount = {"name": "shared", "path": "data", "read_only": read_only}
+        r = b.client.post("/v1/sessions", json={"volumes": [mount]})
+        assert r.status_code == 409 and writer in r.text, r.text
+    assert a.client.delete(f"/v1/sessions/{writer}").status_code == 204
+
+    reader = _session(b.client, volumes=[{"name": "shared", "path": "data", "read_only": True}])
+    assert text_of(run(b.client, reader["id"], "print(open('data/in.txt').read())")) == "from a\n"
+    r = a.client.delete("/v1/volumes/shared")
+    assert r.status_code == 409 and reader["id"] in r.text, r.text
+    assert b.client.delete(f"/v1/sessions/{reader['id']}").status_code == 204
+    assert a.client.delete("/v1/volumes/shared").status_code == 204
+    assert b.client.get("/v1/volumes/shared").status_code == 404
+
+
 def test_the_stock_e2b_sdk_creates_lists_mounts_and_destroys_volumes(tenants, monkeypatch):
     from e2b import Volume
     from e2b_code_interpreter import Sandbox
