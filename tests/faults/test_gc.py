@@ -69,19 +69,25 @@ def test_gc_removes_orphans_and_nothing_else(own_engine, python_image):
         lost_dir = gone_dir / "sessions" / lost
         volume.create(lost_dir, 8 * 2**20, 1000, 1000)
         lost_container = kernel_like_container(own_engine, python_image, gone_dir, "0" * 12, lost)
+        lost_server = own_engine.docker(
+            "run", "-d", "--network", "none", "--entrypoint", "sleep",
+            "--name", f"sbxtool-{lost}-notes-0a1b2c3d",
+            "--label", f"sbx.gateway={'0' * 12}", "--label", f"sbx.tool-server={lost}",
+            "--label", f"sbx.run-dir={lost_dir / 'run'}", python_image, "600",
+        ).strip()  # a stdio tool server's, labelled as the gateway labels them  # fmt: skip
         # An operator deletes the data dir: rm fails at the mount point and leaves it mounted.
         subprocess.run(["rm", "-rf", str(gone_dir)], capture_output=True, check=False)
         assert os.path.ismount(lost_dir / "workspace")
 
         listed = sbx_gc(own_engine, "--under", str(root))
-        for orphan in (stray[:12], lost_container[:12], str(lost_dir)):
+        for orphan in (stray[:12], lost_container[:12], lost_server[:12], str(lost_dir)):
             assert orphan in listed, f"sbx gc did not list {orphan}:\n{listed}"
         assert kept not in listed, f"sbx gc listed a session its gateway kept:\n{listed}"
         assert "--yes" in listed and os.path.ismount(lost_dir / "workspace"), "a dry run acts"
 
         sbx_gc(own_engine, "--yes", "--under", str(root))
         left = set(own_engine.docker("ps", "-aq", "--no-trunc").split())
-        assert stray not in left and lost_container not in left, "orphan containers survived"
+        assert not {stray, lost_container, lost_server} & left, "orphan containers survived"
         assert not os.path.ismount(lost_dir / "workspace"), "the orphan loop mount survived"
         assert not gone_dir.exists(), "the deleted data dir's remains survived"
         assert (kept_dir / "sessions" / kept).is_dir() and len(left) == 1
