@@ -243,8 +243,13 @@ class Templates:
                 "send only what the Dockerfile copies"
             )
         bases = await self._bases(tenant)
-        text, root = resolve(
-            dockerfile, lambda n: bases[n].image if n in bases else None, sorted(bases)
+        # Each FROM names its base's image id: a tag gone before the build runs (a base
+        # template deleted meanwhile) would be pulled, by the daemon, from the registry.
+        text, root = await asyncio.to_thread(
+            resolve,
+            dockerfile,
+            lambda n: self.engine.image_id(bases[n].image) if n in bases else None,
+            sorted(bases),
         )
         kernel = self._kernel(kernel, bases[root])
         async with self._naming:  # counted and registered at once: builds racing count each other

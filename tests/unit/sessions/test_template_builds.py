@@ -60,6 +60,10 @@ class FakeEngine:
         self.hold = threading.Event()
         self.hold.set()
         self.threads: set[str] = set()
+        self.ids: dict[str, str | None] = {}  # an image's id by its tag (None: gone); else the tag
+
+    def image_id(self, ref: str) -> str | None:
+        return self.ids.get(ref, ref)
 
     def build(self, tag, dockerfile, context, kernel_image, user, log, refusal=None) -> str:
         self.threads.add(threading.current_thread().name)
