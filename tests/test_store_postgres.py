@@ -441,3 +441,38 @@ def test_three_gateways_claiming_webhook_deliveries_at_once_send_each_once(postg
     for t in threads:
         t.join()
     assert sorted(claimed) == sorted(f"d{i}" for i in range(60)), claimed
+
+
+def test_three_gateways_tagging_one_template_at_once_never_pass_its_cap(postgres, tmp_path):
+    """Each counts the template's tags and adds its own in a transaction of its own
+    connection: without a lock, each saw room and all added (two gateways were enough)."""
+    from unit.store.test_template_tag_records import build
+
+    url = postgres.database()
+    cap = 8
+
+    async def gateway(n: int, work) -> object:
+        store = PostgresStore(url, tmp_path / f"g{n}")
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    asyncio.run(gateway(0, lambda store: store.save_template(build("b1", 1))))
+
+    def run_gateway(n: int, out: list) -> None:
+        tags = [[f"g{n}-{i}"] for i in range(10)]
+        work = lambda store: asyncio.gather(  # noqa: E731
+            *(store.tag_template("b1", "acme", "geo", t, 1.0, cap) for t in tags)
+        )
+        out.extend(asyncio.run(gateway(n, work)))
+
+    answers: list = []
+    threads = [threading.Thread(target=run_gateway, args=(n, answers)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = asyncio.run(gateway(0, lambda store: store.template_tags("acme", "geo")))
+    assert sum(a is None for a in answers) == cap == len(held), answers

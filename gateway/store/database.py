@@ -64,7 +64,9 @@ class Dialect(abc.ABC):
     shared: bool  # whether other gateways may use the same database
     loop_writes: bool  # whether single-row writes may commit on the loop (see writer)
     connection_errors: tuple[type[Exception], ...] = ()  # the server went away
-    claims_lock: str | None = None  # taken before a quota claim, if others share the database
+    # Taken before what other gateways sharing the database count too (quota claims, volume
+    # mounts, a template's tags); None where none do.
+    claims_lock: str | None = None
 
     @abc.abstractmethod
     def connect(self) -> Any:

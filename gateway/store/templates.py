@@ -65,6 +65,8 @@ class Templates(Repository):
         self, build_id: str, tenant: str, name: str, tags: list[str], at: float, cap: int
     ) -> str | None:
         db = self.db
+        if db.dialect.claims_lock:  # gateways sharing the database count each other's tags
+            db.rows(db.dialect.claims_lock)
         if not db.rows(
             "SELECT 1 FROM templates WHERE id = ? AND tenant = ? AND name = ? AND status = 'ready'",
             (build_id, tenant, name),
