@@ -57,7 +57,11 @@ def instructions(source: str) -> list[Instruction]:
 
     A ``# sbx: pip install`` line is kept, as the instruction ``PIP`` (``wheels``).
     """
-    if len(source.encode()) > MAX_DOCKERFILE:
+    try:
+        size = len(source.encode())
+    except UnicodeEncodeError:  # a lone surrogate, as JSON's "\ud800" gives
+        raise DockerfileRefused("the Dockerfile is not valid text; send it as UTF-8") from None
+    if size > MAX_DOCKERFILE:
         raise DockerfileRefused(f"the Dockerfile is larger than {MAX_DOCKERFILE // 1024} KiB")
     if "\x00" in source:
         raise DockerfileRefused("the Dockerfile holds a NUL byte; send it as UTF-8 text")

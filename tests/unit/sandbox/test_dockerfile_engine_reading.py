@@ -90,3 +90,9 @@ def test_a_label_key_the_engine_puts_together_as_the_gateways_own_is_refused(lab
 def test_a_label_with_quotes_naming_no_gateway_label_is_kept():
     text = _resolve('FROM sbx/python\nLABEL description="my image" version=1\n')
     assert 'LABEL description="my image" version=1' in text
+
+
+def test_a_dockerfile_holding_a_lone_surrogate_is_refused_not_a_server_error():
+    """JSON may carry "\\ud800": its text cannot be encoded, nor sent to the engine."""
+    with pytest.raises(DockerfileRefused, match="UTF-8"):
+        _resolve("FROM sbx/python\nRUN echo \ud800\n")
