@@ -8,6 +8,9 @@ inside one execute, ``--calls`` round trips each of:
 
 - ``list_tables()``: a trivial MCP tool, kernel -> tool socket -> gate ->
   MCP server -> back (target 5 ms);
+- ``echo()``: a trivial stdio MCP tool, its server a process in a sandbox
+  of its own, kernel -> tool socket -> gate -> the server's stdin and
+  stdout through the engine's exec stream -> back;
 - ``sbx_tools.tools()``: the tool socket alone (the listing, answered by the
   gateway): the floor of any call from the kernel;
 - the same MCP call made by the gateway's own client from the host, no
@@ -47,11 +50,34 @@ def timed(call, n):
         t = time.perf_counter(); call(); times.append((time.perf_counter() - t) * 1000)
     return times
 mcp, floor = timed(sbx_tools.list_tables, {n}), timed(sbx_tools.tools, {n})
-print(json.dumps({{"mcp": mcp, "socket": floor}}))
+stdio = timed(sbx_tools.echo, {n})
+print(json.dumps({{"mcp": mcp, "socket": floor, "stdio": stdio}}))
 """
 CLIENT = """
 print(json.dumps(timed(sbx_tools.ping, {n})))
 """
+
+
+# A trivial stdio MCP server in the stdlib (the kernel image has no mcp package).
+ECHO_SERVER = """
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    method, answer = m["method"], {}
+    if method == "initialize":
+        answer = {"protocolVersion": m["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "echo", "version": "1"}}
+    elif method == "tools/list":
+        answer = {"tools": [{"name": "echo", "description": "Answers at once.",
+                             "inputSchema": {"type": "object", "properties": {}},
+                             "annotations": {"readOnlyHint": True}}]}
+    elif method == "tools/call":
+        answer = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": answer}), flush=True)
+"""
+STDIO = {"name": "local", "command": ["/opt/venv/bin/python", "-c", ECHO_SERVER]}
 
 
 def ping() -> str:
@@ -98,14 +124,15 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     args = parser.parse_args()
     server, url = start_warehouse()
-    figures: dict[str, list[float]] = {"mcp": [], "socket": [], "host": [], "client": []}
+    figures: dict[str, list[float]] = {k: [] for k in ("mcp", "stdio", "socket", "host", "client")}
     try:
         with Gateway(tempfile.mkdtemp(prefix="sbx-bench-"), "--pool", "",
                      "--tool-allow-ranges", "127.0.0.0/8") as gw:  # fmt: skip
-            body = {"tools": {"mcp": [{"url": url, "name": "warehouse"}],
+            body = {"tools": {"mcp": [{"url": url, "name": "warehouse"}], "stdio": [STDIO],
                               "limits": {"calls_per_execute": 100_000}}}  # fmt: skip
             created = gw.client.post("/v1/sessions", json=body)
-            created.raise_for_status()
+            if created.status_code != 201:
+                raise SystemExit(f"the session was not made: {created.text}")
             sid = created.json()["id"]
             per_block = max(1, args.calls // args.blocks)
             sdk = Client(gw.url, "")
@@ -118,6 +145,7 @@ def main() -> None:
                     raise SystemExit(f"the timing cell failed: {reply['error']}")
                 timed = json.loads(reply["outputs"][0]["text"])
                 figures["mcp"] += timed["mcp"]
+                figures["stdio"] += timed["stdio"]
                 figures["socket"] += timed["socket"]
                 figures["host"] += asyncio.run(host_floor(url, per_block))
                 figures["client"] += json.loads(session.run(CLIENT.format(n=per_block)).stdout)
@@ -128,6 +156,7 @@ def main() -> None:
     rows = [
         ("client tool from the kernel (`ping()`)", figures["client"], "≤ 2 ms"),
         ("MCP tool from the kernel (`list_tables()`)", figures["mcp"], "≤ 5 ms"),
+        ("stdio MCP tool in a sandbox of its own (`echo()`)", figures["stdio"], "≤ 5 ms"),
         ("tool socket alone (`sbx_tools.tools()`)", figures["socket"], "floor"),
         ("same MCP call from the host, no sandbox", figures["host"], "floor"),
     ]
@@ -140,8 +169,11 @@ def main() -> None:
         "A call from code costs the tool socket's round trip (a fresh connection on a Unix "
         "socket, one strict HTTP request, the gate) plus the MCP server's own; the difference "
         "between the first row and the sum of the two floors is the gateway's bookkeeping "
-        "(record, audit, masking). A client tool's call adds the agent stream's two "
-        "WebSocket frames and the SDK's dispatch to the socket's round trip."
+        "(record, audit, masking). A stdio server's call goes to a process in a container "
+        "of its own, one line each way through the engine's exec stream; its server here "
+        "answers at once, while the HTTP row's is the MCP SDK's streamable-HTTP server reading "
+        "SQLite (its own cost is the host floor). A client tool's call adds the agent "
+        "stream's two WebSocket frames and the SDK's dispatch to the socket's round trip."
     )
     write_section(
         "bench_tools",
