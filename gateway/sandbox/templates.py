@@ -227,6 +227,14 @@ class TemplateEngine:
                 f"set up: {e.strerror}; run the gateway as root",
             ) from None
 
+    def own_labels(self, ref: str) -> list[str]:
+        """The image's label keys named as the gateway's own (none when it is gone)."""
+        try:
+            labels = self.client.api.inspect_image(ref)["Config"].get("Labels")
+        except docker.errors.ImageNotFound:
+            return []
+        return gateways_labels(labels)
+
     def image_id(self, ref: str) -> str | None:
         try:
             return self.client.images.get(ref).id

@@ -199,7 +199,8 @@ class Templates:
         self.moved: list[Callable[[str, str], Awaitable[None]]] = []
 
     async def start(self) -> None:
-        """Builds a stopped gateway cut short failed; remove images nothing uses any more.
+        """Builds a stopped gateway cut short failed, and ready ones whose image carries the
+        gateway's own labels; remove images nothing uses any more.
 
         With a shared store, another gateway's build is failed only once it is
         past its time bound (it would have been stopped by then).
@@ -209,6 +210,13 @@ class Templates:
         for doc in await self.store.templates_in_status(BUILDING):
             if doc["id"] not in self.live and (not self.store.SHARED or doc["created_at"] < past):
                 await self._finish(doc, FAILED, error=("", "the gateway stopped during the build"))
+        for doc in await self.store.templates_in_status(READY):
+            # Built before builds checked an image's labels: a sandbox would inherit them.
+            own = await asyncio.to_thread(self.engine.own_labels, doc["image"])
+            if own:
+                why = (f"its image carries labels named as the gateway's own ({', '.join(own)}), "
+                       "made before builds checked them; build the template again")  # fmt: skip
+                await self._finish(doc, FAILED, error=("", why))
         await self.sweep()
 
     async def stop(self) -> None:

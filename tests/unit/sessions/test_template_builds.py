@@ -61,9 +61,13 @@ class FakeEngine:
         self.hold.set()
         self.threads: set[str] = set()
         self.ids: dict[str, str | None] = {}  # an image's id by its tag (None: gone); else the tag
+        self.forged: dict[str, list[str]] = {}  # an image's labels named as the gateway's
 
     def image_id(self, ref: str) -> str | None:
         return self.ids.get(ref, ref)
+
+    def own_labels(self, ref: str) -> list[str]:
+        return self.forged.get(ref, [])
 
     def build(self, tag, dockerfile, context, kernel_image, user, log, refusal=None) -> str:
         self.threads.add(threading.current_thread().name)
@@ -274,6 +278,28 @@ def test_a_build_a_stopped_gateway_cut_short_is_failed_at_the_next_start(templat
         )
         assert found["id"] == doc["id"]
         t.engine.hold.set()
+
+    asyncio.run(scenario())
+
+
+def test_a_ready_template_whose_image_carries_the_gateways_labels_is_failed_at_a_start(templates):
+    """Made before builds checked an image's labels (a LABEL key of variables passed the line
+    check): a sandbox inherits them, and the gateway and ``sbx gc`` find containers by
+    theirs. Such a version is failed, saying to build it again; the others stay ready."""
+
+    async def scenario():
+        t = await templates()
+        forged, kept = await _built(t, "alice", "geo"), await _built(t, "alice", "roads")
+        t.engine.forged[forged["image"]] = ["sbx.session", "sbx.tool-server"]
+        fresh = Templates(t.store, t.engine, t.kernelspecs, t.images, lambda image: False, t.files)
+        await fresh.start()
+        (found,) = await fresh.versions("alice", "geo")
+        assert found["status"] == "failed", found
+        assert "sbx.session" in found["error"]["reason"] and "again" in found["error"]["reason"]
+        assert (await fresh.versions("alice", "roads"))[0]["status"] == "ready"
+        with pytest.raises(Conflict):
+            await fresh.resolve("alice", "geo:1")
+        assert kept["status"] == "ready"
 
     asyncio.run(scenario())
 
