@@ -647,7 +647,8 @@ class SessionTools:
         recorded as an execution of kind ``tool`` (no execute's client tools, and
         ``calls_per_execute`` counts this one call: ``concurrent`` bounds a flood). A paused
         session is resumed first, as by any traffic: its servers run only while it does (a
-        call that can only be refused, for its tool's name or its arguments, leaves it be)."""
+        call that can only be refused, for its tool's name, its arguments or the gate's
+        verdict, leaves it be)."""
         session, box = self._given(session_id)
         if name not in box.tools:
             raise _no_tool(name)
@@ -655,7 +656,9 @@ class SessionTools:
             raise CallRefused(
                 400, "bad_request", f"arguments nested deeper than {MAX_DEPTH} levels"
             )
-        if session.state == "paused":
+        tool = box.tools[name][0]
+        verdict = self.gate.review_tool(session.tenant, session.policy, name, tool.rule.action)
+        if session.state == "paused" and verdict.action != "deny":  # refused as it is
             await self.manager.wake(session_id, who)
         recorder = ExecutionRecorder(
             self.manager.store, session_id, f"# MCP tools/call {name[:128]}", None, {"kind": TOOL}

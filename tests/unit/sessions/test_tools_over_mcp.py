@@ -85,8 +85,8 @@ def test_arguments_nested_past_the_sockets_bound_are_refused_over_mcp_too():
 
 
 def test_a_call_over_the_mcp_url_that_can_only_be_refused_leaves_a_paused_session_paused():
-    """Its tool's name and its arguments are checked first: a call naming no tool of the
-    session, or nested past the bound, resumed the session to be refused."""
+    """Its tool's name, its arguments and the gate's verdict come first: a call naming no
+    tool of the session, nested past the bound, or denied resumed the session to be refused."""
     from test_tool_servers_paused import paused_world
 
     async def test(w: World):
@@ -106,6 +106,10 @@ def test_a_call_over_the_mcp_url_that_can_only_be_refused_leaves_a_paused_sessio
             await w.tools.call_over_mcp("s1", AGENT, "nope", {})
         with pytest.raises(CallRefused, match="nested deeper than 64"):
             await w.tools.call_over_mcp("s1", AGENT, "echo", deep)
+        await w.give(mcp=[], stdio=[{"name": "notes", "command": ["notes"]}],
+                     rules={"echo": "deny"})  # fmt: skip
+        with pytest.raises(CallRefused, match="refuses echo"):  # recorded as the gate's
+            await w.tools.call_over_mcp("s1", AGENT, "echo", {})
         assert woken == [] and session.state == "paused"
 
     run(test)
