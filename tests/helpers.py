@@ -120,6 +120,8 @@ def gateway_id(data_dir: Path) -> str | None:
 
 def remove_leftovers(engine, data_dir: Path) -> None:
     """Remove what gateways on ``data_dir`` left (tests that kill them leave kernels)."""
+    for worker in sorted(data_dir.glob("worker-*")):  # ``sbx serve --workers``: a gateway each
+        remove_leftovers(engine, worker)
     gid = gateway_id(data_dir)
     if gid:
         for container in engine.containers.list(all=True, filters={"label": f"sbx.gateway={gid}"}):

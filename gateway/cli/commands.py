@@ -288,7 +288,7 @@ def files_get(settings: ClientSettings, args: argparse.Namespace) -> int:
         if args.local == "-":
             if args.json or args.format:
                 raise BadRequest("'-' (to stdout) takes neither --json nor --format")
-            sys.stdout.buffer.write(session.files.read(args.remote))
+            session.files.copy_to(args.remote, sys.stdout.buffer)
             sys.stdout.flush()
             return 0
         local = Path(args.local) if args.local else None
@@ -763,7 +763,7 @@ def volumes_get(settings: ClientSettings, args: argparse.Namespace) -> int:
     with _client(settings) as client:
         files = client.volume_files(args.name)
         if args.local == "-":
-            sys.stdout.buffer.write(files.read(args.remote))
+            files.copy_to(args.remote, sys.stdout.buffer)
             sys.stdout.flush()
             return 0
         # Streamed: a sandbox may have left a file far larger than this machine's memory.

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar, Unpack
+from typing import IO, Any, BinaryIO, Generic, TypeVar, Unpack
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -347,23 +347,39 @@ class AsyncFiles(BaseFiles):
         ``.tar.gz`` or ``.zip`` instead.
         """
         dest, part = self._partial(dest)
+        try:
+            out = await asyncio.to_thread(open, part, "wb")
+            with out:
+                await self.copy_to(path, out, on_progress=on_progress, archive=archive)
+            await asyncio.to_thread(os.replace, part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+        return dest
+
+    async def copy_to(
+        self,
+        path: str,
+        out: BinaryIO,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
+    ) -> int:
+        """Stream a workspace file into ``out`` (a pipe, say) a chunk at a time; its size.
+
+        Each write runs on a thread: ``out`` is a blocking file object."""
         client = self.session.client
         response = await client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
-            out = await asyncio.to_thread(open, part, "wb")
-            with out:
-                async for chunk in response.aiter_bytes(CHUNK):
-                    await asyncio.to_thread(out.write, chunk)
-                    if on_progress is not None:
-                        on_progress(response.num_bytes_downloaded, total)
-            await asyncio.to_thread(os.replace, part, dest)
+            async for chunk in response.aiter_bytes(CHUNK):
+                await asyncio.to_thread(out.write, chunk)
+                if on_progress is not None:
+                    on_progress(response.num_bytes_downloaded, total)
+            return response.num_bytes_downloaded
         except httpx.TransportError as e:
             raise client.unreachable(e) from e
         finally:
             await response.aclose()
-            part.unlink(missing_ok=True)
-        return dest
 
     async def list(self, path: str = "") -> list[FileInfo]:
         return await self.session.client.call(self._list_call(path))

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar, Unpack
+from typing import IO, Any, BinaryIO, TypeVar, Unpack
 
 import httpx
 from websockets.exceptions import ConnectionClosed
@@ -311,22 +311,36 @@ class Files(BaseFiles):
         ``.tar.gz`` or ``.zip`` instead.
         """
         dest, part = self._partial(dest)
+        try:
+            with open(part, "wb") as out:
+                self.copy_to(path, out, on_progress=on_progress, archive=archive)
+            os.replace(part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+        return dest
+
+    def copy_to(
+        self,
+        path: str,
+        out: BinaryIO,
+        *,
+        on_progress: Progress | None = None,
+        archive: str | None = None,
+    ) -> int:
+        """Stream a workspace file into ``out`` (a pipe, say) a chunk at a time; its size."""
         client = self.session.client
         response = client.send(self._read_call(path, archive), stream=True)
         try:
             total = int(response.headers.get("Content-Length", 0)) or None
-            with open(part, "wb") as out:
-                for chunk in response.iter_bytes(CHUNK):
-                    out.write(chunk)
-                    if on_progress is not None:
-                        on_progress(response.num_bytes_downloaded, total)
-            os.replace(part, dest)
+            for chunk in response.iter_bytes(CHUNK):
+                out.write(chunk)
+                if on_progress is not None:
+                    on_progress(response.num_bytes_downloaded, total)
+            return response.num_bytes_downloaded
         except httpx.TransportError as e:
             raise client.unreachable(e) from e
         finally:
             response.close()
-            part.unlink(missing_ok=True)
-        return dest
 
     def list(self, path: str = "") -> list[FileInfo]:
         return self.session.client.call(self._list_call(path))
