@@ -90,9 +90,15 @@ async def stream_file(handler: JSONHandler, source: AsyncReader) -> None:
     """
     async with source:
         await handler.flush()  # the headers at once: an archive's first piece may take a moment
-        while chunk := await source.read():
-            handler.write(chunk)
-            await handler.flush()
+        try:
+            while chunk := await source.read():
+                handler.write(chunk)
+                await handler.flush()
+        except Exception:
+            # The status is sent: ending the response as usual (as an error after the
+            # headers does) would tell the client it has the whole file. It is cut instead.
+            handler.request.connection.close()
+            raise
     handler.audit_detail.update(size=source.size, sha256=source.sha256)
     handler.finish()
 

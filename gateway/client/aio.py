@@ -377,7 +377,7 @@ class AsyncFiles(BaseFiles):
                     on_progress(response.num_bytes_downloaded, total)
             return response.num_bytes_downloaded
         except httpx.TransportError as e:
-            raise client.unreachable(e) from e
+            raise self._cut(path, response.num_bytes_downloaded, e) from e
         finally:
             await response.aclose()
 

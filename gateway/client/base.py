@@ -795,6 +795,14 @@ class BaseFiles(abc.ABC):
             return None
 
     @staticmethod
+    def _cut(path: str, got: int, error: BaseException) -> GatewayUnreachable:
+        """A download whose connection broke after its headers: some of it came, not all."""
+        return GatewayUnreachable(
+            f"the download of {path!r} broke off after {got} bytes "
+            f"({error or type(error).__name__}); nothing of it is whole: download it again"
+        )
+
+    @staticmethod
     def _partial(dest: str | Path) -> tuple[Path, Path]:
         """The destination and the temporary name a download is written under first."""
         dest = Path(dest)
