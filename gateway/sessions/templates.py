@@ -210,14 +210,26 @@ class Templates:
         for doc in await self.store.templates_in_status(BUILDING):
             if doc["id"] not in self.live and (not self.store.SHARED or doc["created_at"] < past):
                 await self._finish(doc, FAILED, error=("", "the gateway stopped during the build"))
-        for doc in await self.store.templates_in_status(READY):
-            # Built before builds checked an image's labels: a sandbox would inherit them.
-            own = await asyncio.to_thread(self.engine.own_labels, doc["image"])
-            if own:
+        await self._fail_labelled()
+        await self.sweep()
+
+    async def _fail_labelled(self) -> None:
+        """Fail ready versions built before builds checked an image's labels, whose image
+        carries the gateway's own: a sandbox would inherit them. Read a few at a time (the
+        default executor's threads); an image the engine cannot answer for is checked at
+        the next start."""
+        ready = await self.store.templates_in_status(READY)
+        found = await asyncio.gather(
+            *(asyncio.to_thread(self.engine.own_labels, doc["image"]) for doc in ready),
+            return_exceptions=True,
+        )
+        for doc, own in zip(ready, found, strict=True):
+            if isinstance(own, BaseException):
+                log.warning("could not read the labels of template image %s: %s", doc["image"], own)
+            elif own:
                 why = (f"its image carries labels named as the gateway's own ({', '.join(own)}), "
                        "made before builds checked them; build the template again")  # fmt: skip
                 await self._finish(doc, FAILED, error=("", why))
-        await self.sweep()
 
     async def stop(self) -> None:
         """Stop the builds under way (else the process waits for them at its exit)."""

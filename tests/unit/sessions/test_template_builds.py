@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from gateway.errors import (
@@ -300,6 +301,30 @@ def test_a_ready_template_whose_image_carries_the_gateways_labels_is_failed_at_a
         with pytest.raises(Conflict):
             await fresh.resolve("alice", "geo:1")
         assert kept["status"] == "ready"
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_error_reading_one_images_labels_does_not_stop_a_start(templates):
+    """The check of ready templates' labels runs at each start: a daemon timeout on one
+    image raised out of the start, and the gateway did not come up."""
+
+    async def scenario():
+        t = await templates()
+        await _built(t, "alice", "geo")
+        forged = await _built(t, "bob", "roads")
+        t.engine.forged[forged["image"]] = ["sbx.session"]
+
+        def own_labels(ref: str) -> list[str]:
+            if ref != forged["image"]:
+                raise docker.errors.APIError("500 Server Error: context deadline exceeded")
+            return ["sbx.session"]
+
+        t.engine.own_labels = own_labels
+        fresh = Templates(t.store, t.engine, t.kernelspecs, t.images, lambda image: False, t.files)
+        await fresh.start()
+        assert (await fresh.versions("alice", "geo"))[0]["status"] == "ready"
+        assert (await fresh.versions("bob", "roads"))[0]["status"] == "failed"
 
     asyncio.run(scenario())
 
