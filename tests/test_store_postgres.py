@@ -380,6 +380,18 @@ def test_a_postgres_database_the_old_store_made_upgrades_and_reads(postgres, tmp
         )
 
 
+def at_once(gateways: int, run) -> list:
+    """``run(n)`` for each gateway n, each on a thread (a loop and a connection) of its own,
+    all at once; the items they return, together."""
+    found: list = []
+    threads = [threading.Thread(target=lambda n=n: found.extend(run(n))) for n in range(gateways)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return found
+
+
 def test_thirty_claims_at_once_from_three_gateways_grant_exactly_the_quota(postgres, tmp_path):
     """Each gateway's claims run on its own connection; the lock makes them count each other."""
     url = postgres.database()
@@ -395,15 +407,7 @@ def test_thirty_claims_at_once_from_three_gateways_grant_exactly_the_quota(postg
         finally:
             await store.close()
 
-    def run_gateway(n: int, out: list) -> None:
-        out.extend(asyncio.run(gateway(n)))
-
-    answers: list = []
-    threads = [threading.Thread(target=run_gateway, args=(n, answers)) for n in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = at_once(3, lambda n: asyncio.run(gateway(n)))
     assert len(answers) == 30
     assert sum(a is None for a in answers) == 3, answers
     assert all(a is None or a["what"] == "sessions" for a in answers), answers
@@ -431,15 +435,7 @@ def test_three_gateways_claiming_webhook_deliveries_at_once_send_each_once(postg
         finally:
             await store.close()
 
-    def run_gateway(n: int, out: list) -> None:
-        out.extend(asyncio.run(gateway(n)))
-
-    claimed: list[str] = []
-    threads = [threading.Thread(target=run_gateway, args=(n, claimed)) for n in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    claimed = at_once(3, lambda n: asyncio.run(gateway(n)))
     assert sorted(claimed) == sorted(f"d{i}" for i in range(60)), claimed
 
 
@@ -461,18 +457,13 @@ def test_three_gateways_tagging_one_template_at_once_never_pass_its_cap(postgres
 
     asyncio.run(gateway(0, lambda store: store.save_template(build("b1", 1))))
 
-    def run_gateway(n: int, out: list) -> None:
+    def tagging(n: int) -> list:
         tags = [[f"g{n}-{i}"] for i in range(10)]
         work = lambda store: asyncio.gather(  # noqa: E731
             *(store.tag_template("b1", "acme", "geo", t, 1.0, cap) for t in tags)
         )
-        out.extend(asyncio.run(gateway(n, work)))
+        return asyncio.run(gateway(n, work))
 
-    answers: list = []
-    threads = [threading.Thread(target=run_gateway, args=(n, answers)) for n in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = at_once(3, tagging)
     held = asyncio.run(gateway(0, lambda store: store.template_tags("acme", "geo")))
     assert sum(a is None for a in answers) == cap == len(held), answers

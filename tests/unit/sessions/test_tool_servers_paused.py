@@ -274,6 +274,20 @@ def test_a_restart_starts_an_idle_sessions_stdio_servers_as_before():
     run(test)
 
 
+def waking(w: World, session: Session | None = None) -> list[str]:
+    """The ids the manager is asked to wake; ``session``, if given, then is resumed (deep:
+    a new sandbox)."""
+    woken: list[str] = []
+
+    async def wake(session_id, who) -> None:
+        woken.append(session_id)
+        if session is not None:
+            session.state, session.paused = "idle", None
+
+    w.manager.wake = wake
+    return woken
+
+
 def test_a_call_over_the_mcp_url_resumes_a_paused_session_first():
     """As traffic to a paused sandbox does: its server never runs again for a session that
     stays paused (deep), nor waits out the call's timeout frozen."""
@@ -282,13 +296,7 @@ def test_a_call_over_the_mcp_url_resumes_a_paused_session_first():
     async def test(w: World):
         pausing, session, _ = await paused_world(w)
         w.manager.store = Store()
-        woken = []
-
-        async def wake(session_id, who) -> None:
-            woken.append(session_id)
-            session.state, session.paused = "idle", None  # resumed (deep: a new sandbox)
-
-        w.manager.wake = wake
+        woken = waking(w, session)
         await pausing.pause(session, "namespace")
         answer = await w.tools.call_over_mcp("s1", AGENT, "echo", {})
         assert woken == ["s1"] and answer["result"] == "tool-2"

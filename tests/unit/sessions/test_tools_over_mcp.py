@@ -87,17 +87,12 @@ def test_arguments_nested_past_the_sockets_bound_are_refused_over_mcp_too():
 def test_a_call_over_the_mcp_url_that_can_only_be_refused_leaves_a_paused_session_paused():
     """Its tool's name, its arguments and the gate's verdict come first: a call naming no
     tool of the session, nested past the bound, or denied resumed the session to be refused."""
-    from test_tool_servers_paused import paused_world
+    from test_tool_servers_paused import paused_world, waking
 
     async def test(w: World):
         pausing, session, _ = await paused_world(w)
         w.manager.store = Store()
-        woken = []
-
-        async def wake(session_id, who) -> None:
-            woken.append(session_id)
-
-        w.manager.wake = wake
+        woken = waking(w)
         await pausing.pause(session, "namespace")
         deep: dict = {}
         for _ in range(100):
